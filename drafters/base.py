@@ -1,0 +1,86 @@
+"""What every drafter shares: the per-request context it reads and the drafts it returns.
+
+Terms used across the project:
+- a *draft* is a row of w tokens proposed to follow the context;
+- a step verifies k drafts in one target call; a row's *accepted* tokens are its longest prefix
+  equal to the target's greedy choice at each position;
+- the *bonus* token is the target's own choice after the accepted tokens, so every step emits
+  accepted + 1 tokens;
+- *tokens per call* = generated tokens / target calls (bonus included).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+PADDING = "padding"
+
+
+@dataclass(frozen=True)
+class Drafts:
+    tokens: torch.Tensor  # [k, w] int64
+    # Which strategy produced each row; "padding" rows carry no information and may be skipped.
+    strategies: tuple[str, ...]
+
+    def __post_init__(self):
+        assert self.tokens.dim() == 2 and self.tokens.shape[0] == len(self.strategies), (
+            f"drafts {tuple(self.tokens.shape)} need one strategy per row, got {len(self.strategies)}")
+
+
+class DraftContext:
+    """The tokens of one request so far, with an n-gram index that grows as tokens are appended.
+
+    index[q][gram] lists the positions p such that tokens[p-q:p] == gram, oldest first, so
+    drafting looks up the context's last q tokens in O(1) instead of re-scanning the context.
+    """
+
+    def __init__(self, token_ids: list[int], max_q: int):
+        self.tokens: list[int] = []
+        self.max_q = max_q
+        self.index: list[dict[tuple[int, ...], list[int]]] = [defaultdict(list) for _ in range(max_q + 1)]
+        self.append(token_ids)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def append(self, token_ids: list[int]) -> None:
+        for token in token_ids:
+            self.tokens.append(int(token))
+            end = len(self.tokens)
+            for q in range(1, min(self.max_q, end) + 1):
+                self.index[q][tuple(self.tokens[end - q:end])].append(end)
+
+    def occurrences(self, q: int) -> list[int]:
+        """Positions p < len(self) that follow an earlier occurrence of the last q tokens."""
+        if q > min(self.max_q, len(self.tokens)):
+            return []
+        positions = self.index[q].get(tuple(self.tokens[-q:]), [])
+        # The last entry is the suffix itself (p == len), which has no continuation yet.
+        return positions[:-1]
+
+
+class Drafter(Protocol):
+    """Proposes exactly k drafts of w tokens for a context."""
+
+    def propose(self, context: DraftContext, k: int, w: int) -> Drafts: ...
+
+
+def pad_rows(rows: list[list[int]], strategies: list[str], k: int, w: int, pad_token: int) -> Drafts:
+    """Deduplicates rows (first wins), then pads to k rows with "padding" rows."""
+    seen: set[tuple[int, ...]] = set()
+    kept_rows, kept_strategies = [], []
+    for row, strategy in zip(rows, strategies):
+        key = tuple(row)
+        if key in seen or len(kept_rows) == k:
+            continue
+        seen.add(key)
+        kept_rows.append(list(row))
+        kept_strategies.append(strategy)
+    while len(kept_rows) < k:
+        kept_rows.append([pad_token] * w)
+        kept_strategies.append(PADDING)
+    tokens = torch.tensor(kept_rows, dtype=torch.long).reshape(k, w)
+    return Drafts(tokens=tokens, strategies=tuple(kept_strategies))

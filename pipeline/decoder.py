@@ -1,0 +1,146 @@
+"""Batched speculative decoder: k drafts of w tokens verified in one target forward call.
+
+Each step feeds the block [k, w+1] = the last emitted token followed by each row's draft, over
+the context's KV cache shared by all k rows; verify_greedy picks the row that accepted most;
+its accepted tokens plus the bonus token are emitted and only its cache entries are kept.
+With no drafter (or w = 0) each step is one plain greedy token: the reference for every test.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from drafters.base import PADDING, DraftContext, Drafter, Drafts
+from pipeline.kv_cache import keep_row, prefill, share_context
+from pipeline.stats import RequestStats
+from pipeline.verification import verify_greedy
+
+
+# Strategy name of a step that verified no draft (plain decoding, or nothing worth guessing).
+NO_DRAFT = "none"
+
+
+class PromptError(ValueError):
+    """A request that cannot be generated as given; the message names the request."""
+
+
+@dataclass
+class GenerationResult:
+    request_id: str
+    token_ids: list[int]  # generated tokens only, EOS included when it ended the request
+    text: str  # decoded generated text, cut before a stop string
+    finish_reason: str  # "eos", "length" or "stop"
+    stats: RequestStats
+
+
+def eos_token_ids(model, tokenizer) -> set[int]:
+    ids = model.generation_config.eos_token_id
+    ids = set(ids if isinstance(ids, (list, tuple)) else [] if ids is None else [ids])
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return ids
+
+
+class SpeculativeDecoder:
+    def __init__(self, model, tokenizer, drafter: Drafter | None, k: int, w: int, ngram_max_q: int = 3):
+        self.model, self.tokenizer = model, tokenizer
+        self.drafter = drafter
+        self.k, self.w = (k, w) if drafter is not None and w > 0 else (1, 0)
+        self.ngram_max_q = ngram_max_q
+        self.eos_ids = eos_token_ids(model, tokenizer)
+        self.max_positions = getattr(model.config, "max_position_embeddings", None)
+
+    def check_prompt(self, prompt_ids: list[int], request_id: str) -> None:
+        if not prompt_ids:
+            raise PromptError(f"request {request_id!r}: the prompt encodes to no tokens")
+        if self.max_positions is not None and len(prompt_ids) >= self.max_positions:
+            raise PromptError(
+                f"request {request_id!r}: the prompt has {len(prompt_ids)} tokens; the model allows "
+                f"{self.max_positions} in all, leaving no room to generate")
+
+    def draft(self, context: DraftContext, w: int) -> Drafts:
+        """The step's drafts with padding rows dropped (they carry no guess but cost compute)."""
+        no_drafts = Drafts(tokens=torch.empty(1, 0, dtype=torch.long), strategies=(NO_DRAFT,))
+        if self.drafter is None or w == 0:
+            return no_drafts
+        drafts = self.drafter.propose(context, self.k, w)
+        keep = [i for i, s in enumerate(drafts.strategies) if s != PADDING]
+        if not keep:  # nothing to guess: a plain one-token step is cheaper than verifying padding
+            return no_drafts
+        return Drafts(tokens=drafts.tokens[keep], strategies=tuple(drafts.strategies[i] for i in keep))
+
+    @torch.no_grad()
+    def verify(self, cache, last_token: int, drafts: Drafts):
+        """One target call over the block [last, draft] for every row; keeps the winner's cache."""
+        tokens = drafts.tokens  # [k, w]
+        k, w = tokens.shape
+        block = torch.cat([torch.full((k, 1), last_token, dtype=torch.long), tokens], dim=1)  # [k, w+1]
+        context_length = cache.get_seq_length()
+        if k > 1:
+            share_context(cache, k)
+        logits = self.model(input_ids=block, past_key_values=cache, use_cache=True).logits  # [k, w+1, V]
+        verdict = verify_greedy(tokens, logits)
+        # Keep the winner's last token and accepted drafts; the bonus token is fed next step.
+        keep_row(cache, verdict.row, context_length + 1 + verdict.num_accepted)
+        return verdict
+
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, stop: tuple[str, ...] = (),
+                 request_id: str = "") -> GenerationResult:
+        started = time.perf_counter()
+        self.check_prompt(prompt_ids, request_id)
+        budget = max_new_tokens
+        if self.max_positions is not None:
+            budget = min(budget, self.max_positions - len(prompt_ids))
+        stats = RequestStats(num_prompt_tokens=len(prompt_ids), accepted_length_histogram=[0] * (self.w + 1),
+                             accepted_rank_histogram=[0] * self.k)
+        # The cache holds every token but the last emitted one, which opens the next block.
+        cache = prefill(self.model, prompt_ids[:-1])
+        context = DraftContext(prompt_ids, self.ngram_max_q)
+        generated: list[int] = []
+        finish_reason = "length"
+        while len(generated) < budget:
+            step_started = time.perf_counter()
+            # A step emits at most w+1 tokens; do not draft past the budget.
+            drafts = self.draft(context, min(self.w, budget - len(generated) - 1))
+            verify_started = time.perf_counter()
+            verdict = self.verify(cache, context.tokens[-1], drafts)
+            stats.observe(verdict.num_accepted, verdict.row, drafts.strategies,
+                          verify_started - step_started, time.perf_counter() - verify_started)
+            emitted, finish = self.cut_at_eos(verdict.tokens)
+            generated += emitted
+            context.append(emitted)
+            stop_cut = self.stop_cut(generated, len(generated) - len(emitted), stop)
+            if stop_cut is not None:
+                generated, finish = generated[:stop_cut], "stop"
+            if finish:
+                finish_reason = finish
+                break
+        text = self.decode_text(generated, stop)
+        stats.num_generated_tokens = len(generated)
+        stats.finish_reason = finish_reason
+        stats.total_seconds = time.perf_counter() - started
+        return GenerationResult(request_id, generated, text, finish_reason, stats)
+
+    def cut_at_eos(self, tokens: list[int]) -> tuple[list[int], str | None]:
+        for i, token in enumerate(tokens):
+            if token in self.eos_ids:
+                return tokens[:i + 1], "eos"
+        return tokens, None
+
+    def stop_cut(self, generated: list[int], checked: int, stop: tuple[str, ...]) -> int | None:
+        """Fewest tokens whose text contains a stop string, if one ended among generated[checked:]."""
+        if not stop or not any(s in self.tokenizer.decode(generated, skip_special_tokens=True) for s in stop):
+            return None
+        for length in range(checked + 1, len(generated) + 1):
+            text = self.tokenizer.decode(generated[:length], skip_special_tokens=True)
+            if any(s in text for s in stop):
+                return length
+        return None
+
+    def decode_text(self, generated: list[int], stop: tuple[str, ...]) -> str:
+        text = self.tokenizer.decode(generated, skip_special_tokens=True) if self.tokenizer else ""
+        cuts = [text.index(s) for s in stop if s in text]
+        return text[:min(cuts)] if cuts else text

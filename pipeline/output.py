@@ -1,0 +1,56 @@
+"""The output table: one row per input row, its columns fixed by an explicit Arrow schema."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+COUNTS = pa.map_(pa.string(), pa.int64())
+SCHEMA = pa.schema([
+    ("id", pa.string()),
+    ("text", pa.string()),
+    ("token_ids", pa.list_(pa.int64())),
+    ("finish_reason", pa.string()),
+    ("num_prompt_tokens", pa.int64()),
+    ("num_generated_tokens", pa.int64()),
+    ("num_target_calls", pa.int64()),
+    ("tokens_per_call", pa.float64()),
+    ("accepted_length_histogram", pa.list_(pa.int64())),
+    ("accepted_rank_histogram", pa.list_(pa.int64())),
+    ("strategy_rows", COUNTS),
+    ("strategy_wins", COUNTS),
+    ("draft_seconds", pa.float64()),
+    ("verify_seconds", pa.float64()),
+    ("total_seconds", pa.float64()),
+    ("model", pa.string()),
+    ("drafter", pa.string()),
+    ("k", pa.int64()),
+    ("w", pa.int64()),
+    ("error", pa.string()),  # null when the row succeeded
+])
+
+
+def write_parquet(rows: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), path)
+
+
+def summarize(rows: list[dict], wall_seconds: float, settings: dict) -> dict:
+    succeeded = [row for row in rows if row["error"] is None]
+    generated = sum(row["num_generated_tokens"] or 0 for row in succeeded)
+    calls = sum(row["num_target_calls"] or 0 for row in succeeded)
+    return {
+        "rows": len(rows),
+        "errored_rows": len(rows) - len(succeeded),
+        "generated_tokens": generated,
+        "wall_seconds": round(wall_seconds, 3),
+        "tokens_per_second": round(generated / wall_seconds, 3) if wall_seconds > 0 else None,
+        "mean_tokens_per_call": round(generated / calls, 4) if calls else None,
+        "settings": settings,
+    }
+
+
+def write_summary(summary: dict, path: Path) -> None:
+    path.write_text(json.dumps(summary, indent=2) + "\n")

