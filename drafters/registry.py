@@ -1,7 +1,7 @@
 """Maps a `decoder.drafter` name to a drafter, and builds the model tables it needs once."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +25,13 @@ class DrafterTables:
     bigram: np.ndarray | None = None  # [V, K] token ids
     extended: np.ndarray | None = None  # [V, k, w] token ids
     build_seconds: dict[str, float] = field(default_factory=dict)
+
+    def as_plain_arrays(self) -> "DrafterTables":
+        """The same tables with memory-mapped arrays as plain ndarrays: Ray copies an np.memmap into
+        every reader, but maps a plain array zero-copy (read-only) from the object store."""
+        def plain(array):
+            return None if array is None else np.ascontiguousarray(array)
+        return replace(self, unigram=plain(self.unigram), bigram=plain(self.bigram), extended=plain(self.extended))
 
 
 def build_tables(model, tokenizer, fingerprint: str, config: DecoderConfig, cache_dir: Path) -> DrafterTables:

@@ -1,45 +1,51 @@
-"""Generates for a prompt dataset with the configured decoder and writes Parquet plus a summary.
+"""Generates for a prompt corpus on Ray Data and writes Parquet plus a summary.
 
-    python -m jobs.generate --config configs/default.yaml [--set decoder.k=4 ...]
+    python -m jobs.generate --config configs/default.yaml [--input PATH] [--output DIR] \\
+        [--run-id ID] [--set section.key=value ...]
+
+With no cluster it starts a local Ray; under `ray job submit`, or with RAY_ADDRESS set, it joins
+that cluster. Outputs go under <output>/run=<run-id>/; re-running a run id resumes it.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import time
-from pathlib import Path
+import sys
 
-from pipeline.config import load_config
-from pipeline.output import summarize, write_parquet, write_summary
-from pipeline.prompts import load_prompts
-from pipeline.stage import GenerationStage
+import ray
+
+from pipeline.config import ConfigError, load_config
+from pipeline.ray_job import JobFailed, new_run_id, run_job
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/default.yaml")
+    parser.add_argument("--input", help="input file, directory or glob (overrides input.path)")
     parser.add_argument("--output", help="output directory (overrides job.output)")
+    parser.add_argument("--run-id", help="run to write or resume (overrides job.run_id)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     return parser.parse_args(argv)
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    config = load_config(args.config, args.overrides)
-    output = Path(args.output or config.job.output)
-    prompts = load_prompts(config.job.dataset, config.job.limit)
-    stage = GenerationStage(config)
-    started = time.perf_counter()
-    batch = stage({"id": [p.request_id for p in prompts], "prompt": [p.prompt for p in prompts]})
-    rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
-    wall = time.perf_counter() - started
-    write_parquet(rows, output / "generations.parquet")
-    summary = summarize(rows, wall, stage.settings)
-    write_summary(summary, output / "summary.json")
-    print(json.dumps(summary, indent=2))
-    print(f"Parquet: {output / 'generations.parquet'}\nSummary: {output / 'summary.json'}")
+    overrides = list(args.overrides)
+    for flag, key in ((args.input, "input.path"), (args.output, "job.output"), (args.run_id, "job.run_id")):
+        if flag is not None:
+            overrides.append(f"{key}={json.dumps(flag)}")  # JSON-quoted: read back as a string by YAML
+    config = load_config(args.config, overrides)
+    run_id = config.job.run_id or new_run_id()
+    ray.init()  # joins RAY_ADDRESS (set by `ray job submit`) if there is one, else starts a local Ray
+    summary = run_job(config, run_id)
+    print(json.dumps(summary, indent=2, default=list))
+    run_dir = f"{config.job.output}/run={run_id}"
+    print(f"Parquet: {run_dir}/part-*.parquet\nSummary: {run_dir}/summary.json")
     return summary
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except (ConfigError, JobFailed) as error:
+        sys.exit(f"error: {error}")

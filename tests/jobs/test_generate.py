@@ -1,0 +1,50 @@
+"""The job as users launch it: `ray job submit` to a running Ray head."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from jobs import benchmark
+
+REPO = Path(__file__).resolve().parents[2]
+RAY = str(Path(sys.executable).parent / "ray")
+
+
+def test_ray_job_submit_runs_the_job_on_a_ray_head(tiny_model_dir, tmp_path):
+    inputs = tmp_path / "in.jsonl"
+    inputs.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Count to {i}"}) + "\n" for i in range(3)))
+    # Token authentication stays on: the head generates ~/.ray/auth_token if missing; the CLI sends it.
+    env = {**os.environ, "RAY_ADDRESS": "", "RAY_AUTH_MODE": "token",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    subprocess.run([RAY, "start", "--head", "--num-cpus=2", "--dashboard-port=8265", "--disable-usage-stats"],
+                   check=True, env=env, capture_output=True, timeout=180)
+    try:
+        submitted = subprocess.run(
+            [RAY, "job", "submit", "--address", "http://127.0.0.1:8265", "--working-dir", ".", "--",
+             sys.executable, "-m", "jobs.generate", "--config", "configs/default.yaml", "--input", str(inputs),
+             "--output", str(tmp_path / "out"), "--run-id", "submitted", "--set", f"model.name={tiny_model_dir}",
+             "--set", f"model.cache_dir={tmp_path / 'cache'}", "--set", "decoder.max_new_tokens=5"],
+            cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    finally:
+        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
+    assert submitted.returncode == 0, submitted.stdout[-3000:] + submitted.stderr[-3000:]
+    assert "succeeded" in submitted.stdout
+    run_dir = tmp_path / "out" / "run=submitted"
+    rows = pa.concat_tables([pq.read_table(p) for p in run_dir.glob("part-*.parquet")]).to_pylist()
+    assert sorted(row["id"] for row in rows) == ["p0", "p1", "p2"]
+    assert all(row["error"] is None and len(row["token_ids"]) == 5 for row in rows)
+    assert json.loads((run_dir / "summary.json").read_text())["rows"] == 3
+
+
+def test_benchmark_writes_results_with_identity_checked(tiny_model_dir, tmp_path):
+    out = tmp_path / "results.json"
+    benchmark.main(["--dataset", "humaneval", "--limit", "2", "--max-new-tokens", "6", "--out", str(out),
+                    "--model", str(tiny_model_dir), "--methods", "hf_prompt_lookup:3,plain,context_ngram:1:3"])
+    runs = {run["method"]: run for run in json.loads(out.read_text())["runs"]}
+    assert set(runs) == {"hf_greedy", "hf_prompt_lookup:3", "plain", "context_ngram:1:3"}
+    assert all(run["identical_fraction"] == 1.0 and run["generated_tokens"] == 12 for run in runs.values())
+    assert runs["plain"]["tokens_per_call"] == 1.0

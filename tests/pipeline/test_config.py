@@ -1,0 +1,44 @@
+import pytest
+
+from pipeline.config import ConfigError, load_config
+
+
+def write(tmp_path, text):
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    return path
+
+
+def test_defaults_load():
+    config = load_config("configs/default.yaml")
+    assert config.model.name == "smollm2-135m-instruct" and config.decoder.k >= 1
+
+
+def test_unknown_key_is_named_with_the_allowed_ones(tmp_path):
+    with pytest.raises(ConfigError, match=r"decoder: unknown key\(s\) 'kk'; allowed: drafter, k, w"):
+        load_config(write(tmp_path, "decoder:\n  kk: 3\n"))
+
+
+def test_wrong_type_names_the_field(tmp_path):
+    with pytest.raises(ConfigError, match="decoder.k: must be an integer, got 'four'"):
+        load_config(write(tmp_path, "decoder:\n  k: four\n"))
+
+
+def test_impossible_value_names_the_field(tmp_path):
+    with pytest.raises(ConfigError, match="decoder.k: must be an integer >= 1"):
+        load_config(write(tmp_path, "decoder:\n  k: 0\n"))
+
+
+def test_unknown_drafter_lists_the_valid_ones():
+    with pytest.raises(ConfigError, match="decoder.drafter: 'trigram' is not allowed; choose one of 'none', "
+                                          "'context_ngram', 'unigram', 'bigram', 'extended_bigram', 'mixed'"):
+        load_config(overrides=["decoder.drafter=trigram"])
+
+
+def test_overrides_are_typed_and_validated():
+    config = load_config("configs/default.yaml", ["decoder.k=4", "decoder.stop=['END', '##']"])
+    assert config.decoder.k == 4 and config.decoder.stop == ("END", "##")
+    with pytest.raises(ConfigError, match="decoder.k: must be at most decoder.bigram_top_k"):
+        load_config(overrides=["decoder.k=64"])
+    with pytest.raises(ConfigError, match="expected key=value"):
+        load_config(overrides=["decoder.k"])

@@ -1,0 +1,110 @@
+import numpy as np
+import pytest
+import torch
+
+from drafters import model_tables
+from drafters.registry import DrafterTables, make_drafter
+from pipeline.config import DecoderConfig
+from pipeline.decoder import PromptError, SpeculativeDecoder
+from tests.conftest import TINY_EOS
+
+PROMPTS = [[1, 5, 9, 2, 5, 9, 2, 7], [1, 40, 41, 42, 43, 40, 41], [1, 3], [1]]
+
+
+@pytest.fixture(scope="module")
+def tables(tiny_model):
+    bigram = model_tables.compute_bigram_table(tiny_model, [1], top_k=8, batch_size=64)
+    unigram = model_tables.unigram_scores(tiny_model).topk(8).indices.numpy()
+    return DrafterTables(unigram=unigram, bigram=bigram)
+
+
+def decoder_for(model, tables, drafter, k, w, tokenizer=None, min_q=2):
+    config = DecoderConfig(drafter=drafter, k=k, w=w, bigram_top_k=8, ngram_max_q=3, ngram_min_q=min_q)
+    if tables.bigram is not None:
+        tables = DrafterTables(unigram=tables.unigram, bigram=tables.bigram,
+                               extended=model_tables.chain_extension(tables.bigram, k, w))
+    return SpeculativeDecoder(model, tokenizer, make_drafter(config, tables, 0), k, w, config.ngram_max_q)
+
+
+def plain(model, prompt, n):
+    return SpeculativeDecoder(model, None, None, 1, 0).generate(prompt, n).token_ids
+
+
+def test_plain_decoding_equals_transformers_generate(tiny_model):
+    for prompt in PROMPTS:
+        ours = plain(tiny_model, prompt, 40)
+        theirs = tiny_model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=40,
+                                     attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+        assert ours == theirs[0, len(prompt):].tolist(), f"prompt {prompt}"
+
+
+@pytest.mark.parametrize("drafter,k,w", [
+    ("context_ngram", 1, 1), ("context_ngram", 3, 4), ("unigram", 2, 2), ("bigram", 1, 1),
+    ("bigram", 4, 3), ("extended_bigram", 2, 5), ("mixed", 4, 4), ("mixed", 8, 2),
+])
+def test_speculative_output_is_token_identical_to_plain_greedy(tiny_model, tables, drafter, k, w):
+    # min_q=1 drafts more often, so more steps accept drafts and exercise the cache bookkeeping.
+    decoder = decoder_for(tiny_model, tables, drafter, k, w, min_q=1)
+    for prompt in PROMPTS:
+        result = decoder.generate(prompt, 60)
+        assert result.token_ids == plain(tiny_model, prompt, 60), f"{drafter} k={k} w={w} prompt {prompt}"
+        stats = result.stats
+        assert stats.num_generated_tokens == len(result.token_ids)
+        assert sum(stats.accepted_length_histogram) == stats.num_target_calls
+        assert sum(stats.accepted_rank_histogram) == stats.num_target_calls
+        assert len(stats.accepted_length_histogram) == w + 1
+
+
+def test_drafts_that_are_accepted_save_target_calls(tiny_model, tables):
+    # Greedy decoding of the tiny model revisits tokens, which the context n-gram predicts.
+    prompt = PROMPTS[0]
+    result = decoder_for(tiny_model, tables, "context_ngram", 2, 4, min_q=1).generate(prompt, 80)
+    assert result.stats.num_target_calls < len(result.token_ids)
+    assert result.stats.tokens_per_call == len(result.token_ids) / result.stats.num_target_calls
+    assert sum(result.stats.accepted_length_histogram[1:]) > 0
+    assert result.stats.strategy_wins.get("context_ngram", 0) > 0
+
+
+def test_max_new_tokens_is_exact_even_mid_draft(tiny_model, tables):
+    decoder = decoder_for(tiny_model, tables, "mixed", 2, 5)
+    for n in (1, 2, 7, 13):
+        result = decoder.generate(PROMPTS[0], n)
+        assert len(result.token_ids) == n and result.finish_reason == "length"
+
+
+def test_generation_stops_at_eos(tiny_model, tables):
+    reference = plain(tiny_model, PROMPTS[1], 200)
+    # Make EOS the token greedy decoding emits at some position, then check we stop right there.
+    stop_token = reference[10]
+    tiny_model.generation_config.eos_token_id = stop_token
+    try:
+        result = decoder_for(tiny_model, tables, "mixed", 3, 4).generate(PROMPTS[1], 200)
+    finally:
+        tiny_model.generation_config.eos_token_id = TINY_EOS
+    first = reference.index(stop_token)
+    assert result.finish_reason == "eos" and result.token_ids == reference[:first + 1]
+
+
+def test_stop_strings_cut_text_and_tokens(tiny_model, tables, char_tokenizer):
+    reference = plain(tiny_model, PROMPTS[0], 40)
+    stop = char_tokenizer.decode(reference[6:8])
+    decoder = decoder_for(tiny_model, tables, "context_ngram", 2, 4, tokenizer=char_tokenizer)
+    result = decoder.generate(PROMPTS[0], 40, stop=(stop,))
+    full_text = char_tokenizer.decode(reference)
+    assert result.finish_reason == "stop"
+    assert result.text == full_text[:full_text.index(stop)]
+    assert stop in char_tokenizer.decode(result.token_ids)
+    assert stop not in char_tokenizer.decode(result.token_ids[:-1])
+
+
+def test_prompt_without_room_names_the_request(tiny_model):
+    decoder = SpeculativeDecoder(tiny_model, None, None, 1, 0)
+    with pytest.raises(PromptError, match="request 'too-long'.*256"):
+        decoder.generate([1] * 256, 10, request_id="too-long")
+    with pytest.raises(PromptError, match="request 'empty'"):
+        decoder.generate([], 10, request_id="empty")
+
+
+def test_generation_stops_at_the_models_context_length(tiny_model):
+    result = SpeculativeDecoder(tiny_model, None, None, 1, 0).generate([2] * 250, 100)
+    assert len(result.token_ids) == 6 and result.finish_reason == "length"

@@ -1,0 +1,35 @@
+import pytest
+import torch
+
+from pipeline import model_loading
+from pipeline.config import ModelConfig
+
+
+def test_gguf_is_converted_once_and_then_read_from_the_cache(monkeypatch):
+    first_dir, digest = model_loading.resolve_model_dir(ModelConfig())  # converts if not cached yet
+    assert (first_dir / "model.safetensors").exists() and len(digest) == 64
+
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("the cached conversion should have been used")
+
+    monkeypatch.setattr(model_loading.AutoModelForCausalLM, "from_pretrained", no_conversion)
+    assert model_loading.resolve_model_dir(ModelConfig()) == (first_dir, digest)
+
+
+def test_embedded_default_generates(smollm2):
+    tokenizer = smollm2.tokenizer
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True,
+                                        tokenize=True, return_dict=True)["input_ids"]
+    with torch.no_grad():
+        out = smollm2.model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)
+    assert tokenizer.decode(out[0, len(ids):], skip_special_tokens=True).strip()
+
+
+def test_unknown_model_says_what_is_accepted():
+    with pytest.raises(FileNotFoundError, match="not a model directory, a .gguf file, or 'smollm2-135m-instruct'"):
+        model_loading.resolve_model_dir(ModelConfig(name="no/such/model"))
+
+
+def test_missing_gguf_file_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="missing.gguf does not exist"):
+        model_loading.resolve_model_dir(ModelConfig(name=str(tmp_path / "missing.gguf")))

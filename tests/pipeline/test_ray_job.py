@@ -1,0 +1,152 @@
+"""The Ray Data job on a local Ray, with the tiny model: formats, bad rows, shared tables, resume."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import datasets
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import ray
+
+from drafters.registry import build_tables
+from pipeline.config import load_config
+from pipeline.model_loading import load_model
+from pipeline.ray_job import JobFailed, run_job
+from pipeline.stage import GenerationStage
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+def job_config(tiny_model_dir, tmp_path, *overrides):
+    return load_config(REPO / "configs/default.yaml", [
+        f"model.name={tiny_model_dir}", f"model.cache_dir={tmp_path / 'cache'}", "decoder.max_new_tokens=6",
+        f"job.output={tmp_path / 'out'}", "input.limit=0", *overrides])
+
+
+def read_run(tmp_path, run_id) -> list[dict]:
+    parts = sorted((tmp_path / "out" / f"run={run_id}").glob("part-*.parquet"))
+    return pa.concat_tables([pq.read_table(p) for p in parts]).to_pylist() if parts else []
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return path
+
+
+def test_every_input_row_yields_one_output_row(local_ray, tiny_model_dir, tmp_path):
+    rows = [{"id": "ok", "prompt": "def add(a, b):"}, {"id": "empty", "prompt": ""},
+            {"id": "number", "prompt": 7}, {"id": "long", "prompt": "word " * 2000},
+            {"id": "short", "prompt": "Hi", "max_new_tokens": 2}, {"id": "hot", "prompt": "Hi", "temperature": 0.7},
+            {"id": "none"}]
+    config = job_config(tiny_model_dir, tmp_path, f"input.path={write_jsonl(tmp_path / 'in.jsonl', rows)}")
+    summary = run_job(config, "r1")
+    out = {row["id"]: row for row in read_run(tmp_path, "r1")}
+    assert sorted(out) == sorted(r["id"] for r in rows)
+    assert out["ok"]["error"] is None and len(out["ok"]["token_ids"]) == 6
+    assert out["short"]["error"] is None and len(out["short"]["token_ids"]) == 2
+    assert "the prompt is empty" in out["empty"]["error"]
+    assert "must be text" in out["number"]["error"]
+    assert "no room to generate" in out["long"]["error"]
+    assert "temperature 0.7 asks for sampling" in out["hot"]["error"]
+    assert "no prompt in column 'prompt'" in out["none"]["error"]
+    assert summary["rows"] == 7 and summary["errored_rows"] == 5
+    assert json.loads((tmp_path / "out" / "run=r1" / "summary.json").read_text())["generated_tokens"] == 8
+
+
+@pytest.mark.parametrize("kind", ["parquet", "csv", "hf_dataset", "glob", "directory", "messages"])
+def test_input_formats(local_ray, tiny_model_dir, tmp_path, kind):
+    table = pa.table({"qid": ["a", "b", "c"], "text": ["one", "two", "three"]})
+    overrides = ["input.id_column=qid", "input.prompt_column=text"]
+    if kind == "parquet":
+        pq.write_table(table, tmp_path / "in.parquet")
+        path = tmp_path / "in.parquet"
+    elif kind == "csv":
+        import pyarrow.csv
+        pyarrow.csv.write_csv(table, tmp_path / "in.csv")
+        path = tmp_path / "in.csv"
+    elif kind == "hf_dataset":
+        datasets.Dataset.from_dict(table.to_pydict()).save_to_disk(tmp_path / "hf")
+        path = tmp_path / "hf"
+    elif kind in ("glob", "directory"):
+        (tmp_path / "shards").mkdir()
+        pq.write_table(table.slice(0, 2), tmp_path / "shards" / "0.parquet")
+        pq.write_table(table.slice(2), tmp_path / "shards" / "1.parquet")
+        path = tmp_path / "shards" / "*.parquet" if kind == "glob" else tmp_path / "shards"
+    else:
+        rows = [{"qid": q, "chat": [{"role": "user", "content": t}]} for q, t in zip(["a", "b", "c"], ["x", "y", "z"])]
+        path = write_jsonl(tmp_path / "chat.jsonl", rows)
+        overrides = ["input.id_column=qid", "input.prompt_column=''", "input.messages_column=chat"]
+    run_job(job_config(tiny_model_dir, tmp_path, f"input.path={path}", *overrides), "r")
+    out = read_run(tmp_path, "r")
+    assert sorted(row["id"] for row in out) == ["a", "b", "c"]
+    assert all(row["error"] is None for row in out)
+
+
+def test_missing_column_fails_at_start_naming_it(local_ray, tiny_model_dir, tmp_path):
+    path = write_jsonl(tmp_path / "in.jsonl", [{"id": "a", "question": "q"}])
+    with pytest.raises(JobFailed, match=r"input.prompt_column: the input has no column 'prompt'; its columns are"):
+        run_job(job_config(tiny_model_dir, tmp_path, f"input.path={path}"), "r")
+
+
+def test_too_many_errored_rows_fail_the_job(local_ray, tiny_model_dir, tmp_path):
+    path = write_jsonl(tmp_path / "in.jsonl", [{"id": str(i), "prompt": ""} for i in range(4)])
+    config = job_config(tiny_model_dir, tmp_path, f"input.path={path}", "job.max_errored_rows=1", "ray.batch_size=2")
+    with pytest.raises(JobFailed, match=r"rows failed, more than job.max_errored_rows \(1\)"):
+        run_job(config, "r")
+
+
+@ray.remote(num_cpus=0.5)
+def table_flags_in_an_actor_process(config, refs):
+    stage = GenerationStage(config, tables=refs[0])  # an ObjectRef, as map_batches hands it to each actor
+    return {"bigram": stage.tables.bigram.flags.writeable, "extended": stage.tables.extended.flags.writeable,
+            "pid": os.getpid()}
+
+
+def test_drafter_tables_reach_actors_as_read_only_shared_memory(local_ray, tiny_model_dir, tmp_path):
+    config = job_config(tiny_model_dir, tmp_path, "decoder.drafter=mixed", "decoder.k=2", "decoder.w=3")
+    loaded = load_model(config.model)
+    tables = build_tables(loaded.model, loaded.tokenizer, loaded.fingerprint, config.decoder, tmp_path / "cache")
+    ref = ray.put(tables.as_plain_arrays())
+    # Wrapped in a list so Ray passes the reference itself rather than resolving it first.
+    flags = ray.get([table_flags_in_an_actor_process.remote(config, [ref]) for _ in range(2)])
+    # Zero-copy reads from the object store come back read-only: every process maps the one copy.
+    assert all(f["bigram"] is False and f["extended"] is False for f in flags)
+    assert all(f["pid"] != os.getpid() for f in flags)
+
+
+def test_a_killed_job_resumes_and_writes_every_id_exactly_once(tiny_model_dir, tmp_path):
+    ids = [f"q{i:02d}" for i in range(20)]
+    path = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "prompt": f"Question {i}"} for i in ids])
+    command = [sys.executable, "-m", "jobs.generate", "--config", "configs/default.yaml", "--input", str(path),
+               "--output", str(tmp_path / "out"), "--run-id", "nightly",
+               "--set", f"model.name={tiny_model_dir}", "--set", f"model.cache_dir={tmp_path / 'cache'}",
+               "--set", "ray.batch_size=1", "--set", "decoder.max_new_tokens=120", "--set", "input.limit=0"]
+    env = {**os.environ, "RAY_ADDRESS": ""}
+    driver = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    run_dir = tmp_path / "out" / "run=nightly"
+    deadline = time.time() + 240
+    while time.time() < deadline and len(list(run_dir.glob("part-*.parquet"))) < 2:
+        time.sleep(0.2)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+    before = read_run(tmp_path, "nightly")
+    assert 2 <= len(before) < len(ids), "the kill should land mid-run"
+    subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True, timeout=400)
+    after = [row["id"] for row in read_run(tmp_path, "nightly")]
+    assert sorted(after) == ids, "every id exactly once"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["rows"] == len(ids) and summary["rows_skipped_already_done"] == len(before)
