@@ -52,6 +52,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--model", default=ModelConfig().name)
     parser.add_argument("--methods", default=DEFAULT_METHODS,
                         help="comma-separated: hf_greedy, hf_prompt_lookup:N, plain, DRAFTER:k:w")
+    parser.add_argument("--pipeline", action="store_true",
+                        help="instead: the same prompts through the Ray job and in-process, with the "
+                             "decoder of --config, compared in tokens/s after start-up")
+    parser.add_argument("--config", default="configs/default.yaml", help="decoder settings for --pipeline")
     return parser.parse_args(argv)
 
 
@@ -113,8 +117,46 @@ def markdown(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def pipeline_comparison(args) -> dict:
+    """Tokens/s of the Ray job (after its actors have started) and of the same stage in-process."""
+    import tempfile
+
+    import ray
+
+    from pipeline.config import load_config
+    from pipeline.ray_job import run_job
+    from pipeline.stage import GenerationStage
+
+    output = tempfile.mkdtemp(prefix="pipeline-benchmark-")
+    config = load_config(args.config, [f"model.name={json.dumps(args.model)}", f"input.path={json.dumps(args.dataset)}",
+                                       f"input.limit={args.limit}", f"decoder.max_new_tokens={args.max_new_tokens}",
+                                       f"job.output={json.dumps(output)}"])
+    prompts = load_prompts(args.dataset, args.limit)
+    stage = GenerationStage(config)
+    started = time.perf_counter()
+    table = stage({"id": [p.request_id for p in prompts], "prompt": [p.prompt for p in prompts]})
+    in_process_seconds = time.perf_counter() - started
+    in_process_tokens = sum(table.column("num_generated_tokens").to_pylist())
+    del stage
+    ray.init()
+    summary = run_job(config, "benchmark")
+    ray.shutdown()
+    in_process = in_process_tokens / in_process_seconds
+    pipeline = summary["tokens_per_second_after_startup"]
+    return {"prompts": len(prompts), "decoder": summary["settings"]["decoder"],
+            "in_process_tokens_per_second": round(in_process, 3),
+            "pipeline_tokens_per_second_after_startup": pipeline,
+            "pipeline_tokens_per_second_with_startup": summary["tokens_per_second"],
+            "pipeline_overhead": round(in_process / pipeline - 1, 4)}
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.pipeline:
+        report = {"dataset": args.dataset, "model": args.model, "pipeline": pipeline_comparison(args)}
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        print(json.dumps(report, indent=2))
+        return report
     loaded = load_model(ModelConfig(name=args.model))
     prompts = load_prompts(args.dataset, args.limit)
     names = [n.strip() for n in args.methods.split(",") if n.strip()]

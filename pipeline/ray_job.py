@@ -143,26 +143,34 @@ def run_job(config: Config, run_id: str) -> dict:
         batch_format="numpy",
     )
     written = errored = generated = 0
+    first_batch_at = first_batch_tokens = None
     for batch in outputs.iter_batches(batch_size=None, batch_format="pyarrow"):
         write_part(batch, run_dir)
         written += batch.num_rows
         generated += pa.compute.sum(batch.column("num_generated_tokens")).as_py() or 0
+        if first_batch_at is None:  # start-up (actors loading the model) ends with the first batch
+            first_batch_at, first_batch_tokens = time.perf_counter(), generated
         errored += batch.num_rows - batch.column("error").null_count
         if 0 <= config.job.max_errored_rows < errored:
             raise JobFailed(f"{errored} rows failed, more than job.max_errored_rows ({config.job.max_errored_rows}); "
                             f"see the 'error' column in {run_dir}")
-    wall = time.perf_counter() - started
-    return write_run_summary(config, run_id, run_dir, wall, written, generated, len(done))
+    finished = time.perf_counter()
+    after_startup = None
+    if first_batch_at is not None and finished > first_batch_at:
+        after_startup = round((generated - first_batch_tokens) / (finished - first_batch_at), 3)
+    return write_run_summary(config, run_id, run_dir, finished - started, written, generated, len(done),
+                             after_startup)
 
 
 def write_run_summary(config: Config, run_id: str, run_dir: Path, wall: float, written: int, generated: int,
-                      skipped: int) -> dict:
+                      skipped: int, tokens_per_second_after_startup: float | None) -> dict:
     """Counts cover the whole run (every part); speed covers this invocation only."""
     parts = sorted(run_dir.glob(PART_GLOB))
     rows = pa.concat_tables([pq.read_table(part) for part in parts]).to_pylist() if parts else []
     settings = {section: asdict(getattr(config, section)) for section in ("model", "decoder", "input", "ray")}
     summary = summarize(rows, wall, settings)
     summary.update(run_id=run_id, rows_this_invocation=written, rows_skipped_already_done=skipped,
-                   tokens_per_second=round(generated / wall, 3) if wall > 0 else None)
+                   tokens_per_second=round(generated / wall, 3) if wall > 0 else None,
+                   tokens_per_second_after_startup=tokens_per_second_after_startup)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=list) + "\n")
     return summary

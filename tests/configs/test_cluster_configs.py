@@ -55,7 +55,7 @@ def entrypoints() -> dict[str, str]:
         "rayjob.yaml entrypoint": load_kind("rayjob.yaml", "RayJob")["spec"]["entrypoint"],
         "raycronjob.yaml entrypoint": load_kind("raycronjob.yaml", "RayCronJob")["spec"]["jobTemplate"]["entrypoint"],
     }
-    for path in sorted(CLUSTER.glob("*.yaml")) + sorted(CLUSTER.glob("*.md")):
+    for path in sorted(CLUSTER.glob("*.yaml")) + [ROOT / "README.md"]:
         for i, command in enumerate(documented_commands(path)):
             found[f"{path.name} command {i + 1}"] = command
     return found

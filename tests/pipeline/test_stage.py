@@ -16,9 +16,9 @@ def test_every_row_comes_back_and_bad_rows_carry_an_error(stage):
     batch = {"id": ["good", "empty", "not-text", "too-long", "chat"],
              "prompt": ["def add(a, b):", "   ", 42, "word " * 1000,
                         [{"role": "user", "content": "Say hi"}]]}
-    out = stage(batch)
-    rows = {request_id: dict(zip(out, values))["error"] for request_id, values in zip(out["id"], zip(*out.values()))}
-    assert list(out["id"]) == batch["id"]
+    out = stage(batch).to_pydict()
+    rows = dict(zip(out["id"], out["error"]))
+    assert out["id"] == batch["id"]
     assert rows["good"] is None and rows["chat"] is None
     assert "request 'empty': the prompt is empty" in rows["empty"]
     assert "request 'not-text'" in rows["not-text"] and "int" in rows["not-text"]
