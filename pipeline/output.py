@@ -1,11 +1,7 @@
-"""The output table: one row per input row, its columns fixed by an explicit Arrow schema."""
+"""The output table (one row per input row, columns fixed by an explicit Arrow schema) and the run summary."""
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 COUNTS = pa.map_(pa.string(), pa.int64())
 SCHEMA = pa.schema([
@@ -32,11 +28,6 @@ SCHEMA = pa.schema([
 ])
 
 
-def write_parquet(rows: list[dict], path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.Table.from_pylist(rows, schema=SCHEMA), path)
-
-
 def summarize(rows: list[dict], wall_seconds: float, settings: dict) -> dict:
     succeeded = [row for row in rows if row["error"] is None]
     generated = sum(row["num_generated_tokens"] or 0 for row in succeeded)
@@ -51,6 +42,3 @@ def summarize(rows: list[dict], wall_seconds: float, settings: dict) -> dict:
         "settings": settings,
     }
 
-
-def write_summary(summary: dict, path: Path) -> None:
-    path.write_text(json.dumps(summary, indent=2) + "\n")

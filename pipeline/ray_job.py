@@ -143,21 +143,24 @@ def run_job(config: Config, run_id: str) -> dict:
         batch_format="numpy",
     )
     written = errored = generated = 0
-    first_batch_at = first_batch_tokens = None
+    first_batch_at = first_batch_seconds = None
     for batch in outputs.iter_batches(batch_size=None, batch_format="pyarrow"):
         write_part(batch, run_dir)
         written += batch.num_rows
         generated += pa.compute.sum(batch.column("num_generated_tokens")).as_py() or 0
-        if first_batch_at is None:  # start-up (actors loading the model) ends with the first batch
-            first_batch_at, first_batch_tokens = time.perf_counter(), generated
+        if first_batch_at is None:
+            # Start-up (reading, actors loading the model) ends where the first batch's generation
+            # began: its arrival time less the decoding time its rows report.
+            first_batch_at = time.perf_counter()
+            first_batch_seconds = pa.compute.sum(batch.column("total_seconds")).as_py() or 0.0
         errored += batch.num_rows - batch.column("error").null_count
         if 0 <= config.job.max_errored_rows < errored:
             raise JobFailed(f"{errored} rows failed, more than job.max_errored_rows ({config.job.max_errored_rows}); "
                             f"see the 'error' column in {run_dir}")
     finished = time.perf_counter()
     after_startup = None
-    if first_batch_at is not None and finished > first_batch_at:
-        after_startup = round((generated - first_batch_tokens) / (finished - first_batch_at), 3)
+    if first_batch_at is not None and generated:
+        after_startup = round(generated / (finished - first_batch_at + first_batch_seconds), 3)
     return write_run_summary(config, run_id, run_dir, finished - started, written, generated, len(done),
                              after_startup)
 

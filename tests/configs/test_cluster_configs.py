@@ -31,10 +31,18 @@ def load_kind(name: str, kind: str) -> dict:
     return docs[0]
 
 
+def cluster_section(readme: Path) -> str:
+    """The README's "Running on a cluster" section (up to the next heading of its level)."""
+    text = readme.read_text()
+    start = text.index("## Running on a cluster")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end >= 0 else len(text)]
+
+
 def documented_commands(path: Path) -> list[str]:
-    """`python -m jobs.generate ...` commands written in a file's comments (YAML) or text (Markdown),
-    with shell line continuations joined."""
-    lines = path.read_text().splitlines()
+    """`python -m jobs.generate ...` commands written in a file's comments (YAML) or, for the README,
+    in its cluster section, with shell line continuations joined."""
+    lines = (cluster_section(path) if path.suffix == ".md" else path.read_text()).splitlines()
     if path.suffix in (".yaml", ".yml"):
         lines = [re.sub(r"^\s*#\s?", "", line) for line in lines if line.lstrip().startswith("#")]
     commands, pending = [], ""
