@@ -46,12 +46,12 @@ class GenerationStage:
             import ray  # an ObjectRef: the job puts the tables in the object store once
             tables = ray.get(tables)
         self.config = config
-        self.tables = tables
         loaded = loaded or load_model(config.model)
         decoder_config = config.decoder
         if tables is None:
             tables = build_tables(loaded.model, loaded.tokenizer, loaded.fingerprint, decoder_config,
                                   cache_root(config.model))
+        self.tables = tables
         pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
         self.tokenizer = loaded.tokenizer
         self.decoder = SpeculativeDecoder(loaded.model, loaded.tokenizer, make_drafter(decoder_config, tables, pad),

@@ -18,7 +18,7 @@ from pipeline.model_loading import cache_root
 from pipeline.prompts import encode_prompt, load_prompts
 
 NUM_PROMPTS, NEW_TOKENS = 10, 64
-CONFIGS = [("none", 1, 0), ("context_ngram", 2, 3), ("model_tables", 1, 2), ("mixed", 3, 3), ("mixed", 1, 5)]
+CONFIGS = [("none", 1, 0), ("context_ngram", 2, 3), ("model_tables", 1, 2), ("mixed", 1, 5)]
 MODEL_TABLE_DRAFTERS = ("unigram", "bigram", "extended_bigram")
 
 
