@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from pipeline.kv_cache import expanded_copy, prefill
+from pipeline.prompts import chat_ids
 
 
 def prefix_ids(tokenizer, kind: str) -> list[int]:
@@ -38,12 +39,6 @@ def prefix_ids(tokenizer, kind: str) -> list[int]:
         assert with_header[:len(without)] == without, "chat template's generation prompt is not a suffix"
         return with_header[len(without):]
     raise ValueError(f"decoder.bigram_prefix: unknown {kind!r}")
-
-
-def chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool) -> list[int]:
-    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
-    ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
-    return list(ids)
 
 
 def vocab_size(model) -> int:

@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 import yaml
 
-DRAFTER_NAMES = ("none", "context_ngram", "unigram", "bigram", "extended_bigram", "mixed")
+DrafterName = Literal["none", "context_ngram", "unigram", "bigram", "extended_bigram", "mixed"]
+DRAFTER_NAMES = typing.get_args(DrafterName)
 
 
 class ConfigError(ValueError):
@@ -41,7 +42,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class DecoderConfig:
     # Which drafter proposes drafts; "none" is plain greedy decoding.
-    drafter: Literal["none", "context_ngram", "unigram", "bigram", "extended_bigram", "mixed"] = "mixed"
+    drafter: DrafterName = "mixed"
     # Number of draft rows verified per target call.
     k: int = 2
     # Tokens per draft row; w = 0 means no drafts (plain decoding).

@@ -7,7 +7,6 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from drafters.model_tables import chat_ids
 from pipeline.decoder import PromptError
 
 
@@ -15,6 +14,12 @@ from pipeline.decoder import PromptError
 class Prompt:
     request_id: str
     prompt: str | list[dict]  # plain text, or chat messages [{"role": ..., "content": ...}]
+
+
+def chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
+    ids = encoded["input_ids"] if hasattr(encoded, "keys") else encoded
+    return list(ids)
 
 
 def encode_prompt(tokenizer, prompt, request_id: str) -> list[int]:
