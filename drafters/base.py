@@ -16,6 +16,8 @@ from typing import Protocol
 
 import torch
 
+from pipeline.sampling import GREEDY, RandomState, SamplingParams
+
 PADDING = "padding"
 
 
@@ -24,10 +26,17 @@ class Drafts:
     tokens: torch.Tensor  # [k, w] int64
     # Which strategy produced each row; "padding" rows carry no information and may be skipped.
     strategies: tuple[str, ...]
+    # [k, w, V] the draft model's distribution q at each draft token (draft models only; point-mass
+    # drafts have none). Sampled drafts are verified by speculative sampling against it.
+    probs: torch.Tensor | None = None
+    # Forward calls of a draft model spent on these drafts (0 for table and context drafters).
+    num_model_calls: int = 0
 
     def __post_init__(self):
         assert self.tokens.dim() == 2 and self.tokens.shape[0] == len(self.strategies), (
             f"drafts {tuple(self.tokens.shape)} need one strategy per row, got {len(self.strategies)}")
+        assert self.probs is None or self.probs.shape[:2] == self.tokens.shape, (
+            f"draft probs {tuple(self.probs.shape)} do not match drafts {tuple(self.tokens.shape)}")
 
 
 class DraftContext:
@@ -37,9 +46,12 @@ class DraftContext:
     drafting looks up the context's last q tokens in O(1) instead of re-scanning the context.
     """
 
-    def __init__(self, token_ids: list[int], max_q: int):
+    def __init__(self, token_ids: list[int], max_q: int, sampling: SamplingParams = GREEDY,
+                 random: RandomState | None = None):
         self.tokens: list[int] = []
         self.max_q = max_q
+        # How the request samples; a draft model drafts with the same settings and random stream.
+        self.sampling, self.random = sampling, random
         self.index: list[dict[tuple[int, ...], list[int]]] = [defaultdict(list) for _ in range(max_q + 1)]
         self.append(token_ids)
 

@@ -10,9 +10,10 @@ from drafters import model_tables
 from drafters.base import Drafter
 from drafters.bigram import BigramDrafter
 from drafters.context_ngram import ContextNgramDrafter
+from drafters.draft_model import DraftModelDrafter, self_draft_model
 from drafters.mixed import MixedDrafter
 from drafters.unigram import UnigramDrafter
-from pipeline.config import DRAFTER_NAMES, DecoderConfig
+from pipeline.config import DRAFTER_NAMES, DecoderConfig, ModelConfig
 
 NEEDS_UNIGRAM = {"unigram"}
 NEEDS_BIGRAM = {"bigram", "extended_bigram", "mixed"}
@@ -56,13 +57,33 @@ def build_tables(model, tokenizer, fingerprint: str, config: DecoderConfig, cach
     return DrafterTables(unigram=unigram, bigram=bigram, extended=extended, build_seconds=seconds)
 
 
-def make_drafter(config: DecoderConfig, tables: DrafterTables, pad_token: int) -> Drafter | None:
-    """The drafter named by `config.drafter`; None for plain decoding."""
+def load_draft_model(config: DecoderConfig, model_config: ModelConfig, target):
+    """The draft model of drafter "draft_model": a self-draft of `target` (a LoadedModel), or a
+    model directory whose tokenizer must be the target's (speculative sampling compares the two
+    models' probabilities token by token)."""
+    if config.draft_model == "self":
+        return self_draft_model(target.model, config.draft_layers)
+    from pipeline.model_loading import load_model
+
+    draft = load_model(replace(model_config, name=config.draft_model))
+    if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
+        raise ValueError(f"decoder.draft_model: {config.draft_model!r} has a different tokenizer from the target "
+                         f"{model_config.name!r}; a draft model must share the target's vocabulary")
+    return draft.model
+
+
+def make_drafter(config: DecoderConfig, tables: DrafterTables, pad_token: int,
+                 draft_model=None) -> Drafter | None:
+    """The drafter named by `config.drafter`; None for plain decoding. `draft_model` (from
+    load_draft_model) is needed by drafter "draft_model" only."""
     name = config.drafter
     if name not in DRAFTER_NAMES:
         raise ValueError(f"decoder.drafter: unknown {name!r}; choose one of {', '.join(DRAFTER_NAMES)}")
     if name == "none" or config.w == 0:
         return None
+    if name == "draft_model":
+        assert draft_model is not None, "drafter 'draft_model' needs the model from load_draft_model"
+        return DraftModelDrafter(draft_model)
     ngram = ContextNgramDrafter(config.ngram_max_q, config.ngram_min_q, pad_token)
     if name == "context_ngram":
         return ngram

@@ -1,10 +1,16 @@
 """Side-by-side benchmark of our decoder against transformers' generate, on real prompts.
 
     python -m jobs.benchmark --dataset humaneval|gsm8k|PATH.jsonl --limit N --max-new-tokens M \
-        --out results.json [--model M] [--methods hf_greedy,plain,mixed:4:4,...]
+        --out results.json [--model M] [--methods hf_greedy,plain,mixed:4:4,...] \
+        [--temperature T --top-p P --top-k K --seed S]
 
-Every method runs on every prompt; the order of methods is rotated per prompt so slow drifts of
-this machine's speed fall on all methods alike. Speed-ups are ratios within this one run.
+Methods: hf_greedy (hf_sample when --temperature > 0), hf_prompt_lookup:N, hf_assisted:L:G
+(transformers' assisted generation with the self-draft of L layers, G tokens per draft), plain
+(ours without drafts), self_draft:L:G (ours, draft-model speculative sampling with the same
+self-draft), DRAFTER:k:w (any decoder.drafter). Every method runs on every prompt; the order of
+methods is rotated per prompt so slow drifts of this machine's speed fall on all methods alike.
+Speed-ups are ratios within this one run. When sampling, request i samples with the same seed
+in every method.
 """
 from __future__ import annotations
 
@@ -16,11 +22,14 @@ from pathlib import Path
 
 import torch
 
-from drafters.registry import build_tables, make_drafter
+from drafters.draft_model import self_draft_model
+from drafters.registry import build_tables, load_draft_model, make_drafter
 from pipeline.config import DecoderConfig, ModelConfig
 from pipeline.decoder import SpeculativeDecoder
 from pipeline.model_loading import cache_root, load_model
 from pipeline.prompts import encode_prompt, load_prompts
+from pipeline.sampling import SamplingParams, request_seed
+from pipeline.stats import RequestStats
 
 DEFAULT_METHODS = ("hf_greedy,hf_prompt_lookup:3,plain,context_ngram:1:3,bigram:1:1,"
                    "mixed:1:3,mixed:2:3,mixed:4:4,mixed:10:10")
@@ -28,19 +37,29 @@ DEFAULT_METHODS = ("hf_greedy,hf_prompt_lookup:3,plain,context_ngram:1:3,bigram:
 
 @dataclass
 class MethodRun:
-    name: str  # "hf_greedy", "hf_prompt_lookup:N", "plain" or "DRAFTER:k:w"
+    name: str  # see the module docstring
     outputs: list[list[int]] = field(default_factory=list)
     seconds: float = 0.0
-    target_calls: int = 0
+    stats: RequestStats = field(default_factory=RequestStats)  # summed over prompts (ours only)
 
     @property
     def drafter_k_w(self) -> tuple[str, int, int]:
+        """(drafter or method, k, w); for hf_assisted/self_draft k is the draft's layer count L."""
         parts = self.name.split(":")
         if parts[0] == "plain":
             return "none", 1, 0
-        if parts[0].startswith("hf_"):
-            return parts[0], 1, int(parts[1]) if len(parts) > 1 else 0
+        if parts[0] in ("hf_greedy", "hf_sample"):
+            return parts[0], 1, 0
+        if parts[0] == "hf_prompt_lookup":
+            return parts[0], 1, int(parts[1])
         return parts[0], int(parts[1]), int(parts[2])
+
+    def add(self, stats: RequestStats | None) -> None:
+        if stats is None:
+            return
+        for name in ("num_target_calls", "num_checked_draft_tokens", "sum_acceptance_probability",
+                     "num_draft_model_calls", "draft_seconds", "verify_seconds"):
+            setattr(self.stats, name, getattr(self.stats, name) + getattr(stats, name))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -50,8 +69,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--out", default="results.json")
     parser.add_argument("--model", default=ModelConfig().name)
-    parser.add_argument("--methods", default=DEFAULT_METHODS,
-                        help="comma-separated: hf_greedy, hf_prompt_lookup:N, plain, DRAFTER:k:w")
+    parser.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated; see above")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--pipeline", action="store_true",
                         help="instead: the same prompts through the Ray job and in-process, with the "
                              "decoder of --config, compared in tokens/s after start-up")
@@ -59,61 +81,99 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def build_runners(names: list[str], loaded, max_new_tokens: int) -> dict:
-    """One callable per method: prompt ids -> (generated ids, target calls or None)."""
-    model, tokenizer = loaded.model, loaded.tokenizer
+def build_runners(names: list[str], loaded, args) -> dict:
+    """One callable per method: (prompt ids, SamplingParams) -> (generated ids, RequestStats or None)."""
+    model, tokenizer, n = loaded.model, loaded.tokenizer, args.max_new_tokens
     runners = {}
     for name in names:
-        run = MethodRun(name)
-        drafter_name, k, w = run.drafter_k_w
-        if drafter_name == "hf_greedy":
-            runners[name] = lambda ids: (hf_generate(model, ids, max_new_tokens), None)
-        elif drafter_name == "hf_prompt_lookup":
-            runners[name] = lambda ids, w=w: (hf_generate(model, ids, max_new_tokens, prompt_lookup_num_tokens=w), None)
+        method, k, w = MethodRun(name).drafter_k_w
+        if method in ("hf_greedy", "hf_sample"):
+            runners[name] = lambda ids, s: (hf_generate(model, ids, n, s), None)
+        elif method == "hf_prompt_lookup":
+            runners[name] = lambda ids, s, w=w: (hf_generate(model, ids, n, s, prompt_lookup_num_tokens=w), None)
+        elif method == "hf_assisted":
+            assistant = self_draft_model(model, k)
+            assistant.generation_config.num_assistant_tokens = w
+            assistant.generation_config.num_assistant_tokens_schedule = "constant"
+            runners[name] = lambda ids, s, a=assistant: (hf_generate(model, ids, n, s, assistant_model=a), None)
         else:
-            config = DecoderConfig(drafter=drafter_name, k=k, w=w, max_new_tokens=max_new_tokens)
+            if method == "self_draft":
+                config = DecoderConfig(drafter="draft_model", k=1, w=w, draft_layers=k, max_new_tokens=n)
+            else:
+                config = DecoderConfig(drafter=method, k=k, w=w, max_new_tokens=n)
             tables = build_tables(model, tokenizer, loaded.fingerprint, config, cache_root(ModelConfig()))
-            decoder = SpeculativeDecoder(model, tokenizer, make_drafter(config, tables, 0), k, w, config.ngram_max_q)
-            runners[name] = lambda ids, decoder=decoder: _ours(decoder, ids, max_new_tokens)
+            draft = load_draft_model(config, ModelConfig(), loaded) if method == "self_draft" else None
+            decoder = SpeculativeDecoder(model, tokenizer, make_drafter(config, tables, 0, draft), config.k, w,
+                                         config.ngram_max_q)
+            runners[name] = lambda ids, s, decoder=decoder: _ours(decoder, ids, n, s)
     return runners
 
 
-def _ours(decoder: SpeculativeDecoder, ids: list[int], max_new_tokens: int):
-    result = decoder.generate(ids, max_new_tokens)
-    return result.token_ids, result.stats.num_target_calls
+def _ours(decoder: SpeculativeDecoder, ids: list[int], max_new_tokens: int, sampling: SamplingParams):
+    result = decoder.generate(ids, max_new_tokens, sampling=sampling)
+    return result.token_ids, result.stats
 
 
 @torch.no_grad()
-def hf_generate(model, ids: list[int], max_new_tokens: int, **kwargs) -> list[int]:
+def hf_generate(model, ids: list[int], max_new_tokens: int, sampling: SamplingParams, **kwargs) -> list[int]:
     inputs = torch.tensor([ids])
-    output = model.generate(inputs, attention_mask=torch.ones_like(inputs), do_sample=False,
-                            max_new_tokens=max_new_tokens, **kwargs)
+    if not sampling.greedy:
+        torch.manual_seed(sampling.seed)
+        kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
+    else:
+        kwargs.update(do_sample=False)
+    output = model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new_tokens, **kwargs)
     return output[0, len(ids):].tolist()
 
 
-def summarize(runs: list[MethodRun], reference: MethodRun) -> list[dict]:
+def predicted_speedup(alpha: float, gamma: int, c: float) -> float:
+    """Leviathan et al. 2023, Theorem 3.8: expected walltime improvement over plain decoding."""
+    if alpha >= 1:
+        return (gamma + 1) / (gamma * c + 1)
+    return (1 - alpha ** (gamma + 1)) / ((1 - alpha) * (gamma * c + 1))
+
+
+def summarize(runs: list[MethodRun], reference: MethodRun, plain: MethodRun | None, greedy: bool) -> list[dict]:
+    """Speed-ups against `reference` (hf_greedy or hf_sample). Identity is checked against the
+    reference when greedy; when sampling, against our plain sampling with the same seeds."""
+    def rate(run):
+        return sum(map(len, run.outputs)) / run.seconds
+
+    identity_reference = reference if greedy else plain
     results = []
     for run in runs:
-        drafter_name, k, w = run.drafter_k_w
+        method, k, w = run.drafter_k_w
+        stats = run.stats
         generated = sum(len(o) for o in run.outputs)
-        identical = sum(a == b for a, b in zip(run.outputs, reference.outputs)) / len(run.outputs)
-        results.append({
+        result = {
             "method": run.name, "k": k, "w": w, "prompts": len(run.outputs), "generated_tokens": generated,
-            "tokens_per_second": round(generated / run.seconds, 3),
-            "tokens_per_call": round(generated / run.target_calls, 3) if run.target_calls else None,
-            "identical_fraction": round(identical, 4),
-            "speedup_vs_hf_greedy": round((generated / run.seconds) / (sum(map(len, reference.outputs)) / reference.seconds), 3),
-        })
+            "tokens_per_second": round(rate(run), 3),
+            "tokens_per_call": round(generated / stats.num_target_calls, 3) if stats.num_target_calls else None,
+            "alpha": None if stats.alpha is None else round(stats.alpha, 4),
+            "draft_cost_ratio": None if stats.draft_cost_ratio is None else round(stats.draft_cost_ratio, 4),
+            "identical_fraction": None if identity_reference is None else round(
+                sum(a == b for a, b in zip(run.outputs, identity_reference.outputs)) / len(run.outputs), 4),
+            f"speedup_vs_{reference.name}": round(rate(run) / rate(reference), 3),
+            "speedup_vs_plain": None if plain is None else round(rate(run) / rate(plain), 3),
+            "predicted_speedup_vs_plain": None,
+        }
+        if method == "self_draft" and stats.alpha is not None and stats.draft_cost_ratio is not None:
+            result["predicted_speedup_vs_plain"] = round(predicted_speedup(stats.alpha, w, stats.draft_cost_ratio), 3)
+        results.append(result)
     return results
 
 
-def markdown(results: list[dict]) -> str:
-    lines = ["| method | k | w | tokens/s | tokens/call | identical | speed-up vs hf_greedy |",
-             "|---|---|---|---|---|---|---|"]
+def markdown(results: list[dict], reference: str) -> str:
+    def show(value, digits=3):
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    lines = [f"| method | k/L | w/γ | tokens/s | tokens/call | α | c | identical | vs {reference} | vs plain "
+             "| predicted vs plain |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['method']} | {r['k']} | {r['w']} | {r['tokens_per_second']:.2f} | "
-                     f"{r['tokens_per_call'] if r['tokens_per_call'] is not None else '-'} | "
-                     f"{r['identical_fraction']:.2f} | {r['speedup_vs_hf_greedy']:.3f} |")
+                     f"{show(r['tokens_per_call'], 2)} | {show(r['alpha'])} | {show(r['draft_cost_ratio'])} | "
+                     f"{show(r['identical_fraction'], 2)} | {r[f'speedup_vs_{reference}']:.3f} | "
+                     f"{show(r['speedup_vs_plain'])} | {show(r['predicted_speedup_vs_plain'])} |")
     return "\n".join(lines)
 
 
@@ -159,26 +219,30 @@ def main(argv=None) -> dict:
         return report
     loaded = load_model(ModelConfig(name=args.model))
     prompts = load_prompts(args.dataset, args.limit)
+    base = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    reference = "hf_greedy" if base.greedy else "hf_sample"
     names = [n.strip() for n in args.methods.split(",") if n.strip()]
-    if "hf_greedy" not in names:
-        names.insert(0, "hf_greedy")  # the reference for identity and speed-up
-    runners = build_runners(names, loaded, args.max_new_tokens)
+    if reference not in names:
+        names.insert(0, reference)  # the reference for speed-up (and identity when greedy)
+    runners = build_runners(names, loaded, args)
     runs = {name: MethodRun(name) for name in names}
     for index, prompt in enumerate(prompts):
         ids = encode_prompt(loaded.tokenizer, prompt.prompt, prompt.request_id)
+        sampling = SamplingParams(base.temperature, base.top_k, base.top_p, request_seed(args.seed, prompt.request_id))
         rotation = index % len(names)
         for name in names[rotation:] + names[:rotation]:
             started = time.perf_counter()
-            output, calls = runners[name](ids)
+            output, stats = runners[name](ids, sampling)
             runs[name].seconds += time.perf_counter() - started
             runs[name].outputs.append(output)
-            runs[name].target_calls += calls or 0
+            runs[name].add(stats)
         print(f"prompt {index + 1}/{len(prompts)} done", flush=True)
-    results = summarize(list(runs.values()), runs["hf_greedy"])
+    results = summarize(list(runs.values()), runs[reference], runs.get("plain"), base.greedy)
     report = {"dataset": args.dataset, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
-              "model": args.model, "runs": results}
+              "model": args.model, "sampling": {"temperature": args.temperature, "top_p": args.top_p,
+                                                "top_k": args.top_k, "seed": args.seed}, "runs": results}
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-    print(markdown(results))
+    print(markdown(results, reference))
     return report
 
 

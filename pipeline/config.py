@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import yaml
 
-DrafterName = Literal["none", "context_ngram", "unigram", "bigram", "extended_bigram", "mixed"]
+DrafterName = Literal["none", "context_ngram", "unigram", "bigram", "extended_bigram", "mixed", "draft_model"]
 DRAFTER_NAMES = typing.get_args(DrafterName)
 
 
@@ -62,9 +62,24 @@ class DecoderConfig:
     bigram_extension: Literal["chain", "model"] = "chain"
     # Tokens in the bigram build batch; bounds memory of the one-off table build.
     bigram_batch_size: int = 512
+    # drafter "draft_model": "self" drafts with the target's first `draft_layers` layers, its final
+    # norm and LM head (no training, no extra weights); or a Hugging Face causal-LM directory
+    # sharing the target's tokenizer. Its draft length γ is decoder.w; it proposes one row (k = 1).
+    draft_model: str = "self"
+    draft_layers: int = 8
     max_new_tokens: int = 128
     # Generation stops after the first of these strings appears in the generated text.
     stop: tuple[str, ...] = ()
+    # Sampling; temperature 0 is greedy decoding. Each can be overridden per input row.
+    temperature: float = 0.0
+    top_k: int = 0  # 0: no top-k cut
+    top_p: float = 1.0  # 1: no nucleus cut
+    # A row without its own seed samples with a seed derived from this one and the row id, so a
+    # rerun reproduces every row and rows with the same prompt still differ.
+    seed: int = 0
+    # Lossy option for draft_model sampling: accept x with probability min(1, p(x) / (l q(x))).
+    # 1 is exact; l < 1 accepts more and changes the output distribution.
+    lenience: float = 1.0
 
     def __post_init__(self):
         _require(self.k >= 1, "decoder.k", "an integer >= 1")
@@ -76,6 +91,18 @@ class DecoderConfig:
         _require(self.bigram_batch_size >= 1, "decoder.bigram_batch_size", "an integer >= 1")
         _require(self.max_new_tokens >= 1, "decoder.max_new_tokens", "an integer >= 1")
         _require(all(self.stop), "decoder.stop", "non-empty strings")
+        _require(bool(self.draft_model), "decoder.draft_model", "'self' or a model directory")
+        _require(self.draft_layers >= 1, "decoder.draft_layers", "an integer >= 1")
+        _require(self.temperature >= 0, "decoder.temperature", "a number >= 0 (0 is greedy)")
+        _require(self.top_k >= 0, "decoder.top_k", "an integer >= 0 (0 keeps every token)")
+        _require(0 < self.top_p <= 1, "decoder.top_p", "a number in (0, 1]")
+        _require(self.seed >= 0, "decoder.seed", "an integer >= 0")
+        _require(0 < self.lenience <= 1, "decoder.lenience", "a number in (0, 1] (1 is exact)")
+        if self.lenience < 1:
+            _require(self.drafter == "draft_model", "decoder.lenience",
+                     "1 unless decoder.drafter is 'draft_model' (the only drafter it applies to)")
+        if self.drafter == "draft_model":
+            _require(self.k == 1, "decoder.k", "1 with drafter 'draft_model' (it proposes one row of w tokens)")
         if self.drafter in ("bigram", "extended_bigram", "mixed"):
             _require(self.k <= self.bigram_top_k, "decoder.k",
                      f"at most decoder.bigram_top_k ({self.bigram_top_k}) with drafter {self.drafter!r}")

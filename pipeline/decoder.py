@@ -1,9 +1,10 @@
 """Batched speculative decoder: k drafts of w tokens verified in one target forward call.
 
 Each step feeds the block [k, w+1] = the last emitted token followed by each row's draft, over
-the context's KV cache shared by all k rows; verify_greedy picks the row that accepted most;
-its accepted tokens plus the bonus token are emitted and only its cache entries are kept.
-With no drafter (or w = 0) each step is one plain greedy token: the reference for every test.
+the context's KV cache shared by all k rows; the verifier picks the winning row (greedy:
+verify_greedy; sampling: verify_point_drafts, or speculative_sample for a draft model's drafts);
+its accepted tokens plus one more token are emitted and only its cache entries are kept.
+With no drafter (or w = 0) each step is one plain token: the reference for every test.
 """
 from __future__ import annotations
 
@@ -14,8 +15,10 @@ import torch
 
 from drafters.base import PADDING, DraftContext, Drafter, Drafts
 from pipeline.kv_cache import keep_row, prefill, share_context
+from pipeline.sampling import (GREEDY, RandomState, SamplingParams, speculative_sample, target_probs,
+                               verify_point_drafts)
 from pipeline.stats import RequestStats
-from pipeline.verification import verify_greedy
+from pipeline.verification import Verdict, verify_greedy
 
 
 # Strategy name of a step that verified no draft (plain decoding, or nothing worth guessing).
@@ -44,8 +47,11 @@ def eos_token_ids(model, tokenizer) -> set[int]:
 
 
 class SpeculativeDecoder:
-    def __init__(self, model, tokenizer, drafter: Drafter | None, k: int, w: int, ngram_max_q: int = 3):
+    def __init__(self, model, tokenizer, drafter: Drafter | None, k: int, w: int, ngram_max_q: int = 3,
+                 lenience: float = 1.0):
         self.model, self.tokenizer = model, tokenizer
+        # Speculative sampling accepts x with probability min(1, p(x) / (lenience q(x))): 1 is exact.
+        self.lenience = lenience
         self.drafter = drafter
         self.k, self.w = (k, w) if drafter is not None and w > 0 else (1, 0)
         self.ngram_max_q = ngram_max_q
@@ -69,11 +75,17 @@ class SpeculativeDecoder:
         keep = [i for i, s in enumerate(drafts.strategies) if s != PADDING]
         if not keep:  # nothing to guess: a plain one-token step is cheaper than verifying padding
             return no_drafts
-        return Drafts(tokens=drafts.tokens[keep], strategies=tuple(drafts.strategies[i] for i in keep))
+        if len(keep) == len(drafts.strategies):
+            return drafts
+        return Drafts(tokens=drafts.tokens[keep], strategies=tuple(drafts.strategies[i] for i in keep),
+                      probs=None if drafts.probs is None else drafts.probs[keep],
+                      num_model_calls=drafts.num_model_calls)
 
     @torch.no_grad()
-    def verify(self, cache, last_token: int, drafts: Drafts):
-        """One target call over the block [last, draft] for every row; keeps the winner's cache."""
+    def verify(self, cache, last_token: int, drafts: Drafts, sampling: SamplingParams,
+               random: RandomState | None, position: int) -> Verdict:
+        """One target call over the block [last, draft] for every row; keeps the winner's cache.
+        `position` is the number of tokens generated so far (it picks the position uniforms)."""
         tokens = drafts.tokens  # [k, w]
         k, w = tokens.shape
         block = torch.cat([torch.full((k, 1), last_token, dtype=torch.long), tokens], dim=1)  # [k, w+1]
@@ -81,14 +93,23 @@ class SpeculativeDecoder:
         if k > 1:
             share_context(cache, k)
         logits = self.model(input_ids=block, past_key_values=cache, use_cache=True).logits  # [k, w+1, V]
-        verdict = verify_greedy(tokens, logits)
+        if sampling.greedy:
+            verdict = verify_greedy(tokens, logits)
+        else:
+            probs = target_probs(logits, sampling)  # [k, w+1, V]
+            uniforms = random.position_uniforms[position:position + w + 1]  # [w+1]
+            if drafts.probs is None:
+                verdict = verify_point_drafts(tokens, probs, uniforms)
+            else:
+                verdict = speculative_sample(tokens[0], drafts.probs[0], probs[0], random.draft_uniforms(w),
+                                             uniforms, self.lenience)
         # Keep the winner's last token and accepted drafts; the bonus token is fed next step.
         keep_row(cache, verdict.row, context_length + 1 + verdict.num_accepted)
         return verdict
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[int], max_new_tokens: int, stop: tuple[str, ...] = (),
-                 request_id: str = "") -> GenerationResult:
+                 request_id: str = "", sampling: SamplingParams = GREEDY) -> GenerationResult:
         started = time.perf_counter()
         self.check_prompt(prompt_ids, request_id)
         budget = max_new_tokens
@@ -98,7 +119,8 @@ class SpeculativeDecoder:
                              accepted_rank_histogram=[0] * self.k)
         # The cache holds every token but the last emitted one, which opens the next block.
         cache = prefill(self.model, prompt_ids[:-1])
-        context = DraftContext(prompt_ids, self.ngram_max_q)
+        random = None if sampling.greedy else RandomState(sampling.seed, budget)
+        context = DraftContext(prompt_ids, self.ngram_max_q, sampling, random)
         generated: list[int] = []
         finish_reason = "length"
         while len(generated) < budget:
@@ -106,9 +128,8 @@ class SpeculativeDecoder:
             # A step emits at most w+1 tokens; do not draft past the budget.
             drafts = self.draft(context, min(self.w, budget - len(generated) - 1))
             verify_started = time.perf_counter()
-            verdict = self.verify(cache, context.tokens[-1], drafts)
-            stats.observe(verdict.num_accepted, verdict.row, drafts.strategies,
-                          verify_started - step_started, time.perf_counter() - verify_started)
+            verdict = self.verify(cache, context.tokens[-1], drafts, sampling, random, len(generated))
+            stats.observe(verdict, drafts, verify_started - step_started, time.perf_counter() - verify_started)
             emitted, finish = self.cut_at_eos(verdict.tokens)
             generated += emitted
             context.append(emitted)

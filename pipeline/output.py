@@ -17,6 +17,11 @@ SCHEMA = pa.schema([
     ("accepted_rank_histogram", pa.list_(pa.int64())),
     ("strategy_rows", COUNTS),
     ("strategy_wins", COUNTS),
+    ("num_checked_draft_tokens", pa.int64()),
+    ("sum_acceptance_probability", pa.float64()),
+    ("alpha", pa.float64()),  # mean acceptance probability of a checked draft token
+    ("num_draft_model_calls", pa.int64()),
+    ("draft_cost_ratio", pa.float64()),  # c = draft-model call time / target call time
     ("draft_seconds", pa.float64()),
     ("verify_seconds", pa.float64()),
     ("total_seconds", pa.float64()),
@@ -24,6 +29,11 @@ SCHEMA = pa.schema([
     ("drafter", pa.string()),
     ("k", pa.int64()),
     ("w", pa.int64()),
+    ("lenience", pa.float64()),  # 1 is exact; < 1 is the lossy option
+    ("temperature", pa.float64()),
+    ("top_k", pa.int64()),
+    ("top_p", pa.float64()),
+    ("seed", pa.int64()),  # the seed this row sampled with (derived from decoder.seed and the id if not given)
     ("error", pa.string()),  # null when the row succeeded
 ])
 

@@ -13,16 +13,17 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from drafters.registry import DrafterTables, build_tables, make_drafter
+from drafters.registry import DrafterTables, build_tables, load_draft_model, make_drafter
 from pipeline.config import Config
 from pipeline.decoder import PromptError, SpeculativeDecoder
 from pipeline.model_loading import LoadedModel, cache_root, load_model
 from pipeline.output import SCHEMA
 from pipeline.prompts import encode_prompt
+from pipeline.sampling import SamplingParams, request_seed
 from pipeline.stats import RequestStats
 
 # Optional per-row columns; a null value means "use the config's setting".
-ROW_SETTINGS = ("max_new_tokens", "temperature", "seed")
+ROW_SETTINGS = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")
 
 
 def python_value(value):
@@ -54,32 +55,45 @@ class GenerationStage:
         self.tables = tables
         pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
         self.tokenizer = loaded.tokenizer
-        self.decoder = SpeculativeDecoder(loaded.model, loaded.tokenizer, make_drafter(decoder_config, tables, pad),
-                                          decoder_config.k, decoder_config.w, decoder_config.ngram_max_q)
+        draft_model = None
+        if decoder_config.drafter == "draft_model" and decoder_config.w > 0:
+            draft_model = load_draft_model(decoder_config, config.model, loaded)
+        self.decoder = SpeculativeDecoder(loaded.model, loaded.tokenizer,
+                                          make_drafter(decoder_config, tables, pad, draft_model),
+                                          decoder_config.k, decoder_config.w, decoder_config.ngram_max_q,
+                                          decoder_config.lenience)
         self.settings = {"model": config.model.name, "drafter": decoder_config.drafter,
-                         "k": self.decoder.k, "w": self.decoder.w}
+                         "k": self.decoder.k, "w": self.decoder.w, "lenience": decoder_config.lenience}
         source = config.input
         self.prompt_column = source.prompt_column or source.messages_column
         self.input_columns = (source.id_column, self.prompt_column)
 
-    def max_new_tokens(self, row: dict, request_id: str) -> int:
-        value = row.get("max_new_tokens")
+    def row_value(self, row: dict, name: str, request_id: str, kind: type, ok, allowed: str):
+        """Row's `name` if set (checked against `ok`), else the config's decoder.<name>."""
+        value = row.get(name)
         if value is None:
-            return self.config.decoder.max_new_tokens
-        if isinstance(value, float) and value.is_integer():
+            return getattr(self.config.decoder, name)
+        if kind is int and isinstance(value, float) and value.is_integer():
             value = int(value)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise PromptError(f"request {request_id!r}: max_new_tokens must be an integer >= 1, got {value!r}")
+        if kind is float and isinstance(value, int):
+            value = float(value)
+        if not isinstance(value, kind) or isinstance(value, bool) or not ok(value):
+            raise PromptError(f"request {request_id!r}: {name} must be {allowed}, got {value!r}")
         return value
 
-    def check_sampling(self, row: dict, request_id: str) -> None:
-        temperature = row.get("temperature")
-        if temperature is not None and not isinstance(temperature, (int, float)):
-            raise PromptError(f"request {request_id!r}: temperature must be a number, got {temperature!r}")
-        if temperature not in (None, 0, 0.0):
-            # Refuse rather than silently decode greedily: the user asked for samples.
-            raise PromptError(f"request {request_id!r}: temperature {temperature:g} asks for sampling; this "
-                              "decoder is greedy only (temperature 0 or null)")
+    def max_new_tokens(self, row: dict, request_id: str) -> int:
+        return self.row_value(row, "max_new_tokens", request_id, int, lambda v: v >= 1, "an integer >= 1")
+
+    def sampling(self, row: dict, request_id: str) -> SamplingParams:
+        if row.get("seed") is None:
+            seed = request_seed(self.config.decoder.seed, request_id)
+        else:
+            seed = self.row_value(row, "seed", request_id, int, lambda v: v >= 0, "an integer >= 0")
+        return SamplingParams(
+            temperature=self.row_value(row, "temperature", request_id, float, lambda v: v >= 0, "a number >= 0"),
+            top_k=self.row_value(row, "top_k", request_id, int, lambda v: v >= 0, "an integer >= 0"),
+            top_p=self.row_value(row, "top_p", request_id, float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+            seed=seed)
 
     def generate_row(self, row: dict) -> dict:
         raw_id = row.get(self.input_columns[0])
@@ -90,13 +104,16 @@ class GenerationStage:
             prompt = row.get(self.prompt_column)
             if prompt is None:
                 raise PromptError(f"request {request_id!r}: no prompt in column {self.prompt_column!r}")
-            self.check_sampling(row, request_id)
+            sampling = self.sampling(row, request_id)
             max_new_tokens = self.max_new_tokens(row, request_id)
             prompt_ids = encode_prompt(self.tokenizer, prompt, request_id)
-            result = self.decoder.generate(prompt_ids, max_new_tokens, self.config.decoder.stop, request_id)
+            result = self.decoder.generate(prompt_ids, max_new_tokens, self.config.decoder.stop, request_id,
+                                           sampling)
         except PromptError as error:
             return self.error_row(request_id, str(error))
-        output = {"id": request_id, "text": result.text, "token_ids": result.token_ids, "error": None}
+        output = {"id": request_id, "text": result.text, "token_ids": result.token_ids, "error": None,
+                  "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+                  "seed": sampling.seed}
         output.update(result.stats.as_row())
         output.update(self.settings)
         return output
@@ -118,5 +135,6 @@ class GenerationStage:
             return pa.Table.from_pylist([self.generate_row(row) for row in rows], schema=SCHEMA)
 
 
-assert {f.name for f in dataclasses.fields(RequestStats)} | {"tokens_per_call"} <= set(SCHEMA.names), \
+assert {f.name for f in dataclasses.fields(RequestStats)} | {"tokens_per_call", "alpha", "draft_cost_ratio"} \
+    <= set(SCHEMA.names), \
     "every statistics field must be an output column"

@@ -1,8 +1,12 @@
-"""Per-request acceptance statistics; each field is one output column."""
+"""Per-request acceptance statistics; each field is one output column (and so are the properties
+tokens_per_call, alpha and draft_cost_ratio)."""
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+
+from drafters.base import Drafts
+from pipeline.verification import Verdict
 
 FINISH_REASONS = ("eos", "length", "stop")
 
@@ -20,6 +24,12 @@ class RequestStats:
     # Draft rows verified, and steps won, per strategy.
     strategy_rows: dict[str, int] = field(default_factory=dict)
     strategy_wins: dict[str, int] = field(default_factory=dict)
+    # Draft tokens checked (accepted, then the first rejected one) and the sum of their acceptance
+    # probabilities: alpha = the mean, the acceptance rate of speculative sampling's analysis.
+    num_checked_draft_tokens: int = 0
+    sum_acceptance_probability: float = 0.0
+    # Forward calls of a draft model (0 for table and context drafters).
+    num_draft_model_calls: int = 0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     total_seconds: float = 0.0
@@ -30,23 +40,38 @@ class RequestStats:
         """Generated tokens / target calls, bonus tokens included (plain greedy gives 1.0)."""
         return self.num_generated_tokens / max(self.num_target_calls, 1)
 
-    def observe(self, num_accepted: int, rank: int, row_strategies: tuple[str, ...],
-                draft_seconds: float, verify_seconds: float) -> None:
-        """Records one verification step; row_strategies are the verified rows' strategies."""
+    @property
+    def alpha(self) -> float | None:
+        """Mean acceptance probability of a checked draft token; None when nothing was drafted."""
+        if not self.num_checked_draft_tokens:
+            return None
+        return self.sum_acceptance_probability / self.num_checked_draft_tokens
+
+    @property
+    def draft_cost_ratio(self) -> float | None:
+        """c: time of one draft-model call / time of one target call; None without a draft model."""
+        if not self.num_draft_model_calls or not self.num_target_calls or not self.verify_seconds:
+            return None
+        return (self.draft_seconds / self.num_draft_model_calls) / (self.verify_seconds / self.num_target_calls)
+
+    def observe(self, verdict: Verdict, drafts: Drafts, draft_seconds: float, verify_seconds: float) -> None:
+        """Records one verification step of `drafts` (the verified rows) that ended in `verdict`."""
         self.num_target_calls += 1
-        _bump_list(self.accepted_length_histogram, num_accepted)
-        _bump_list(self.accepted_rank_histogram, rank)
-        for strategy in row_strategies:
+        _bump_list(self.accepted_length_histogram, verdict.num_accepted)
+        _bump_list(self.accepted_rank_histogram, verdict.row)
+        for strategy in drafts.strategies:
             self.strategy_rows[strategy] = self.strategy_rows.get(strategy, 0) + 1
-        if row_strategies:
-            winner = row_strategies[rank]
-            self.strategy_wins[winner] = self.strategy_wins.get(winner, 0) + 1
+        winner = drafts.strategies[verdict.row]
+        self.strategy_wins[winner] = self.strategy_wins.get(winner, 0) + 1
+        self.num_checked_draft_tokens += len(verdict.acceptance_probabilities)
+        self.sum_acceptance_probability += sum(verdict.acceptance_probabilities)
+        self.num_draft_model_calls += drafts.num_model_calls
         self.draft_seconds += draft_seconds
         self.verify_seconds += verify_seconds
 
     def as_row(self) -> dict:
         row = dataclasses.asdict(self)
-        row["tokens_per_call"] = self.tokens_per_call
+        row.update(tokens_per_call=self.tokens_per_call, alpha=self.alpha, draft_cost_ratio=self.draft_cost_ratio)
         return row
 
 

@@ -18,6 +18,10 @@ class Verdict:
     tokens: list[int]  # the winning row's accepted draft tokens followed by the bonus token
     num_accepted: int  # accepted draft tokens (0..w); len(tokens) == num_accepted + 1
     row: int  # index of the winning row among the k
+    # For each *checked* draft position (the accepted ones, then the first rejected one if any):
+    # the probability that it was accepted given the tokens before it. Greedy: 1 or 0. Their mean
+    # over a request estimates alpha, the acceptance rate of speculative sampling.
+    acceptance_probabilities: tuple[float, ...] = ()
 
 
 def verify_greedy(drafts: torch.Tensor, logits: torch.Tensor) -> Verdict:
@@ -30,4 +34,5 @@ def verify_greedy(drafts: torch.Tensor, logits: torch.Tensor) -> Verdict:
     row = int(torch.argmax(accepted))  # argmax returns the first maximum: ties go to the lower row
     num_accepted = int(accepted[row])
     tokens = drafts[row, :num_accepted].tolist() + [int(choices[row, num_accepted])]
-    return Verdict(tokens=tokens, num_accepted=num_accepted, row=row)
+    checked = (1.0,) * num_accepted + ((0.0,) if num_accepted < w else ())
+    return Verdict(tokens=tokens, num_accepted=num_accepted, row=row, acceptance_probabilities=checked)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from drafters.registry import build_tables, make_drafter
+from drafters.registry import build_tables, load_draft_model, make_drafter
 from jobs.benchmark import hf_generate
 from pipeline.config import DecoderConfig, ModelConfig
 from pipeline.decoder import SpeculativeDecoder
@@ -83,3 +83,19 @@ def test_output_is_token_identical_to_greedy(smollm2, prompts, hf_reference, dra
         assert {"unigram", "bigram", "extended_bigram"} <= set(rows), f"every drafter must have been verified: {rows}"
     if w > 0 and drafter in ("context_ngram", "mixed"):
         assert generated / calls > 1.2, "drafts were hardly ever accepted"
+
+
+@pytest.mark.parametrize("draft_model,gamma,num_prompts", [("self", 4, 2), ("tiny_model_dir", 3, 1)])
+def test_draft_model_greedy_is_token_identical(smollm2, prompts, hf_reference, tiny_model_dir, draft_model,
+                                               gamma, num_prompts):
+    """Through a self-draft (first 8 layers) and through another model directory sharing the
+    tokenizer (a tiny random model whose drafts are nearly always rejected)."""
+    name = str(tiny_model_dir) if draft_model == "tiny_model_dir" else draft_model
+    config = DecoderConfig(drafter="draft_model", k=1, w=gamma, draft_model=name, draft_layers=8)
+    drafter = make_drafter(config, None, 0, load_draft_model(config, ModelConfig(), smollm2))
+    decoder = SpeculativeDecoder(smollm2.model, smollm2.tokenizer, drafter, 1, gamma)
+    for request_id, ids in prompts[:num_prompts]:
+        result = decoder.generate(ids, NEW_TOKENS, request_id=request_id)
+        assert result.token_ids == hf_reference[request_id], (
+            f"{request_id}: " + first_mismatch(smollm2.model, ids, hf_reference[request_id], result.token_ids))
+        assert result.stats.num_draft_model_calls > 0

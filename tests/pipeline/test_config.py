@@ -31,7 +31,8 @@ def test_impossible_value_names_the_field(tmp_path):
 
 def test_unknown_drafter_lists_the_valid_ones():
     with pytest.raises(ConfigError, match="decoder.drafter: 'trigram' is not allowed; choose one of 'none', "
-                                          "'context_ngram', 'unigram', 'bigram', 'extended_bigram', 'mixed'"):
+                                          "'context_ngram', 'unigram', 'bigram', 'extended_bigram', 'mixed', "
+                                          "'draft_model'"):
         load_config(overrides=["decoder.drafter=trigram"])
 
 
@@ -42,3 +43,21 @@ def test_overrides_are_typed_and_validated():
         load_config(overrides=["decoder.k=64"])
     with pytest.raises(ConfigError, match="expected key=value"):
         load_config(overrides=["decoder.k"])
+
+
+def test_sampling_settings_are_validated():
+    config = load_config(overrides=["decoder.temperature=0.7", "decoder.top_p=0.9", "decoder.seed=5"])
+    assert (config.decoder.temperature, config.decoder.top_p, config.decoder.seed) == (0.7, 0.9, 5)
+    with pytest.raises(ConfigError, match=r"decoder.top_p: must be a number in \(0, 1\]"):
+        load_config(overrides=["decoder.top_p=1.5"])
+    with pytest.raises(ConfigError, match="decoder.temperature: must be a number >= 0"):
+        load_config(overrides=["decoder.temperature=-1"])
+
+
+def test_lenience_is_an_explicit_option_of_the_draft_model_only():
+    config = load_config(overrides=["decoder.drafter=draft_model", "decoder.k=1", "decoder.lenience=0.5"])
+    assert config.decoder.lenience == 0.5
+    with pytest.raises(ConfigError, match="decoder.lenience: must be 1 unless decoder.drafter is 'draft_model'"):
+        load_config(overrides=["decoder.drafter=context_ngram", "decoder.lenience=0.5"])
+    with pytest.raises(ConfigError, match="decoder.k: must be 1 with drafter 'draft_model'"):
+        load_config(overrides=["decoder.drafter=draft_model", "decoder.k=2"])

@@ -6,6 +6,7 @@ from drafters import model_tables
 from drafters.registry import DrafterTables, make_drafter
 from pipeline.config import DecoderConfig
 from pipeline.decoder import PromptError, SpeculativeDecoder
+from pipeline.sampling import SamplingParams
 from tests.conftest import TINY_EOS
 
 PROMPTS = [[1, 5, 9, 2, 5, 9, 2, 7], [1, 40, 41, 42, 43, 40, 41], [1, 3], [1]]
@@ -108,3 +109,30 @@ def test_prompt_without_room_names_the_request(tiny_model):
 def test_generation_stops_at_the_models_context_length(tiny_model):
     result = SpeculativeDecoder(tiny_model, None, None, 1, 0).generate([2] * 250, 100)
     assert len(result.token_ids) == 6 and result.finish_reason == "length"
+
+
+def sampled(decoder, prompt, seed, n=40, temperature=0.9, top_p=0.95):
+    return decoder.generate(prompt, n, sampling=SamplingParams(temperature, top_p=top_p, seed=seed)).token_ids
+
+
+@pytest.mark.parametrize("drafter,k,w", [("context_ngram", 3, 4), ("mixed", 4, 3)])
+def test_point_drafts_sample_exactly_what_plain_sampling_samples(tiny_model, tables, drafter, k, w):
+    """Both use the t-th position uniform for the t-th token, so the same seed gives the same text."""
+    plain_decoder = SpeculativeDecoder(tiny_model, None, None, 1, 0)
+    decoder = decoder_for(tiny_model, tables, drafter, k, w, min_q=1)
+    accepted = 0
+    for seed in range(4):
+        for prompt in PROMPTS[:2]:
+            result = decoder.generate(prompt, 40, sampling=SamplingParams(0.9, top_p=0.95, seed=seed))
+            assert result.token_ids == sampled(plain_decoder, prompt, seed), f"seed {seed} prompt {prompt}"
+            accepted += sum(a * n for a, n in enumerate(result.stats.accepted_length_histogram))
+    assert accepted > 0, "no draft was ever accepted: the comparison tested nothing"
+
+
+def test_same_seed_same_sample_other_seed_other_sample(tiny_model, tables):
+    decoder = decoder_for(tiny_model, tables, "context_ngram", 2, 3)
+    assert sampled(decoder, PROMPTS[0], 7) == sampled(decoder, PROMPTS[0], 7)
+    assert len({tuple(sampled(decoder, PROMPTS[0], seed)) for seed in range(5)}) > 1
+    # Temperature 0 ignores the seed and stays plain greedy.
+    greedy = SamplingParams(0.0, seed=3)
+    assert decoder.generate(PROMPTS[0], 20, sampling=greedy).token_ids == plain(tiny_model, PROMPTS[0], 20)

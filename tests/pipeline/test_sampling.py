@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.sampling import sample, speculative_sample, target_probs, verify_point_drafts
+from pipeline.sampling import SamplingParams, request_seed, sample, speculative_sample, target_probs, verify_point_drafts
+from pipeline.verification import Verdict
 
 V = 4
 # The target is a Markov chain: row t is p(next | t). The draft model is a different chain.
@@ -61,8 +62,9 @@ def generate_with_draft_model(rng, verify, gamma=2) -> tuple[int, ...]:
             drafts.append(prev)
         block = [sequence[-1]] + drafts
         q, p = DRAFT[block[:-1]], TARGET[block]  # [γ, V], [γ+1, V]
-        tokens, _ = verify(torch.tensor(drafts), q, p, torch.from_numpy(rng.random((gamma + 1, 2))))
-        sequence += tokens
+        verdict = verify(torch.tensor(drafts), q, p, torch.from_numpy(rng.random(gamma)),
+                         torch.from_numpy(rng.random(gamma + 1)))
+        sequence += verdict.tokens
     return tuple(sequence[1:LENGTH + 1])
 
 
@@ -73,18 +75,18 @@ def broken_point_verify(drafts, probs, uniforms):
         tokens=[int(drafts[0, 0])] + verdict.tokens[:1], num_accepted=1, row=0)
 
 
-def broken_speculative_sample(drafts, q, p, uniforms):
+def broken_speculative_sample(drafts, q, p, accept_uniforms, sample_uniforms):
     """Wrong: on rejection samples from p instead of the residual max(0, p - q)."""
     tokens = []
     for i in range(drafts.shape[0]):
         x = int(drafts[i])
-        if float(uniforms[i, 0]) * float(q[i, x]) < float(p[i, x]):
+        if float(accept_uniforms[i]) * float(q[i, x]) < float(p[i, x]):
             tokens.append(x)
             continue
-        tokens.append(sample(p[i], float(uniforms[i, 1])))
-        return tokens, i
-    tokens.append(sample(p[-1], float(uniforms[-1, 1])))
-    return tokens, drafts.shape[0]
+        tokens.append(sample(p[i], float(sample_uniforms[i])))
+        return Verdict(tokens, i, 0)
+    tokens.append(sample(p[-1], float(sample_uniforms[-1])))
+    return Verdict(tokens, drafts.shape[0], 0)
 
 
 @pytest.mark.parametrize("generate,verify,exact", [
@@ -104,16 +106,28 @@ def test_emitted_tokens_follow_the_target_distribution(generate, verify, exact):
 
 def test_identical_draft_and_target_accept_everything():
     p = TARGET[[0, 1, 2]]
-    tokens, accepted = speculative_sample(torch.tensor([1, 2]), p[:2], p, torch.full((3, 2), 0.999))
-    assert accepted == 2 and tokens[:2] == [1, 2] and len(tokens) == 3
+    verdict = speculative_sample(torch.tensor([1, 2]), p[:2], p, torch.full((2,), 0.999), torch.full((3,), 0.5))
+    assert verdict.num_accepted == 2 and verdict.tokens[:2] == [1, 2] and len(verdict.tokens) == 3
+    assert verdict.acceptance_probabilities == (1.0, 1.0)
 
 
 def test_rejection_samples_from_the_residual():
     q = torch.tensor([[0.0, 1.0, 0.0, 0.0]], dtype=torch.float64)
     p = torch.tensor([[0.5, 0.0, 0.5, 0.0], [0.25] * 4], dtype=torch.float64)
     # p(1) = 0 < q(1): always rejected; the residual max(0, p - q) is p itself here.
-    tokens, accepted = speculative_sample(torch.tensor([1]), q, p, torch.tensor([[0.0, 0.7], [0.0, 0.0]]))
-    assert accepted == 0 and tokens == [2]
+    verdict = speculative_sample(torch.tensor([1]), q, p, torch.tensor([0.0]), torch.tensor([0.7, 0.0]))
+    assert verdict.num_accepted == 0 and verdict.tokens == [2] and verdict.acceptance_probabilities == (0.0,)
+
+
+def test_lenience_accepts_more_and_is_recorded_as_lossy():
+    q = torch.tensor([[0.2, 0.8, 0.0, 0.0]], dtype=torch.float64)
+    p = torch.tensor([[0.6, 0.4, 0.0, 0.0], [0.25] * 4], dtype=torch.float64)
+    drafts, accept, samples = torch.tensor([1]), torch.tensor([0.7]), torch.tensor([0.1, 0.1])
+    # Exact: accept x=1 with probability 0.4 / 0.8 = 0.5 < 0.7, so it is rejected.
+    assert speculative_sample(drafts, q, p, accept, samples).num_accepted == 0
+    # Lenience 0.5: 0.4 / (0.5 * 0.8) = 1, so it is accepted.
+    verdict = speculative_sample(drafts, q, p, accept, samples, lenience=0.5)
+    assert verdict.num_accepted == 1 and verdict.acceptance_probabilities == (1.0,)
 
 
 def test_point_drafts_keep_only_matching_rows():
@@ -124,13 +138,27 @@ def test_point_drafts_keep_only_matching_rows():
     probs[1, 2, 0] = 1.0  # then the bonus 0
     verdict = verify_point_drafts(drafts, probs, torch.tensor([0.5, 0.5, 0.5]))
     assert verdict.tokens == [2, 2, 0] and verdict.num_accepted == 2 and verdict.row == 1
+    # P(first sample in {1, 2}) = 1, then P(second sample == 2 | row 1 alone) = 1.
+    assert verdict.acceptance_probabilities == (1.0, 1.0)
 
 
 def test_target_probs_temperature_top_k_top_p():
     logits = torch.tensor([2.0, 1.0, 0.0, -1.0])
-    torch.testing.assert_close(target_probs(logits, 1.0), logits.softmax(-1))
-    torch.testing.assert_close(target_probs(logits, 0.5), (logits / 0.5).softmax(-1))
-    assert (target_probs(logits, 1.0, top_k=2) > 0).tolist() == [True, True, False, False]
+    torch.testing.assert_close(target_probs(logits, SamplingParams(1.0)), logits.softmax(-1))
+    torch.testing.assert_close(target_probs(logits, SamplingParams(0.5)), (logits / 0.5).softmax(-1))
+    assert (target_probs(logits, SamplingParams(1.0, top_k=2)) > 0).tolist() == [True, True, False, False]
     # softmax is [0.64, 0.24, 0.09, 0.03]: the nucleus at 0.8 needs the first two tokens.
-    assert (target_probs(logits, 1.0, top_p=0.8) > 0).tolist() == [True, True, False, False]
-    assert target_probs(logits, 1.0, top_p=0.8).sum().item() == pytest.approx(1.0)
+    nucleus = target_probs(logits, SamplingParams(1.0, top_p=0.8))
+    assert (nucleus > 0).tolist() == [True, True, False, False]
+    assert nucleus.sum().item() == pytest.approx(1.0)
+
+
+def test_sample_never_returns_a_zero_probability_token():
+    probs = torch.tensor([0.3, 0.7, 0.0, 0.0], dtype=torch.float32)
+    assert sample(probs, 0.999999999) == 1
+    assert sample(probs, 0.0) == 0
+
+
+def test_request_seed_is_stable_and_differs_per_row():
+    assert request_seed(0, "a") == request_seed(0, "a")
+    assert len({request_seed(0, "a"), request_seed(0, "b"), request_seed(1, "a")}) == 3

@@ -31,3 +31,32 @@ def test_every_row_comes_back_and_bad_rows_carry_an_error(stage):
 def test_a_missing_input_column_is_named(stage):
     with pytest.raises(KeyError, match=r"missing column\(s\) \['prompt'\]"):
         stage({"id": ["a"]})
+
+
+def test_rows_sample_with_their_own_settings_and_reproduce(stage):
+    batch = {"id": ["greedy", "hot", "hot-again", "seeded", "bad-temperature", "bad-top-p"],
+             "prompt": ["def add(a, b):"] * 6,
+             "temperature": [None, 1.0, 1.0, 1.0, "warm", 0.5],
+             "top_p": [None, None, None, 0.9, None, 2.0],
+             "seed": [None, None, None, 11, None, None]}
+    first, second = stage(batch).to_pydict(), stage(batch).to_pydict()
+    assert first["token_ids"] == second["token_ids"], "same seeds and settings must give the same output"
+    rows = {row_id: i for i, row_id in enumerate(first["id"])}
+    assert "request 'bad-temperature': temperature must be a number >= 0, got 'warm'" in first["error"][rows["bad-temperature"]]
+    assert "request 'bad-top-p': top_p must be a number in (0, 1], got 2.0" in first["error"][rows["bad-top-p"]]
+    hot, again = rows["hot"], rows["hot-again"]
+    assert first["error"][hot] is None and first["temperature"][hot] == 1.0
+    # No seed given: each row gets its own (derived from decoder.seed and the id), recorded.
+    assert first["seed"][hot] != first["seed"][again] and first["token_ids"][hot] != first["token_ids"][again]
+    assert first["seed"][rows["seeded"]] == 11 and first["top_p"][rows["seeded"]] == 0.9
+    assert first["temperature"][rows["greedy"]] == 0.0 and first["lenience"][rows["greedy"]] == 1.0
+
+
+def test_a_self_draft_stage_reports_alpha_and_draft_cost(tiny_model_dir, tmp_path):
+    config = load_config(overrides=[f"model.name={tiny_model_dir}", "decoder.drafter=draft_model", "decoder.k=1",
+                                    "decoder.w=3", "decoder.draft_layers=1", "decoder.max_new_tokens=10",
+                                    "decoder.temperature=0.7", f"model.cache_dir={tmp_path}"])
+    out = GenerationStage(config)({"id": ["a", "b"], "prompt": ["def f(x):", "Hello"]}).to_pydict()
+    assert out["error"] == [None, None] and out["drafter"] == ["draft_model"] * 2
+    assert all(0 <= alpha <= 1 for alpha in out["alpha"]) and all(c > 0 for c in out["draft_cost_ratio"])
+    assert all(calls > 0 for calls in out["num_draft_model_calls"])
