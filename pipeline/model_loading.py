@@ -124,5 +124,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
         model_dir, dtype=DTYPES[config.dtype], trust_remote_code=config.trust_remote_code
     )
     model.eval()
+    if torch.cuda.is_available():  # an actor given a GPU by Ray sees exactly that one
+        model.to("cuda")
     tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=config.trust_remote_code)
     return LoadedModel(model=model, tokenizer=tokenizer, fingerprint=fingerprint, source=str(model_dir))

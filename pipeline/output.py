@@ -12,6 +12,7 @@ SCHEMA = pa.schema([
     ("num_prompt_tokens", pa.int64()),
     ("num_generated_tokens", pa.int64()),
     ("num_target_calls", pa.int64()),
+    ("num_verified_tokens", pa.int64()),
     ("tokens_per_call", pa.float64()),
     ("accepted_length_histogram", pa.list_(pa.int64())),
     ("accepted_rank_histogram", pa.list_(pa.int64())),
@@ -23,12 +24,14 @@ SCHEMA = pa.schema([
     ("num_draft_model_calls", pa.int64()),
     ("draft_cost_ratio", pa.float64()),  # c = draft-model call time / target call time
     ("draft_seconds", pa.float64()),
+    ("median_draft_seconds", pa.float64()),  # per step: retrieval + selection for REST
     ("verify_seconds", pa.float64()),
     ("total_seconds", pa.float64()),
     ("model", pa.string()),
     ("drafter", pa.string()),
     ("k", pa.int64()),
     ("w", pa.int64()),
+    ("verify", pa.string()),  # "batch" or "tree"
     ("lenience", pa.float64()),  # 1 is exact; < 1 is the lossy option
     ("temperature", pa.float64()),
     ("top_k", pa.int64()),

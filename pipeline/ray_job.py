@@ -6,6 +6,7 @@ them, so a job killed half-way and started again writes every id exactly once.
 """
 from __future__ import annotations
 
+import dataclasses
 import glob
 import json
 import os
@@ -20,6 +21,7 @@ import pyarrow.compute  # noqa: F401  (pa.compute)
 import pyarrow.parquet as pq
 import ray
 
+from drafters.datastore import Datastore
 from drafters.registry import NEEDS_BIGRAM, NEEDS_UNIGRAM, build_tables
 from pipeline.config import Config, InputConfig
 from pipeline.model_loading import cache_root, load_model
@@ -119,12 +121,23 @@ def shared_tables(config: Config):
     return ray.put(tables.as_plain_arrays())
 
 
+def with_checked_datastore(config: Config) -> Config:
+    """Opens the datastore once on the driver (a missing one fails now, not in every actor) and
+    gives the actors its absolute path: they map the same files, none builds or copies its own."""
+    if not config.decoder.datastore:
+        return config
+    directory = Path(config.decoder.datastore).expanduser().resolve()
+    Datastore.open(directory)
+    return dataclasses.replace(config, decoder=dataclasses.replace(config.decoder, datastore=str(directory)))
+
+
 def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
 
 def run_job(config: Config, run_id: str) -> dict:
     started = time.perf_counter()
+    config = with_checked_datastore(config)
     run_dir = Path(config.job.output).resolve() / f"run={run_id}"
     run_dir.mkdir(parents=True, exist_ok=True)
     done = completed_ids(run_dir)

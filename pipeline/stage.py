@@ -6,7 +6,6 @@ setting) gets an `error` naming the row and the cause; the other rows of the bat
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import numpy as np
@@ -61,9 +60,9 @@ class GenerationStage:
         self.decoder = SpeculativeDecoder(loaded.model, loaded.tokenizer,
                                           make_drafter(decoder_config, tables, pad, draft_model),
                                           decoder_config.k, decoder_config.w, decoder_config.ngram_max_q,
-                                          decoder_config.lenience)
+                                          decoder_config.lenience, decoder_config.verify)
         self.settings = {"model": config.model.name, "drafter": decoder_config.drafter,
-                         "k": self.decoder.k, "w": self.decoder.w, "lenience": decoder_config.lenience}
+                         "k": self.decoder.k, "w": self.decoder.w, "lenience": decoder_config.lenience, "verify": decoder_config.verify}
         source = config.input
         self.prompt_column = source.prompt_column or source.messages_column
         self.input_columns = (source.id_column, self.prompt_column)
@@ -135,6 +134,5 @@ class GenerationStage:
             return pa.Table.from_pylist([self.generate_row(row) for row in rows], schema=SCHEMA)
 
 
-assert {f.name for f in dataclasses.fields(RequestStats)} | {"tokens_per_call", "alpha", "draft_cost_ratio"} \
-    <= set(SCHEMA.names), \
+assert set(RequestStats().as_row()) <= set(SCHEMA.names), \
     "every statistics field must be an output column"

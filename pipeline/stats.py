@@ -3,6 +3,7 @@ tokens_per_call, alpha and draft_cost_ratio)."""
 from __future__ import annotations
 
 import dataclasses
+import statistics
 from dataclasses import dataclass, field
 
 from drafters.base import Drafts
@@ -17,6 +18,8 @@ class RequestStats:
     num_generated_tokens: int = 0
     # Verification calls of the target (the prefill is not counted: it generates nothing).
     num_target_calls: int = 0
+    # Tokens those calls fed the target: k*(w+1) per call in batch mode, fewer in tree mode.
+    num_verified_tokens: int = 0
     # Index a: steps that accepted a draft tokens, a = 0..w.
     accepted_length_histogram: list[int] = field(default_factory=list)
     # Index r: steps won by the row at rank r among the k.
@@ -32,6 +35,8 @@ class RequestStats:
     num_draft_model_calls: int = 0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
+    # Draft time of every step (retrieval and selection for REST); only its median is a column.
+    draft_step_seconds: list[float] = field(default_factory=list)
     total_seconds: float = 0.0
     finish_reason: str = ""
 
@@ -54,9 +59,16 @@ class RequestStats:
             return None
         return (self.draft_seconds / self.num_draft_model_calls) / (self.verify_seconds / self.num_target_calls)
 
-    def observe(self, verdict: Verdict, drafts: Drafts, draft_seconds: float, verify_seconds: float) -> None:
-        """Records one verification step of `drafts` (the verified rows) that ended in `verdict`."""
+    @property
+    def median_draft_seconds(self) -> float | None:
+        return statistics.median(self.draft_step_seconds) if self.draft_step_seconds else None
+
+    def observe(self, verdict: Verdict, drafts: Drafts, num_fed_tokens: int, draft_seconds: float,
+                verify_seconds: float) -> None:
+        """Records one verification step of `drafts` (the verified rows) that fed the target
+        `num_fed_tokens` tokens and ended in `verdict`."""
         self.num_target_calls += 1
+        self.num_verified_tokens += num_fed_tokens
         _bump_list(self.accepted_length_histogram, verdict.num_accepted)
         _bump_list(self.accepted_rank_histogram, verdict.row)
         for strategy in drafts.strategies:
@@ -67,11 +79,14 @@ class RequestStats:
         self.sum_acceptance_probability += sum(verdict.acceptance_probabilities)
         self.num_draft_model_calls += drafts.num_model_calls
         self.draft_seconds += draft_seconds
+        self.draft_step_seconds.append(draft_seconds)
         self.verify_seconds += verify_seconds
 
     def as_row(self) -> dict:
         row = dataclasses.asdict(self)
-        row.update(tokens_per_call=self.tokens_per_call, alpha=self.alpha, draft_cost_ratio=self.draft_cost_ratio)
+        del row["draft_step_seconds"]
+        row.update(tokens_per_call=self.tokens_per_call, alpha=self.alpha, draft_cost_ratio=self.draft_cost_ratio,
+                   median_draft_seconds=self.median_draft_seconds)
         return row
 
 

@@ -7,6 +7,8 @@ the next of them in turn, so every one of them has its drafts verified at every 
 """
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -99,3 +101,40 @@ def test_draft_model_greedy_is_token_identical(smollm2, prompts, hf_reference, t
         assert result.token_ids == hf_reference[request_id], (
             f"{request_id}: " + first_mismatch(smollm2.model, ids, hf_reference[request_id], result.token_ids))
         assert result.stats.num_draft_model_calls > 0
+
+
+@pytest.fixture(scope="module")
+def stdlib_datastore(smollm2, tmp_path_factory):
+    """A small datastore of Python standard-library source (not the benchmark's prompts)."""
+    import functools
+    import string
+    import textwrap
+
+    from drafters.datastore import build_datastore
+
+    texts = [Path(module.__file__).read_text() for module in (functools, string, textwrap)]
+    token_lists = [smollm2.tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    directory = tmp_path_factory.mktemp("stdlib") / "store"
+    build_datastore(token_lists, directory, {"model": "smollm2"})
+    return directory
+
+
+def test_tree_mode_is_batch_mode_with_fewer_tokens_for_retrieval_mixed(smollm2, prompts, hf_reference,
+                                                                      stdlib_datastore):
+    """Mixed = context n-gram + REST retrieval + bigram rows, k = 4, w = 4, in both modes."""
+    config = DecoderConfig(drafter="mixed", k=4, w=4, datastore=str(stdlib_datastore))
+    tables = build_tables(smollm2.model, smollm2.tokenizer, smollm2.fingerprint, config, cache_root(ModelConfig()))
+    fed, wins = {}, {}
+    for verify in ("batch", "tree"):
+        decoder = SpeculativeDecoder(smollm2.model, smollm2.tokenizer, make_drafter(config, tables, 0), 4, 4,
+                                     verify_mode=verify)
+        fed[verify] = 0
+        for request_id, ids in prompts[:2]:
+            result = decoder.generate(ids, NEW_TOKENS, request_id=request_id)
+            assert result.token_ids == hf_reference[request_id], f"{verify}: " + first_mismatch(
+                smollm2.model, ids, hf_reference[request_id], result.token_ids)
+            fed[verify] += result.stats.num_verified_tokens
+            for strategy, count in result.stats.strategy_rows.items():
+                wins[strategy] = wins.get(strategy, 0) + count
+    assert fed["tree"] < fed["batch"], fed
+    assert wins.get("retrieval", 0) > 0, f"no retrieved row was verified: {wins}"

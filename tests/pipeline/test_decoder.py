@@ -136,3 +136,20 @@ def test_same_seed_same_sample_other_seed_other_sample(tiny_model, tables):
     # Temperature 0 ignores the seed and stays plain greedy.
     greedy = SamplingParams(0.0, seed=3)
     assert decoder.generate(PROMPTS[0], 20, sampling=greedy).token_ids == plain(tiny_model, PROMPTS[0], 20)
+
+
+@pytest.mark.parametrize("drafter,k,w", [("context_ngram", 3, 4), ("mixed", 4, 3), ("bigram", 4, 3)])
+def test_tree_mode_emits_what_batch_mode_emits_with_fewer_tokens(tiny_model, tables, drafter, k, w):
+    batch = decoder_for(tiny_model, tables, drafter, k, w, min_q=1)
+    tree = decoder_for(tiny_model, tables, drafter, k, w, min_q=1)
+    tree.verify_mode = "tree"
+    fed = {"batch": 0, "tree": 0}
+    for prompt in PROMPTS:
+        for sampling in (SamplingParams(), SamplingParams(0.9, top_p=0.95, seed=1)):
+            a, b = batch.generate(prompt, 40, sampling=sampling), tree.generate(prompt, 40, sampling=sampling)
+            assert b.token_ids == a.token_ids, f"prompt {prompt} {sampling}"
+            assert b.stats.accepted_length_histogram == a.stats.accepted_length_histogram
+            assert b.stats.accepted_rank_histogram == a.stats.accepted_rank_histogram
+            fed["batch"] += a.stats.num_verified_tokens
+            fed["tree"] += b.stats.num_verified_tokens
+    assert fed["tree"] < fed["batch"], fed

@@ -61,10 +61,28 @@ def test_every_input_row_yields_one_output_row(local_ray, tiny_model_dir, tmp_pa
     assert "the prompt is empty" in out["empty"]["error"]
     assert "must be text" in out["number"]["error"]
     assert "no room to generate" in out["long"]["error"]
-    assert "temperature 0.7 asks for sampling" in out["hot"]["error"]
+    assert out["hot"]["error"] is None and out["hot"]["temperature"] == 0.7 and out["hot"]["seed"] is not None
     assert "no prompt in column 'prompt'" in out["none"]["error"]
-    assert summary["rows"] == 7 and summary["errored_rows"] == 5
-    assert json.loads((tmp_path / "out" / "run=r1" / "summary.json").read_text())["generated_tokens"] == 8
+    assert summary["rows"] == 7 and summary["errored_rows"] == 4
+    generated = sum(len(row["token_ids"] or []) for row in out.values())
+    assert json.loads((tmp_path / "out" / "run=r1" / "summary.json").read_text())["generated_tokens"] == generated
+
+
+def test_rest_actors_map_the_datastore_the_driver_checked(local_ray, tiny_model_dir, tmp_path, monkeypatch):
+    from drafters.datastore import build_datastore
+
+    rows = [{"id": str(i), "prompt": "def add(a, b):\n    return a + b"} for i in range(3)]
+    tokenizer = load_model(load_config(overrides=[f"model.name={tiny_model_dir}"]).model).tokenizer
+    build_datastore([tokenizer(rows[0]["prompt"] * 3, add_special_tokens=False)["input_ids"]], tmp_path / "ds", {})
+    overrides = [f"input.path={write_jsonl(tmp_path / 'in.jsonl', rows)}", "decoder.drafter=rest", "decoder.k=2",
+                 "decoder.w=3", "decoder.verify=tree"]
+    with pytest.raises(FileNotFoundError, match="meta.json does not exist; build one with"):
+        run_job(job_config(tiny_model_dir, tmp_path, *overrides, f"decoder.datastore={tmp_path / 'nowhere'}"), "r")
+    monkeypatch.chdir(tmp_path)  # a relative datastore path is resolved on the driver for every actor
+    run_job(job_config(tiny_model_dir, tmp_path, *overrides, "decoder.datastore=ds"), "r")
+    out = read_run(tmp_path, "r")
+    assert len(out) == 3 and all(row["error"] is None and row["verify"] == "tree" for row in out)
+    assert all(row["median_draft_seconds"] is not None for row in out)
 
 
 @pytest.mark.parametrize("kind", ["parquet", "csv", "hf_dataset", "glob", "directory", "messages"])

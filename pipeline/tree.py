@@ -1,0 +1,112 @@
+"""Tree verification: k draft rows merged by shared prefixes and checked as one sequence.
+
+Batch mode feeds [k, w+1] tokens and repeats every prefix the rows share. Tree mode feeds the
+last emitted token (the root) followed by each distinct draft prefix once (a *node*), over the
+batch-1 cache, with a 4D attention mask and position ids so each node sees the context, the
+root and its own ancestors only. The accepted path is the deepest chain of nodes the target
+agrees with; it is the winning row's accepted prefix, so tree and batch mode emit the same tokens.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pipeline.sampling import sample
+from pipeline.verification import Verdict
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    tokens: list[int]  # [n] node tokens; a parent always comes before its children
+    parents: list[int]  # [n] parent node, -1 for the root's children
+    depths: list[int]  # [n] 1 for the root's children
+    row_nodes: list[list[int]]  # [k][w] row r's node at each of its positions
+
+    def children(self, node: int) -> dict[int, int]:
+        """token -> child node of `node` (-1 is the root); the first row's child wins a token."""
+        found: dict[int, int] = {}
+        for child, parent in enumerate(self.parents):
+            if parent == node:
+                found.setdefault(self.tokens[child], child)
+        return found
+
+
+def build_tree(drafts: torch.Tensor) -> DraftTree:
+    # drafts: [k, w] token ids
+    node_of: dict[tuple[int, ...], int] = {}
+    tokens, parents, depths, row_nodes = [], [], [], []
+    for row in drafts.tolist():
+        nodes = []
+        for position in range(len(row)):
+            prefix = tuple(row[:position + 1])
+            if prefix not in node_of:
+                node_of[prefix] = len(tokens)
+                tokens.append(row[position])
+                parents.append(nodes[-1] if nodes else -1)
+                depths.append(position + 1)
+            nodes.append(node_of[prefix])
+        row_nodes.append(nodes)
+    return DraftTree(tokens, parents, depths, row_nodes)
+
+
+def tree_inputs(tree: DraftTree, last_token: int, context_length: int, dtype: torch.dtype):
+    """input_ids [1, n+1], position_ids [1, n+1] and an additive mask [1, 1, n+1, context+n+1]."""
+    n = len(tree.tokens)
+    input_ids = torch.tensor([[last_token] + tree.tokens])
+    position_ids = context_length + torch.tensor([[0] + tree.depths])
+    visible = torch.zeros(n + 1, context_length + n + 1, dtype=torch.bool)
+    visible[:, :context_length + 1] = True  # the context and the root
+    for node in range(n):
+        row = node + 1
+        visible[row, context_length + row] = True
+        parent = tree.parents[node]
+        if parent >= 0:
+            visible[row] |= visible[parent + 1]
+    mask = torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
+    return input_ids, position_ids, mask[None, None]
+
+
+def winning_row(tree: DraftTree, path: list[int]) -> int:
+    """The lowest row through the path's last node (row 0 for an empty path), as batch mode picks."""
+    if not path:
+        return 0
+    depth = len(path)
+    return next(r for r, nodes in enumerate(tree.row_nodes) if len(nodes) >= depth and nodes[depth - 1] == path[-1])
+
+
+def verify_tree_greedy(tree: DraftTree, logits: torch.Tensor) -> tuple[Verdict, list[int]]:
+    # logits: [n+1, V] for [root, nodes]. Returns the verdict and the accepted path's nodes.
+    choices = logits.argmax(dim=-1).tolist()  # [n+1]
+    path: list[int] = []
+    node = -1
+    while True:
+        child = tree.children(node).get(choices[node + 1])
+        if child is None:
+            break
+        path.append(child)
+        node = child
+    tokens = [tree.tokens[p] for p in path] + [choices[node + 1]]
+    w = len(tree.row_nodes[0]) if tree.row_nodes else 0
+    checked = (1.0,) * len(path) + ((0.0,) if len(path) < w else ())
+    return Verdict(tokens, len(path), winning_row(tree, path), checked), path
+
+
+def verify_tree_sampled(tree: DraftTree, probs: torch.Tensor, uniforms: torch.Tensor) -> tuple[Verdict, list[int]]:
+    # probs: [n+1, V] target probabilities for [root, nodes]; uniforms: [w+1] position uniforms
+    path: list[int] = []
+    tokens: list[int] = []
+    checked: list[float] = []
+    node = -1
+    while True:
+        token = sample(probs[node + 1], float(uniforms[len(path)]))
+        tokens.append(token)
+        children = tree.children(node)
+        if not children:
+            break
+        checked.append(float(probs[node + 1, list(children)].sum()))  # P(the sample hits a child)
+        if token not in children:
+            break
+        node = children[token]
+        path.append(node)
+    return Verdict(tokens, len(path), winning_row(tree, path), tuple(checked)), path
