@@ -1,5 +1,5 @@
 """End to end on the real SmolLM2: every drafter, several (k, w), token-identical to plain greedy
-and to transformers' generate(do_sample=False), on 10 HumanEval prompts x 64 new tokens.
+and to transformers' generate(do_sample=False), on 6 HumanEval prompts x 64 new tokens.
 
 The three model-table drafters (unigram, bigram, extended bigram) are slower than plain decoding
 on this CPU, so to keep the suite short they share one run: a drafter that hands each step to
@@ -19,7 +19,7 @@ from pipeline.decoder import SpeculativeDecoder
 from pipeline.model_loading import cache_root
 from pipeline.prompts import encode_prompt, load_prompts
 
-NUM_PROMPTS, NEW_TOKENS = 10, 64
+NUM_PROMPTS, NEW_TOKENS = 6, 64
 CONFIGS = [("none", 1, 0), ("context_ngram", 2, 3), ("model_tables", 1, 2), ("mixed", 1, 5)]
 MODEL_TABLE_DRAFTERS = ("unigram", "bigram", "extended_bigram")
 

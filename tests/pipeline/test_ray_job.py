@@ -61,7 +61,7 @@ def test_every_input_row_yields_one_output_row(local_ray, tiny_model_dir, tmp_pa
     assert "the prompt is empty" in out["empty"]["error"]
     assert "must be text" in out["number"]["error"]
     assert "no room to generate" in out["long"]["error"]
-    assert out["hot"]["error"] is None and out["hot"]["temperature"] == 0.7 and out["hot"]["seed"] is not None
+    assert out["hot"]["error"] is None and out["hot"]["temperature"] == pytest.approx(0.7) and out["hot"]["seed"] is not None
     assert "no prompt in column 'prompt'" in out["none"]["error"]
     assert summary["rows"] == 7 and summary["errored_rows"] == 4
     generated = sum(len(row["token_ids"] or []) for row in out.values())
@@ -76,7 +76,7 @@ def test_rest_actors_map_the_datastore_the_driver_checked(local_ray, tiny_model_
     build_datastore([tokenizer(rows[0]["prompt"] * 3, add_special_tokens=False)["input_ids"]], tmp_path / "ds", {})
     overrides = [f"input.path={write_jsonl(tmp_path / 'in.jsonl', rows)}", "decoder.drafter=rest", "decoder.k=2",
                  "decoder.w=3", "decoder.verify=tree"]
-    with pytest.raises(FileNotFoundError, match="meta.json does not exist; build one with"):
+    with pytest.raises(FileNotFoundError, match="does not exist; build one with: python -m jobs.build_datastore"):
         run_job(job_config(tiny_model_dir, tmp_path, *overrides, f"decoder.datastore={tmp_path / 'nowhere'}"), "r")
     monkeypatch.chdir(tmp_path)  # a relative datastore path is resolved on the driver for every actor
     run_job(job_config(tiny_model_dir, tmp_path, *overrides, "decoder.datastore=ds"), "r")
