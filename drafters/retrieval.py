@@ -57,6 +57,15 @@ def select_rows(trie: dict[tuple[int, ...], int], max_nodes: int, w: int) -> lis
     return rows
 
 
+def check_vocabulary(datastore: Datastore, vocab_size: int) -> None:
+    """A datastore holds one tokenizer's ids: with another model's tokenizer every draft is noise."""
+    built_for = datastore.meta.get("vocab_size")
+    if built_for is not None and built_for != vocab_size:
+        raise ValueError(f"decoder.datastore: built with a tokenizer of {built_for} tokens (model "
+                         f"{datastore.meta.get('model')!r}); the target's has {vocab_size}: rebuild it with "
+                         f"python -m jobs.build_datastore --model <the target>")
+
+
 class RetrievalDrafter:
     def __init__(self, datastore: Datastore, pad_token: int, max_match: int = 16, min_match: int = 2,
                  max_occurrences: int = 5000, max_nodes: int = 64):

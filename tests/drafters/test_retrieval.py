@@ -75,3 +75,12 @@ def test_rest_decoding_is_plain_decoding(tiny_model, tmp_path, verify):
         assert result.token_ids == plain.generate(prompt, 40, sampling=sampling).token_ids
     assert decoder.generate(prompt, 40).stats.strategy_wins.get("retrieval", 0) > 0
     assert torch.is_tensor(decoder.draft(DraftContext(prompt, 3), 4).tokens)
+
+
+def test_a_datastore_of_another_tokenizer_is_refused(tmp_path):
+    from drafters.retrieval import check_vocabulary
+
+    store = build_datastore(DOCUMENTS, tmp_path / "s", {"vocab_size": 96, "model": "toy"})
+    check_vocabulary(store, 96)
+    with pytest.raises(ValueError, match="decoder.datastore: built with a tokenizer of 96 tokens .* has 49152"):
+        check_vocabulary(store, 49152)

@@ -1,0 +1,102 @@
+"""What a verification call costs on this hardware (N-Grammys §3, Figure 1), measured, not assumed.
+
+The *relative cost* of a block [k, w+1] at context length ℓ is the time of one forward call
+over it divided by the time of a single-token call at the same ℓ. On a memory-bound GPU it stays
+near 1 for large blocks; on a CPU it grows with every token. It is measured once per model and
+device on a small grid and cached as JSON; between grid points it is interpolated linearly in k,
+in w+1 and in ℓ (and held constant beyond the grid's edges).
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from pipeline.kv_cache import keep_row, prefill, share_context
+
+GRID_K = (1, 2, 4, 8, 16)
+GRID_WIDTH = (1, 2, 3, 5, 9)  # w + 1
+GRID_CONTEXT = (25, 100, 500)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    ks: tuple[int, ...]
+    widths: tuple[int, ...]  # w + 1
+    context_lengths: tuple[int, ...]
+    relative: list  # [len(context_lengths)][len(ks)][len(widths)] call time / single-token call time
+    single_token_seconds: list  # [len(context_lengths)] the single-token call it is relative to
+    device: str
+
+    def cost(self, k: int, w: int, context_length: int) -> float:
+        """Relative cost of verifying k drafts of w tokens (a [k, w+1] block) at this context length."""
+        table = np.asarray(self.relative)  # [L, K, W]
+        per_length = [_bilinear(self.ks, self.widths, table[i], k, w + 1) for i in range(len(self.context_lengths))]
+        return float(np.interp(context_length, self.context_lengths, per_length))
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_suffix(".tmp")
+        staging.write_text(json.dumps(asdict(self), indent=1))
+        staging.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> CostModel:
+        data = json.loads(path.read_text())
+        return cls(**{key: tuple(value) if key in ("ks", "widths", "context_lengths") else value
+                      for key, value in data.items()})
+
+
+def _bilinear(xs, ys, grid: np.ndarray, x: float, y: float) -> float:
+    # grid: [len(xs), len(ys)]; linear in each axis, clamped at the edges
+    along_y = np.array([np.interp(y, ys, grid[i]) for i in range(len(xs))])
+    return float(np.interp(x, xs, along_y))
+
+
+@torch.no_grad()
+def time_block(model, cache, k: int, width: int, repeats: int) -> float:
+    """Median seconds of a forward call over a [k, width] block on top of `cache` (left as found)."""
+    context_length = cache.get_seq_length()
+    block = torch.randint(0, model.config.vocab_size, (k, width), device=model.device)
+    times = []
+    for attempt in range(repeats + 1):  # the first call of a new shape pays for allocations: untimed
+        if k > 1:
+            share_context(cache, k)
+        started = time.perf_counter()
+        model(input_ids=block, past_key_values=cache, use_cache=True)
+        if model.device.type == "cuda":
+            torch.cuda.synchronize()
+        if attempt:
+            times.append(time.perf_counter() - started)
+        keep_row(cache, 0, context_length)
+    return statistics.median(times)
+
+
+def measure(model, ks=GRID_K, widths=GRID_WIDTH, context_lengths=GRID_CONTEXT, repeats: int = 5) -> CostModel:
+    generator = torch.Generator().manual_seed(0)
+    relative, single = [], []
+    for length in context_lengths:
+        context = torch.randint(0, model.config.vocab_size, (length,), generator=generator).tolist()
+        cache = prefill(model, context)
+        base = time_block(model, cache, 1, 1, repeats)
+        single.append(base)
+        relative.append([[time_block(model, cache, k, width, repeats) / base for width in widths] for k in ks])
+    return CostModel(tuple(ks), tuple(widths), tuple(context_lengths), relative, single, str(model.device))
+
+
+def cached_cost_model(model, fingerprint: str, cache_dir: Path) -> CostModel:
+    """The cost model of this model on this device: measured once, then read from the cache."""
+    device = str(model.device)
+    if device == "cuda" or device.startswith("cuda:"):
+        device = torch.cuda.get_device_name(model.device).replace(" ", "_")
+    path = cache_dir / "costs" / f"{fingerprint[:16]}-{device}-{model.dtype}.json".replace("torch.", "")
+    if path.is_file():
+        return CostModel.load(path)
+    costs = measure(model)
+    costs.save(path)
+    return costs
