@@ -18,7 +18,7 @@ class MixedDrafter:
         rows = self.ngram.find(context, k, w)
         strategies = [NGRAM] * len(rows)
         if self.retrieval is not None and len(rows) < k:
-            retrieved = [row + [self.pad_token] * (w - len(row)) for row in self.retrieval.rows(context, k, w)]
+            retrieved = self.retrieval.rows(context, k, w)
             rows += retrieved
             strategies += [RETRIEVAL] * len(retrieved)
         # Ask the fill for k rows: some may duplicate earlier rows and are dropped by pad_rows.

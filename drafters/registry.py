@@ -13,7 +13,7 @@ from drafters.context_ngram import ContextNgramDrafter
 from drafters.draft_model import DraftModelDrafter, self_draft_model
 from drafters.datastore import Datastore
 from drafters.mixed import MixedDrafter
-from drafters.retrieval import RetrievalDrafter
+from drafters.retrieval import RetrievalDrafter, check_vocabulary
 from drafters.unigram import UnigramDrafter
 from pipeline.config import DRAFTER_NAMES, DecoderConfig, ModelConfig
 
@@ -75,9 +75,10 @@ def load_draft_model(config: DecoderConfig, model_config: ModelConfig, target):
 
 
 def make_drafter(config: DecoderConfig, tables: DrafterTables, pad_token: int,
-                 draft_model=None) -> Drafter | None:
+                 draft_model=None, vocab_size: int | None = None) -> Drafter | None:
     """The drafter named by `config.drafter`; None for plain decoding. `draft_model` (from
-    load_draft_model) is needed by drafter "draft_model" only."""
+    load_draft_model) is needed by drafter "draft_model" only; `vocab_size`, the target
+    tokenizer's, is checked against a datastore's."""
     name = config.drafter
     if name not in DRAFTER_NAMES:
         raise ValueError(f"decoder.drafter: unknown {name!r}; choose one of {', '.join(DRAFTER_NAMES)}")
@@ -89,7 +90,10 @@ def make_drafter(config: DecoderConfig, tables: DrafterTables, pad_token: int,
     retrieval = None
     if config.datastore and name in ("rest", "mixed"):
         # Memory-mapped: every actor (and every process on a node) shares the page cache.
-        retrieval = RetrievalDrafter(Datastore.open(config.datastore), pad_token, config.retrieval_max_match,
+        datastore = Datastore.open(config.datastore)
+        if vocab_size is not None:
+            check_vocabulary(datastore, vocab_size)
+        retrieval = RetrievalDrafter(datastore, pad_token, config.retrieval_max_match,
                                      config.retrieval_min_match, config.retrieval_max_occurrences,
                                      config.retrieval_max_nodes)
     if name == "rest":

@@ -38,7 +38,6 @@ def select_rows(trie: dict[tuple[int, ...], int], max_nodes: int, w: int) -> lis
     # A prefix is never more frequent than its parent; ranking shorter first on ties keeps the
     # kept set closed under taking prefixes, so it is a tree.
     kept = sorted(trie, key=lambda prefix: (-trie[prefix], len(prefix), prefix))[:max_nodes]
-    kept_set = set(kept)
     inner = {prefix[:-1] for prefix in kept if len(prefix) > 1}
     leaves = [prefix for prefix in kept if prefix not in inner]
     children: dict[tuple[int, ...], tuple[int, ...]] = {}  # most frequent child of every prefix
@@ -53,7 +52,6 @@ def select_rows(trie: dict[tuple[int, ...], int], max_nodes: int, w: int) -> lis
         while len(path) < w and path in children:
             path = children[path]
         rows.append(list(path))
-    assert all(prefix[:-1] in kept_set for prefix in kept if len(prefix) > 1)
     return rows
 
 
@@ -74,17 +72,15 @@ class RetrievalDrafter:
         self.max_occurrences, self.max_nodes = max_occurrences, max_nodes
 
     def rows(self, context: DraftContext, k: int, w: int) -> list[list[int]]:
-        """Up to k retrieved rows of at most w tokens (none when the context has no match)."""
+        """Up to k retrieved rows of w tokens (none when the context has no match). A continuation
+        cut by a document's end is padded: the target simply rejects the padding."""
         match_len, lo, hi = self.datastore.match(context.tokens, self.max_match, self.min_match)
         if match_len == 0:
             return []
         continuations = self.datastore.continuations(lo, hi, match_len, w, self.max_occurrences)  # [n, w]
-        trie = prefix_counts(continuations)
-        return select_rows(trie, self.max_nodes, w)[:k]
+        rows = select_rows(prefix_counts(continuations), self.max_nodes, w)[:k]
+        return [row + [self.pad_token] * (w - len(row)) for row in rows]
 
     def propose(self, context: DraftContext, k: int, w: int) -> Drafts:
         rows = self.rows(context, k, w)
-        # A continuation cut by a document's end is shorter than w: the rest is padding that the
-        # target simply rejects.
-        rows = [row + [self.pad_token] * (w - len(row)) for row in rows]
         return pad_rows(rows, [STRATEGY] * len(rows), k, w, self.pad_token)

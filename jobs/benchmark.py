@@ -113,7 +113,7 @@ def build_runners(names: list[str], loaded, args) -> dict:
                                        datastore=datastore)
             tables = build_tables(model, tokenizer, loaded.fingerprint, config, cache_root(ModelConfig()))
             draft = load_draft_model(config, ModelConfig(), loaded) if method == "self_draft" else None
-            decoder = SpeculativeDecoder(model, tokenizer, make_drafter(config, tables, 0, draft), config.k, w,
+            decoder = SpeculativeDecoder(model, tokenizer, make_drafter(config, tables, 0, draft, len(tokenizer)), config.k, w,
                                          config.ngram_max_q, verify_mode=MethodRun(name).verify_mode)
             runners[name] = lambda ids, s, decoder=decoder: _ours(decoder, ids, n, s)
     return runners

@@ -80,8 +80,9 @@ def sample(probs: torch.Tensor, uniform: float) -> int:
     """Inverse-CDF sample from probs [V] with one uniform in [0, 1)."""
     cdf = probs.double().cumsum(dim=0)
     index = int(torch.searchsorted(cdf, torch.tensor([uniform * float(cdf[-1])], dtype=cdf.dtype), right=True))
-    # Never return a zero-probability token (rounding at the top of the cdf).
-    return min(index, int(torch.nonzero(probs).max()))
+    if index >= probs.shape[0]:  # rounding at the top of the cdf: the last token that has mass
+        index = int(torch.nonzero(probs).max())
+    return index
 
 
 def verify_point_drafts(drafts: torch.Tensor, probs: torch.Tensor, uniforms: torch.Tensor) -> Verdict:

@@ -13,7 +13,6 @@ import pyarrow as pa
 import torch
 
 from drafters.registry import DrafterTables, build_tables, load_draft_model, make_drafter
-from drafters.retrieval import RetrievalDrafter, check_vocabulary
 from pipeline.config import Config
 from pipeline.decoder import PromptError, SpeculativeDecoder
 from pipeline.model_loading import LoadedModel, cache_root, load_model
@@ -58,15 +57,12 @@ class GenerationStage:
         draft_model = None
         if decoder_config.drafter == "draft_model" and decoder_config.w > 0:
             draft_model = load_draft_model(decoder_config, config.model, loaded)
-        drafter = make_drafter(decoder_config, tables, pad, draft_model)
-        for part in (drafter, getattr(drafter, "retrieval", None)):
-            if isinstance(part, RetrievalDrafter):
-                check_vocabulary(part.datastore, len(loaded.tokenizer))
+        drafter = make_drafter(decoder_config, tables, pad, draft_model, len(loaded.tokenizer))
         self.decoder = SpeculativeDecoder(loaded.model, loaded.tokenizer, drafter,
                                           decoder_config.k, decoder_config.w, decoder_config.ngram_max_q,
                                           decoder_config.lenience, decoder_config.verify)
-        self.settings = {"model": config.model.name, "drafter": decoder_config.drafter,
-                         "k": self.decoder.k, "w": self.decoder.w, "lenience": decoder_config.lenience, "verify": decoder_config.verify}
+        self.settings = {"model": config.model.name, "drafter": decoder_config.drafter, "k": self.decoder.k,
+                         "w": self.decoder.w, "lenience": decoder_config.lenience, "verify": decoder_config.verify}
         source = config.input
         self.prompt_column = source.prompt_column or source.messages_column
         self.input_columns = (source.id_column, self.prompt_column)
