@@ -7,7 +7,7 @@
 Methods: hf_greedy (hf_sample when --temperature > 0), hf_prompt_lookup:N, hf_assisted:L:G
 (transformers' assisted generation with the self-draft of L layers, G tokens per draft), plain
 (ours without drafts), self_draft:L:G (ours, draft-model speculative sampling with the same
-self-draft), DRAFTER:k:w[:tree] (any decoder.drafter; `:tree` verifies with tree attention;
+self-draft), DRAFTER:k:w[:tree] (any decoder.drafter; k and/or w may be `auto`; `:tree` verifies with tree attention;
 `rest` reads --datastore, and so does `mixed+rest`: the mixed drafter with retrieved rows). Every method runs on every prompt; the order of
 methods is rotated per prompt so slow drifts of this machine's speed fall on all methods alike.
 Speed-ups are ratios within this one run. When sampling, request i samples with the same seed
@@ -25,7 +25,8 @@ import torch
 
 from drafters.draft_model import self_draft_model
 from drafters.registry import build_tables, load_draft_model, make_drafter
-from pipeline.config import DecoderConfig, ModelConfig
+from pipeline.config import AUTO_MAX, DecoderConfig, ModelConfig
+from pipeline.cost_model import cached_cost_model
 from pipeline.decoder import SpeculativeDecoder
 from pipeline.model_loading import cache_root, load_model
 from pipeline.prompts import encode_prompt, load_prompts
@@ -53,7 +54,14 @@ class MethodRun:
             return parts[0], 1, 0
         if parts[0] == "hf_prompt_lookup":
             return parts[0], 1, int(parts[1])
-        return parts[0], int(parts[1]), int(parts[2])
+        k, w = (AUTO_MAX[axis] if value == "auto" else int(value) for axis, value in zip("kw", parts[1:3]))
+        return parts[0], k, w
+
+    @property
+    def auto(self) -> tuple[bool, bool]:
+        """Whether k and w are chosen per step (DRAFTER:auto:auto, DRAFTER:1:auto, ...)."""
+        parts = self.name.split(":")
+        return len(parts) > 2 and parts[1] == "auto", len(parts) > 2 and parts[2] == "auto"
 
     @property
     def verify_mode(self) -> str:
@@ -113,8 +121,11 @@ def build_runners(names: list[str], loaded, args) -> dict:
                                        datastore=datastore)
             tables = build_tables(model, tokenizer, loaded.fingerprint, config, cache_root(ModelConfig()))
             draft = load_draft_model(config, ModelConfig(), loaded) if method == "self_draft" else None
+            auto_k, auto_w = MethodRun(name).auto
+            costs = cached_cost_model(model, loaded.fingerprint, cache_root(ModelConfig())) if auto_k or auto_w else None
             decoder = SpeculativeDecoder(model, tokenizer, make_drafter(config, tables, 0, draft, len(tokenizer)), config.k, w,
-                                         config.ngram_max_q, verify_mode=MethodRun(name).verify_mode)
+                                         config.ngram_max_q, verify_mode=MethodRun(name).verify_mode, costs=costs,
+                                         auto_k=auto_k, auto_w=auto_w)
             runners[name] = lambda ids, s, decoder=decoder: _ours(decoder, ids, n, s)
     return runners
 

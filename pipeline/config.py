@@ -17,6 +17,10 @@ DrafterName = Literal["none", "context_ngram", "unigram", "bigram", "extended_bi
 DRAFTER_NAMES = typing.get_args(DrafterName)
 
 
+# The largest k and w a `k: auto` / `w: auto` decoder may choose.
+AUTO_MAX = {"k": 8, "w": 8}
+
+
 class ConfigError(ValueError):
     """A config value that cannot be used; the message names the field."""
 
@@ -47,6 +51,10 @@ class DecoderConfig:
     k: int = 2
     # Tokens per draft row; w = 0 means no drafts (plain decoding).
     w: int = 3
+    # Set by `k: auto` / `w: auto` in YAML or --set: each step then chooses k (and/or w) up to
+    # AUTO_MAX from the request's acceptance history and this hardware's measured call costs.
+    auto_k: bool = False
+    auto_w: bool = False
     # Longest context suffix the n-gram drafter matches; it falls back to shorter ones down to
     # min_q. A 1-token match is right too rarely to pay for its verification on a CPU.
     ngram_max_q: int = 3
@@ -272,5 +280,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {text!r}: {key!r} is not a section")
         node[keys[-1]] = value
+    decoder = data.get("decoder")
+    if isinstance(decoder, dict):
+        for name in ("k", "w"):
+            if decoder.get(name) == "auto":
+                decoder[name], decoder[f"auto_{name}"] = AUTO_MAX[name], True
     return build(Config, data)
 

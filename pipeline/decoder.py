@@ -14,6 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from drafters.base import PADDING, DraftContext, Drafter, Drafts
+from pipeline.adaptive import AdaptiveController, judge_proposals
+from pipeline.cost_model import CostModel
 from pipeline.kv_cache import keep_positions, keep_row, prefill, share_context
 from pipeline.sampling import (GREEDY, RandomState, SamplingParams, speculative_sample, target_probs,
                                verify_point_drafts)
@@ -49,8 +51,13 @@ def eos_token_ids(model, tokenizer) -> set[int]:
 
 class SpeculativeDecoder:
     def __init__(self, model, tokenizer, drafter: Drafter | None, k: int, w: int, ngram_max_q: int = 3,
-                 lenience: float = 1.0, verify_mode: str = "batch"):
+                 lenience: float = 1.0, verify_mode: str = "batch", costs: CostModel | None = None,
+                 auto_k: bool = True, auto_w: bool = True):
         self.model, self.tokenizer = model, tokenizer
+        # With a cost model, k and w are maxima and each step verifies the (k, w) the request's own
+        # acceptance history and the hardware's costs make fastest (pipeline/adaptive.py).
+        self.costs = costs
+        self.auto_k, self.auto_w = auto_k, auto_w
         # "batch": k rows of w+1 tokens; "tree": the rows merged by shared prefixes (pipeline/tree.py).
         assert verify_mode in ("batch", "tree"), f"verify_mode must be 'batch' or 'tree', got {verify_mode!r}"
         self.verify_mode = verify_mode
@@ -148,16 +155,23 @@ class SpeculativeDecoder:
         context = DraftContext(prompt_ids, self.ngram_max_q, sampling, random)
         generated: list[int] = []
         finish_reason = "length"
+        controller = AdaptiveController(self.costs) if self.costs is not None else None
+        pending: list[tuple[int, Drafts]] = []  # proposals whose rows are judged once their tokens exist
         while len(generated) < budget:
             step_started = time.perf_counter()
             # A step emits at most w+1 tokens; do not draft past the budget.
             drafts = self.draft(context, min(self.w, budget - len(generated) - 1))
+            if controller is not None and drafts.tokens.shape[1] > 0:
+                pending.append((len(generated), drafts))
+                drafts = self.adapt(controller, drafts, len(context))
             verify_started = time.perf_counter()
             verdict, fed = self.verify(cache, context.tokens[-1], drafts, sampling, random, len(generated))
             stats.observe(verdict, drafts, fed, verify_started - step_started, time.perf_counter() - verify_started)
             emitted, finish = self.cut_at_eos(verdict.tokens)
             generated += emitted
             context.append(emitted)
+            if controller is not None:
+                pending = judge_proposals(controller, pending, generated)
             stop_cut = self.stop_cut(generated, len(generated) - len(emitted), stop)
             if stop_cut is not None:
                 generated, finish = generated[:stop_cut], "stop"
@@ -169,6 +183,18 @@ class SpeculativeDecoder:
         stats.finish_reason = finish_reason
         stats.total_seconds = time.perf_counter() - started
         return GenerationResult(request_id, generated, text, finish_reason, stats)
+
+    def adapt(self, controller: AdaptiveController, drafts: Drafts, context_length: int) -> Drafts:
+        """The first k rows' first w tokens, for the (k, w) the controller chooses (w = 0: none)."""
+        choice = controller.choose(drafts, context_length, self.auto_k, self.auto_w)
+        if choice.w == 0:
+            return Drafts(tokens=torch.empty(1, 0, dtype=torch.long), strategies=(NO_DRAFT,))
+        rows, strategies = [], []
+        for row, strategy in zip(drafts.tokens[:choice.k, :choice.w].tolist(), drafts.strategies):
+            if row not in rows:  # rows that differ only after w would be verified twice
+                rows.append(row)
+                strategies.append(strategy)
+        return Drafts(tokens=torch.tensor(rows, dtype=torch.long), strategies=tuple(strategies))
 
     def cut_at_eos(self, tokens: list[int]) -> tuple[list[int], str | None]:
         for i, token in enumerate(tokens):

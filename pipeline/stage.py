@@ -14,6 +14,7 @@ import torch
 
 from drafters.registry import DrafterTables, build_tables, load_draft_model, make_drafter
 from pipeline.config import Config
+from pipeline.cost_model import cached_cost_model
 from pipeline.decoder import PromptError, SpeculativeDecoder
 from pipeline.model_loading import LoadedModel, cache_root, load_model
 from pipeline.output import SCHEMA
@@ -58,11 +59,15 @@ class GenerationStage:
         if decoder_config.drafter == "draft_model" and decoder_config.w > 0:
             draft_model = load_draft_model(decoder_config, config.model, loaded)
         drafter = make_drafter(decoder_config, tables, pad, draft_model, len(loaded.tokenizer))
+        costs = None
+        if decoder_config.auto_k or decoder_config.auto_w:  # measured once per model and device, then cached
+            costs = cached_cost_model(loaded.model, loaded.fingerprint, cache_root(config.model))
         self.decoder = SpeculativeDecoder(loaded.model, loaded.tokenizer, drafter,
                                           decoder_config.k, decoder_config.w, decoder_config.ngram_max_q,
-                                          decoder_config.lenience, decoder_config.verify)
-        self.settings = {"model": config.model.name, "drafter": decoder_config.drafter, "k": self.decoder.k,
-                         "w": self.decoder.w, "lenience": decoder_config.lenience, "verify": decoder_config.verify}
+                                          decoder_config.lenience, decoder_config.verify, costs,
+                                          decoder_config.auto_k, decoder_config.auto_w)
+        self.settings = {"model": config.model.name, "drafter": decoder_config.drafter,
+                         "k": self.decoder.k, "w": self.decoder.w, "lenience": decoder_config.lenience, "verify": decoder_config.verify}
         source = config.input
         self.prompt_column = source.prompt_column or source.messages_column
         self.input_columns = (source.id_column, self.prompt_column)

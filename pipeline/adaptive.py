@@ -1,0 +1,108 @@
+"""Adaptive (k, w): each step verifies the (k, w) that maximises expected tokens per second.
+
+expected tokens per second ∝ expected tokens per call / relative call cost (pipeline/cost_model).
+
+Expected tokens per call comes from the request's own acceptance history. Row r of a step is
+modelled as accepting each next draft token with probability α_(s, r) (s its strategy, r its
+rank), independently; then P(the step accepts at least j tokens) = 1 − Π_r (1 − α_(s,r)^j) and
+
+    E[tokens per call](k, w) = 1 + Σ_{j=1..w} (1 − Π_{r<k} (1 − α_(s,r)^j)).
+
+w = 0 (a plain step, cost 1, one token) is always a candidate, so a request whose drafts keep
+failing falls back to plain decoding instead of paying for verification.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from drafters.base import Drafts
+from pipeline.cost_model import CostModel
+
+
+@dataclass
+class AcceptanceEstimate:
+    # Beta-like pseudo-counts: α starts at prior_accepted / prior_checked and moves with evidence.
+    accepted: float = 1.0
+    checked: float = 2.0
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / self.checked
+
+    def observe(self, num_accepted: int, w: int) -> None:
+        """A row that accepted num_accepted of w tokens: each accepted token and the first
+        rejection (if any) was a Bernoulli trial of α."""
+        self.accepted += num_accepted
+        self.checked += num_accepted + (1 if num_accepted < w else 0)
+
+
+def expected_tokens(alphas: list[float], w: int) -> float:
+    """Expected tokens per call for rows with these per-token acceptance rates and w draft tokens."""
+    total = 1.0
+    for j in range(1, w + 1):
+        miss = 1.0
+        for alpha in alphas:
+            miss *= 1 - alpha ** j
+        total += 1 - miss
+    return total
+
+
+@dataclass
+class AdaptiveChoice:
+    k: int
+    w: int
+    expected_tokens: float
+    relative_cost: float
+
+
+@dataclass
+class AdaptiveController:
+    """One per request: it learns that request's acceptance rates."""
+    costs: CostModel
+    estimates: dict[tuple[str, int], AcceptanceEstimate] = field(default_factory=dict)
+
+    def estimate(self, strategy: str, rank: int) -> AcceptanceEstimate:
+        return self.estimates.setdefault((strategy, rank), AcceptanceEstimate())
+
+    def choose(self, drafts: Drafts, context_length: int, auto_k: bool = True, auto_w: bool = True) -> AdaptiveChoice:
+        """The best (k, w) using the first k rows and first w tokens of `drafts` ([k_max, w_max]);
+        a dimension that is not auto stays at its maximum (w = 0, a plain step, is always allowed)."""
+        k_max, w_max = drafts.tokens.shape
+        alphas = [self.estimate(s, r).alpha for r, s in enumerate(drafts.strategies)]
+        best = AdaptiveChoice(1, 0, 1.0, 1.0)
+        for k in range(1 if auto_k else k_max, k_max + 1):
+            for w in range(1 if auto_w else w_max, w_max + 1):
+                tokens = expected_tokens(alphas[:k], w)
+                cost = self.costs.cost(k, w, context_length)
+                if tokens / cost > best.expected_tokens / best.relative_cost:
+                    best = AdaptiveChoice(k, w, tokens, cost)
+        return best
+
+    def observe(self, drafts: Drafts, row_accepted: list[int]) -> None:
+        w = drafts.tokens.shape[1]
+        for rank, (strategy, accepted) in enumerate(zip(drafts.strategies, row_accepted)):
+            self.estimate(strategy, rank).observe(accepted, w)
+
+
+
+
+def judge_proposals(controller: AdaptiveController, pending: list[tuple[int, Drafts]],
+                    generated: list[int]) -> list[tuple[int, Drafts]]:
+    """Scores every proposed row, verified or not, against the tokens the request went on to emit:
+    a row would have accepted exactly its common prefix with them (greedy, and point-draft
+    sampling, which matches drafts against the sampled tokens). Returns the proposals still waiting."""
+    waiting = []
+    for position, drafts in pending:
+        w = drafts.tokens.shape[1]
+        actual = generated[position:position + w]
+        if len(actual) < w:  # judged once all w of its positions have been emitted
+            waiting.append((position, drafts))
+            continue
+        accepted = []
+        for row in drafts.tokens.tolist():
+            length = 0
+            while length < len(actual) and row[length] == actual[length]:
+                length += 1
+            accepted.append(length)
+        controller.observe(drafts, accepted)
+    return waiting

@@ -1,0 +1,63 @@
+import pytest
+import torch
+
+from drafters.base import Drafts
+from drafters.context_ngram import ContextNgramDrafter
+from pipeline.adaptive import AcceptanceEstimate, AdaptiveController, expected_tokens
+from pipeline.cost_model import CostModel
+from pipeline.decoder import SpeculativeDecoder
+
+PROMPT = [1, 5, 9, 2, 5, 9, 2, 7]
+
+
+def flat_costs(per_token: float) -> CostModel:
+    """Relative cost 1 + per_token * (k * (w+1) - 1) everywhere."""
+    ks, widths = (1, 2, 4, 8), (1, 2, 3, 5, 9)
+    table = [[1 + per_token * (k * w - 1) for w in widths] for k in ks]
+    return CostModel(ks, widths, (1, 1000), [table, table], [0.01, 0.01], "cpu")
+
+
+def test_expected_tokens_of_one_row_is_the_geometric_sum():
+    assert expected_tokens([0.5], 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+    assert expected_tokens([0.0, 0.0], 4) == 1.0
+    # A second row can only add: P(at least one row accepts j tokens) grows.
+    assert expected_tokens([0.5, 0.5], 2) > expected_tokens([0.5], 2)
+
+
+def test_estimates_learn_from_accepted_lengths():
+    estimate = AcceptanceEstimate()
+    estimate.observe(3, 4)  # 3 accepted, then a rejection
+    assert estimate.alpha == pytest.approx((1 + 3) / (2 + 4))
+    estimate.observe(4, 4)  # all accepted: no rejection seen
+    assert estimate.alpha == pytest.approx((1 + 7) / (2 + 8))
+
+
+def test_the_controller_drafts_when_it_pays_and_not_when_it_does_not():
+    drafts = Drafts(tokens=torch.tensor([[1, 2, 3, 4], [1, 2, 5, 6]]), strategies=("a", "a"))
+    cheap, dear = AdaptiveController(flat_costs(0.0)), AdaptiveController(flat_costs(0.6))
+    assert (cheap.choose(drafts, 10).k, cheap.choose(drafts, 10).w) == (2, 4)  # verifying is free: all of it
+    # Each token costs 0.6 of a call: at the prior alpha of 0.5, plain steps win...
+    assert dear.choose(drafts, 10).w == 0
+    for _ in range(20):
+        dear.observe(drafts, [4, 2])  # ...until row 0 proves to be always right
+    choice = dear.choose(drafts, 10)
+    assert choice.k == 1 and choice.w >= 1
+
+
+@pytest.mark.parametrize("per_token", [0.0, 0.15, 1.0])
+def test_adaptive_decoding_is_plain_greedy(tiny_model, per_token):
+    plain = SpeculativeDecoder(tiny_model, None, None, 1, 0).generate(PROMPT, 60).token_ids
+    decoder = SpeculativeDecoder(tiny_model, None, ContextNgramDrafter(3, 1, 0), 4, 8, costs=flat_costs(per_token))
+    result = decoder.generate(PROMPT, 60)
+    assert result.token_ids == plain
+    if per_token == 1.0:
+        assert result.stats.num_target_calls == len(plain)  # never drafted
+
+
+def test_auto_in_the_config_sets_the_maximum_and_the_flag():
+    from pipeline.config import load_config
+
+    config = load_config(overrides=["decoder.drafter=context_ngram", "decoder.k=auto", "decoder.w=auto"])
+    assert (config.decoder.k, config.decoder.w, config.decoder.auto_k, config.decoder.auto_w) == (8, 8, True, True)
+    fixed_k = load_config(overrides=["decoder.drafter=context_ngram", "decoder.k=1", "decoder.w=auto"]).decoder
+    assert (fixed_k.k, fixed_k.auto_k, fixed_k.auto_w) == (1, False, True)
