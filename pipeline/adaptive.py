@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from drafters.base import Drafts
 from pipeline.cost_model import CostModel
 
@@ -60,6 +62,14 @@ class AdaptiveController:
     """One per request: it learns that request's acceptance rates."""
     costs: CostModel
     estimates: dict[tuple[str, int], AcceptanceEstimate] = field(default_factory=dict)
+    # Interpolated costs by (k, w, context length rounded to 32): the context grows one step at a time.
+    cost_memo: dict[tuple[int, int, int], float] = field(default_factory=dict)
+
+    def cost(self, k: int, w: int, context_length: int) -> float:
+        key = (k, w, context_length // 32 * 32)
+        if key not in self.cost_memo:
+            self.cost_memo[key] = self.costs.cost(k, w, key[2])
+        return self.cost_memo[key]
 
     def estimate(self, strategy: str, rank: int) -> AcceptanceEstimate:
         return self.estimates.setdefault((strategy, rank), AcceptanceEstimate())
@@ -68,14 +78,17 @@ class AdaptiveController:
         """The best (k, w) using the first k rows and first w tokens of `drafts` ([k_max, w_max]);
         a dimension that is not auto stays at its maximum (w = 0, a plain step, is always allowed)."""
         k_max, w_max = drafts.tokens.shape
-        alphas = [self.estimate(s, r).alpha for r, s in enumerate(drafts.strategies)]
+        alphas = np.array([self.estimate(s, r).alpha for r, s in enumerate(drafts.strategies)])  # [k_max]
+        # hit[k-1, j-1] = P(some row among the first k accepts at least j tokens)
+        powers = alphas[:, None] ** np.arange(1, w_max + 1)[None, :]  # [k_max, w_max]
+        hit = 1 - np.cumprod(1 - powers, axis=0)  # [k_max, w_max]
+        tokens = 1 + np.cumsum(hit, axis=1)  # [k_max, w_max]: expected tokens per call for (k, w)
         best = AdaptiveChoice(1, 0, 1.0, 1.0)
         for k in range(1 if auto_k else k_max, k_max + 1):
             for w in range(1 if auto_w else w_max, w_max + 1):
-                tokens = expected_tokens(alphas[:k], w)
-                cost = self.costs.cost(k, w, context_length)
-                if tokens / cost > best.expected_tokens / best.relative_cost:
-                    best = AdaptiveChoice(k, w, tokens, cost)
+                cost = self.cost(k, w, context_length)
+                if tokens[k - 1, w - 1] / cost > best.expected_tokens / best.relative_cost:
+                    best = AdaptiveChoice(k, w, float(tokens[k - 1, w - 1]), cost)
         return best
 
     def observe(self, drafts: Drafts, row_accepted: list[int]) -> None:
