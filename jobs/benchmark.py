@@ -11,7 +11,15 @@ self-draft), DRAFTER:k:w[:tree] (any decoder.drafter; k and/or w may be `auto`; 
 `rest` reads --datastore, and so does `mixed+rest`: the mixed drafter with retrieved rows). Every method runs on every prompt; the order of
 methods is rotated per prompt so slow drifts of this machine's speed fall on all methods alike.
 Speed-ups are ratios within this one run. When sampling, request i samples with the same seed
-in every method.
+in every method. --dataset takes a comma-separated list; each dataset is a run of its own.
+
+    python -m jobs.benchmark --grid [--grid-drafter mixed] --dataset humaneval,gsm8k --plots DIR ...
+
+sweeps DRAFTER:k:w over k in {1, 2, 4, 8, 16} and w in {1, 2, 4, 8} next to hf_greedy,
+hf_prompt_lookup:10, plain and DRAFTER:auto:auto, and draws per dataset the paper's Figure 3
+(tokens per call) and Figure 5 (wall-time speed-up) as k x w heatmaps, and Figure 4's ablations
+(accepted-length distribution, rank of the winning row, rows and wins per strategy) for the best
+fixed (k, w), auto and the largest (k, w).
 """
 from __future__ import annotations
 
@@ -21,6 +29,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from drafters.draft_model import self_draft_model
@@ -29,12 +38,14 @@ from pipeline.config import AUTO_MAX, DecoderConfig, ModelConfig
 from pipeline.cost_model import cached_cost_model
 from pipeline.decoder import SpeculativeDecoder
 from pipeline.model_loading import cache_root, load_model
+from pipeline.plots import AcceptanceCounts, save_acceptance_plots, save_heatmap
 from pipeline.prompts import encode_prompt, load_prompts
 from pipeline.sampling import GREEDY, SamplingParams, request_seed
 from pipeline.stats import RequestStats
 
 DEFAULT_METHODS = ("hf_greedy,hf_prompt_lookup:3,plain,context_ngram:1:3,bigram:1:1,"
                    "mixed:1:3,mixed:2:3,mixed:4:4,mixed:10:10")
+GRID_K, GRID_W = (1, 2, 4, 8, 16), (1, 2, 4, 8)
 
 
 @dataclass
@@ -43,6 +54,7 @@ class MethodRun:
     outputs: list[list[int]] = field(default_factory=list)
     seconds: float = 0.0
     stats: RequestStats = field(default_factory=RequestStats)  # summed over prompts (ours only)
+    counts: AcceptanceCounts = field(default_factory=AcceptanceCounts)  # histograms summed over prompts
 
     @property
     def drafter_k_w(self) -> tuple[str, int, int]:
@@ -71,6 +83,7 @@ class MethodRun:
     def add(self, stats: RequestStats | None) -> None:
         if stats is None:
             return
+        self.counts.add(stats)
         self.stats.draft_step_seconds += stats.draft_step_seconds
         for name in ("num_target_calls", "num_verified_tokens", "num_checked_draft_tokens", "sum_acceptance_probability",
                      "num_draft_model_calls", "draft_seconds", "verify_seconds"):
@@ -84,12 +97,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--out", default="results.json")
     parser.add_argument("--model", default=ModelConfig().name)
-    parser.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated; see above")
+    parser.add_argument("--methods", default=None, help=f"comma-separated; see above (default {DEFAULT_METHODS}; "
+                                                       "with --grid: methods to run besides the grid's)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--datastore", default="", help="datastore directory for rest:k:w and mixed+rest:k:w")
+    parser.add_argument("--grid", action="store_true", help="sweep k x w for --grid-drafter and draw the heatmaps")
+    parser.add_argument("--grid-drafter", default="mixed")
+    parser.add_argument("--plots", default="", help="directory for the --grid plots (default: next to --out)")
     parser.add_argument("--pipeline", action="store_true",
                         help="instead: the same prompts through the Ray job and in-process, with the "
                              "decoder of --config, compared in tokens/s after start-up")
@@ -202,6 +219,8 @@ def summarize(runs: list[MethodRun], reference: MethodRun, plain: MethodRun | No
             f"speedup_vs_{reference.name}": round(rate(run) / rate(reference), 3),
             "speedup_vs_plain": None if plain is None else round(rate(run) / rate(plain), 3),
             "predicted_speedup_vs_plain": None,
+            **{name: getattr(run.counts, name) for name in ("accepted_length_histogram", "accepted_rank_histogram",
+                                                            "strategy_rows", "strategy_wins")},
         }
         if method == "self_draft":
             result.update(draft_model_predictions(stats, w, plain))
@@ -268,21 +287,23 @@ def pipeline_comparison(args) -> dict:
             "pipeline_overhead": round(in_process / pipeline - 1, 4)}
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
-    if args.pipeline:
-        report = {"dataset": args.dataset, "model": args.model, "pipeline": pipeline_comparison(args)}
-        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
-        print(json.dumps(report, indent=2))
-        return report
-    loaded = load_model(ModelConfig(name=args.model))
-    prompts = load_prompts(args.dataset, args.limit)
-    base = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
-    reference = "hf_greedy" if base.greedy else "hf_sample"
-    names = [n.strip() for n in args.methods.split(",") if n.strip()]
+def method_names(args) -> list[str]:
+    names = [n.strip() for n in (args.methods or ("" if args.grid else DEFAULT_METHODS)).split(",") if n.strip()]
+    if args.grid:
+        drafter = args.grid_drafter
+        grid = ["hf_prompt_lookup:10", "plain", f"{drafter}:auto:auto"]
+        grid += [f"{drafter}:{k}:{w}" for k in GRID_K for w in GRID_W]
+        names = grid + [name for name in names if name not in grid]
+    reference = "hf_greedy" if args.temperature == 0 else "hf_sample"
     if reference not in names:
         names.insert(0, reference)  # the reference for speed-up (and identity when greedy)
-    runners = build_runners(names, loaded, args)
+    return names
+
+
+def run_dataset(dataset: str, names: list[str], runners: dict, loaded, args) -> dict:
+    prompts = load_prompts(dataset, args.limit)
+    base = SamplingParams(args.temperature, args.top_k, args.top_p, args.seed)
+    reference = names[0] if names[0] in ("hf_greedy", "hf_sample") else ("hf_greedy" if base.greedy else "hf_sample")
     runs = {name: MethodRun(name) for name in names}
     for index, prompt in enumerate(prompts):
         ids = encode_prompt(loaded.tokenizer, prompt.prompt, prompt.request_id)
@@ -294,14 +315,61 @@ def main(argv=None) -> dict:
             runs[name].seconds += time.perf_counter() - started
             runs[name].outputs.append(output)
             runs[name].add(stats)
-        print(f"prompt {index + 1}/{len(prompts)} done", flush=True)
+        print(f"{dataset}: prompt {index + 1}/{len(prompts)} done", flush=True)
     results = summarize(list(runs.values()), runs[reference], runs.get("plain"), base.greedy)
-    report = {"dataset": args.dataset, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
-              "model": args.model, "datastore": datastore_summary(args.datastore), "sampling": {"temperature": args.temperature, "top_p": args.top_p,
-                                                "top_k": args.top_k, "seed": args.seed}, "runs": results}
-    Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
     print(markdown(results, reference))
-    return report
+    return {"dataset": dataset, "limit": args.limit, "max_new_tokens": args.max_new_tokens, "model": args.model,
+            "datastore": datastore_summary(args.datastore),
+            "sampling": {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed},
+            "runs": results}
+
+
+def grid_plots(report: dict, drafter: str, out: Path) -> dict:
+    """Figures 3, 5 and 4 for one dataset's grid; returns the best fixed (k, w) and auto's numbers."""
+    runs = {run["method"]: run for run in report["runs"]}
+    reference = "hf_greedy" if "hf_greedy" in runs else "hf_sample"
+    speedup = f"speedup_vs_{reference}"
+    def table(key):
+        return np.array([[runs[f"{drafter}:{k}:{w}"][key] or np.nan for w in GRID_W] for k in GRID_K])  # [K, W]
+    name = report["dataset"].replace("/", "_")
+    labels = ([str(k) for k in GRID_K], [str(w) for w in GRID_W])
+    auto, plain = runs[f"{drafter}:auto:auto"], runs["plain"]
+    save_heatmap(table("tokens_per_call"), *labels, out / f"{name}_tokens_per_call.png",
+                 f"{report['dataset']}: tokens per call, {drafter}\n(auto: {auto['tokens_per_call']:.2f})", fmt=".2f")
+    save_heatmap(table(speedup), *labels, out / f"{name}_speedup.png",
+                 f"{report['dataset']}: speed-up vs {reference}, {drafter}\n"
+                 f"(auto {auto[speedup]:.2f}, plain {plain[speedup]:.2f})", fmt=".2f")
+    best = max((runs[f"{drafter}:{k}:{w}"] for k in GRID_K for w in GRID_W), key=lambda run: run[speedup])
+    largest = runs[f"{drafter}:{GRID_K[-1]}:{GRID_W[-1]}"]
+    groups = {f"best fixed {best['k']}:{best['w']}": best, "auto": auto, f"{largest['k']}:{largest['w']}": largest}
+    save_acceptance_plots({label: AcceptanceCounts.total([run]) for label, run in groups.items()}, out, f"{name}_")
+    return {"best_fixed": best["method"], "best_fixed_speedup": best[speedup], "auto_speedup": auto[speedup],
+            "plain_speedup": plain[speedup], "hf_prompt_lookup_speedup": runs["hf_prompt_lookup:10"][speedup],
+            "auto_vs_best_fixed": round(auto[speedup] / best[speedup], 3),
+            "auto_vs_plain": round(auto[speedup] / plain[speedup], 3),
+            "auto_vs_hf_prompt_lookup": round(auto[speedup] / runs["hf_prompt_lookup:10"][speedup], 3)}
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.pipeline:
+        report = {"dataset": args.dataset, "model": args.model, "pipeline": pipeline_comparison(args)}
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        print(json.dumps(report, indent=2))
+        return report
+    loaded = load_model(ModelConfig(name=args.model))
+    names = method_names(args)
+    runners = build_runners(names, loaded, args)
+    reports = [run_dataset(dataset, names, runners, loaded, args) for dataset in args.dataset.split(",")]
+    if args.grid:
+        plots = Path(args.plots) if args.plots else Path(args.out).parent / "plots"
+        plots.mkdir(parents=True, exist_ok=True)
+        for report in reports:
+            report["grid"] = grid_plots(report, args.grid_drafter, plots)
+            print(f"{report['dataset']}: {json.dumps(report['grid'])}")
+    result = reports[0] if len(reports) == 1 else {"datasets": reports}
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    return result
 
 
 if __name__ == "__main__":

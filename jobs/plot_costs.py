@@ -16,6 +16,7 @@ import numpy as np
 from pipeline.config import ModelConfig
 from pipeline.cost_model import GRID_CONTEXT, CostModel, cached_cost_model, measure
 from pipeline.model_loading import cache_root, load_model
+from pipeline.plots import save_heatmap
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -28,27 +29,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def heatmap(costs: CostModel, index: int, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only: jobs run headless
-    import matplotlib.pyplot as plt
-
-    table = np.asarray(costs.relative[index])  # [K, W]
-    figure, axes = plt.subplots(figsize=(5, 4))
-    image = axes.imshow(table, origin="lower", cmap="viridis")
-    axes.set_xticks(range(len(costs.widths)), [str(w - 1) for w in costs.widths])
-    axes.set_yticks(range(len(costs.ks)), [str(k) for k in costs.ks])
-    axes.set_xlabel("w (draft tokens per row)")
-    axes.set_ylabel("k (draft rows)")
-    for i in range(table.shape[0]):
-        for j in range(table.shape[1]):
-            axes.text(j, i, f"{table[i, j]:.1f}", ha="center", va="center", color="white", fontsize=8)
-    length = costs.context_lengths[index]
-    axes.set_title(f"call time / single-token call, ℓ = {length}\n{costs.device}")
-    figure.colorbar(image, ax=axes)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    title = f"call time / single-token call, ℓ = {costs.context_lengths[index]}\n{costs.device}"
+    save_heatmap(np.asarray(costs.relative[index]), [str(k) for k in costs.ks],  # [K, W]
+                 [str(w - 1) for w in costs.widths], path, title)
 
 
 def main(argv=None) -> list[Path]:

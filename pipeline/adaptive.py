@@ -21,21 +21,28 @@ from drafters.base import Drafts
 from pipeline.cost_model import CostModel
 
 
+# A request's first steps lean on the α earlier requests saw, weighted as this many checked tokens.
+PRIOR_WEIGHT = 4.0
+
+
 @dataclass
 class AcceptanceEstimate:
-    # Beta-like pseudo-counts: α starts at prior_accepted / prior_checked and moves with evidence.
-    accepted: float = 1.0
-    checked: float = 2.0
-
-    @property
-    def alpha(self) -> float:
-        return self.accepted / self.checked
+    """Evidence about one row kind's per-token acceptance rate α."""
+    accepted: float = 0.0
+    checked: float = 0.0
 
     def observe(self, num_accepted: int, w: int) -> None:
         """A row that accepted num_accepted of w tokens: each accepted token and the first
         rejection (if any) was a Bernoulli trial of α."""
         self.accepted += num_accepted
         self.checked += num_accepted + (1 if num_accepted < w else 0)
+
+    def alpha(self, prior: float, prior_weight: float) -> float:
+        return (self.accepted + prior_weight * prior) / (self.checked + prior_weight)
+
+
+# Row kind: (strategy, rank among that strategy's rows in the proposal).
+RowKind = tuple[str, int]
 
 
 def expected_tokens(alphas: list[float], w: int) -> float:
@@ -55,13 +62,16 @@ class AdaptiveChoice:
     w: int
     expected_tokens: float
     relative_cost: float
+    rows: list[int] = field(default_factory=list)  # which proposed rows to verify, best first
 
 
 @dataclass
 class AdaptiveController:
-    """One per request: it learns that request's acceptance rates."""
+    """One per request: it learns that request's acceptance rates, starting from `pool`, the
+    evidence of the decoder's earlier requests (α = 1/2 for a row kind never seen)."""
     costs: CostModel
-    estimates: dict[tuple[str, int], AcceptanceEstimate] = field(default_factory=dict)
+    pool: dict[RowKind, AcceptanceEstimate] = field(default_factory=dict)
+    estimates: dict[RowKind, AcceptanceEstimate] = field(default_factory=dict)
     # Interpolated costs by (k, w, context length rounded to 32): the context grows one step at a time.
     cost_memo: dict[tuple[int, int, int], float] = field(default_factory=dict)
 
@@ -71,16 +81,35 @@ class AdaptiveController:
             self.cost_memo[key] = self.costs.cost(k, w, key[2])
         return self.cost_memo[key]
 
-    def estimate(self, strategy: str, rank: int) -> AcceptanceEstimate:
-        return self.estimates.setdefault((strategy, rank), AcceptanceEstimate())
+    def alpha(self, kind: RowKind) -> float:
+        prior = self.pool.get(kind, AcceptanceEstimate()).alpha(0.5, 2.0)
+        return self.estimates.get(kind, AcceptanceEstimate()).alpha(prior, PRIOR_WEIGHT)
+
+    def finish(self) -> None:
+        """Adds this request's evidence to the pool, for the requests that follow."""
+        for kind, estimate in self.estimates.items():
+            pooled = self.pool.setdefault(kind, AcceptanceEstimate())
+            pooled.accepted += estimate.accepted
+            pooled.checked += estimate.checked
+
+    def row_alphas(self, drafts: Drafts) -> np.ndarray:
+        """α of each row ([k_max]), keyed by its strategy and its rank among that strategy's rows."""
+        seen: dict[str, int] = {}
+        alphas = []
+        for strategy in drafts.strategies:
+            rank = seen[strategy] = seen.get(strategy, -1) + 1
+            alphas.append(self.alpha((strategy, rank)))
+        return np.array(alphas)
 
     def choose(self, drafts: Drafts, context_length: int, auto_k: bool = True, auto_w: bool = True) -> AdaptiveChoice:
-        """The best (k, w) using the first k rows and first w tokens of `drafts` ([k_max, w_max]);
-        a dimension that is not auto stays at its maximum (w = 0, a plain step, is always allowed)."""
+        """The best (k, w) over the rows of `drafts` ([k_max, w_max]) taken in order of their α, so
+        the k rows are allocated between strategies by how well each has done for this request.
+        A dimension that is not auto stays at its maximum (w = 0, a plain step, is always allowed)."""
         k_max, w_max = drafts.tokens.shape
-        alphas = np.array([self.estimate(s, r).alpha for r, s in enumerate(drafts.strategies)])  # [k_max]
-        # hit[k-1, j-1] = P(some row among the first k accepts at least j tokens)
-        powers = alphas[:, None] ** np.arange(1, w_max + 1)[None, :]  # [k_max, w_max]
+        alphas = self.row_alphas(drafts)  # [k_max]
+        order = np.argsort(-alphas, kind="stable")  # [k_max]: best row first, ties by proposal rank
+        # hit[k-1, j-1] = P(some row among the best k accepts at least j tokens)
+        powers = alphas[order][:, None] ** np.arange(1, w_max + 1)[None, :]  # [k_max, w_max]
         hit = 1 - np.cumprod(1 - powers, axis=0)  # [k_max, w_max]
         tokens = 1 + np.cumsum(hit, axis=1)  # [k_max, w_max]: expected tokens per call for (k, w)
         best = AdaptiveChoice(1, 0, 1.0, 1.0)
@@ -89,14 +118,15 @@ class AdaptiveController:
                 cost = self.cost(k, w, context_length)
                 if tokens[k - 1, w - 1] / cost > best.expected_tokens / best.relative_cost:
                     best = AdaptiveChoice(k, w, float(tokens[k - 1, w - 1]), cost)
+        best.rows = [int(i) for i in order[:best.k]] if best.w else []
         return best
 
     def observe(self, drafts: Drafts, row_accepted: list[int]) -> None:
         w = drafts.tokens.shape[1]
-        for rank, (strategy, accepted) in enumerate(zip(drafts.strategies, row_accepted)):
-            self.estimate(strategy, rank).observe(accepted, w)
-
-
+        seen: dict[str, int] = {}
+        for strategy, accepted in zip(drafts.strategies, row_accepted):
+            rank = seen[strategy] = seen.get(strategy, -1) + 1
+            self.estimates.setdefault((strategy, rank), AcceptanceEstimate()).observe(accepted, w)
 
 
 def judge_proposals(controller: AdaptiveController, pending: list[tuple[int, Drafts]],

@@ -130,6 +130,8 @@ class DecoderConfig:
             _require(bool(self.datastore), "decoder.datastore",
                      "a datastore directory with drafter 'rest' (build one with python -m jobs.build_datastore)")
         if self.drafter == "draft_model":
+            _require(not self.auto_w, "decoder.w", "a number with drafter 'draft_model' ('auto' chooses among "
+                     "drafts already proposed, which for a draft model would waste its calls)")
             _require(self.k == 1, "decoder.k", "1 with drafter 'draft_model' (it proposes one row of w tokens)")
         if self.drafter in ("bigram", "extended_bigram", "mixed"):
             _require(self.k <= self.bigram_top_k, "decoder.k",

@@ -61,31 +61,46 @@ def _bilinear(xs, ys, grid: np.ndarray, x: float, y: float) -> float:
 @torch.no_grad()
 def time_block(model, cache, k: int, width: int, repeats: int) -> float:
     """Median seconds of a forward call over a [k, width] block on top of `cache` (left as found)."""
-    context_length = cache.get_seq_length()
     block = torch.randint(0, model.config.vocab_size, (k, width), device=model.device)
-    times = []
-    for attempt in range(repeats + 1):  # the first call of a new shape pays for allocations: untimed
-        if k > 1:
-            share_context(cache, k)
-        started = time.perf_counter()
-        model(input_ids=block, past_key_values=cache, use_cache=True)
-        if model.device.type == "cuda":
-            torch.cuda.synchronize()
-        if attempt:
-            times.append(time.perf_counter() - started)
-        keep_row(cache, 0, context_length)
-    return statistics.median(times)
+    timed_call(model, cache, block)  # the first call of a new shape pays for allocations: untimed
+    return statistics.median(timed_call(model, cache, block) for _ in range(repeats))
+
+
+@torch.no_grad()
+def timed_call(model, cache, block: torch.Tensor) -> float:  # block: [k, width]
+    """Seconds of one forward call over `block` on top of `cache`, which is left as found."""
+    context_length = cache.get_seq_length()
+    if block.shape[0] > 1:
+        share_context(cache, block.shape[0])
+    started = time.perf_counter()
+    model(input_ids=block, past_key_values=cache, use_cache=True)
+    if model.device.type == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - started
+    keep_row(cache, 0, context_length)
+    return seconds
 
 
 def measure(model, ks=GRID_K, widths=GRID_WIDTH, context_lengths=GRID_CONTEXT, repeats: int = 5) -> CostModel:
+    """Times every block shape once per round, round after round, so a drift of the machine's
+    speed (other work, clocks) falls on all shapes alike instead of on the ones timed last."""
     generator = torch.Generator().manual_seed(0)
+    shapes = [(1, 1)] + [(k, width) for k in ks for width in widths]
     relative, single = [], []
     for length in context_lengths:
         context = torch.randint(0, model.config.vocab_size, (length,), generator=generator).tolist()
         cache = prefill(model, context)
-        base = time_block(model, cache, 1, 1, repeats)
+        blocks = {shape: torch.randint(0, model.config.vocab_size, shape, generator=generator).to(model.device)
+                  for shape in shapes}
+        times = {shape: [] for shape in shapes}
+        for round_index in range(repeats + 1):  # round 0 pays for allocations: untimed
+            for shape in shapes:
+                seconds = timed_call(model, cache, blocks[shape])
+                if round_index:
+                    times[shape].append(seconds)
+        base = statistics.median(times[(1, 1)])
         single.append(base)
-        relative.append([[time_block(model, cache, k, width, repeats) / base for width in widths] for k in ks])
+        relative.append([[statistics.median(times[(k, width)]) / base for width in widths] for k in ks])
     return CostModel(tuple(ks), tuple(widths), tuple(context_lengths), relative, single, str(model.device))
 
 

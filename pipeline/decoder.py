@@ -57,6 +57,7 @@ class SpeculativeDecoder:
         # With a cost model, k and w are maxima and each step verifies the (k, w) the request's own
         # acceptance history and the hardware's costs make fastest (pipeline/adaptive.py).
         self.costs = costs
+        self.acceptance_pool = {}  # what earlier requests accepted, per row kind: a new request's prior
         self.auto_k, self.auto_w = auto_k, auto_w
         # "batch": k rows of w+1 tokens; "tree": the rows merged by shared prefixes (pipeline/tree.py).
         assert verify_mode in ("batch", "tree"), f"verify_mode must be 'batch' or 'tree', got {verify_mode!r}"
@@ -155,7 +156,7 @@ class SpeculativeDecoder:
         context = DraftContext(prompt_ids, self.ngram_max_q, sampling, random)
         generated: list[int] = []
         finish_reason = "length"
-        controller = AdaptiveController(self.costs) if self.costs is not None else None
+        controller = AdaptiveController(self.costs, self.acceptance_pool) if self.costs is not None else None
         pending: list[tuple[int, Drafts]] = []  # proposals whose rows are judged once their tokens exist
         while len(generated) < budget:
             step_started = time.perf_counter()
@@ -178,6 +179,8 @@ class SpeculativeDecoder:
             if finish:
                 finish_reason = finish
                 break
+        if controller is not None:
+            controller.finish()
         text = self.decode_text(generated, stop)
         stats.num_generated_tokens = len(generated)
         stats.finish_reason = finish_reason
@@ -185,15 +188,17 @@ class SpeculativeDecoder:
         return GenerationResult(request_id, generated, text, finish_reason, stats)
 
     def adapt(self, controller: AdaptiveController, drafts: Drafts, context_length: int) -> Drafts:
-        """The first k rows' first w tokens, for the (k, w) the controller chooses (w = 0: none)."""
+        """The k rows and w tokens the controller chooses (w = 0: none, a plain step)."""
+        assert drafts.probs is None, "k/w auto is for point drafts; the config refuses it for a draft model"
         choice = controller.choose(drafts, context_length, self.auto_k, self.auto_w)
         if choice.w == 0:
             return Drafts(tokens=torch.empty(1, 0, dtype=torch.long), strategies=(NO_DRAFT,))
         rows, strategies = [], []
-        for row, strategy in zip(drafts.tokens[:choice.k, :choice.w].tolist(), drafts.strategies):
+        for index in choice.rows:
+            row = drafts.tokens[index, :choice.w].tolist()
             if row not in rows:  # rows that differ only after w would be verified twice
                 rows.append(row)
-                strategies.append(strategy)
+                strategies.append(drafts.strategies[index])
         return Drafts(tokens=torch.tensor(rows, dtype=torch.long), strategies=tuple(strategies))
 
     def cut_at_eos(self, tokens: list[int]) -> tuple[list[int], str | None]:

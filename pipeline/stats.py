@@ -22,9 +22,10 @@ class RequestStats:
     num_verified_tokens: int = 0
     # Index a: steps that accepted a draft tokens, a = 0..w.
     accepted_length_histogram: list[int] = field(default_factory=list)
-    # Index r: steps won by the row at rank r among the k.
+    # Index r: steps won by the row at rank r among the k. A step is won when it accepts at least
+    # one draft token; a step that accepts none has no winner and is counted in neither.
     accepted_rank_histogram: list[int] = field(default_factory=list)
-    # Draft rows verified, and steps won, per strategy.
+    # Draft rows verified, and steps won, per strategy ("none": plain steps without drafts).
     strategy_rows: dict[str, int] = field(default_factory=dict)
     strategy_wins: dict[str, int] = field(default_factory=dict)
     # Draft tokens checked (accepted, then the first rejected one) and the sum of their acceptance
@@ -70,11 +71,12 @@ class RequestStats:
         self.num_target_calls += 1
         self.num_verified_tokens += num_fed_tokens
         _bump_list(self.accepted_length_histogram, verdict.num_accepted)
-        _bump_list(self.accepted_rank_histogram, verdict.row)
         for strategy in drafts.strategies:
             self.strategy_rows[strategy] = self.strategy_rows.get(strategy, 0) + 1
-        winner = drafts.strategies[verdict.row]
-        self.strategy_wins[winner] = self.strategy_wins.get(winner, 0) + 1
+        if verdict.num_accepted:
+            _bump_list(self.accepted_rank_histogram, verdict.row)
+            winner = drafts.strategies[verdict.row]
+            self.strategy_wins[winner] = self.strategy_wins.get(winner, 0) + 1
         self.num_checked_draft_tokens += len(verdict.acceptance_probabilities)
         self.sum_acceptance_probability += sum(verdict.acceptance_probabilities)
         self.num_draft_model_calls += drafts.num_model_calls

@@ -62,3 +62,30 @@ def test_benchmark_samples_with_the_same_seeds_and_predicts_the_speedup(tiny_mod
     draft = runs["self_draft:1:2"]
     assert 0 <= draft["alpha"] <= 1 and draft["draft_cost_ratio"] > 0 and draft["predicted_speedup_vs_plain"] > 0
     assert all(run["generated_tokens"] == 16 for run in runs.values())
+
+
+def test_benchmark_grid_sweeps_k_and_w_and_draws_the_figures(tiny_model_dir, tmp_path, monkeypatch):
+    from pipeline.cost_model import CostModel
+
+    # A flat cost model stands in for measuring the tiny model (pipeline/test_cost_model covers measuring).
+    table = [[1.0 + 0.1 * (k * w - 1) for w in (1, 2, 3, 5, 9)] for k in (1, 2, 4, 8, 16)]
+    flat = CostModel((1, 2, 4, 8, 16), (1, 2, 3, 5, 9), (1, 1000), [table, table], [0.01, 0.01], "cpu")
+    monkeypatch.setattr(benchmark, "cached_cost_model", lambda *args: flat)
+    out = tmp_path / "grid.json"
+    report = benchmark.main(["--grid", "--grid-drafter", "context_ngram", "--dataset", "humaneval,gsm8k",
+                             "--limit", "1", "--max-new-tokens", "6", "--out", str(out), "--model", str(tiny_model_dir),
+                             "--plots", str(tmp_path / "plots")])
+    assert [r["dataset"] for r in json.loads(out.read_text())["datasets"]] == ["humaneval", "gsm8k"]
+    for dataset in report["datasets"]:
+        methods = {run["method"]: run for run in dataset["runs"]}
+        assert len([m for m in methods if m.startswith("context_ngram:") and "auto" not in m]) == 20
+        assert all(run["identical_fraction"] == 1.0 for run in methods.values())
+        grid = dataset["grid"]
+        assert grid["best_fixed"] in methods
+        assert grid["best_fixed_speedup"] == max(methods[f"context_ngram:{k}:{w}"]["speedup_vs_hf_greedy"]
+                                                 for k in (1, 2, 4, 8, 16) for w in (1, 2, 4, 8))
+    names = sorted(p.name for p in (tmp_path / "plots").iterdir())
+    for dataset in ("humaneval", "gsm8k"):
+        for figure in ("tokens_per_call", "speedup", "accepted_length", "accepted_rank", "strategy_rows",
+                       "strategy_wins"):
+            assert f"{dataset}_{figure}.png" in names

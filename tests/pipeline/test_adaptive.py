@@ -27,9 +27,22 @@ def test_expected_tokens_of_one_row_is_the_geometric_sum():
 def test_estimates_learn_from_accepted_lengths():
     estimate = AcceptanceEstimate()
     estimate.observe(3, 4)  # 3 accepted, then a rejection
-    assert estimate.alpha == pytest.approx((1 + 3) / (2 + 4))
+    assert estimate.alpha(0.5, 2) == pytest.approx((1 + 3) / (2 + 4))
     estimate.observe(4, 4)  # all accepted: no rejection seen
-    assert estimate.alpha == pytest.approx((1 + 7) / (2 + 8))
+    assert estimate.alpha(0.5, 2) == pytest.approx((1 + 7) / (2 + 8))
+
+
+def test_a_new_request_starts_from_what_earlier_requests_accepted():
+    drafts = Drafts(tokens=torch.tensor([[1, 2, 3]]), strategies=("bigram",))
+    pool = {}
+    first = AdaptiveController(flat_costs(0.1), pool)
+    assert first.alpha(("bigram", 0)) == pytest.approx(0.5)  # nothing seen yet
+    for _ in range(30):
+        first.observe(drafts, [0])
+    first.finish()
+    second = AdaptiveController(flat_costs(0.1), pool)
+    assert second.alpha(("bigram", 0)) < 0.1
+    assert second.choose(drafts, 10).w == 0  # the pool says this row kind is never right
 
 
 def test_the_controller_drafts_when_it_pays_and_not_when_it_does_not():
@@ -61,3 +74,22 @@ def test_auto_in_the_config_sets_the_maximum_and_the_flag():
     assert (config.decoder.k, config.decoder.w, config.decoder.auto_k, config.decoder.auto_w) == (8, 8, True, True)
     fixed_k = load_config(overrides=["decoder.drafter=context_ngram", "decoder.k=1", "decoder.w=auto"]).decoder
     assert (fixed_k.k, fixed_k.auto_k, fixed_k.auto_w) == (1, False, True)
+
+
+def test_rows_are_allocated_to_the_strategy_that_has_been_right():
+    # Two context rows then two bigram rows; for this request the bigram rows have been right.
+    drafts = Drafts(tokens=torch.tensor([[1, 2], [3, 4], [5, 6], [7, 8]]),
+                    strategies=("context_ngram", "context_ngram", "bigram", "bigram"))
+    controller = AdaptiveController(flat_costs(0.05))
+    for _ in range(10):
+        controller.observe(drafts, [0, 0, 2, 0])
+    choice = controller.choose(drafts, 10)
+    assert choice.rows[0] == 2  # the bigram's first row goes first, ahead of the context rows
+    assert 0 not in choice.rows[:2]
+
+
+def test_auto_w_is_refused_for_a_draft_model():
+    from pipeline.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="decoder.w"):
+        load_config(overrides=["decoder.drafter=draft_model", "decoder.k=1", "decoder.w=auto"])

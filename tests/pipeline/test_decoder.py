@@ -51,7 +51,8 @@ def test_speculative_output_is_token_identical_to_plain_greedy(tiny_model, table
         stats = result.stats
         assert stats.num_generated_tokens == len(result.token_ids)
         assert sum(stats.accepted_length_histogram) == stats.num_target_calls
-        assert sum(stats.accepted_rank_histogram) == stats.num_target_calls
+        # Every step that accepted a draft token has a winning row; the others have none.
+        assert sum(stats.accepted_rank_histogram) == stats.num_target_calls - stats.accepted_length_histogram[0]
         assert len(stats.accepted_length_histogram) == w + 1
 
 
