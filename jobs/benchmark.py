@@ -107,6 +107,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--grid", action="store_true", help="sweep k x w for --grid-drafter and draw the heatmaps")
     parser.add_argument("--grid-drafter", default="mixed")
     parser.add_argument("--plots", default="", help="directory for the --grid plots (default: next to --out)")
+    parser.add_argument("--throughput", action="store_true",
+                        help="instead: generated tokens/s of batched generation per --batch size, for hf_greedy "
+                             "(generate with left padding), plain and --spec, all with the same batch size")
+    parser.add_argument("--batch", default="1,4,8", help="--throughput batch sizes (requests per call)")
+    parser.add_argument("--spec", default="context_ngram:auto:auto", help="--throughput: our speculative method")
+    parser.add_argument("--max-batch-tokens", type=int, default=0, help="--throughput: tokens per call cap (0: none)")
     parser.add_argument("--pipeline", action="store_true",
                         help="instead: the same prompts through the Ray job and in-process, with the "
                              "decoder of --config, compared in tokens/s after start-up")
@@ -116,7 +122,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def build_runners(names: list[str], loaded, args) -> dict:
     """One callable per method: (prompt ids, SamplingParams) -> (generated ids, RequestStats or None)."""
-    model, tokenizer, n = loaded.model, loaded.tokenizer, args.max_new_tokens
+    model, n = loaded.model, args.max_new_tokens
     runners = {}
     for name in names:
         method, k, w = MethodRun(name).drafter_k_w
@@ -130,21 +136,28 @@ def build_runners(names: list[str], loaded, args) -> dict:
             assistant.generation_config.num_assistant_tokens_schedule = "constant"
             runners[name] = lambda ids, s, a=assistant: (hf_generate(model, ids, n, s, assistant_model=a), None)
         else:
-            if method == "self_draft":
-                config = DecoderConfig(drafter="draft_model", k=1, w=w, draft_layers=k, max_new_tokens=n)
-            else:
-                datastore = args.datastore if method in ("rest", "mixed+rest") else ""
-                config = DecoderConfig(drafter=method.removesuffix("+rest"), k=k, w=w, max_new_tokens=n,
-                                       datastore=datastore)
-            tables = build_tables(model, tokenizer, loaded.fingerprint, config, cache_root(ModelConfig()))
-            draft = load_draft_model(config, ModelConfig(), loaded) if method == "self_draft" else None
-            auto_k, auto_w = MethodRun(name).auto
-            costs = cached_cost_model(model, loaded.fingerprint, cache_root(ModelConfig())) if auto_k or auto_w else None
-            decoder = SpeculativeDecoder(model, tokenizer, make_drafter(config, tables, 0, draft, len(tokenizer)), config.k, w,
-                                         config.ngram_max_q, verify_mode=MethodRun(name).verify_mode, costs=costs,
-                                         auto_k=auto_k, auto_w=auto_w)
+            decoder = make_decoder(name, loaded, args)
             runners[name] = lambda ids, s, decoder=decoder: _ours(decoder, ids, n, s)
     return runners
+
+
+def make_decoder(name: str, loaded, args) -> SpeculativeDecoder:
+    """Our decoder for a method name: plain, self_draft:L:G or DRAFTER:k:w[:tree]."""
+    model, tokenizer = loaded.model, loaded.tokenizer
+    method, k, w = MethodRun(name).drafter_k_w
+    if method == "self_draft":
+        config = DecoderConfig(drafter="draft_model", k=1, w=w, draft_layers=k, max_new_tokens=args.max_new_tokens)
+    else:
+        datastore = args.datastore if method in ("rest", "mixed+rest") else ""
+        config = DecoderConfig(drafter=method.removesuffix("+rest"), k=k, w=w, max_new_tokens=args.max_new_tokens,
+                               datastore=datastore)
+    tables = build_tables(model, tokenizer, loaded.fingerprint, config, cache_root(ModelConfig()))
+    draft = load_draft_model(config, ModelConfig(), loaded) if method == "self_draft" else None
+    auto_k, auto_w = MethodRun(name).auto
+    costs = cached_cost_model(model, loaded.fingerprint, cache_root(ModelConfig())) if auto_k or auto_w else None
+    return SpeculativeDecoder(model, tokenizer, make_drafter(config, tables, 0, draft, len(tokenizer)), config.k, w,
+                              config.ngram_max_q, verify_mode=MethodRun(name).verify_mode, costs=costs,
+                              auto_k=auto_k, auto_w=auto_w)
 
 
 def _ours(decoder: SpeculativeDecoder, ids: list[int], max_new_tokens: int, sampling: SamplingParams):
@@ -350,8 +363,86 @@ def grid_plots(report: dict, drafter: str, out: Path) -> dict:
             "auto_vs_hf_prompt_lookup": round(auto[speedup] / runs["hf_prompt_lookup:10"][speedup], 3)}
 
 
+@torch.no_grad()
+def hf_generate_batch(model, batch: list[list[int]], max_new_tokens: int, pad: int, eos: set[int]) -> list[list[int]]:
+    """transformers' greedy generate over a left-padded batch; each output is cut after its EOS."""
+    width = max(map(len, batch))
+    inputs = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch])  # [B, width]
+    mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch])  # [B, width]
+    output = model.generate(inputs, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                            pad_token_id=pad)[:, width:].tolist()
+    return [row[:next((i + 1 for i, token in enumerate(row) if token in eos), len(row))] for row in output]
+
+
+def throughput_comparison(args, loaded) -> dict:
+    """Generated tokens/s per batch size for hf_greedy batched, ours plain and ours speculative,
+    each checked token-identical to single-request greedy (ours, plain, one request at a time)."""
+    from pipeline.batched_decoder import BatchedDecoder, Request
+
+    prompts = [encode_prompt(loaded.tokenizer, p.prompt, p.request_id) for p in load_prompts(args.dataset, args.limit)]
+    n = args.max_new_tokens
+    plain, spec = make_decoder("plain", loaded, args), make_decoder(args.spec, loaded, args)
+    eos = plain.eos_ids
+    pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else min(eos)
+
+    def ours(decoder, size):
+        results = BatchedDecoder(decoder, size, args.max_batch_tokens).generate_many(
+            Request(str(i), ids, n) for i, ids in enumerate(prompts))
+        ordered = sorted(results, key=lambda pair: int(pair[0].request_id))
+        return [result.token_ids for _, result in ordered], [result.stats for _, result in ordered]
+
+    def hf(size):
+        outputs = []
+        for start in range(0, len(prompts), size):
+            outputs += hf_generate_batch(loaded.model, prompts[start:start + size], n, pad, eos)
+        return outputs, []
+
+    started = time.perf_counter()
+    reference = [plain.generate(ids, n).token_ids for ids in prompts]  # single-request greedy
+    reference_seconds = time.perf_counter() - started
+    rows = [{"batch": 1, "method": "plain (one request at a time)", "seconds": round(reference_seconds, 2),
+             "tokens_per_second": round(sum(map(len, reference)) / reference_seconds, 3), "identical_fraction": 1.0}]
+    methods = {"hf_greedy": hf, "plain": lambda size: ours(plain, size), args.spec: lambda size: ours(spec, size)}
+    for index, size in enumerate(int(b) for b in args.batch.split(",")):
+        names = list(methods)
+        for name in names[index % 3:] + names[:index % 3]:  # rotated per batch size
+            started = time.perf_counter()
+            outputs, stats = methods[name](size)
+            seconds = time.perf_counter() - started
+            calls = sum(s.num_target_calls for s in stats)
+            rows.append({"batch": size, "method": name, "seconds": round(seconds, 2),
+                         "tokens_per_second": round(sum(map(len, outputs)) / seconds, 3),
+                         "identical_fraction": round(sum(a == b for a, b in zip(outputs, reference)) / len(prompts), 4),
+                         "tokens_per_call": round(sum(map(len, outputs)) / calls, 3) if calls else None,
+                         "fed_per_call": round(sum(s.num_verified_tokens for s in stats) / calls, 2) if calls else None})
+            print(json.dumps(rows[-1]), flush=True)
+    for row in rows:
+        same = {r["method"]: r["tokens_per_second"] for r in rows if r["batch"] == row["batch"]}
+        if "hf_greedy" in same:
+            row["vs_hf_greedy_same_batch"] = round(row["tokens_per_second"] / same["hf_greedy"], 3)
+        if "plain" in same:
+            row["vs_plain_same_batch"] = round(row["tokens_per_second"] / same["plain"], 3)
+    return {"prompts": len(prompts), "max_new_tokens": n, "spec": args.spec, "runs": rows}
+
+
+def throughput_markdown(report: dict) -> str:
+    lines = ["| batch | method | tokens/s | tokens/call | fed/call | identical | vs hf_greedy (same B) | vs plain (same B) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in report["runs"]:
+        lines.append(f"| {r['batch']} | {r['method']} | {r['tokens_per_second']:.2f} | {r.get('tokens_per_call') or '-'} | "
+                     f"{r.get('fed_per_call') or '-'} | {r['identical_fraction']:.2f} | "
+                     f"{r.get('vs_hf_greedy_same_batch', '-')} | {r.get('vs_plain_same_batch', '-')} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.throughput:
+        loaded = load_model(ModelConfig(name=args.model))
+        report = {"dataset": args.dataset, "model": args.model, "throughput": throughput_comparison(args, loaded)}
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        print(throughput_markdown(report["throughput"]))
+        return report
     if args.pipeline:
         report = {"dataset": args.dataset, "model": args.model, "pipeline": pipeline_comparison(args)}
         Path(args.out).write_text(json.dumps(report, indent=2) + "\n")

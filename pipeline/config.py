@@ -55,6 +55,11 @@ class DecoderConfig:
     # AUTO_MAX from the request's acceptance history and this hardware's measured call costs.
     auto_k: bool = False
     auto_w: bool = False
+    # Throughput mode: up to this many requests of an actor's batch share each forward call, each
+    # with its own drafts; a finished request's row goes to the next at once. 1: one at a time.
+    max_batch_requests: int = 1
+    # Cap on tokens fed per call in throughput mode (requests x widest draft tree + 1); 0: none.
+    max_batch_tokens: int = 0
     # Longest context suffix the n-gram drafter matches; it falls back to shorter ones down to
     # min_q. A 1-token match is right too rarely to pay for its verification on a CPU.
     ngram_max_q: int = 3
@@ -129,7 +134,12 @@ class DecoderConfig:
         if self.drafter == "rest":
             _require(bool(self.datastore), "decoder.datastore",
                      "a datastore directory with drafter 'rest' (build one with python -m jobs.build_datastore)")
+        _require(self.max_batch_requests >= 1, "decoder.max_batch_requests", "an integer >= 1")
+        _require(self.max_batch_tokens == 0 or self.max_batch_tokens >= self.max_batch_requests,
+                 "decoder.max_batch_tokens", f"0 (no cap) or at least decoder.max_batch_requests ({self.max_batch_requests})")
         if self.drafter == "draft_model":
+            _require(self.max_batch_requests == 1, "decoder.max_batch_requests",
+                     "1 with drafter 'draft_model' (its draft cache follows one request)")
             _require(not self.auto_w, "decoder.w", "a number with drafter 'draft_model' ('auto' chooses among "
                      "drafts already proposed, which for a draft model would waste its calls)")
             _require(self.k == 1, "decoder.k", "1 with drafter 'draft_model' (it proposes one row of w tokens)")
@@ -201,6 +211,12 @@ class Config:
     input: InputConfig = field(default_factory=InputConfig)
     job: JobConfig = field(default_factory=JobConfig)
     ray: RayConfig = field(default_factory=RayConfig)
+
+    def __post_init__(self):
+        # An actor sees ray.batch_size rows per call; fewer than max_batch_requests leaves rows idle.
+        _require(self.ray.batch_size >= self.decoder.max_batch_requests, "ray.batch_size",
+                 f"at least decoder.max_batch_requests ({self.decoder.max_batch_requests}), so every "
+                 "request row of the decoder has a prompt to take (a multiple of it keeps rows refilled)")
 
 
 def _require(ok: bool, name: str, allowed: str) -> None:

@@ -4,7 +4,7 @@ The *relative cost* of a block [k, w+1] at context length ℓ is the time of one
 over it divided by the time of a single-token call at the same ℓ. On a memory-bound GPU it stays
 near 1 for large blocks; on a CPU it grows with every token. It is measured once per model and
 device on a small grid and cached as JSON; between grid points it is interpolated linearly in k,
-in w+1 and in ℓ (and held constant beyond the grid's edges).
+in w+1 and in ℓ; beyond the largest k and w+1 it is extrapolated along the last segment.
 """
 from __future__ import annotations
 
@@ -53,9 +53,18 @@ class CostModel:
 
 
 def _bilinear(xs, ys, grid: np.ndarray, x: float, y: float) -> float:
-    # grid: [len(xs), len(ys)]; linear in each axis, clamped at the edges
-    along_y = np.array([np.interp(y, ys, grid[i]) for i in range(len(xs))])
-    return float(np.interp(x, xs, along_y))
+    # grid: [len(xs), len(ys)]; linear in each axis, held at the lower edges, extended beyond the upper
+    along_y = np.array([_interp(y, ys, grid[i]) for i in range(len(xs))])
+    return _interp(x, xs, along_y)
+
+
+def _interp(x: float, xs, ys) -> float:
+    """Linear interpolation; beyond the last point it continues the last segment's slope (never
+    downwards): a bigger block than any measured costs more, not the same as the biggest."""
+    if x <= xs[-1] or len(xs) < 2:
+        return float(np.interp(x, xs, ys))
+    slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]))
+    return float(ys[-1] + slope * (x - xs[-1]))
 
 
 @torch.no_grad()

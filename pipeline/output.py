@@ -31,6 +31,8 @@ SCHEMA = pa.schema([
     ("drafter", pa.string()),
     ("k", pa.int64()),
     ("w", pa.int64()),
+    ("auto_k", pa.bool_()),  # k: auto (then k is the largest k a step may choose)
+    ("auto_w", pa.bool_()),  # w: auto (then w is the largest w a step may choose)
     ("verify", pa.string()),  # "batch" or "tree"
     ("lenience", pa.float64()),  # 1 is exact; < 1 is the lossy option
     ("temperature", pa.float64()),

@@ -15,7 +15,8 @@ import torch
 from drafters.registry import DrafterTables, build_tables, load_draft_model, make_drafter
 from pipeline.config import Config
 from pipeline.cost_model import cached_cost_model
-from pipeline.decoder import PromptError, SpeculativeDecoder
+from pipeline.batched_decoder import BatchedDecoder, Failed, Request
+from pipeline.decoder import GenerationResult, PromptError, SpeculativeDecoder
 from pipeline.model_loading import LoadedModel, cache_root, load_model
 from pipeline.output import SCHEMA
 from pipeline.prompts import encode_prompt
@@ -66,8 +67,15 @@ class GenerationStage:
                                           decoder_config.k, decoder_config.w, decoder_config.ngram_max_q,
                                           decoder_config.lenience, decoder_config.verify, costs,
                                           decoder_config.auto_k, decoder_config.auto_w)
+        # Throughput mode (decoder.max_batch_requests > 1): the batch's rows share forward calls.
+        self.batched = None
+        if decoder_config.max_batch_requests > 1:
+            self.batched = BatchedDecoder(self.decoder, decoder_config.max_batch_requests,
+                                          decoder_config.max_batch_tokens)
         self.settings = {"model": config.model.name, "drafter": decoder_config.drafter,
-                         "k": self.decoder.k, "w": self.decoder.w, "lenience": decoder_config.lenience, "verify": decoder_config.verify}
+                         "k": self.decoder.k, "w": self.decoder.w, "auto_k": decoder_config.auto_k,
+                         "auto_w": decoder_config.auto_w, "lenience": decoder_config.lenience,
+                         "verify": decoder_config.verify}
         source = config.input
         self.prompt_column = source.prompt_column or source.messages_column
         self.input_columns = (source.id_column, self.prompt_column)
@@ -99,28 +107,58 @@ class GenerationStage:
             top_p=self.row_value(row, "top_p", request_id, float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
             seed=seed)
 
-    def generate_row(self, row: dict) -> dict:
+    def request(self, row: dict) -> Request:
+        """The row as a request; a PromptError names what is wrong with it."""
         raw_id = row.get(self.input_columns[0])
-        request_id = None if raw_id is None else str(raw_id)
-        try:
-            if request_id is None:
-                raise PromptError(f"a row has no {self.input_columns[0]!r}")
-            prompt = row.get(self.prompt_column)
-            if prompt is None:
-                raise PromptError(f"request {request_id!r}: no prompt in column {self.prompt_column!r}")
-            sampling = self.sampling(row, request_id)
-            max_new_tokens = self.max_new_tokens(row, request_id)
-            prompt_ids = encode_prompt(self.tokenizer, prompt, request_id)
-            result = self.decoder.generate(prompt_ids, max_new_tokens, self.config.decoder.stop, request_id,
-                                           sampling)
-        except PromptError as error:
-            return self.error_row(request_id, str(error))
-        output = {"id": request_id, "text": result.text, "token_ids": result.token_ids, "error": None,
+        if raw_id is None:
+            raise PromptError(f"a row has no {self.input_columns[0]!r}")
+        request_id = str(raw_id)
+        prompt = row.get(self.prompt_column)
+        if prompt is None:
+            raise PromptError(f"request {request_id!r}: no prompt in column {self.prompt_column!r}")
+        sampling = self.sampling(row, request_id)
+        max_new_tokens = self.max_new_tokens(row, request_id)
+        prompt_ids = encode_prompt(self.tokenizer, prompt, request_id)
+        return Request(request_id, prompt_ids, max_new_tokens, self.config.decoder.stop, sampling)
+
+    def output_row(self, request: Request, result: GenerationResult) -> dict:
+        sampling = request.sampling
+        output = {"id": request.request_id, "text": result.text, "token_ids": result.token_ids, "error": None,
                   "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
                   "seed": sampling.seed}
         output.update(result.stats.as_row())
         output.update(self.settings)
         return output
+
+    def generate_rows(self, rows: list[dict]) -> list[dict]:
+        """One output row per input row, in order; a bad row gets an error row, the rest go on."""
+        outputs: list[dict | None] = [None] * len(rows)
+        requests: dict[int, Request] = {}
+        for index, row in enumerate(rows):
+            try:
+                requests[index] = self.request(row)
+            except PromptError as error:
+                raw_id = row.get(self.input_columns[0])
+                outputs[index] = self.error_row(None if raw_id is None else str(raw_id), str(error))
+        if self.batched is None:
+            for index, request in requests.items():
+                try:
+                    result = self.decoder.generate(request.prompt_ids, request.max_new_tokens, request.stop,
+                                                   request.request_id, request.sampling)
+                except PromptError as error:
+                    outputs[index] = self.error_row(request.request_id, str(error))
+                    continue
+                outputs[index] = self.output_row(request, result)
+            return outputs
+        # Throughput mode: results come back as requests finish; ids may repeat, so match the objects.
+        index_of = {id(request): index for index, request in requests.items()}
+        for request, result in self.batched.generate_many(requests.values()):
+            index = index_of[id(request)]
+            if isinstance(result, Failed):
+                outputs[index] = self.error_row(request.request_id, result.message)
+            else:
+                outputs[index] = self.output_row(request, result)
+        return outputs
 
     def error_row(self, request_id: str | None, message: str) -> dict:
         row = {name: None for name in SCHEMA.names}
@@ -136,7 +174,7 @@ class GenerationStage:
         size = len(batch[self.input_columns[0]])
         rows = [{name: python_value(batch[name][i]) for name in present} for i in range(size)]
         with torch.no_grad():
-            return pa.Table.from_pylist([self.generate_row(row) for row in rows], schema=SCHEMA)
+            return pa.Table.from_pylist(self.generate_rows(rows), schema=SCHEMA)
 
 
 assert set(RequestStats().as_row()) <= set(SCHEMA.names), \

@@ -50,19 +50,26 @@ def build_tree(drafts: torch.Tensor) -> DraftTree:
     return DraftTree(tokens, parents, depths, row_nodes)
 
 
+def tree_visibility(tree: DraftTree) -> torch.Tensor:
+    """[n+1, n+1] bool: which of [root, nodes] each of them sees (the root, itself, its ancestors)."""
+    n = len(tree.tokens)
+    visible = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+    visible[:, 0] = True
+    for node in range(n):
+        row = node + 1
+        visible[row, row] = True
+        parent = tree.parents[node]
+        if parent >= 0:
+            visible[row] |= visible[parent + 1]
+    return visible
+
+
 def tree_inputs(tree: DraftTree, last_token: int, context_length: int, dtype: torch.dtype):
     """input_ids [1, n+1], position_ids [1, n+1] and an additive mask [1, 1, n+1, context+n+1]."""
     n = len(tree.tokens)
     input_ids = torch.tensor([[last_token] + tree.tokens])
     position_ids = context_length + torch.tensor([[0] + tree.depths])
-    visible = torch.zeros(n + 1, context_length + n + 1, dtype=torch.bool)
-    visible[:, :context_length + 1] = True  # the context and the root
-    for node in range(n):
-        row = node + 1
-        visible[row, context_length + row] = True
-        parent = tree.parents[node]
-        if parent >= 0:
-            visible[row] |= visible[parent + 1]
+    visible = torch.cat([torch.ones(n + 1, context_length, dtype=torch.bool), tree_visibility(tree)], dim=1)
     mask = torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
     return input_ids, position_ids, mask[None, None]
 

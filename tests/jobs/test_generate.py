@@ -89,3 +89,15 @@ def test_benchmark_grid_sweeps_k_and_w_and_draws_the_figures(tiny_model_dir, tmp
         for figure in ("tokens_per_call", "speedup", "accepted_length", "accepted_rank", "strategy_rows",
                        "strategy_wins"):
             assert f"{dataset}_{figure}.png" in names
+
+
+def test_benchmark_throughput_compares_batched_methods_at_each_batch_size(tiny_model_dir, tmp_path):
+    out = tmp_path / "throughput.json"
+    report = benchmark.main(["--throughput", "--batch", "1,3", "--spec", "context_ngram:2:3", "--dataset", "humaneval",
+                             "--limit", "4", "--max-new-tokens", "8", "--out", str(out), "--model", str(tiny_model_dir)])
+    runs = report["throughput"]["runs"]
+    assert [(r["batch"], r["method"]) for r in runs[1:4]] == [(1, "hf_greedy"), (1, "plain"), (1, "context_ngram:2:3")]
+    assert {r["method"] for r in runs if r["batch"] == 3} == {"hf_greedy", "plain", "context_ngram:2:3"}
+    # Ours is identical to single-request greedy at every batch size (hf_greedy batched may not be).
+    assert all(r["identical_fraction"] == 1.0 for r in runs if r["method"] != "hf_greedy")
+    assert json.loads(out.read_text())["throughput"]["runs"] == runs

@@ -61,3 +61,15 @@ def test_lenience_is_an_explicit_option_of_the_draft_model_only():
         load_config(overrides=["decoder.drafter=context_ngram", "decoder.lenience=0.5"])
     with pytest.raises(ConfigError, match="decoder.k: must be 1 with drafter 'draft_model'"):
         load_config(overrides=["decoder.drafter=draft_model", "decoder.k=2"])
+
+
+def test_throughput_mode_settings_are_checked():
+    from pipeline.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="ray.batch_size: must be at least decoder.max_batch_requests"):
+        load_config(overrides=["decoder.max_batch_requests=8", "ray.batch_size=2"])
+    with pytest.raises(ConfigError, match="decoder.max_batch_requests"):
+        load_config(overrides=["decoder.drafter=draft_model", "decoder.k=1", "decoder.max_batch_requests=2",
+                               "ray.batch_size=4"])
+    config = load_config(overrides=["decoder.max_batch_requests=8", "ray.batch_size=32"])
+    assert config.decoder.max_batch_requests == 8

@@ -18,7 +18,10 @@ def test_cost_is_the_grid_value_on_the_grid_and_linear_between():
     assert costs.cost(4, 4, 10) == pytest.approx(1 + 0.1 * 19)  # k = 4, w + 1 = 5
     assert costs.cost(3, 2, 10) == pytest.approx((costs.cost(2, 2, 10) + costs.cost(4, 2, 10)) / 2)
     assert costs.cost(2, 2, 55) == pytest.approx((costs.cost(2, 2, 10) + costs.cost(2, 2, 100)) / 2)
-    assert costs.cost(16, 8, 1000) == costs.cost(4, 4, 100)  # held constant beyond the grid
+    assert costs.cost(4, 4, 1000) == costs.cost(4, 4, 100)  # held constant beyond the longest context
+    # Beyond the largest block: the last segment's slope continues (cost 1 + slope * (k * width - 1)
+    # is linear in width, so the extrapolation is exact here).
+    assert costs.cost(4, 8, 100) == pytest.approx(1 + 0.2 * (4 * 9 - 1))
 
 
 def test_save_load_round_trip(tmp_path):

@@ -60,3 +60,19 @@ def test_a_self_draft_stage_reports_alpha_and_draft_cost(tiny_model_dir, tmp_pat
     assert out["error"] == [None, None] and out["drafter"] == ["draft_model"] * 2
     assert all(0 <= alpha <= 1 for alpha in out["alpha"]) and all(c > 0 for c in out["draft_cost_ratio"])
     assert all(calls > 0 for calls in out["num_draft_model_calls"])
+
+
+def test_throughput_mode_returns_every_row_in_order_with_the_same_tokens(tiny_model_dir, tmp_path):
+    batch = {"id": ["a", "bad", "b", "a", "c"],
+             "prompt": ["def add(a, b):", "   ", "Hello there", "x = 1", "print('hi')"],
+             "max_new_tokens": [12, None, 5, 9, 14]}
+    outputs = []
+    for requests in (1, 3):
+        config = load_config(overrides=[f"model.name={tiny_model_dir}", "decoder.drafter=context_ngram",
+                                        "decoder.max_new_tokens=12", f"decoder.max_batch_requests={requests}",
+                                        f"ray.batch_size={max(requests, 2)}", f"model.cache_dir={tmp_path}"])
+        outputs.append(GenerationStage(config)(batch).to_pydict())
+    one, many = outputs
+    assert many["id"] == batch["id"]  # order kept, a repeated id included
+    assert "request 'bad': the prompt is empty" in many["error"][1]
+    assert many["token_ids"] == one["token_ids"] and [len(t or []) for t in many["token_ids"]] == [12, 0, 5, 9, 14]

@@ -1,0 +1,58 @@
+import json
+
+import pytest
+
+import pipeline.stage as stage_module
+from jobs import report
+from pipeline.config import load_config
+from pipeline.cost_model import CostModel
+from pipeline.ray_job import write_part
+from pipeline.stage import GenerationStage
+
+
+def flat_costs(*args) -> CostModel:
+    table = [[1.0 + 0.1 * (k * w - 1) for w in (1, 2, 3, 5, 9)] for k in (1, 2, 4, 8, 16)]
+    return CostModel((1, 2, 4, 8, 16), (1, 2, 3, 5, 9), (1, 1000), [table, table], [0.01, 0.01], "cpu")
+
+
+@pytest.fixture(scope="module")
+def auto_run(tiny_model_dir, tmp_path_factory):
+    """A run directory written by a `k: auto, w: auto` stage: two good rows and one that errored."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(stage_module, "cached_cost_model", flat_costs)
+        config = load_config(overrides=[f"model.name={tiny_model_dir}", "decoder.drafter=context_ngram",
+                                        "decoder.k=auto", "decoder.w=auto", "decoder.max_new_tokens=24",
+                                        f"model.cache_dir={tmp_path_factory.mktemp('cache')}"])
+        table = GenerationStage(config)({"id": ["a", "b", "bad"],
+                                         "prompt": ["def add(a, b):\n    return a + b\n" * 3, "x = 1\n" * 8, " "]})
+    output = tmp_path_factory.mktemp("out")
+    (output / "run=r1").mkdir()
+    write_part(table, output / "run=r1")
+    return output, table.to_pydict()
+
+
+def test_an_auto_stage_records_its_settings(auto_run):
+    _, rows = auto_run
+    assert rows["auto_k"][0] and rows["auto_w"][0] and rows["k"][0] == 8 and rows["w"][0] == 8
+    assert rows["error"][:2] == [None, None] and rows["num_generated_tokens"][:2] == [24, 24]
+
+
+def test_report_draws_the_acceptance_plots_from_the_parquet(auto_run, tmp_path):
+    output, rows = auto_run
+    result = report.main([str(output), "--out", str(tmp_path)])  # the output dir holds a single run
+    assert (result["rows"], result["errored_rows"]) == (3, 1)
+    totals = result["settings"]["context_ngram k=auto w=auto"]
+    assert totals["requests"] == 2 and totals["generated_tokens"] == 48
+    assert totals["tokens_per_call"] == pytest.approx(48 / sum(rows["num_target_calls"][:2]), abs=1e-4)
+    for name in ("accepted_length", "accepted_rank", "strategy_rows", "strategy_wins", "tokens_per_call"):
+        assert (tmp_path / f"{name}.png").stat().st_size > 1000
+    assert json.loads((tmp_path / "report.json").read_text())["plots"] == result["plots"]
+
+
+def test_report_asks_which_run_when_there_are_several(auto_run, tmp_path):
+    output, _ = auto_run
+    (output / "run=r2").mkdir(exist_ok=True)
+    with pytest.raises(report.ReportError, match=r"2 runs \(run=r1, run=r2\)"):
+        report.main([str(output)])
+    with pytest.raises(report.ReportError, match="no such directory"):
+        report.main([str(tmp_path / "missing")])
