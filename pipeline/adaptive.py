@@ -4,9 +4,12 @@ expected tokens per second ∝ expected tokens per call / relative call cost (pi
 
 Expected tokens per call comes from the request's own acceptance history. Row r of a step is
 modelled as accepting each next draft token with probability α_(s, r) (s its strategy, r its
-rank), independently; then P(the step accepts at least j tokens) = 1 − Π_r (1 − α_(s,r)^j) and
+rank among that strategy's rows); then
 
-    E[tokens per call](k, w) = 1 + Σ_{j=1..w} (1 − Π_{r<k} (1 − α_(s,r)^j)).
+    E[tokens per call](k, w) = 1 + Σ_{j=1..w} P(some row accepts at least j tokens),
+
+where rows with different j-token prefixes are disjoint events (their probabilities α_(s,r)^j
+add, up to 1) and rows sharing a prefix are one.
 
 w = 0 (a plain step, cost 1, one token) is always a candidate, so a request whose drafts keep
 failing falls back to plain decoding instead of paying for verification.
@@ -43,17 +46,6 @@ class AcceptanceEstimate:
 
 # Row kind: (strategy, rank among that strategy's rows in the proposal).
 RowKind = tuple[str, int]
-
-
-def expected_tokens(alphas: list[float], w: int) -> float:
-    """Expected tokens per call for rows with these per-token acceptance rates and w draft tokens."""
-    total = 1.0
-    for j in range(1, w + 1):
-        miss = 1.0
-        for alpha in alphas:
-            miss *= 1 - alpha ** j
-        total += 1 - miss
-    return total
 
 
 @dataclass
@@ -101,17 +93,38 @@ class AdaptiveController:
             alphas.append(self.alpha((strategy, rank)))
         return np.array(alphas)
 
+    def expected_tokens(self, drafts: Drafts) -> tuple[np.ndarray, np.ndarray]:
+        """(order [k_max]: the rows by α, best first; tokens [k_max, w_max]: the expected tokens
+        per call of verifying the first k rows of that order cut to w tokens)."""
+        k_max, w_max = drafts.tokens.shape
+        alphas = self.row_alphas(drafts)  # [k_max]
+        order = np.argsort(-alphas, kind="stable")  # ties keep the proposal's rank
+        rows = drafts.tokens.numpy()[order]  # [k_max, w_max]
+        powers = alphas[order][:, None] ** np.arange(1, w_max + 1)[None, :]  # [k_max, w_max]: P(row accepts >= j)
+        # hit[k-1, j-1] = P(one of the first k rows accepts >= j tokens). Rows with different j-token
+        # prefixes are disjoint events (the target's next j tokens match at most one), so their
+        # probabilities add; rows sharing a prefix are one event. (Independent rows, 1 - Π(1 - p),
+        # would undervalue alternatives such as the bigram's top-k.)
+        hit = np.empty((k_max, w_max))
+        for j in range(1, w_max + 1):
+            best: dict[bytes, float] = {}
+            total = 0.0
+            for r in range(k_max):
+                prefix = rows[r, :j].tobytes()
+                gain = powers[r, j - 1] - best.get(prefix, 0.0)
+                if gain > 0:
+                    best[prefix] = powers[r, j - 1]
+                    total += gain
+                hit[r, j - 1] = min(1.0, total)
+        hit = np.minimum.accumulate(hit, axis=1)  # accepting j tokens needs accepting j - 1
+        return order, 1 + np.cumsum(hit, axis=1)
+
     def choose(self, drafts: Drafts, context_length: int, auto_k: bool = True, auto_w: bool = True) -> AdaptiveChoice:
         """The best (k, w) over the rows of `drafts` ([k_max, w_max]) taken in order of their α, so
         the k rows are allocated between strategies by how well each has done for this request.
         A dimension that is not auto stays at its maximum (w = 0, a plain step, is always allowed)."""
         k_max, w_max = drafts.tokens.shape
-        alphas = self.row_alphas(drafts)  # [k_max]
-        order = np.argsort(-alphas, kind="stable")  # [k_max]: best row first, ties by proposal rank
-        # hit[k-1, j-1] = P(some row among the best k accepts at least j tokens)
-        powers = alphas[order][:, None] ** np.arange(1, w_max + 1)[None, :]  # [k_max, w_max]
-        hit = 1 - np.cumprod(1 - powers, axis=0)  # [k_max, w_max]
-        tokens = 1 + np.cumsum(hit, axis=1)  # [k_max, w_max]: expected tokens per call for (k, w)
+        order, tokens = self.expected_tokens(drafts)  # [k_max], [k_max, w_max]
         best = AdaptiveChoice(1, 0, 1.0, 1.0)
         for k in range(1 if auto_k else k_max, k_max + 1):
             for w in range(1 if auto_w else w_max, w_max + 1):

@@ -212,10 +212,8 @@ class BatchedDecoder:
                 tables.append(None)
                 orders.append(None)
                 continue
-            alphas = slot.controller.row_alphas(drafts)  # [k_b]
-            order = np.argsort(-alphas, kind="stable")
-            powers = alphas[order][:, None] ** np.arange(1, drafts.tokens.shape[1] + 1)[None, :]  # [k_b, w_b]
-            tables.append(1 + np.cumsum(1 - np.cumprod(1 - powers, axis=0), axis=1))  # E[tokens](k, w)
+            order, table = slot.controller.expected_tokens(drafts)  # [k_b], [k_b, w_b]
+            tables.append(table)
             orders.append(order)
         context = int(np.mean([len(slot.context) for slot in slots]))
         controller = slots[0].controller

@@ -3,7 +3,7 @@ import torch
 
 from drafters.base import Drafts
 from drafters.context_ngram import ContextNgramDrafter
-from pipeline.adaptive import AcceptanceEstimate, AdaptiveController, expected_tokens
+from pipeline.adaptive import AcceptanceEstimate, AdaptiveController
 from pipeline.cost_model import CostModel
 from pipeline.decoder import SpeculativeDecoder
 
@@ -17,11 +17,16 @@ def flat_costs(per_token: float) -> CostModel:
     return CostModel(ks, widths, (1, 1000), [table, table], [0.01, 0.01], "cpu")
 
 
-def test_expected_tokens_of_one_row_is_the_geometric_sum():
-    assert expected_tokens([0.5], 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
-    assert expected_tokens([0.0, 0.0], 4) == 1.0
-    # A second row can only add: P(at least one row accepts j tokens) grows.
-    assert expected_tokens([0.5, 0.5], 2) > expected_tokens([0.5], 2)
+def test_expected_tokens_add_disjoint_rows_and_merge_shared_prefixes():
+    controller = AdaptiveController(flat_costs(0.0))  # no evidence yet: every row kind has α = 1/2
+    one = Drafts(tokens=torch.tensor([[1, 2, 3]]), strategies=("a",))
+    assert controller.expected_tokens(one)[1][0].tolist() == pytest.approx([1.5, 1.75, 1.875])  # geometric
+    # Different first tokens: at most one row can be right, so their chances add.
+    two = Drafts(tokens=torch.tensor([[1, 2, 3], [4, 5, 6]]), strategies=("a", "a"))
+    assert controller.expected_tokens(two)[1][1].tolist() == pytest.approx([2.0, 2.5, 2.75])
+    # The same first token: one event at depth 1 (P = 1/2), alternatives after it (P = 1/4 + 1/4).
+    shared = Drafts(tokens=torch.tensor([[1, 2, 3], [1, 5, 6]]), strategies=("a", "a"))
+    assert controller.expected_tokens(shared)[1][1].tolist() == pytest.approx([1.5, 2.0, 2.25])
 
 
 def test_estimates_learn_from_accepted_lengths():
