@@ -97,7 +97,7 @@ def save_acceptance_plots(groups: dict[str, AcceptanceCounts], out: Path, prefix
     for name, xlabel, ylabel, select in panels:
         series = {label: select(counts) for label, counts in groups.items()}
         keys = sorted({key for values in series.values() for key in values}, key=lambda key: (str(type(key)), key))
-        figure, axes = plt.subplots(figsize=(max(5, 0.5 * len(keys) * max(1, len(series)) ** 0.5), 3.5))
+        figure, axes = plt.subplots(figsize=(min(9, max(5, 0.4 * len(keys) * max(1, len(series)) ** 0.5)), 3.5))
         width = 0.8 / max(len(series), 1)
         for index, (label, values) in enumerate(series.items()):
             total = sum(values.values()) or 1

@@ -7,7 +7,7 @@ from pipeline.decoder import SpeculativeDecoder
 from pipeline.ragged_cache import RaggedCache
 from pipeline.sampling import SamplingParams
 from tests.pipeline.test_adaptive import flat_costs
-from tests.pipeline.test_decoder import decoder_for, tables  # noqa: F401 (fixture)
+from tests.pipeline.test_decoder import decoder_for
 
 # Different lengths and budgets, so requests finish at different steps and rows are refilled.
 REQUESTS = [([1, 5, 9, 2, 5, 9, 2, 7], 40), ([1, 40, 41, 42, 43, 40, 41], 25), ([1, 3], 12), ([1], 30),

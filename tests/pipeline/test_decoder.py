@@ -11,13 +11,6 @@ from tests.conftest import TINY_EOS
 PROMPTS = [[1, 5, 9, 2, 5, 9, 2, 7], [1, 40, 41, 42, 43, 40, 41], [1, 3], [1]]
 
 
-@pytest.fixture(scope="module")
-def tables(tiny_model):
-    bigram = model_tables.compute_bigram_table(tiny_model, [1], top_k=8, batch_size=64)
-    unigram = model_tables.unigram_scores(tiny_model).topk(8).indices.numpy()
-    return DrafterTables(unigram=unigram, bigram=bigram)
-
-
 def decoder_for(model, tables, drafter, k, w, tokenizer=None, min_q=2):
     config = DecoderConfig(drafter=drafter, k=k, w=w, bigram_top_k=8, ngram_max_q=3, ngram_min_q=min_q)
     if tables.bigram is not None:
