@@ -111,7 +111,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="instead: generated tokens/s of batched generation per --batch size, for hf_greedy "
                              "(generate with left padding), plain and --spec, all with the same batch size")
     parser.add_argument("--batch", default="1,4,8", help="--throughput batch sizes (requests per call)")
-    parser.add_argument("--spec", default="context_ngram:auto:auto", help="--throughput: our speculative method")
+    parser.add_argument("--spec", default="context_ngram:auto:auto", help="--throughput: our speculative method(s), comma-separated")
     parser.add_argument("--max-batch-tokens", type=int, default=0, help="--throughput: tokens per call cap (0: none)")
     parser.add_argument("--pipeline", action="store_true",
                         help="instead: the same prompts through the Ray job and in-process, with the "
@@ -381,7 +381,8 @@ def throughput_comparison(args, loaded) -> dict:
 
     prompts = [encode_prompt(loaded.tokenizer, p.prompt, p.request_id) for p in load_prompts(args.dataset, args.limit)]
     n = args.max_new_tokens
-    plain, spec = make_decoder("plain", loaded, args), make_decoder(args.spec, loaded, args)
+    plain = make_decoder("plain", loaded, args)
+    specs = {name: make_decoder(name, loaded, args) for name in args.spec.split(",")}
     eos = plain.eos_ids
     pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else min(eos)
 
@@ -402,10 +403,12 @@ def throughput_comparison(args, loaded) -> dict:
     reference_seconds = time.perf_counter() - started
     rows = [{"batch": 1, "method": "plain (one request at a time)", "seconds": round(reference_seconds, 2),
              "tokens_per_second": round(sum(map(len, reference)) / reference_seconds, 3), "identical_fraction": 1.0}]
-    methods = {"hf_greedy": hf, "plain": lambda size: ours(plain, size), args.spec: lambda size: ours(spec, size)}
+    methods = {"hf_greedy": hf, "plain": lambda size: ours(plain, size)}
+    methods.update({name: lambda size, decoder=decoder: ours(decoder, size) for name, decoder in specs.items()})
     for index, size in enumerate(int(b) for b in args.batch.split(",")):
         names = list(methods)
-        for name in names[index % 3:] + names[:index % 3]:  # rotated per batch size
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:  # rotated per batch size
             started = time.perf_counter()
             outputs, stats = methods[name](size)
             seconds = time.perf_counter() - started

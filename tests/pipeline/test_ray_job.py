@@ -152,7 +152,8 @@ def test_a_killed_job_resumes_and_writes_every_id_exactly_once(tiny_model_dir, t
     command = [sys.executable, "-m", "jobs.generate", "--config", "configs/default.yaml", "--input", str(path),
                "--output", str(tmp_path / "out"), "--run-id", "nightly",
                "--set", f"model.name={tiny_model_dir}", "--set", f"model.cache_dir={tmp_path / 'cache'}",
-               "--set", "ray.batch_size=1", "--set", "decoder.max_new_tokens=120", "--set", "input.limit=0"]
+               "--set", "ray.batch_size=1", "--set", "decoder.max_batch_requests=1",
+               "--set", "decoder.max_new_tokens=120", "--set", "input.limit=0"]
     env = {**os.environ, "RAY_ADDRESS": ""}
     driver = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     run_dir = tmp_path / "out" / "run=nightly"
