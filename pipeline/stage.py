@@ -13,9 +13,9 @@ import pyarrow as pa
 import torch
 
 from drafters.registry import DrafterTables, build_tables, load_draft_model, make_drafter
+from pipeline.batched_decoder import BatchedDecoder, Failed, Request
 from pipeline.config import Config
 from pipeline.cost_model import cached_cost_model
-from pipeline.batched_decoder import BatchedDecoder, Failed, Request
 from pipeline.decoder import GenerationResult, PromptError, SpeculativeDecoder
 from pipeline.model_loading import LoadedModel, cache_root, load_model
 from pipeline.output import SCHEMA

@@ -122,7 +122,8 @@ def test_missing_column_fails_at_start_naming_it(local_ray, tiny_model_dir, tmp_
 
 def test_too_many_errored_rows_fail_the_job(local_ray, tiny_model_dir, tmp_path):
     path = write_jsonl(tmp_path / "in.jsonl", [{"id": str(i), "prompt": ""} for i in range(4)])
-    config = job_config(tiny_model_dir, tmp_path, f"input.path={path}", "job.max_errored_rows=1", "ray.batch_size=2")
+    config = job_config(tiny_model_dir, tmp_path, f"input.path={path}", "job.max_errored_rows=1", "ray.batch_size=2",
+                        "decoder.max_batch_requests=2")
     with pytest.raises(JobFailed, match=r"rows failed, more than job.max_errored_rows \(1\)"):
         run_job(config, "r")
 
