@@ -33,11 +33,11 @@ import numpy as np
 import torch
 
 from drafters.draft_model import self_draft_model
-from drafters.registry import build_tables, load_draft_model, make_drafter
+from drafters.registry import build_tables
 from pipeline.config import AUTO_MAX, DecoderConfig, ModelConfig
-from pipeline.cost_model import cached_cost_model
 from pipeline.decoder import SpeculativeDecoder
 from pipeline.model_loading import cache_root, load_model
+from pipeline.stage import build_decoder
 from pipeline.plots import AcceptanceCounts, save_acceptance_plots, save_heatmap
 from pipeline.prompts import encode_prompt, load_prompts
 from pipeline.sampling import GREEDY, SamplingParams, request_seed
@@ -143,21 +143,18 @@ def build_runners(names: list[str], loaded, args) -> dict:
 
 def make_decoder(name: str, loaded, args) -> SpeculativeDecoder:
     """Our decoder for a method name: plain, self_draft:L:G or DRAFTER:k:w[:tree]."""
-    model, tokenizer = loaded.model, loaded.tokenizer
-    method, k, w = MethodRun(name).drafter_k_w
+    run = MethodRun(name)
+    method, k, w = run.drafter_k_w
+    auto_k, auto_w = run.auto
     if method == "self_draft":
         config = DecoderConfig(drafter="draft_model", k=1, w=w, draft_layers=k, max_new_tokens=args.max_new_tokens)
     else:
         datastore = args.datastore if method in ("rest", "mixed+rest") else ""
         config = DecoderConfig(drafter=method.removesuffix("+rest"), k=k, w=w, max_new_tokens=args.max_new_tokens,
-                               datastore=datastore)
-    tables = build_tables(model, tokenizer, loaded.fingerprint, config, cache_root(ModelConfig()))
-    draft = load_draft_model(config, ModelConfig(), loaded) if method == "self_draft" else None
-    auto_k, auto_w = MethodRun(name).auto
-    costs = cached_cost_model(model, loaded.fingerprint, cache_root(ModelConfig())) if auto_k or auto_w else None
-    return SpeculativeDecoder(model, tokenizer, make_drafter(config, tables, 0, draft, len(tokenizer)), config.k, w,
-                              config.ngram_max_q, verify_mode=MethodRun(name).verify_mode, costs=costs,
-                              auto_k=auto_k, auto_w=auto_w)
+                               datastore=datastore, verify=run.verify_mode, auto_k=auto_k, auto_w=auto_w)
+    model_config = ModelConfig(name=args.model)
+    tables = build_tables(loaded.model, loaded.tokenizer, loaded.fingerprint, config, cache_root(model_config))
+    return build_decoder(config, model_config, loaded, tables)
 
 
 def _ours(decoder: SpeculativeDecoder, ids: list[int], max_new_tokens: int, sampling: SamplingParams):

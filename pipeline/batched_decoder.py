@@ -22,7 +22,7 @@ import torch
 
 from drafters.base import DraftContext, Drafts
 from pipeline.adaptive import AdaptiveController, judge_proposals
-from pipeline.decoder import NO_DRAFT, GenerationResult, PromptError, SpeculativeDecoder
+from pipeline.decoder import GenerationResult, PromptError, SpeculativeDecoder, no_drafts, select_rows
 from pipeline.kv_cache import prefill
 from pipeline.ragged_cache import RaggedCache
 from pipeline.sampling import GREEDY, RandomState, SamplingParams, target_probs
@@ -203,7 +203,7 @@ class BatchedDecoder:
         if not self.adaptive:
             if rows_cap is None:
                 return proposals
-            return [cut(drafts, range(drafts.tokens.shape[0]), min(drafts.tokens.shape[1], rows_cap - 1), rows_cap - 1)
+            return [select_rows(drafts, range(drafts.tokens.shape[0]), min(drafts.tokens.shape[1], rows_cap - 1), rows_cap - 1)
                     for drafts in proposals]
         k_max, w_max = self.decoder.k, self.decoder.w
         tables, orders = [], []
@@ -229,26 +229,6 @@ class BatchedDecoder:
                 if rate > best_rate:
                     best, best_rate = (k, w), rate
         k, w = best
-        return [no_drafts() if order is None or w == 0 else cut(drafts, order[:k], w, k * w)
+        return [no_drafts() if order is None else select_rows(drafts, order[:k], w, k * w)
                 for drafts, order in zip(proposals, orders)]
 
-
-def no_drafts() -> Drafts:
-    return Drafts(tokens=torch.empty(1, 0, dtype=torch.long), strategies=(NO_DRAFT,))
-
-
-def cut(drafts: Drafts, rows, w: int, max_nodes: int) -> Drafts:
-    """`rows` of `drafts` (in that order) cut to w tokens, distinct, while their tree has at most
-    max_nodes nodes (the rows' distinct prefixes)."""
-    kept, strategies, prefixes = [], [], set()
-    for index in rows:
-        row = drafts.tokens[int(index), :w].tolist()
-        new = {tuple(row[:depth]) for depth in range(1, len(row) + 1)} - prefixes
-        if row in kept or len(prefixes) + len(new) > max_nodes:
-            continue
-        kept.append(row)
-        strategies.append(drafts.strategies[int(index)])
-        prefixes |= new
-    if not kept or w == 0:
-        return no_drafts()
-    return Drafts(tokens=torch.tensor(kept, dtype=torch.long), strategies=tuple(strategies))

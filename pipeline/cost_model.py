@@ -68,14 +68,6 @@ def _interp(x: float, xs, ys) -> float:
 
 
 @torch.no_grad()
-def time_block(model, cache, k: int, width: int, repeats: int) -> float:
-    """Median seconds of a forward call over a [k, width] block on top of `cache` (left as found)."""
-    block = torch.randint(0, model.config.vocab_size, (k, width), device=model.device)
-    timed_call(model, cache, block)  # the first call of a new shape pays for allocations: untimed
-    return statistics.median(timed_call(model, cache, block) for _ in range(repeats))
-
-
-@torch.no_grad()
 def timed_call(model, cache, block: torch.Tensor) -> float:  # block: [k, width]
     """Seconds of one forward call over `block` on top of `cache`, which is left as found."""
     context_length = cache.get_seq_length()

@@ -28,6 +28,28 @@ from pipeline.verification import Verdict, verify_greedy
 NO_DRAFT = "none"
 
 
+def no_drafts() -> Drafts:
+    """A step without drafts: one plain token."""
+    return Drafts(tokens=torch.empty(1, 0, dtype=torch.long), strategies=(NO_DRAFT,))
+
+
+def select_rows(drafts: Drafts, rows, w: int, max_nodes: int | None = None) -> Drafts:
+    """`rows` of point drafts (in that order) cut to w tokens and distinct (rows that differ only
+    after w would be verified twice), while their tree has at most max_nodes nodes (distinct prefixes)."""
+    kept, strategies, prefixes = [], [], set()
+    for index in rows:
+        row = drafts.tokens[int(index), :w].tolist()
+        new = {tuple(row[:depth]) for depth in range(1, len(row) + 1)} - prefixes
+        if row in kept or (max_nodes is not None and len(prefixes) + len(new) > max_nodes):
+            continue
+        kept.append(row)
+        strategies.append(drafts.strategies[int(index)])
+        prefixes |= new
+    if not kept or w == 0:
+        return no_drafts()
+    return Drafts(tokens=torch.tensor(kept, dtype=torch.long), strategies=tuple(strategies))
+
+
 class PromptError(ValueError):
     """A request that cannot be generated as given; the message names the request."""
 
@@ -80,13 +102,12 @@ class SpeculativeDecoder:
 
     def draft(self, context: DraftContext, w: int) -> Drafts:
         """The step's drafts with padding rows dropped (they carry no guess but cost compute)."""
-        no_drafts = Drafts(tokens=torch.empty(1, 0, dtype=torch.long), strategies=(NO_DRAFT,))
         if self.drafter is None or w == 0:
-            return no_drafts
+            return no_drafts()
         drafts = self.drafter.propose(context, self.k, w)
         keep = [i for i, s in enumerate(drafts.strategies) if s != PADDING]
         if not keep:  # nothing to guess: a plain one-token step is cheaper than verifying padding
-            return no_drafts
+            return no_drafts()
         if len(keep) == len(drafts.strategies):
             return drafts
         return Drafts(tokens=drafts.tokens[keep], strategies=tuple(drafts.strategies[i] for i in keep),
@@ -191,15 +212,7 @@ class SpeculativeDecoder:
         """The k rows and w tokens the controller chooses (w = 0: none, a plain step)."""
         assert drafts.probs is None, "k/w auto is for point drafts; the config refuses it for a draft model"
         choice = controller.choose(drafts, context_length, self.auto_k, self.auto_w)
-        if choice.w == 0:
-            return Drafts(tokens=torch.empty(1, 0, dtype=torch.long), strategies=(NO_DRAFT,))
-        rows, strategies = [], []
-        for index in choice.rows:
-            row = drafts.tokens[index, :choice.w].tolist()
-            if row not in rows:  # rows that differ only after w would be verified twice
-                rows.append(row)
-                strategies.append(drafts.strategies[index])
-        return Drafts(tokens=torch.tensor(rows, dtype=torch.long), strategies=tuple(strategies))
+        return select_rows(drafts, choice.rows, choice.w)
 
     def cut_at_eos(self, tokens: list[int]) -> tuple[list[int], str | None]:
         for i, token in enumerate(tokens):

@@ -14,7 +14,7 @@ import torch
 
 from drafters.registry import DrafterTables, build_tables, load_draft_model, make_drafter
 from pipeline.batched_decoder import BatchedDecoder, Failed, Request
-from pipeline.config import Config
+from pipeline.config import Config, DecoderConfig, ModelConfig
 from pipeline.cost_model import cached_cost_model
 from pipeline.decoder import GenerationResult, PromptError, SpeculativeDecoder
 from pipeline.model_loading import LoadedModel, cache_root, load_model
@@ -42,6 +42,23 @@ def python_value(value):
     return value
 
 
+def build_decoder(config: DecoderConfig, model_config: ModelConfig, loaded: LoadedModel,
+                  tables: DrafterTables) -> SpeculativeDecoder:
+    """The decoder `config` describes: its drafter over `tables`, the draft model if it has one,
+    and with k or w auto this hardware's cost model (measured once per model and device, then cached)."""
+    tokenizer = loaded.tokenizer
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    draft_model = None
+    if config.drafter == "draft_model" and config.w > 0:
+        draft_model = load_draft_model(config, model_config, loaded)
+    drafter = make_drafter(config, tables, pad, draft_model, len(tokenizer))
+    costs = None
+    if config.auto_k or config.auto_w:
+        costs = cached_cost_model(loaded.model, loaded.fingerprint, cache_root(model_config))
+    return SpeculativeDecoder(loaded.model, tokenizer, drafter, config.k, config.w, config.ngram_max_q,
+                              config.lenience, config.verify, costs, config.auto_k, config.auto_w)
+
+
 class GenerationStage:
     def __init__(self, config: Config, tables: DrafterTables | None = None, loaded: LoadedModel | None = None):
         if tables is not None and not isinstance(tables, DrafterTables):
@@ -54,19 +71,8 @@ class GenerationStage:
             tables = build_tables(loaded.model, loaded.tokenizer, loaded.fingerprint, decoder_config,
                                   cache_root(config.model))
         self.tables = tables
-        pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
         self.tokenizer = loaded.tokenizer
-        draft_model = None
-        if decoder_config.drafter == "draft_model" and decoder_config.w > 0:
-            draft_model = load_draft_model(decoder_config, config.model, loaded)
-        drafter = make_drafter(decoder_config, tables, pad, draft_model, len(loaded.tokenizer))
-        costs = None
-        if decoder_config.auto_k or decoder_config.auto_w:  # measured once per model and device, then cached
-            costs = cached_cost_model(loaded.model, loaded.fingerprint, cache_root(config.model))
-        self.decoder = SpeculativeDecoder(loaded.model, loaded.tokenizer, drafter,
-                                          decoder_config.k, decoder_config.w, decoder_config.ngram_max_q,
-                                          decoder_config.lenience, decoder_config.verify, costs,
-                                          decoder_config.auto_k, decoder_config.auto_w)
+        self.decoder = build_decoder(decoder_config, config.model, loaded, tables)
         # Throughput mode (decoder.max_batch_requests > 1): the batch's rows share forward calls.
         self.batched = None
         if decoder_config.max_batch_requests > 1:

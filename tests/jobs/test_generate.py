@@ -65,12 +65,13 @@ def test_benchmark_samples_with_the_same_seeds_and_predicts_the_speedup(tiny_mod
 
 
 def test_benchmark_grid_sweeps_k_and_w_and_draws_the_figures(tiny_model_dir, tmp_path, monkeypatch):
+    import pipeline.stage as stage
     from pipeline.cost_model import CostModel
 
     # A flat cost model stands in for measuring the tiny model (pipeline/test_cost_model covers measuring).
     table = [[1.0 + 0.1 * (k * w - 1) for w in (1, 2, 3, 5, 9)] for k in (1, 2, 4, 8, 16)]
     flat = CostModel((1, 2, 4, 8, 16), (1, 2, 3, 5, 9), (1, 1000), [table, table], [0.01, 0.01], "cpu")
-    monkeypatch.setattr(benchmark, "cached_cost_model", lambda *args: flat)
+    monkeypatch.setattr(stage, "cached_cost_model", lambda *args: flat)
     out = tmp_path / "grid.json"
     report = benchmark.main(["--grid", "--grid-drafter", "context_ngram", "--dataset", "humaneval,gsm8k",
                              "--limit", "1", "--max-new-tokens", "6", "--out", str(out), "--model", str(tiny_model_dir),
