@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
-import ray
+if __name__ == "__main__":
+    # Token authentication stays on: RAY_AUTH_MODE defaults to `token` (an explicit setting wins).
+    # Ray reads it once, on import, so it is set before Ray is imported; only when the job runs,
+    # not when another program imports this module.
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
 
-from pipeline.config import ConfigError, load_config
-from pipeline.ray_job import JobFailed, new_run_id, run_job
+import ray  # noqa: E402
+
+from pipeline.config import ConfigError, load_config  # noqa: E402
+from pipeline.ray_job import JobFailed, new_run_id, run_job  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -36,12 +43,38 @@ def main(argv=None) -> dict:
             overrides.append(f"{key}={json.dumps(flag)}")  # JSON-quoted: read back as a string by YAML
     config = load_config(args.config, overrides)
     run_id = config.job.run_id or new_run_id()
-    ray.init()  # joins RAY_ADDRESS (set by `ray job submit`) if there is one, else starts a local Ray
+    join_or_start_ray()
     summary = run_job(config, run_id)
     print(json.dumps(summary, indent=2, default=list))
+    print(rows_line(summary, config.input.limit))
     run_dir = f"{config.job.output}/run={run_id}"
     print(f"Parquet: {run_dir}/part-*.parquet\nSummary: {run_dir}/summary.json")
     return summary
+
+
+def join_or_start_ray() -> None:
+    """Joins RAY_ADDRESS (set by `ray job submit`) if there is one, else starts a local Ray (which
+    makes ~/.ray/auth_token if missing). A client that sends no token to a token cluster would
+    wait forever; in token mode without a token it fails at once, and the error says what to run."""
+    try:
+        ray.init()
+    except ray.exceptions.AuthenticationError as error:
+        where = os.environ.get("RAY_ADDRESS") or "this machine"
+        raise JobFailed(
+            f"Ray token authentication is on and no token was found for the Ray at {where}. For a local "
+            "head run `ray get-auth-token --generate` once (it writes ~/.ray/auth_token), then "
+            "`RAY_AUTH_MODE=token ray start --head`; for a remote cluster set RAY_AUTH_TOKEN (or "
+            f"RAY_AUTH_TOKEN_PATH) to that cluster's token. Ray said: {error}") from error
+
+
+def rows_line(summary: dict, limit: int) -> str:
+    """What happened to the input's rows, in words; a partial read says so."""
+    read = f"Read {summary['rows_read']} of the input's {summary['input_rows']} rows"
+    if summary["rows_read"] < summary["input_rows"]:
+        read += f" (input.limit={limit}: {summary['input_rows'] - summary['rows_read']} rows NOT read)"
+    generated = summary["rows_this_invocation"] - summary["rows_errored_this_invocation"]
+    return (f"{read}: {generated} generated, {summary['rows_errored_this_invocation']} errored, "
+            f"{summary['rows_skipped_already_done']} skipped as already done.")
 
 
 if __name__ == "__main__":

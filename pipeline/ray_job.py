@@ -81,7 +81,7 @@ def read_input(source: InputConfig) -> ray.data.Dataset:
         else:
             import datasets
             dataset = ray.data.from_huggingface(datasets.load_from_disk(files if isinstance(files, str) else files[0]))
-    return dataset.limit(source.limit) if source.limit else dataset
+    return dataset
 
 
 def check_columns(dataset: ray.data.Dataset, source: InputConfig) -> None:
@@ -143,6 +143,11 @@ def run_job(config: Config, run_id: str) -> dict:
     done = completed_ids(run_dir)
     dataset = read_input(config.input)
     check_columns(dataset, config.input)
+    # Counted so that a run that read part of its input never looks complete.
+    input_rows = dataset.count()
+    rows_read = min(input_rows, config.input.limit) if config.input.limit else input_rows
+    if config.input.limit:
+        dataset = dataset.limit(config.input.limit)
     if done:
         id_column = config.input.id_column
         dataset = dataset.filter(lambda row: row[id_column] is None or str(row[id_column]) not in done)
@@ -174,19 +179,20 @@ def run_job(config: Config, run_id: str) -> dict:
     after_startup = None
     if first_batch_at is not None and generated:
         after_startup = round(generated / (finished - first_batch_at + first_batch_seconds), 3)
-    return write_run_summary(config, run_id, run_dir, finished - started, written, generated, len(done),
-                             after_startup)
+    counts = {"input_rows": input_rows, "rows_read": rows_read, "rows_this_invocation": written,
+              "rows_errored_this_invocation": errored, "rows_skipped_already_done": rows_read - written}
+    return write_run_summary(config, run_id, run_dir, finished - started, generated, counts, after_startup)
 
 
-def write_run_summary(config: Config, run_id: str, run_dir: Path, wall: float, written: int, generated: int,
-                      skipped: int, tokens_per_second_after_startup: float | None) -> dict:
-    """Counts cover the whole run (every part); speed covers this invocation only."""
+def write_run_summary(config: Config, run_id: str, run_dir: Path, wall: float, generated: int, counts: dict,
+                      tokens_per_second_after_startup: float | None) -> dict:
+    """Counts of rows cover the whole run (every part) and this invocation's reading; speed
+    covers this invocation only."""
     parts = sorted(run_dir.glob(PART_GLOB))
     rows = pa.concat_tables([pq.read_table(part) for part in parts]).to_pylist() if parts else []
     settings = {section: asdict(getattr(config, section)) for section in ("model", "decoder", "input", "ray")}
     summary = summarize(rows, wall, settings)
-    summary.update(run_id=run_id, rows_this_invocation=written, rows_skipped_already_done=skipped,
-                   tokens_per_second=round(generated / wall, 3) if wall > 0 else None,
+    summary.update(run_id=run_id, **counts, tokens_per_second=round(generated / wall, 3) if wall > 0 else None,
                    tokens_per_second_after_startup=tokens_per_second_after_startup)
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=list) + "\n")
     return summary

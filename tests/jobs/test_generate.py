@@ -1,7 +1,5 @@
 """The job as users launch it: `ray job submit` to a running Ray head."""
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -9,35 +7,63 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from jobs import benchmark
+from tests.processes import environment, start_ray_head
 
 REPO = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).parent / "ray")
 
 
-def test_ray_job_submit_runs_the_job_on_a_ray_head(tiny_model_dir, tmp_path):
+def test_ray_job_submit_runs_the_job_on_a_ray_head(tiny_model_dir, tmp_path, processes):
     inputs = tmp_path / "in.jsonl"
     inputs.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Count to {i}"}) + "\n" for i in range(3)))
-    # Token authentication stays on: the head generates ~/.ray/auth_token if missing; the CLI sends it.
-    env = {**os.environ, "RAY_ADDRESS": "", "RAY_AUTH_MODE": "token",
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    subprocess.run([RAY, "start", "--head", "--num-cpus=2", "--dashboard-port=8265", "--disable-usage-stats"],
-                   check=True, env=env, capture_output=True, timeout=180)
+    # Token authentication stays on. Ray refuses to start a token head without a token, so the
+    # test makes its own, as the README tells a user to, in a home directory of its own.
+    env = environment(HOME=str(tmp_path / "home"), RAY_AUTH_MODE="token")
+    processes.run([RAY, "get-auth-token", "--generate"], timeout=60, env=env)
+    assert (tmp_path / "home" / ".ray" / "auth_token").is_file()
+    head = start_ray_head(processes, env)
     try:
-        submitted = subprocess.run(
-            [RAY, "job", "submit", "--address", "http://127.0.0.1:8265", "--working-dir", ".", "--",
+        submitted = processes.run(
+            [RAY, "job", "submit", "--address", head["dashboard"], "--working-dir", ".", "--",
              sys.executable, "-m", "jobs.generate", "--config", "configs/default.yaml", "--input", str(inputs),
              "--output", str(tmp_path / "out"), "--run-id", "submitted", "--set", f"model.name={tiny_model_dir}",
              "--set", f"model.cache_dir={tmp_path / 'cache'}", "--set", "decoder.max_new_tokens=5"],
-            cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+            cwd=REPO, env=env, timeout=400)
+        # A user who joins it without the token (and without RAY_AUTH_MODE) is told what to run.
+        forgot = {key: value for key, value in environment(HOME=str(tmp_path / "other-home"),
+                                                           RAY_ADDRESS=head["gcs"]).items() if key != "RAY_AUTH_MODE"}
+        refused = processes.run([sys.executable, "-m", "jobs.generate", "--input", str(inputs)], cwd=REPO,
+                                env=forgot, timeout=120, check=False)
     finally:
-        subprocess.run([RAY, "stop", "--force"], env=env, capture_output=True, timeout=120)
-    assert submitted.returncode == 0, submitted.stdout[-3000:] + submitted.stderr[-3000:]
+        processes.run([RAY, "stop", "--force"], env=env, timeout=120, check=False)
+    assert refused.returncode != 0 and "run `ray get-auth-token --generate`" in refused.stderr
     assert "succeeded" in submitted.stdout
     run_dir = tmp_path / "out" / "run=submitted"
     rows = pa.concat_tables([pq.read_table(p) for p in run_dir.glob("part-*.parquet")]).to_pylist()
     assert sorted(row["id"] for row in rows) == ["p0", "p1", "p2"]
     assert all(row["error"] is None and len(row["token_ids"]) == 5 for row in rows)
     assert json.loads((run_dir / "summary.json").read_text())["rows"] == 3
+
+
+def test_a_job_given_an_input_reads_all_of_it_and_says_what_it_read(tiny_model_dir, tmp_path, processes):
+    """The default config (the README's form) on a 30-row file writes 30 rows; a limit is the
+    user's to set, and then the summary and the printed line say how many rows were not read."""
+    inputs = tmp_path / "corpus.jsonl"
+    inputs.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"Say {i}"}) + "\n" for i in range(30)))
+    common = [sys.executable, "-m", "jobs.generate", "--config", "configs/default.yaml", "--input", str(inputs),
+              "--output", str(tmp_path / "out"), "--set", f"model.name={tiny_model_dir}",
+              "--set", f"model.cache_dir={tmp_path / 'cache'}", "--set", "decoder.max_new_tokens=2"]
+    full = processes.run([*common, "--run-id", "all"], cwd=REPO, env=environment(), timeout=400)
+    rows = pa.concat_tables([pq.read_table(p) for p in (tmp_path / "out" / "run=all").glob("part-*.parquet")]).to_pylist()
+    assert sorted(row["id"] for row in rows) == sorted(f"q{i}" for i in range(30))
+    summary = json.loads((tmp_path / "out" / "run=all" / "summary.json").read_text())
+    assert (summary["input_rows"], summary["rows_read"], summary["rows"]) == (30, 30, 30)
+    assert "Read 30 of the input's 30 rows: 30 generated, 0 errored, 0 skipped as already done." in full.stdout
+    short = processes.run([*common, "--run-id", "some", "--set", "input.limit=20"], cwd=REPO, env=environment(),
+                          timeout=400)
+    summary = json.loads((tmp_path / "out" / "run=some" / "summary.json").read_text())
+    assert (summary["input_rows"], summary["rows_read"], summary["rows"]) == (30, 20, 20)
+    assert "(input.limit=20: 10 rows NOT read)" in short.stdout
 
 
 def test_benchmark_writes_results_with_identity_checked(tiny_model_dir, tmp_path):

@@ -4,7 +4,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from pipeline.config import load_config
 from pipeline.model_loading import load_model
 from pipeline.ray_job import JobFailed, run_job
 from pipeline.stage import GenerationStage
+from tests.processes import environment
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -147,7 +147,7 @@ def test_drafter_tables_reach_actors_as_read_only_shared_memory(local_ray, tiny_
     assert all(f["pid"] != os.getpid() for f in flags)
 
 
-def test_a_killed_job_resumes_and_writes_every_id_exactly_once(tiny_model_dir, tmp_path):
+def test_a_killed_job_resumes_and_writes_every_id_exactly_once(tiny_model_dir, tmp_path, processes):
     ids = [f"q{i:02d}" for i in range(12)]
     path = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "prompt": f"Question {i}"} for i in ids])
     command = [sys.executable, "-m", "jobs.generate", "--config", "configs/default.yaml", "--input", str(path),
@@ -155,8 +155,7 @@ def test_a_killed_job_resumes_and_writes_every_id_exactly_once(tiny_model_dir, t
                "--set", f"model.name={tiny_model_dir}", "--set", f"model.cache_dir={tmp_path / 'cache'}",
                "--set", "ray.batch_size=1", "--set", "decoder.max_batch_requests=1",
                "--set", "decoder.max_new_tokens=120", "--set", "input.limit=0"]
-    env = {**os.environ, "RAY_ADDRESS": ""}
-    driver = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    driver = processes.start(command, cwd=REPO, env=environment())
     run_dir = tmp_path / "out" / "run=nightly"
     deadline = time.time() + 240
     while time.time() < deadline and len(list(run_dir.glob("part-*.parquet"))) < 2:
@@ -165,7 +164,7 @@ def test_a_killed_job_resumes_and_writes_every_id_exactly_once(tiny_model_dir, t
     driver.wait()
     before = read_run(tmp_path, "nightly")
     assert 2 <= len(before) < len(ids), "the kill should land mid-run"
-    subprocess.run(command, cwd=REPO, env=env, check=True, capture_output=True, timeout=400)
+    processes.run(command, cwd=REPO, env=environment(), timeout=400)
     after = [row["id"] for row in read_run(tmp_path, "nightly")]
     assert sorted(after) == ids, "every id exactly once"
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -1,0 +1,100 @@
+"""Processes a test starts (Ray, `ray job submit`, the job, ...), with their output kept in files.
+
+When a test fails, tests/conftest.py adds the tail of every such process's stdout and stderr to
+the failure report, so the cause a child process printed is never captured and dropped.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+BIN = Path(sys.executable).parent  # the venv's `ray` and `python`
+
+
+@dataclass
+class Started:
+    command: list[str]
+    stdout: Path
+    stderr: Path
+    popen: subprocess.Popen
+
+    def tail(self, chars: int) -> str:
+        parts = [f"$ {shlex.join(self.command)}  (exit {self.popen.poll()})"]
+        for name, path in (("stdout", self.stdout), ("stderr", self.stderr)):
+            text = path.read_text(errors="replace") if path.exists() else ""
+            parts.append(f"--- {name} (last {chars} chars) ---\n{text[-chars:]}")
+        return "\n".join(parts)
+
+
+class Processes:
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.started: list[Started] = []
+
+    def start(self, command: list[str], **kwargs) -> subprocess.Popen:
+        """Popen with stdout and stderr going to files that a failing test shows."""
+        index = len(self.started)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        stdout, stderr = self.directory / f"{index}.stdout", self.directory / f"{index}.stderr"
+        with open(stdout, "wb") as out, open(stderr, "wb") as err:
+            popen = subprocess.Popen([str(c) for c in command], stdout=out, stderr=err,
+                                     stdin=subprocess.DEVNULL, **kwargs)
+        self.started.append(Started([str(c) for c in command], stdout, stderr, popen))
+        return popen
+
+    def run(self, command: list[str], timeout: float, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
+        """Runs to the end; with check, a non-zero exit fails the test with the process's output."""
+        popen = self.start(command, **kwargs)
+        try:
+            popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            popen.kill()
+            popen.wait()
+            raise AssertionError(f"timed out after {timeout} s:\n{self.started[-1].tail(4000)}")
+        done = self.started[-1]
+        result = subprocess.CompletedProcess(done.command, popen.returncode, done.stdout.read_text(errors="replace"),
+                                             done.stderr.read_text(errors="replace"))
+        if check and popen.returncode != 0:
+            raise AssertionError(f"exit status {popen.returncode}:\n{done.tail(4000)}")
+        return result
+
+    def tails(self, chars: int = 3000) -> str:
+        return "\n\n".join(started.tail(chars) for started in self.started)
+
+    def stop_all(self) -> None:
+        for started in self.started:
+            if started.popen.poll() is None:
+                started.popen.kill()
+                started.popen.wait()
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on right now (so a test never needs a fixed port to be free)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def environment(**changes: str) -> dict[str, str]:
+    """This process's environment (already isolated by conftest) with the venv first on PATH."""
+    env = {**os.environ, "PATH": f"{BIN}:{os.environ['PATH']}", "PYTHONUNBUFFERED": "1"}
+    env.update(changes)
+    return env
+
+
+def start_ray_head(processes: Processes, env: dict[str, str], num_cpus: int = 2) -> dict[str, str]:
+    """`ray start --head` on ports that are free now (no fixed port: another Ray may be running);
+    returns its GCS and dashboard addresses. The caller stops it with `ray stop`."""
+    ports = {flag: free_port() for flag in ("--port", "--dashboard-port", "--ray-client-server-port",
+                                            "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+                                            "--runtime-env-agent-port", "--metrics-export-port")}
+    command = [BIN / "ray", "start", "--head", f"--num-cpus={num_cpus}", "--node-ip-address=127.0.0.1",
+               "--disable-usage-stats", *(f"{flag}={port}" for flag, port in ports.items())]
+    processes.run(command, timeout=180, env=env)
+    return {"gcs": f"127.0.0.1:{ports['--port']}", "dashboard": f"http://127.0.0.1:{ports['--dashboard-port']}",
+            "metrics_port": str(ports["--metrics-export-port"])}
