@@ -37,6 +37,11 @@ class DrafterTables:
         return replace(self, unigram=plain(self.unigram), bigram=plain(self.bigram), extended=plain(self.extended))
 
 
+def needs_model_tables(config: DecoderConfig) -> bool:
+    """Whether `config.drafter` drafts from tables built with the model's weights."""
+    return config.drafter in NEEDS_BIGRAM | NEEDS_UNIGRAM and config.w > 0
+
+
 def build_tables(model, tokenizer, fingerprint: str, config: DecoderConfig, cache_dir: Path) -> DrafterTables:
     """Builds (or loads from the disk cache) the tables `config.drafter` needs."""
     unigram = bigram = extended = None

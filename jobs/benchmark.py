@@ -37,7 +37,7 @@ from drafters.registry import build_tables
 from pipeline.config import AUTO_MAX, DecoderConfig, ModelConfig
 from pipeline.decoder import SpeculativeDecoder
 from pipeline.model_loading import cache_root, load_model
-from pipeline.stage import build_decoder
+from pipeline.engines.transformers.engine import build_decoder
 from pipeline.plots import AcceptanceCounts, save_acceptance_plots, save_heatmap
 from pipeline.prompts import encode_prompt, load_prompts
 from pipeline.sampling import GREEDY, SamplingParams, request_seed

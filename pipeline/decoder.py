@@ -9,13 +9,14 @@ With no drafter (or w = 0) each step is one plain token: the reference for every
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+
 
 import torch
 
 from drafters.base import PADDING, DraftContext, Drafter, Drafts
 from pipeline.adaptive import AdaptiveController, judge_proposals
 from pipeline.cost_model import CostModel
+from pipeline.engines.base import Request, Result, budget, cut_at_stop
 from pipeline.kv_cache import keep_positions, keep_row, prefill, share_context
 from pipeline.sampling import (GREEDY, RandomState, SamplingParams, speculative_sample, target_probs,
                                verify_point_drafts)
@@ -50,19 +51,6 @@ def select_rows(drafts: Drafts, rows, w: int, max_nodes: int | None = None) -> D
     return Drafts(tokens=torch.tensor(kept, dtype=torch.long), strategies=tuple(strategies))
 
 
-class PromptError(ValueError):
-    """A request that cannot be generated as given; the message names the request."""
-
-
-@dataclass
-class GenerationResult:
-    request_id: str
-    token_ids: list[int]  # generated tokens only, EOS included when it ended the request
-    text: str  # decoded generated text, cut before a stop string
-    finish_reason: str  # "eos", "length" or "stop"
-    stats: RequestStats
-
-
 def eos_token_ids(model, tokenizer) -> set[int]:
     ids = model.generation_config.eos_token_id
     ids = set(ids if isinstance(ids, (list, tuple)) else [] if ids is None else [ids])
@@ -91,14 +79,6 @@ class SpeculativeDecoder:
         self.ngram_max_q = ngram_max_q
         self.eos_ids = eos_token_ids(model, tokenizer)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
-
-    def check_prompt(self, prompt_ids: list[int], request_id: str) -> None:
-        if not prompt_ids:
-            raise PromptError(f"request {request_id!r}: the prompt encodes to no tokens")
-        if self.max_positions is not None and len(prompt_ids) >= self.max_positions:
-            raise PromptError(
-                f"request {request_id!r}: the prompt has {len(prompt_ids)} tokens; the model allows "
-                f"{self.max_positions} in all, leaving no room to generate")
 
     def draft(self, context: DraftContext, w: int) -> Drafts:
         """The step's drafts with padding rows dropped (they carry no guess but cost compute)."""
@@ -163,26 +143,23 @@ class SpeculativeDecoder:
 
     @torch.no_grad()
     def generate(self, prompt_ids: list[int], max_new_tokens: int, stop: tuple[str, ...] = (),
-                 request_id: str = "", sampling: SamplingParams = GREEDY) -> GenerationResult:
+                 request_id: str = "", sampling: SamplingParams = GREEDY) -> Result:
         started = time.perf_counter()
-        self.check_prompt(prompt_ids, request_id)
-        budget = max_new_tokens
-        if self.max_positions is not None:
-            budget = min(budget, self.max_positions - len(prompt_ids))
+        budget_ = budget(Request(request_id, prompt_ids, max_new_tokens), self.max_positions)
         stats = RequestStats(num_prompt_tokens=len(prompt_ids), accepted_length_histogram=[0] * (self.w + 1),
                              accepted_rank_histogram=[0] * self.k)
         # The cache holds every token but the last emitted one, which opens the next block.
         cache = prefill(self.model, prompt_ids[:-1])
-        random = None if sampling.greedy else RandomState(sampling.seed, budget)
+        random = None if sampling.greedy else RandomState(sampling.seed, budget_)
         context = DraftContext(prompt_ids, self.ngram_max_q, sampling, random)
         generated: list[int] = []
         finish_reason = "length"
         controller = AdaptiveController(self.costs, self.acceptance_pool) if self.costs is not None else None
         pending: list[tuple[int, Drafts]] = []  # proposals whose rows are judged once their tokens exist
-        while len(generated) < budget:
+        while len(generated) < budget_:
             step_started = time.perf_counter()
             # A step emits at most w+1 tokens; do not draft past the budget.
-            drafts = self.draft(context, min(self.w, budget - len(generated) - 1))
+            drafts = self.draft(context, min(self.w, budget_ - len(generated) - 1))
             if controller is not None and drafts.tokens.shape[1] > 0:
                 pending.append((len(generated), drafts))
                 drafts = self.adapt(controller, drafts, len(context))
@@ -206,7 +183,7 @@ class SpeculativeDecoder:
         stats.num_generated_tokens = len(generated)
         stats.finish_reason = finish_reason
         stats.total_seconds = time.perf_counter() - started
-        return GenerationResult(request_id, generated, text, finish_reason, stats)
+        return Result(request_id, generated, text, finish_reason, stats)
 
     def adapt(self, controller: AdaptiveController, drafts: Drafts, context_length: int) -> Drafts:
         """The k rows and w tokens the controller chooses (w = 0: none, a plain step)."""
@@ -232,5 +209,4 @@ class SpeculativeDecoder:
 
     def decode_text(self, generated: list[int], stop: tuple[str, ...]) -> str:
         text = self.tokenizer.decode(generated, skip_special_tokens=True) if self.tokenizer else ""
-        cuts = [text.index(s) for s in stop if s in text]
-        return text[:min(cuts)] if cuts else text
+        return cut_at_stop(text, stop)

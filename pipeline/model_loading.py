@@ -116,6 +116,11 @@ def resolve_model_dir(config: ModelConfig) -> tuple[Path, str]:
     )
 
 
+def load_tokenizer(model_dir: str | Path, config: ModelConfig) -> PreTrainedTokenizerBase:
+    """The model directory's tokenizer (and chat template): prompts are encoded with it by every engine."""
+    return AutoTokenizer.from_pretrained(model_dir, trust_remote_code=config.trust_remote_code)
+
+
 def load_model(config: ModelConfig) -> LoadedModel:
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
@@ -126,5 +131,5 @@ def load_model(config: ModelConfig) -> LoadedModel:
     model.eval()
     if torch.cuda.is_available():  # an actor given a GPU by Ray sees exactly that one
         model.to("cuda")
-    tokenizer = AutoTokenizer.from_pretrained(model_dir, trust_remote_code=config.trust_remote_code)
+    tokenizer = load_tokenizer(model_dir, config)
     return LoadedModel(model=model, tokenizer=tokenizer, fingerprint=fingerprint, source=str(model_dir))

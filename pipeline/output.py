@@ -18,6 +18,7 @@ SCHEMA = pa.schema([
     ("accepted_rank_histogram", pa.list_(pa.int64())),
     ("strategy_rows", COUNTS),
     ("strategy_wins", COUNTS),
+    ("strategy_accepted_tokens", COUNTS),
     ("num_checked_draft_tokens", pa.int64()),
     ("sum_acceptance_probability", pa.float64()),
     ("alpha", pa.float64()),  # mean acceptance probability of a checked draft token
@@ -28,6 +29,7 @@ SCHEMA = pa.schema([
     ("verify_seconds", pa.float64()),
     ("total_seconds", pa.float64()),
     ("model", pa.string()),
+    ("engine", pa.string()),  # "vllm" or "transformers": the engine that generated the row
     ("drafter", pa.string()),
     ("k", pa.int64()),
     ("w", pa.int64()),

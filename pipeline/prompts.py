@@ -7,7 +7,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from pipeline.decoder import PromptError
+from pipeline.engines.base import RequestError
 
 
 @dataclass(frozen=True)
@@ -26,25 +26,25 @@ def encode_prompt(tokenizer, prompt, request_id: str) -> list[int]:
     """Chat models get their chat template (a plain text prompt becomes one user message)."""
     if isinstance(prompt, str):
         if not prompt.strip():
-            raise PromptError(f"request {request_id!r}: the prompt is empty")
+            raise RequestError(f"request {request_id!r}: the prompt is empty")
         messages = [{"role": "user", "content": prompt}]
     elif isinstance(prompt, list) and prompt:
         for i, message in enumerate(prompt):
             if not (isinstance(message, dict) and isinstance(message.get("role"), str)
                     and isinstance(message.get("content"), str)):
-                raise PromptError(f"request {request_id!r}: message {i} needs a string 'role' and 'content'")
+                raise RequestError(f"request {request_id!r}: message {i} needs a string 'role' and 'content'")
         messages = prompt
     else:
-        raise PromptError(f"request {request_id!r}: the prompt must be text or a non-empty list of chat "
+        raise RequestError(f"request {request_id!r}: the prompt must be text or a non-empty list of chat "
                           f"messages, got {type(prompt).__name__}")
     if not tokenizer.chat_template and not isinstance(prompt, str):
-        raise PromptError(f"request {request_id!r}: chat messages need a tokenizer with a chat template")
+        raise RequestError(f"request {request_id!r}: chat messages need a tokenizer with a chat template")
     try:
         if tokenizer.chat_template:
             return chat_ids(tokenizer, messages, add_generation_prompt=True)
         return list(tokenizer(prompt)["input_ids"])
     except (UnicodeError, ValueError, TypeError) as error:
-        raise PromptError(f"request {request_id!r}: the prompt cannot be encoded: {error}") from error
+        raise RequestError(f"request {request_id!r}: the prompt cannot be encoded: {error}") from error
 
 
 def package_file(package: str, relative: str) -> Path:

@@ -22,9 +22,10 @@ import pyarrow.parquet as pq
 import ray
 
 from drafters.datastore import Datastore
-from drafters.registry import NEEDS_BIGRAM, NEEDS_UNIGRAM, build_tables
+from drafters.registry import build_tables, needs_model_tables
 from pipeline.config import Config, InputConfig
-from pipeline.model_loading import cache_root, load_model
+from pipeline.engines.build import ModelRefused, check_engine_can_run
+from pipeline.model_loading import cache_root, load_model, resolve_model_dir
 from pipeline.output import summarize
 from pipeline.prompts import load_prompts
 from pipeline.stage import GenerationStage
@@ -114,7 +115,7 @@ def write_part(table: pa.Table, run_dir: Path) -> Path:
 
 def shared_tables(config: Config):
     """Builds (or loads from the disk cache) the drafter tables once, and puts them in the object store."""
-    if config.decoder.drafter not in NEEDS_BIGRAM | NEEDS_UNIGRAM or config.decoder.w == 0:
+    if not needs_model_tables(config.decoder):
         return None
     loaded = load_model(config.model)
     tables = build_tables(loaded.model, loaded.tokenizer, loaded.fingerprint, config.decoder, cache_root(config.model))
@@ -138,6 +139,10 @@ def new_run_id() -> str:
 def run_job(config: Config, run_id: str) -> dict:
     started = time.perf_counter()
     config = with_checked_datastore(config)
+    try:
+        check_engine_can_run(config, resolve_model_dir(config.model)[0])
+    except ModelRefused as error:
+        raise JobFailed(str(error)) from error
     run_dir = Path(config.job.output).resolve() / f"run={run_id}"
     run_dir.mkdir(parents=True, exist_ok=True)
     done = completed_ids(run_dir)

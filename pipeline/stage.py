@@ -1,5 +1,6 @@
-"""The generation stage: a callable class that holds the model, tokenizer and drafter once and
-maps a batch of input rows to output rows; Ray Data runs it in an actor pool with `map_batches`.
+"""The generation stage: a callable class that holds an engine (the model, tokenizer and drafter,
+built once) and maps a batch of input rows to output rows; Ray Data runs it in an actor pool
+with `map_batches`. It does not know which engine it holds (pipeline/engines).
 
 A row that cannot be generated (no prompt, an empty, non-text or over-long one, a bad per-row
 setting) gets an `error` naming the row and the cause; the other rows of the batch go on.
@@ -12,12 +13,10 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from drafters.registry import DrafterTables, build_tables, load_draft_model, make_drafter
-from pipeline.batched_decoder import BatchedDecoder, Failed, Request
-from pipeline.config import Config, DecoderConfig, ModelConfig
-from pipeline.cost_model import cached_cost_model
-from pipeline.decoder import GenerationResult, PromptError, SpeculativeDecoder
-from pipeline.model_loading import LoadedModel, cache_root, load_model
+from drafters.registry import DrafterTables
+from pipeline.config import Config
+from pipeline.engines.build import build_engine
+from pipeline.engines.base import Engine, Failed, Request, RequestError, Result
 from pipeline.output import SCHEMA
 from pipeline.prompts import encode_prompt
 from pipeline.sampling import SamplingParams, request_seed
@@ -42,46 +41,16 @@ def python_value(value):
     return value
 
 
-def build_decoder(config: DecoderConfig, model_config: ModelConfig, loaded: LoadedModel,
-                  tables: DrafterTables) -> SpeculativeDecoder:
-    """The decoder `config` describes: its drafter over `tables`, the draft model if it has one,
-    and with k or w auto this hardware's cost model (measured once per model and device, then cached)."""
-    tokenizer = loaded.tokenizer
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    draft_model = None
-    if config.drafter == "draft_model" and config.w > 0:
-        draft_model = load_draft_model(config, model_config, loaded)
-    drafter = make_drafter(config, tables, pad, draft_model, len(tokenizer))
-    costs = None
-    if config.auto_k or config.auto_w:
-        costs = cached_cost_model(loaded.model, loaded.fingerprint, cache_root(model_config))
-    return SpeculativeDecoder(loaded.model, tokenizer, drafter, config.k, config.w, config.ngram_max_q,
-                              config.lenience, config.verify, costs, config.auto_k, config.auto_w)
-
-
 class GenerationStage:
-    def __init__(self, config: Config, tables: DrafterTables | None = None, loaded: LoadedModel | None = None):
+    def __init__(self, config: Config, tables: DrafterTables | None = None, engine: Engine | None = None):
         if tables is not None and not isinstance(tables, DrafterTables):
             import ray  # an ObjectRef: the job puts the tables in the object store once
             tables = ray.get(tables)
         self.config = config
-        loaded = loaded or load_model(config.model)
-        decoder_config = config.decoder
-        if tables is None:
-            tables = build_tables(loaded.model, loaded.tokenizer, loaded.fingerprint, decoder_config,
-                                  cache_root(config.model))
         self.tables = tables
-        self.tokenizer = loaded.tokenizer
-        self.decoder = build_decoder(decoder_config, config.model, loaded, tables)
-        # Throughput mode (decoder.max_batch_requests > 1): the batch's rows share forward calls.
-        self.batched = None
-        if decoder_config.max_batch_requests > 1:
-            self.batched = BatchedDecoder(self.decoder, decoder_config.max_batch_requests,
-                                          decoder_config.max_batch_tokens)
-        self.settings = {"model": config.model.name, "drafter": decoder_config.drafter,
-                         "k": self.decoder.k, "w": self.decoder.w, "auto_k": decoder_config.auto_k,
-                         "auto_w": decoder_config.auto_w, "lenience": decoder_config.lenience,
-                         "verify": decoder_config.verify}
+        self.engine = engine or build_engine(config, tables)
+        # What ran, the same on every row this stage writes.
+        self.settings = {"model": config.model.name, **self.engine.columns()}
         source = config.input
         self.prompt_column = source.prompt_column or source.messages_column
         self.input_columns = (source.id_column, self.prompt_column)
@@ -96,7 +65,7 @@ class GenerationStage:
         if kind is float and isinstance(value, int):
             value = float(value)
         if not isinstance(value, kind) or isinstance(value, bool) or not ok(value):
-            raise PromptError(f"request {request_id!r}: {name} must be {allowed}, got {value!r}")
+            raise RequestError(f"request {request_id!r}: {name} must be {allowed}, got {value!r}")
         return value
 
     def max_new_tokens(self, row: dict, request_id: str) -> int:
@@ -114,20 +83,20 @@ class GenerationStage:
             seed=seed)
 
     def request(self, row: dict) -> Request:
-        """The row as a request; a PromptError names what is wrong with it."""
+        """The row as a request; a RequestError names what is wrong with it."""
         raw_id = row.get(self.input_columns[0])
         if raw_id is None:
-            raise PromptError(f"a row has no {self.input_columns[0]!r}")
+            raise RequestError(f"a row has no {self.input_columns[0]!r}")
         request_id = str(raw_id)
         prompt = row.get(self.prompt_column)
         if prompt is None:
-            raise PromptError(f"request {request_id!r}: no prompt in column {self.prompt_column!r}")
+            raise RequestError(f"request {request_id!r}: no prompt in column {self.prompt_column!r}")
         sampling = self.sampling(row, request_id)
         max_new_tokens = self.max_new_tokens(row, request_id)
-        prompt_ids = encode_prompt(self.tokenizer, prompt, request_id)
+        prompt_ids = encode_prompt(self.engine.tokenizer, prompt, request_id)
         return Request(request_id, prompt_ids, max_new_tokens, self.config.decoder.stop, sampling)
 
-    def output_row(self, request: Request, result: GenerationResult) -> dict:
+    def output_row(self, request: Request, result: Result) -> dict:
         sampling = request.sampling
         output = {"id": request.request_id, "text": result.text, "token_ids": result.token_ids, "error": None,
                   "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
@@ -143,23 +112,10 @@ class GenerationStage:
         for index, row in enumerate(rows):
             try:
                 requests[index] = self.request(row)
-            except PromptError as error:
+            except RequestError as error:
                 raw_id = row.get(self.input_columns[0])
                 outputs[index] = self.error_row(None if raw_id is None else str(raw_id), str(error))
-        if self.batched is None:
-            for index, request in requests.items():
-                try:
-                    result = self.decoder.generate(request.prompt_ids, request.max_new_tokens, request.stop,
-                                                   request.request_id, request.sampling)
-                except PromptError as error:
-                    outputs[index] = self.error_row(request.request_id, str(error))
-                    continue
-                outputs[index] = self.output_row(request, result)
-            return outputs
-        # Throughput mode: results come back as requests finish; ids may repeat, so match the objects.
-        index_of = {id(request): index for index, request in requests.items()}
-        for request, result in self.batched.generate_many(requests.values()):
-            index = index_of[id(request)]
+        for (index, request), result in zip(requests.items(), self.engine.generate(list(requests.values()))):
             if isinstance(result, Failed):
                 outputs[index] = self.error_row(request.request_id, result.message)
             else:

@@ -28,6 +28,8 @@ class RequestStats:
     # Draft rows verified, and steps won, per strategy ("none": plain steps without drafts).
     strategy_rows: dict[str, int] = field(default_factory=dict)
     strategy_wins: dict[str, int] = field(default_factory=dict)
+    # Draft tokens accepted per strategy (the winning row's strategy gets the step's accepted tokens).
+    strategy_accepted_tokens: dict[str, int] = field(default_factory=dict)
     # Draft tokens checked (accepted, then the first rejected one) and the sum of their acceptance
     # probabilities: alpha = the mean, the acceptance rate of speculative sampling's analysis.
     num_checked_draft_tokens: int = 0
@@ -77,6 +79,7 @@ class RequestStats:
             _bump_list(self.accepted_rank_histogram, verdict.row)
             winner = drafts.strategies[verdict.row]
             self.strategy_wins[winner] = self.strategy_wins.get(winner, 0) + 1
+            self.strategy_accepted_tokens[winner] = self.strategy_accepted_tokens.get(winner, 0) + verdict.num_accepted
         self.num_checked_draft_tokens += len(verdict.acceptance_probabilities)
         self.sum_acceptance_probability += sum(verdict.acceptance_probabilities)
         self.num_draft_model_calls += drafts.num_model_calls

@@ -77,7 +77,7 @@ def test_greedy_with_a_self_draft_is_plain_greedy(tiny_model):
 
 def test_a_draft_model_directory_must_share_the_tokenizer(tiny_model_dir, smollm2):
     config = DecoderConfig(drafter="draft_model", k=1, w=3, draft_model=str(tiny_model_dir))
-    assert load_draft_model(config, ModelConfig(), smollm2).config.hidden_size == 32
+    assert load_draft_model(config, ModelConfig(), smollm2).config.hidden_size == 64
     with pytest.raises(ValueError, match="decoder.draft_model: .* different tokenizer"):
         class OtherTokenizer:
             def get_vocab(self):

@@ -91,7 +91,7 @@ def test_benchmark_samples_with_the_same_seeds_and_predicts_the_speedup(tiny_mod
 
 
 def test_benchmark_grid_sweeps_k_and_w_and_draws_the_figures(tiny_model_dir, tmp_path, monkeypatch):
-    import pipeline.stage as stage
+    import pipeline.engines.transformers.engine as stage
     from pipeline.cost_model import CostModel
 
     # A flat cost model stands in for measuring the tiny model (pipeline/test_cost_model covers measuring).

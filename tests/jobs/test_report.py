@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-import pipeline.stage as stage_module
+import pipeline.engines.transformers.engine as stage_module
 from jobs import report
 from pipeline.config import load_config
 from pipeline.cost_model import CostModel
@@ -20,7 +20,7 @@ def auto_run(tiny_model_dir, tmp_path_factory):
     """A run directory written by a `k: auto, w: auto` stage: two good rows and one that errored."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(stage_module, "cached_cost_model", flat_costs)
-        config = load_config(overrides=[f"model.name={tiny_model_dir}", "decoder.drafter=context_ngram",
+        config = load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}", "decoder.drafter=context_ngram",
                                         "decoder.k=auto", "decoder.w=auto", "decoder.max_new_tokens=24",
                                         f"model.cache_dir={tmp_path_factory.mktemp('cache')}"])
         table = GenerationStage(config)({"id": ["a", "b", "bad"],

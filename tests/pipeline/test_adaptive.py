@@ -75,9 +75,9 @@ def test_adaptive_decoding_is_plain_greedy(tiny_model, per_token):
 def test_auto_in_the_config_sets_the_maximum_and_the_flag():
     from pipeline.config import load_config
 
-    config = load_config(overrides=["decoder.drafter=context_ngram", "decoder.k=auto", "decoder.w=auto"])
+    config = load_config(overrides=["engine.name=transformers", "decoder.drafter=context_ngram", "decoder.k=auto", "decoder.w=auto"])
     assert (config.decoder.k, config.decoder.w, config.decoder.auto_k, config.decoder.auto_w) == (8, 8, True, True)
-    fixed_k = load_config(overrides=["decoder.drafter=context_ngram", "decoder.k=1", "decoder.w=auto"]).decoder
+    fixed_k = load_config(overrides=["engine.name=transformers", "decoder.drafter=context_ngram", "decoder.k=1", "decoder.w=auto"]).decoder
     assert (fixed_k.k, fixed_k.auto_k, fixed_k.auto_w) == (1, False, True)
 
 
@@ -97,4 +97,4 @@ def test_auto_w_is_refused_for_a_draft_model():
     from pipeline.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match="decoder.w"):
-        load_config(overrides=["decoder.drafter=draft_model", "decoder.k=1", "decoder.w=auto"])
+        load_config(overrides=["engine.name=transformers", "decoder.drafter=draft_model", "decoder.k=1", "decoder.w=auto"])

@@ -37,10 +37,10 @@ def test_unknown_drafter_lists_the_valid_ones():
 
 
 def test_overrides_are_typed_and_validated():
-    config = load_config("configs/default.yaml", ["decoder.k=4", "decoder.stop=['END', '##']"])
+    config = load_config("configs/default.yaml", ["engine.name=transformers", "decoder.k=4", "decoder.stop=['END', '##']"])
     assert config.decoder.k == 4 and config.decoder.stop == ("END", "##")
     with pytest.raises(ConfigError, match="decoder.k: must be at most decoder.bigram_top_k"):
-        load_config(overrides=["decoder.k=64"])
+        load_config(overrides=["engine.name=transformers", "decoder.drafter=mixed", "decoder.k=64"])
     with pytest.raises(ConfigError, match="expected key=value"):
         load_config(overrides=["decoder.k"])
 
@@ -55,12 +55,13 @@ def test_sampling_settings_are_validated():
 
 
 def test_lenience_is_an_explicit_option_of_the_draft_model_only():
-    config = load_config(overrides=["decoder.drafter=draft_model", "decoder.k=1", "decoder.lenience=0.5"])
+    config = load_config(overrides=["engine.name=transformers", "decoder.drafter=draft_model", "decoder.k=1",
+                                    "decoder.lenience=0.5"])
     assert config.decoder.lenience == 0.5
     with pytest.raises(ConfigError, match="decoder.lenience: must be 1 unless decoder.drafter is 'draft_model'"):
         load_config(overrides=["decoder.drafter=context_ngram", "decoder.lenience=0.5"])
     with pytest.raises(ConfigError, match="decoder.k: must be 1 with drafter 'draft_model'"):
-        load_config(overrides=["decoder.drafter=draft_model", "decoder.k=2"])
+        load_config(overrides=["engine.name=transformers", "decoder.drafter=draft_model", "decoder.k=2"])
 
 
 def test_throughput_mode_settings_are_checked():
@@ -69,7 +70,33 @@ def test_throughput_mode_settings_are_checked():
     with pytest.raises(ConfigError, match="ray.batch_size: must be at least decoder.max_batch_requests"):
         load_config(overrides=["decoder.max_batch_requests=8", "ray.batch_size=2"])
     with pytest.raises(ConfigError, match="decoder.max_batch_requests"):
-        load_config(overrides=["decoder.drafter=draft_model", "decoder.k=1", "decoder.max_batch_requests=2",
-                               "ray.batch_size=4"])
+        load_config(overrides=["engine.name=transformers", "decoder.drafter=draft_model", "decoder.k=1",
+                               "decoder.max_batch_requests=2", "ray.batch_size=4"])
     config = load_config(overrides=["decoder.max_batch_requests=8", "ray.batch_size=32"])
     assert config.decoder.max_batch_requests == 8
+
+
+def test_engine_auto_is_vllm_where_it_is_installed_and_is_recorded_resolved():
+    from pipeline.config import installed_engine
+
+    assert load_config("configs/default.yaml").engine.name == installed_engine()
+    assert load_config(overrides=["engine.name=transformers"]).engine.name == "transformers"
+    with pytest.raises(ConfigError, match="engine.name: 'gpu' is not allowed; choose one of 'auto', 'vllm', 'transformers'"):
+        load_config(overrides=["engine.name=gpu"])
+
+
+@pytest.mark.parametrize("override,field", [
+    ("decoder.k=2", "decoder.k"), ("decoder.k=auto", "decoder.k"), ("decoder.verify=tree", "decoder.verify"),
+    ("decoder.max_batch_tokens=64", "decoder.max_batch_tokens"), ("ray.num_gpus_per_actor=2", "ray.num_gpus_per_actor")])
+def test_vllm_refuses_what_it_cannot_honour_naming_the_field(override, field):
+    """What only the transformers engine does is refused on vLLM, not silently run some other way."""
+    pytest.importorskip("vllm")
+    with pytest.raises(ConfigError, match=rf"^{field}: must be .*engine.name"):
+        load_config("configs/default.yaml", ["engine.name=vllm", override])
+    load_config("configs/default.yaml", ["engine.name=transformers", override])
+
+
+def test_vllm_refuses_the_draft_model():
+    pytest.importorskip("vllm")
+    with pytest.raises(ConfigError, match="decoder.drafter: must be a point drafter with engine.name vllm"):
+        load_config(overrides=["engine.name=vllm", "decoder.drafter=draft_model"])

@@ -4,7 +4,8 @@ import torch
 from drafters import model_tables
 from drafters.registry import DrafterTables, make_drafter
 from pipeline.config import DecoderConfig
-from pipeline.decoder import PromptError, SpeculativeDecoder
+from pipeline.decoder import SpeculativeDecoder
+from pipeline.engines.base import RequestError
 from pipeline.sampling import SamplingParams
 from tests.conftest import TINY_EOS
 
@@ -93,9 +94,9 @@ def test_stop_strings_cut_text_and_tokens(tiny_model, tables, char_tokenizer):
 
 def test_prompt_without_room_names_the_request(tiny_model):
     decoder = SpeculativeDecoder(tiny_model, None, None, 1, 0)
-    with pytest.raises(PromptError, match="request 'too-long'.*256"):
+    with pytest.raises(RequestError, match="request 'too-long'.*256"):
         decoder.generate([1] * 256, 10, request_id="too-long")
-    with pytest.raises(PromptError, match="request 'empty'"):
+    with pytest.raises(RequestError, match="request 'empty'"):
         decoder.generate([], 10, request_id="empty")
 
 

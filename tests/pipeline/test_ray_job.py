@@ -33,7 +33,8 @@ def local_ray():
 
 def job_config(tiny_model_dir, tmp_path, *overrides):
     return load_config(REPO / "configs/default.yaml", [
-        f"model.name={tiny_model_dir}", f"model.cache_dir={tmp_path / 'cache'}", "decoder.max_new_tokens=6",
+        "engine.name=transformers", f"model.name={tiny_model_dir}", f"model.cache_dir={tmp_path / 'cache'}",
+        "decoder.max_new_tokens=6",
         f"job.output={tmp_path / 'out'}", "input.limit=0", *overrides])
 
 
@@ -152,7 +153,8 @@ def test_a_killed_job_resumes_and_writes_every_id_exactly_once(tiny_model_dir, t
     path = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "prompt": f"Question {i}"} for i in ids])
     command = [sys.executable, "-m", "jobs.generate", "--config", "configs/default.yaml", "--input", str(path),
                "--output", str(tmp_path / "out"), "--run-id", "nightly",
-               "--set", f"model.name={tiny_model_dir}", "--set", f"model.cache_dir={tmp_path / 'cache'}",
+               "--set", "engine.name=transformers", "--set", f"model.name={tiny_model_dir}",
+               "--set", f"model.cache_dir={tmp_path / 'cache'}",
                "--set", "ray.batch_size=1", "--set", "decoder.max_batch_requests=1",
                "--set", "decoder.max_new_tokens=120", "--set", "input.limit=0"]
     driver = processes.start(command, cwd=REPO, env=environment())

@@ -6,7 +6,7 @@ from pipeline.stage import GenerationStage
 
 @pytest.fixture(scope="module")
 def stage(tiny_model_dir, tmp_path_factory):
-    config = load_config(overrides=[f"model.name={tiny_model_dir}", "decoder.drafter=context_ngram",
+    config = load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}", "decoder.drafter=context_ngram",
                                     "decoder.max_new_tokens=12",
                                     f"model.cache_dir={tmp_path_factory.mktemp('cache')}"])
     return GenerationStage(config)
@@ -53,7 +53,7 @@ def test_rows_sample_with_their_own_settings_and_reproduce(stage):
 
 
 def test_a_self_draft_stage_reports_alpha_and_draft_cost(tiny_model_dir, tmp_path):
-    config = load_config(overrides=[f"model.name={tiny_model_dir}", "decoder.drafter=draft_model", "decoder.k=1",
+    config = load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}", "decoder.drafter=draft_model", "decoder.k=1",
                                     "decoder.w=3", "decoder.draft_layers=1", "decoder.max_new_tokens=10",
                                     "decoder.temperature=0.7", f"model.cache_dir={tmp_path}"])
     out = GenerationStage(config)({"id": ["a", "b"], "prompt": ["def f(x):", "Hello"]}).to_pydict()
@@ -68,7 +68,7 @@ def test_throughput_mode_returns_every_row_in_order_with_the_same_tokens(tiny_mo
              "max_new_tokens": [12, None, 5, 9, 14]}
     outputs = []
     for requests in (1, 3):
-        config = load_config(overrides=[f"model.name={tiny_model_dir}", "decoder.drafter=context_ngram",
+        config = load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}", "decoder.drafter=context_ngram",
                                         "decoder.max_new_tokens=12", f"decoder.max_batch_requests={requests}",
                                         f"ray.batch_size={max(requests, 2)}", f"model.cache_dir={tmp_path}"])
         outputs.append(GenerationStage(config)(batch).to_pydict())

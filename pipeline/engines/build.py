@@ -1,0 +1,66 @@
+"""`build_engine` makes the engine `engine.name` names (pipeline/engines/base.py says what an engine is)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from drafters.registry import DrafterTables, build_tables
+from pipeline.config import Config
+from pipeline.engines.base import Engine
+from pipeline.model_loading import LoadedModel, cache_root, load_model, resolve_model_dir
+
+
+class ModelRefused(ValueError):
+    """`engine.name` cannot run this model; the message names the model and the reason."""
+
+
+def check_engine_can_run(config: Config, model_dir: Path) -> None:
+    """Refuses, from the model's config alone (no weights loaded), a model the engine cannot run,
+    so a job fails at its start instead of in every actor with every row lost."""
+    from transformers import AutoConfig, DynamicCache
+
+    hf_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=config.model.trust_remote_code)
+    name = f"model.name {config.model.name!r}"
+    if config.engine.name == "transformers":
+        # Our decoder shows one KV cache to k draft rows and keeps the winner's entries; a
+        # sliding-window layer drops old entries on its own, which that bookkeeping cannot follow.
+        kinds = sorted({type(layer).__name__ for layer in DynamicCache(config=hf_config).layers} - {"DynamicLayer"})
+        if kinds:
+            raise ModelRefused(f"{name}: engine.name transformers cannot decode it: its attention layers keep "
+                               f"{', '.join(kinds)} caches (sliding-window attention), and speculative decoding here "
+                               "supports full-attention layers only. Use engine.name: vllm")
+        return
+    from vllm import ModelRegistry
+
+    architectures = getattr(hf_config, "architectures", None) or []
+    supported = set(ModelRegistry.get_supported_archs())
+    if not any(arch in supported for arch in architectures):
+        raise ModelRefused(f"{name}: engine.name vllm has no implementation of {architectures or 'its architecture'} "
+                           "(vLLM's ModelRegistry); use engine.name: transformers if transformers can run it")
+
+
+def build_engine(config: Config, tables: DrafterTables | None = None, loaded: LoadedModel | None = None) -> Engine:
+    """The engine of `config`. Drafter tables not given are built here (or read from their cache)."""
+    if config.engine.name == "vllm":
+        from pipeline.engines.vllm.engine import VllmEngine
+
+        if tables is None:
+            tables = model_tables(config)
+        model_dir, _ = resolve_model_dir(config.model)
+        return VllmEngine(config, str(model_dir), tables)
+    from pipeline.engines.transformers.engine import TransformersEngine
+
+    loaded = loaded or load_model(config.model)
+    if tables is None:
+        tables = build_tables(loaded.model, loaded.tokenizer, loaded.fingerprint, config.decoder, cache_root(config.model))
+    return TransformersEngine(config, loaded, tables)
+
+
+def model_tables(config: Config) -> DrafterTables:
+    """The drafter tables `config.decoder` needs, built with the Hugging Face model (loaded only
+    when a table needs it, else none)."""
+    from drafters.registry import needs_model_tables
+
+    if not needs_model_tables(config.decoder):
+        return DrafterTables()
+    loaded = load_model(config.model)
+    return build_tables(loaded.model, loaded.tokenizer, loaded.fingerprint, config.decoder, cache_root(config.model))

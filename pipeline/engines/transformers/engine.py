@@ -1,0 +1,70 @@
+"""The transformers engine: our own speculative decoder over a Hugging Face model.
+
+The only engine with k > 1 drafts, tree verification, draft models (and the self-draft) and
+lenience; with decoder.max_batch_requests > 1 it batches requests in throughput mode.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from drafters.registry import DrafterTables, load_draft_model, make_drafter
+from pipeline.batched_decoder import BatchedDecoder
+from pipeline.config import Config, DecoderConfig, ModelConfig
+from pipeline.cost_model import cached_cost_model
+from pipeline.decoder import SpeculativeDecoder
+from pipeline.engines.base import Failed, Request, RequestError, Result
+from pipeline.model_loading import LoadedModel, cache_root
+
+
+def build_decoder(config: DecoderConfig, model_config: ModelConfig, loaded: LoadedModel,
+                  tables: DrafterTables) -> SpeculativeDecoder:
+    """The decoder `config` describes: its drafter over `tables`, the draft model if it has one,
+    and with k or w auto this hardware's cost model (measured once per model and device, then cached)."""
+    tokenizer = loaded.tokenizer
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    draft_model = None
+    if config.drafter == "draft_model" and config.w > 0:
+        draft_model = load_draft_model(config, model_config, loaded)
+    drafter = make_drafter(config, tables, pad, draft_model, len(tokenizer))
+    costs = None
+    if config.auto_k or config.auto_w:
+        costs = cached_cost_model(loaded.model, loaded.fingerprint, cache_root(model_config))
+    return SpeculativeDecoder(loaded.model, tokenizer, drafter, config.k, config.w, config.ngram_max_q,
+                              config.lenience, config.verify, costs, config.auto_k, config.auto_w)
+
+
+class TransformersEngine:
+    name = "transformers"
+
+    def __init__(self, config: Config, loaded: LoadedModel, tables: DrafterTables):
+        self.config = config
+        self.tokenizer = loaded.tokenizer
+        self.decoder = build_decoder(config.decoder, config.model, loaded, tables)
+        decoder = config.decoder
+        # Throughput mode (decoder.max_batch_requests > 1): the requests share forward calls.
+        self.batched = None
+        if decoder.max_batch_requests > 1:
+            self.batched = BatchedDecoder(self.decoder, decoder.max_batch_requests, decoder.max_batch_tokens)
+
+    def columns(self) -> dict:
+        decoder = self.config.decoder
+        return {"engine": self.name, "drafter": decoder.drafter, "k": self.decoder.k, "w": self.decoder.w,
+                "auto_k": decoder.auto_k, "auto_w": decoder.auto_w, "lenience": decoder.lenience,
+                "verify": decoder.verify}
+
+    def generate(self, requests: Sequence[Request]) -> list[Result | Failed]:
+        if self.batched is None:
+            return [self.generate_one(request) for request in requests]
+        # Results come back as requests finish; ids may repeat, so they are matched by object.
+        index_of = {id(request): index for index, request in enumerate(requests)}
+        results: list[Result | Failed | None] = [None] * len(requests)
+        for request, result in self.batched.generate_many(requests):
+            results[index_of[id(request)]] = result
+        return results
+
+    def generate_one(self, request: Request) -> Result | Failed:
+        try:
+            return self.decoder.generate(request.prompt_ids, request.max_new_tokens, request.stop,
+                                         request.request_id, request.sampling)
+        except RequestError as error:
+            return Failed(request.request_id, str(error))

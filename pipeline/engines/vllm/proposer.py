@@ -1,0 +1,221 @@
+"""Our drafters as vLLM's proposer: vLLM loads `NgrammysProposer` by name and asks it, every
+engine step, for one draft per running request (`speculative_config={"method": "custom_class",
+"model": "pipeline.engines.vllm.proposer.NgrammysProposer", "num_speculative_tokens": w}`).
+
+vLLM builds the class with its VllmConfig only; the engine then hands it the drafter, the model
+runner (to read request ids) and the settings through `configure` (`attach_drafter`, called on
+the worker with `LLM.collective_rpc`). Until then it proposes nothing.
+
+Per request it keeps the context's n-gram index (grown by the tokens each step emitted, never
+rebuilt), the acceptance rate of each strategy (learned by judging every proposed draft against
+the tokens the request went on to emit, as pipeline/adaptive.py does), and the drafts it
+proposed, which the engine reads back after generation for the per-request statistics.
+
+With `w: auto` the draft length is chosen per request and per step: a step's cost is learned
+online from the engine's own steps (StepCosts), and the batch's draft tokens go, one at a time,
+to the request whose next token is most likely accepted, while that raises the batch's expected
+tokens per second. A request whose drafts fail stops drafting (length 0).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from drafters.base import PADDING, DraftContext, Drafter, Drafts
+from pipeline.adaptive import AcceptanceEstimate, AdaptiveController, RowKind, judge_proposals
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A draft this proposer gave vLLM for one request: the first generated position it guesses."""
+    position: int  # generated tokens before the draft
+    tokens: tuple[int, ...]
+    strategy: str
+
+
+@dataclass
+class Tracked:
+    """What the proposer knows of one running request."""
+    context: DraftContext  # prompt + generated tokens so far, with its n-gram index
+    prompt_length: int
+    limit: int  # the most tokens (prompt + generated) it may reach: a draft never goes past it
+    controller: AdaptiveController  # acceptance rates per strategy (costs unused here)
+    steps: int = 0  # engine steps that emitted tokens for it (the prefill's included)
+    draft_seconds: float = 0.0
+    proposals: list[Proposal] = field(default_factory=list)  # drafts vLLM verified or will
+    pending: list[tuple[int, Drafts]] = field(default_factory=list)  # full candidates to judge
+
+
+class StepCosts:
+    """Seconds of one engine step as a + b n, n the tokens it fed the model (one per running
+    request plus their drafts), fitted by least squares over the recent steps (weights decay by
+    `memory` per step). Little variation in n leaves b at its prior: `prior_slope` of a mean step
+    per token, so drafting is tried again after a stretch without drafts."""
+
+    def __init__(self, memory: float = 0.97, prior_slope: float = 0.02, prior_weight: float = 4.0):
+        self.memory, self.prior_slope, self.prior_weight = memory, prior_slope, prior_weight
+        self.sums = np.zeros(5)  # weighted count, Σn, Σt, Σn², Σnt
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        self.sums = self.memory * self.sums + np.array([1.0, tokens, seconds, tokens * tokens, tokens * seconds])
+
+    def line(self) -> tuple[float, float]:
+        """(a, b): a step feeding n tokens costs about a + b n seconds."""
+        weight, sum_n, sum_t, sum_nn, sum_nt = self.sums
+        if weight < 1:
+            return 1.0, self.prior_slope  # nothing seen yet: only the ratio b / (a + b n) matters
+        mean_n, mean_t = sum_n / weight, sum_t / weight
+        variance, covariance = sum_nn / weight - mean_n ** 2, sum_nt / weight - mean_n * mean_t
+        prior = self.prior_slope * mean_t
+        slope = max(0.0, (weight * covariance + self.prior_weight * prior) / (weight * variance + self.prior_weight))
+        return max(mean_t - slope * mean_n, 1e-6), slope
+
+
+def allocate(alphas: list[float], lengths: list[int], costs: tuple[float, float]) -> list[int]:
+    """Draft tokens per request for one step: maximises (Σ_r E_r) / (a + b Σ_r (1 + j_r)), with
+    E_r = 1 + α_r + ... + α_r^j_r the expected tokens of a request drafting j_r tokens it accepts
+    each with probability α_r. Adding one token to request r raises the expected tokens by its
+    next α_r^(j_r+1) and the cost by b, which pays while α_r^(j_r+1) > b T / C (T, C the totals so
+    far); the gains of a request only fall, so taking the largest next gain first is optimal."""
+    a, b = costs
+    taken = [0] * len(alphas)
+    expected, cost = float(len(alphas)), a + b * len(alphas)
+    while True:
+        gains = [alpha ** (j + 1) if j < length else -1.0 for alpha, j, length in zip(alphas, taken, lengths)]
+        best = int(np.argmax(gains)) if gains else 0
+        if not gains or gains[best] <= b * expected / cost:
+            return taken
+        taken[best] += 1
+        expected, cost = expected + gains[best], cost + b
+
+
+class NgrammysProposer:
+    def __init__(self, vllm_config):
+        spec = vllm_config.speculative_config
+        self.max_w = spec.num_speculative_tokens
+        self.max_model_len = vllm_config.model_config.max_model_len
+        self.drafter: Drafter | None = None
+        self.w = 0
+        self.runner = None
+        self.adaptive = False
+        self.max_q = 1
+        self.tracked: dict[str, Tracked] = {}
+        self.pool: dict[RowKind, AcceptanceEstimate] = {}  # finished requests' evidence: new requests' prior
+        self.costs = StepCosts()
+        self.last_step: tuple[float, int, bool] | None = None  # (when it ended, tokens fed, measurable)
+
+    def configure(self, runner, drafter: Drafter | None, w: int, max_q: int, adaptive: bool) -> None:
+        """Drafts of at most w tokens (w <= vLLM's num_speculative_tokens) from `drafter`."""
+        assert w <= self.max_w, f"vLLM was started for drafts of up to {self.max_w} tokens, not {w}"
+        self.runner, self.drafter, self.w, self.max_q, self.adaptive = runner, drafter, w, max_q, adaptive
+
+    def load_model(self, *args, **kwargs) -> None:
+        """vLLM calls this on every proposer; drafting from tables and contexts loads nothing."""
+
+    @torch.no_grad()
+    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
+                slot_mappings=None) -> list[list[int]]:
+        # sampled_token_ids: [B] the tokens each running request emitted this step (empty: still in
+        # prefill); num_tokens_no_spec: [>=B] its tokens so far; token_ids_cpu: [>=B, max_model_len]
+        started = time.perf_counter()
+        self.observe_step(started)
+        fresh = False  # whether a prefill ran in this step (then its time is not a decoding step's)
+        if self.drafter is None:
+            return [[] for _ in sampled_token_ids]
+        request_ids = self.runner.input_batch.req_ids
+        rows, candidates = [], []
+        for row, sampled in enumerate(sampled_token_ids):
+            if not sampled:
+                fresh = True  # a prefill chunk ran in this step: its time says nothing of drafts
+                continue
+            tracked, new = self.track(request_ids[row], token_ids_cpu[row], int(num_tokens_no_spec[row]), len(sampled))
+            fresh |= new
+            rows.append(row)
+            candidates.append((tracked, self.candidate(tracked)))
+        lengths = self.choose_lengths(candidates)
+        drafts = [[] for _ in sampled_token_ids]
+        for row, (tracked, (strategy, tokens)), length in zip(rows, candidates, lengths):
+            if length:
+                drafts[row] = list(tokens[:length])
+                tracked.proposals.append(Proposal(len(tracked.context) - tracked.prompt_length, tokens[:length], strategy))
+        elapsed = time.perf_counter() - started
+        for tracked, _ in candidates:
+            tracked.draft_seconds += elapsed / len(candidates)
+        fed = len(sampled_token_ids) + sum(map(len, drafts))
+        self.last_step = (time.perf_counter(), fed, not fresh)
+        return drafts
+
+    def observe_step(self, now: float) -> None:
+        """Feeds the step that just ran to the cost model (if nothing but decoding ran in it)."""
+        if self.last_step is not None and self.last_step[2]:
+            ended, fed, _ = self.last_step
+            self.costs.observe(fed, now - ended)
+
+    def track(self, request_id: str, tokens: np.ndarray, length: int, emitted: int) -> tuple[Tracked, bool]:
+        """The request's state, brought up to its `length` tokens (tokens: [max_model_len])."""
+        tracked = self.tracked.get(request_id)
+        new = tracked is None or len(tracked.context) > length
+        if new:  # first seen (or its tokens were rewound): start from its tokens
+            prompt_length = length - emitted
+            params = self.runner.requests[request_id].sampling_params
+            limit = min(self.max_model_len, prompt_length + (params.max_tokens or self.max_model_len))
+            controller = AdaptiveController(None, self.pool)
+            tracked = Tracked(DraftContext(tokens[:length].tolist(), self.max_q), prompt_length, limit, controller)
+            self.tracked[request_id] = tracked
+        else:
+            tracked.context.append(tokens[len(tracked.context):length].tolist())
+            tracked.pending = judge_proposals(tracked.controller, tracked.pending, tracked.context.tokens)
+        tracked.steps += 1
+        return tracked, new
+
+    def candidate(self, tracked: Tracked) -> tuple[str, tuple[int, ...]]:
+        """The drafter's row for the request (strategy, tokens); no tokens when it has no guess."""
+        w = min(self.w, tracked.limit - len(tracked.context) - 1)  # a step emits up to w + 1 tokens
+        if w <= 0:
+            return PADDING, ()
+        drafts = self.drafter.propose(tracked.context, 1, w)  # [1, w]
+        if drafts.strategies[0] == PADDING:
+            return PADDING, ()
+        if self.adaptive:  # judged against what the request emits, whatever length is verified
+            tracked.pending.append((len(tracked.context), drafts))
+        return drafts.strategies[0], tuple(drafts.tokens[0].tolist())
+
+    def choose_lengths(self, candidates: list[tuple[Tracked, tuple[str, tuple[int, ...]]]]) -> list[int]:
+        lengths = [len(tokens) for _, (_, tokens) in candidates]
+        if not self.adaptive:
+            return lengths
+        alphas = [tracked.controller.alpha((strategy, 0)) if tokens else 0.0
+                  for tracked, (strategy, tokens) in candidates]
+        return allocate(alphas, lengths, self.costs.line())
+
+    def take(self, request_ids: list[str]) -> dict[str, Tracked]:
+        """Hands over (and forgets) what it tracked of these finished requests, by the ids
+        LLM.generate returned; their evidence joins the pool that later requests start from.
+        Requests it never saw (no drafter, or finished in their prefill) are left out."""
+        internal = {external_request_id(key): key for key in self.tracked}
+        taken = {}
+        for request_id in request_ids:
+            tracked = self.tracked.pop(internal.get(request_id, ""), None)
+            if tracked is not None:
+                tracked.controller.finish()
+                taken[request_id] = tracked
+        return taken
+
+
+def external_request_id(internal: str) -> str:
+    """vLLM's engine names a request f"{its id in LLM.generate's outputs}-{8 random characters}"."""
+    return internal[:-9]
+
+
+# Called on the worker by LLM.collective_rpc, with the worker as first argument.
+
+def attach_drafter(worker, drafter: Drafter | None, w: int, max_q: int, adaptive: bool) -> None:
+    runner = worker.model_runner
+    runner.drafter.configure(runner, drafter, w, max_q, adaptive)
+
+
+def take_tracked(worker, request_ids: list[str]) -> dict[str, Tracked]:
+    return worker.model_runner.drafter.take(request_ids)

@@ -1,0 +1,147 @@
+"""The vLLM engine on the tiny random model: every drafter of ours as vLLM's proposer gives
+exactly vLLM plain greedy's tokens, with drafts verified; bad requests fail alone; statistics are
+filled. vLLM starts twice for the whole module (plain, and ours with the drafter swapped per test)."""
+import dataclasses
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from drafters.datastore import build_datastore  # noqa: E402
+from pipeline.config import load_config  # noqa: E402
+from pipeline.engines.base import Failed, Request, Result  # noqa: E402
+from pipeline.engines.build import build_engine, model_tables  # noqa: E402
+from pipeline.sampling import SamplingParams  # noqa: E402
+
+W = 4
+PROMPTS = ["def fib(n):\n    if n < 2:\n        return n", "Count: one two three one two three one",
+           "The cat sat on the mat. The cat", "x = [1, 2, 3]\ny = [1, 2, 3]\nz = ["]
+
+
+def config(tiny_model_dir, tmp_path, *overrides):
+    return load_config("configs/default.yaml", [
+        "engine.name=vllm", f"model.name={tiny_model_dir}", f"model.cache_dir={tmp_path}", "engine.enforce_eager=true",
+        "engine.cpu_kv_cache_gib=1", "engine.max_model_len=384", "decoder.max_batch_requests=4", *overrides])
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model_dir, tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    plain = build_engine(config(tiny_model_dir, cache, "decoder.drafter=none", "decoder.w=0"))
+    ours = build_engine(config(tiny_model_dir, cache, "decoder.drafter=context_ngram", "decoder.w=auto"))
+    return plain, ours
+
+
+@pytest.fixture(scope="module")
+def requests(engines):
+    from pipeline.prompts import encode_prompt
+
+    tokenizer = engines[0].tokenizer
+    return [Request(f"r{i}", encode_prompt(tokenizer, prompt, f"r{i}"), 48) for i, prompt in enumerate(PROMPTS)]
+
+
+@pytest.fixture(scope="module")
+def reference(engines, requests):
+    return [result.token_ids for result in engines[0].generate(requests)]
+
+
+def swap(ours, tiny_model_dir, tmp_path, drafter, *overrides):
+    decoder = config(tiny_model_dir, tmp_path, f"decoder.drafter={drafter}", f"decoder.w={W}", *overrides).decoder
+    ours.set_decoder(decoder, model_tables(dataclasses.replace(ours.config, decoder=decoder)))
+
+
+@pytest.mark.parametrize("drafter", ["context_ngram", "unigram", "bigram", "extended_bigram", "mixed"])
+@pytest.mark.parametrize("w", [str(W), "auto"])
+def test_each_drafter_on_vllm_is_vllm_plain_greedy(engines, requests, reference, tiny_model_dir, tmp_path, drafter, w):
+    ours = engines[1]
+    swap(ours, tiny_model_dir, tmp_path, drafter, "decoder.w=auto" if w == "auto" else f"decoder.w={W}")
+    results = ours.generate(requests)
+    assert [r.token_ids for r in results] == reference
+    rows = {}
+    for result in results:
+        for strategy, count in result.stats.strategy_rows.items():
+            rows[strategy] = rows.get(strategy, 0) + count
+        stats = result.stats
+        assert stats.num_generated_tokens == len(result.token_ids) == 48 or result.finish_reason == "eos"
+        assert sum(stats.accepted_length_histogram) == stats.num_target_calls
+    verified = {name: count for name, count in rows.items() if name != "none"}
+    if w != "auto":  # auto may rightly find that drafts do not pay here (see the test below)
+        assert verified, f"{drafter}: no draft was verified ({rows})"
+    assert ours.columns()["drafter"] == drafter and ours.columns()["auto_w"] == (w == "auto")
+
+
+class FixedCosts:
+    """Stands in for the proposer's learned step costs: a step feeding n tokens costs a + b n."""
+
+    def __init__(self, a, b):
+        self.a, self.b = a, b
+
+    def observe(self, tokens, seconds):
+        pass
+
+    def line(self):
+        return self.a, self.b
+
+
+def set_costs(worker, a, b):
+    worker.model_runner.drafter.costs = FixedCosts(a, b)
+
+
+@pytest.mark.parametrize("per_token,drafts", [(0.0, True), (10.0, False)])
+def test_auto_drafts_when_tokens_are_cheap_and_not_when_they_cost_a_step(
+        engines, requests, reference, tiny_model_dir, tmp_path, per_token, drafts):
+    ours = engines[1]
+    swap(ours, tiny_model_dir, tmp_path, "mixed", "decoder.w=auto")
+    ours.llm.collective_rpc(set_costs, args=(0.01, per_token))
+    results = ours.generate(requests)
+    assert [r.token_ids for r in results] == reference
+    verified = sum(r.stats.num_verified_tokens - r.stats.num_target_calls for r in results)
+    assert (verified > 0) == drafts
+
+
+def test_context_drafts_are_accepted_and_save_steps(engines, requests, reference, tiny_model_dir, tmp_path):
+    ours = engines[1]
+    swap(ours, tiny_model_dir, tmp_path, "context_ngram", "decoder.ngram_min_q=1")
+    results = ours.generate(requests)
+    assert [r.token_ids for r in results] == reference
+    accepted = sum(r.stats.strategy_accepted_tokens.get("context_ngram", 0) for r in results)
+    calls = sum(r.stats.num_target_calls for r in results)
+    assert accepted > 0 and calls < sum(len(r.token_ids) for r in results)
+    assert accepted == sum(j * n for r in results for j, n in enumerate(r.stats.accepted_length_histogram))
+
+
+def test_retrieval_on_vllm_is_vllm_plain_greedy(engines, requests, reference, tiny_model_dir, tmp_path):
+    ours = engines[1]
+    tokenizer = ours.tokenizer
+    # A datastore of the reference outputs themselves: retrieval has something to find.
+    build_datastore([tokenizer.decode(ids) and ids for ids in reference], tmp_path / "ds", {"vocab_size": len(tokenizer)})
+    swap(ours, tiny_model_dir, tmp_path, "rest", f"decoder.datastore={tmp_path / 'ds'}")
+    results = ours.generate(requests)
+    assert [r.token_ids for r in results] == reference
+    assert sum(r.stats.strategy_accepted_tokens.get("retrieval", 0) for r in results) > 0
+
+
+def test_bad_requests_fail_alone_and_budgets_and_stops_hold(engines, requests, reference):
+    plain, ours = engines
+    too_long = Request("long", list(range(5, 400)), 10)
+    empty = Request("empty", [], 10)
+    short = dataclasses.replace(requests[0], request_id="short", max_new_tokens=3)
+    results = ours.generate([too_long, requests[1], empty, short])
+    assert isinstance(results[0], Failed) and "no room to generate" in results[0].message
+    assert isinstance(results[2], Failed) and "encodes to no tokens" in results[2].message
+    assert results[1].token_ids == reference[1] and results[3].token_ids == reference[0][:3]
+    assert results[3].finish_reason == "length"
+    text = plain.tokenizer.decode(reference[2], skip_special_tokens=True)
+    stop = text[len(text) // 2:len(text) // 2 + 3]
+    stopped = ours.generate([dataclasses.replace(requests[2], stop=(stop,))])[0]
+    assert isinstance(stopped, Result) and stopped.finish_reason == "stop" and stop not in stopped.text
+    assert stopped.text == text[:text.index(stop)]
+
+
+def test_sampling_reproduces_with_the_seed(engines, requests):
+    ours = engines[1]
+    hot = [dataclasses.replace(r, sampling=SamplingParams(1.0, 0, 0.95, seed=7 + i)) for i, r in enumerate(requests)]
+    first, second = ours.generate(hot), ours.generate(hot)
+    assert [r.token_ids for r in first] == [r.token_ids for r in second]
+    other = ours.generate([dataclasses.replace(hot[0], sampling=SamplingParams(1.0, 0, 0.95, seed=99))])[0]
+    assert other.token_ids != first[0].token_ids
