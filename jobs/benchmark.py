@@ -113,6 +113,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch", default="1,4,8", help="--throughput batch sizes (requests per call)")
     parser.add_argument("--spec", default="context_ngram:auto:auto", help="--throughput: our speculative method(s), comma-separated")
     parser.add_argument("--max-batch-tokens", type=int, default=0, help="--throughput: tokens per call cap (0: none)")
+    parser.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
+                        help="--throughput on vllm: vLLM plain, vllm_ngram (and vllm_suffix where arctic-inference is "
+                             "installed) and --spec on vLLM, beside --reference on the transformers engine")
+    parser.add_argument("--reference", default="context_ngram:auto:auto",
+                        help="--throughput --engine vllm: our transformers engine's method(s) run beside (\"\": none)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="--engine vllm: model dtype")
+    parser.add_argument("--rounds", type=int, default=1, help="--engine vllm: repeat every run; tokens/s is the median")
     parser.add_argument("--pipeline", action="store_true",
                         help="instead: the same prompts through the Ray job and in-process, with the "
                              "decoder of --config, compared in tokens/s after start-up")
@@ -435,8 +442,33 @@ def throughput_markdown(report: dict) -> str:
     return "\n".join(lines)
 
 
+def engine_comparison(args) -> dict:
+    """--throughput --engine vllm: every method through the engine a job would build for it."""
+    import importlib.util
+
+    from pipeline import comparison
+
+    names = ["plain", "vllm_ngram"] + (["vllm_suffix"] if importlib.util.find_spec("arctic_inference") else [])
+    if "vllm_suffix" not in names:
+        print("vllm_suffix: not run (arctic-inference is not installed: make install-suffix)", flush=True)
+    names += [name for name in args.spec.split(",") if name.strip()]
+    names += [f"transformers:{name}" for name in args.reference.split(",") if name.strip()]
+    prompts = [p.prompt for p in load_prompts(args.dataset, args.limit)]
+    base = [f"model.name={json.dumps(args.model)}", f"model.dtype={args.dtype}", "engine.cpu_kv_cache_gib=1"]
+    report = comparison.compare(base, comparison.parse_methods(",".join(names), "vllm"), prompts,
+                                [int(b) for b in args.batch.split(",")], args.max_new_tokens, args.rounds)
+    return {"dataset": args.dataset, "model": args.model, "dtype": args.dtype, **report}
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.throughput and args.engine == "vllm":
+        from pipeline.comparison import markdown as comparison_markdown
+
+        report = engine_comparison(args)
+        Path(args.out).write_text(json.dumps(report, indent=2) + "\n")
+        print(comparison_markdown(report))
+        return report
     if args.throughput:
         loaded = load_model(ModelConfig(name=args.model))
         report = {"dataset": args.dataset, "model": args.model, "throughput": throughput_comparison(args, loaded)}

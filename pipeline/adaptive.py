@@ -60,7 +60,8 @@ class AdaptiveChoice:
 @dataclass
 class AdaptiveController:
     """One per request: it learns that request's acceptance rates, starting from `pool`, the
-    evidence of the decoder's earlier requests (α = 1/2 for a row kind never seen)."""
+    evidence of every request of the decoder so far (α = 1/2 for a row kind never seen). The pool
+    grows as evidence comes, so requests that run together learn from each other at once."""
     costs: CostModel
     pool: dict[RowKind, AcceptanceEstimate] = field(default_factory=dict)
     estimates: dict[RowKind, AcceptanceEstimate] = field(default_factory=dict)
@@ -76,13 +77,6 @@ class AdaptiveController:
     def alpha(self, kind: RowKind) -> float:
         prior = self.pool.get(kind, AcceptanceEstimate()).alpha(0.5, 2.0)
         return self.estimates.get(kind, AcceptanceEstimate()).alpha(prior, PRIOR_WEIGHT)
-
-    def finish(self) -> None:
-        """Adds this request's evidence to the pool, for the requests that follow."""
-        for kind, estimate in self.estimates.items():
-            pooled = self.pool.setdefault(kind, AcceptanceEstimate())
-            pooled.accepted += estimate.accepted
-            pooled.checked += estimate.checked
 
     def row_alphas(self, drafts: Drafts) -> np.ndarray:
         """α of each row ([k_max]), keyed by its strategy and its rank among that strategy's rows."""
@@ -140,25 +134,30 @@ class AdaptiveController:
         for strategy, accepted in zip(drafts.strategies, row_accepted):
             rank = seen[strategy] = seen.get(strategy, -1) + 1
             self.estimates.setdefault((strategy, rank), AcceptanceEstimate()).observe(accepted, w)
+            self.pool.setdefault((strategy, rank), AcceptanceEstimate()).observe(accepted, w)
 
 
 def judge_proposals(controller: AdaptiveController, pending: list[tuple[int, Drafts]],
                     generated: list[int]) -> list[tuple[int, Drafts]]:
     """Scores every proposed row, verified or not, against the tokens the request went on to emit:
     a row would have accepted exactly its common prefix with them (greedy, and point-draft
-    sampling, which matches drafts against the sampled tokens). Returns the proposals still waiting."""
+    sampling, which matches drafts against the sampled tokens). A proposal is judged as soon as
+    every row's fate is known (a token it got wrong, or all of its w tokens emitted), so a wrong
+    guess teaches the controller at the next step. Returns the proposals still waiting."""
     waiting = []
     for position, drafts in pending:
         w = drafts.tokens.shape[1]
         actual = generated[position:position + w]
-        if len(actual) < w:  # judged once all w of its positions have been emitted
+        accepted = [common_prefix(row, actual) for row in drafts.tokens.tolist()]
+        if any(length == len(actual) < w for length in accepted):  # a row right so far: wait
             waiting.append((position, drafts))
             continue
-        accepted = []
-        for row in drafts.tokens.tolist():
-            length = 0
-            while length < len(actual) and row[length] == actual[length]:
-                length += 1
-            accepted.append(length)
         controller.observe(drafts, accepted)
     return waiting
+
+
+def common_prefix(row: list[int], actual) -> int:
+    length = 0
+    while length < len(actual) and row[length] == actual[length]:
+        length += 1
+    return length

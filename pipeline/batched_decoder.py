@@ -168,8 +168,6 @@ class BatchedDecoder:
         slot.finish_reason = finish
 
     def result(self, slot: Slot) -> Result:
-        if slot.controller is not None:
-            slot.controller.finish()
         stats = slot.stats
         stats.num_generated_tokens = len(slot.generated)
         stats.finish_reason = slot.finish_reason

@@ -14,8 +14,12 @@ from typing import Any, Literal
 
 import yaml
 
-DrafterName = Literal["none", "context_ngram", "unigram", "bigram", "extended_bigram", "mixed", "draft_model", "rest"]
+DrafterName = Literal["none", "context_ngram", "unigram", "bigram", "extended_bigram", "mixed", "draft_model", "rest",
+                      "vllm_ngram", "vllm_suffix"]
 DRAFTER_NAMES = typing.get_args(DrafterName)
+# vLLM's own learning-free methods, run by vLLM itself (engine vllm only): n-gram prompt lookup
+# (q from decoder.ngram_min_q to ngram_max_q, w tokens) and suffix decoding (arctic-inference).
+VLLM_METHODS = {"vllm_ngram": "ngram", "vllm_suffix": "suffix"}
 
 
 # The largest k and w a `k: auto` / `w: auto` decoder may choose.
@@ -44,9 +48,10 @@ class EngineConfig:
     cpu_kv_cache_gib: int = 2
     # vLLM on a GPU: the fraction of the GPU's memory vLLM may take.
     gpu_memory_utilization: float = 0.9
-    # vLLM: no torch.compile and no CUDA graphs. Starts in seconds instead of minutes; compiled
-    # runs faster (on this 2-core CPU about 1.25x at batch 1), which pays on long jobs.
-    enforce_eager: bool = False
+    # vLLM: "compiled" (torch.compile, and CUDA graphs on a GPU) or "eager". Compiled runs faster
+    # (on a 2-core CPU about 1.25x at batch 1) but a CPU takes about 2 minutes per actor start to
+    # compile. "auto": compiled on a GPU, eager on a CPU.
+    execution: Literal["auto", "eager", "compiled"] = "auto"
 
     def __post_init__(self):
         if self.name == "auto":
@@ -256,11 +261,17 @@ class Config:
             check_vllm_decoder(self.decoder)
             _require(self.ray.num_gpus_per_actor <= 1, "ray.num_gpus_per_actor",
                      "at most 1 with engine.name vllm (one engine per actor, without tensor parallelism)")
+        else:
+            _require(self.decoder.drafter not in VLLM_METHODS, "decoder.drafter",
+                     f"one of ours with engine.name transformers; {self.decoder.drafter!r} is vLLM's own (engine.name: vllm)")
 
 
 def check_vllm_decoder(decoder: DecoderConfig) -> None:
     """Refuses what vLLM cannot honour, rather than running something else than the config says."""
     transformers_only = "engine.name: transformers"
+    if decoder.drafter == "vllm_suffix":
+        _require(importlib.util.find_spec("arctic_inference") is not None, "decoder.drafter",
+                 "'vllm_suffix' only where arctic-inference is installed (make install-suffix)")
     _require(decoder.drafter != "draft_model", "decoder.drafter",
              f"a point drafter with engine.name vllm; 'draft_model' (speculative sampling) needs {transformers_only}")
     _require(decoder.k == 1 and not decoder.auto_k, "decoder.k",

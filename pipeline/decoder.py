@@ -177,8 +177,6 @@ class SpeculativeDecoder:
             if finish:
                 finish_reason = finish
                 break
-        if controller is not None:
-            controller.finish()
         text = self.decode_text(generated, stop)
         stats.num_generated_tokens = len(generated)
         stats.finish_reason = finish_reason

@@ -195,7 +195,7 @@ def write_run_summary(config: Config, run_id: str, run_dir: Path, wall: float, g
     covers this invocation only."""
     parts = sorted(run_dir.glob(PART_GLOB))
     rows = pa.concat_tables([pq.read_table(part) for part in parts]).to_pylist() if parts else []
-    settings = {section: asdict(getattr(config, section)) for section in ("model", "decoder", "input", "ray")}
+    settings = {section: asdict(getattr(config, section)) for section in ("model", "engine", "decoder", "input", "ray")}
     summary = summarize(rows, wall, settings)
     summary.update(run_id=run_id, **counts, tokens_per_second=round(generated / wall, 3) if wall > 0 else None,
                    tokens_per_second_after_startup=tokens_per_second_after_startup)

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from jobs import benchmark
 from tests.processes import environment, start_ray_head
@@ -128,3 +129,24 @@ def test_benchmark_throughput_compares_batched_methods_at_each_batch_size(tiny_m
     # Ours is identical to single-request greedy at every batch size (hf_greedy batched may not be).
     assert all(r["identical_fraction"] == 1.0 for r in runs if r["method"] != "hf_greedy")
     assert json.loads(out.read_text())["throughput"]["runs"] == runs
+
+
+def test_benchmark_compares_engines_side_by_side_on_the_same_prompts(tiny_model_dir, tmp_path, processes):
+    """--throughput --engine vllm: vLLM plain, vLLM's n-gram, ours on vLLM and ours on the
+    transformers engine, per batch size, each checked against plain greedy on the same engine.
+    A process of its own: vLLM's n-gram imports numba, which no later vLLM start in a process survives."""
+    pytest.importorskip("vllm")
+    out = tmp_path / "engines.json"
+    processes.run([sys.executable, "-m", "jobs.benchmark", "--throughput", "--engine", "vllm", "--batch", "1,2",
+                   "--spec", "context_ngram:1:3,mixed:1:auto", "--reference", "context_ngram:2:3",
+                   "--dataset", "humaneval", "--limit", "3", "--max-new-tokens", "8", "--model", str(tiny_model_dir),
+                   "--out", str(out)], cwd=REPO, env=environment(), timeout=600)
+    runs = json.loads(out.read_text())["runs"]
+    expected = {("vllm", "plain"), ("vllm", "vllm_ngram"), ("vllm", "context_ngram:1:3"), ("vllm", "mixed:1:auto"),
+                ("transformers", "context_ngram:2:3")}
+    for batch in (1, 2):
+        rows = {(r["engine"], r["method"]): r for r in runs if r["batch"] == batch}
+        assert set(rows) == expected
+        assert all(r["tokens_per_second"] > 0 and r["tokens_per_call"] >= 1 for r in rows.values())
+        assert all(r["identical_fraction"] == 1.0 for r in rows.values() if r["engine"] == "vllm")
+        assert rows["vllm", "plain"]["tokens_per_call"] == 1.0 and rows["vllm", "plain"]["vs_plain"] == 1.0

@@ -44,7 +44,6 @@ def test_a_new_request_starts_from_what_earlier_requests_accepted():
     assert first.alpha(("bigram", 0)) == pytest.approx(0.5)  # nothing seen yet
     for _ in range(30):
         first.observe(drafts, [0])
-    first.finish()
     second = AdaptiveController(flat_costs(0.1), pool)
     assert second.alpha(("bigram", 0)) < 0.1
     assert second.choose(drafts, 10).w == 0  # the pool says this row kind is never right

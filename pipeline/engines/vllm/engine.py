@@ -20,7 +20,7 @@ import time
 from typing import Sequence
 
 from drafters.registry import DrafterTables, make_drafter
-from pipeline.config import Config, DecoderConfig
+from pipeline.config import VLLM_METHODS, Config, DecoderConfig
 from pipeline.engines.base import Failed, Request, RequestError, Result, budget, cut_at_stop
 from pipeline.engines.vllm.proposer import Proposal, Tracked, attach_drafter, take_tracked
 from pipeline.model_loading import load_tokenizer
@@ -34,6 +34,9 @@ def set_vllm_environment(config: Config) -> None:
     """vLLM reads these from the environment when the engine starts: set before that."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine runs in this process
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    # vLLM's n-gram method runs numba's parallel loops; numba's default (OpenMP) threads spin after
+    # each loop and, here, slowed the torch work of the whole process 4-5x. Its own work queue blocks.
+    os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(config.engine.cpu_kv_cache_gib)
     # On a CPU, vLLM binds its threads to cores and keeps one core for a scheduler process that
     # does not exist in-process: bind to this process's cores (model.num_threads of them, if set).
@@ -42,6 +45,15 @@ def set_vllm_environment(config: Config) -> None:
         cores = cores[:config.model.num_threads]
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
     os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+
+
+def eager(config: Config) -> bool:
+    """Whether vLLM runs eagerly (engine.execution; auto: eager on a CPU, compiled on a GPU)."""
+    if config.engine.execution == "auto":
+        import torch
+
+        return not torch.cuda.is_available()
+    return config.engine.execution == "eager"
 
 
 class VllmEngine:
@@ -55,25 +67,31 @@ class VllmEngine:
         self.config = config
         self.tokenizer = load_tokenizer(model_dir, config.model)
         self.drafts = decoder.drafter != "none" and decoder.w > 0
+        # Ours run as vLLM's proposer; vLLM's own methods (vllm_ngram, vllm_suffix) run as vLLM has them.
+        self.ours = self.drafts and decoder.drafter not in VLLM_METHODS
         speculative = None
         if self.drafts:
-            speculative = {"method": "custom_class", "model": PROPOSER, "num_speculative_tokens": decoder.w}
+            speculative = {"method": VLLM_METHODS.get(decoder.drafter, "custom_class"), "num_speculative_tokens": decoder.w}
+            if self.ours:
+                speculative["model"] = PROPOSER
+            elif decoder.drafter == "vllm_ngram":
+                speculative.update(prompt_lookup_min=decoder.ngram_min_q, prompt_lookup_max=decoder.ngram_max_q)
         self.llm = LLM(model=model_dir, tokenizer=model_dir, dtype=config.model.dtype, seed=0,
                        trust_remote_code=config.model.trust_remote_code,
                        max_model_len=config.engine.max_model_len or None,
-                       max_num_seqs=decoder.max_batch_requests, enforce_eager=config.engine.enforce_eager,
+                       max_num_seqs=decoder.max_batch_requests, enforce_eager=eager(config),
                        gpu_memory_utilization=config.engine.gpu_memory_utilization,
                        speculative_config=speculative,
                        per_request_spec_decode_metrics="detailed" if self.drafts else "none")
         self.max_model_len = self.llm.llm_engine.model_config.max_model_len
         self.max_w = decoder.w  # vLLM's num_speculative_tokens: fixed from here on
-        if self.drafts:
+        if self.ours:
             self.set_decoder(decoder, tables)
 
     def set_decoder(self, decoder: DecoderConfig, tables: DrafterTables | None = None) -> None:
         """Hands the proposer the drafter `decoder` describes. vLLM fixes the longest draft when it
         starts: another drafter can be swapped in with drafts of at most that many tokens."""
-        assert self.drafts and 1 <= decoder.w <= self.max_w, (
+        assert self.ours and decoder.drafter not in VLLM_METHODS and 1 <= decoder.w <= self.max_w, (
             f"the engine was started for drafts of up to {self.max_w} tokens, not {decoder.w}")
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         drafter = make_drafter(decoder, tables or DrafterTables(), pad, None, len(self.tokenizer))
@@ -109,7 +127,7 @@ class VllmEngine:
             outputs = self.llm.generate(prompts, params, use_tqdm=False)
             wall = time.perf_counter() - started
             tracked = {}
-            if self.drafts:
+            if self.ours:
                 tracked = self.llm.collective_rpc(take_tracked, args=([o.request_id for o in outputs],))[0]
             for index, output in zip(runnable, outputs):
                 results[index] = self.result(requests[index], output, tracked.get(output.request_id), wall)
@@ -123,17 +141,19 @@ class VllmEngine:
         else:  # "stop": an EOS (stop_reason None, or a stop token id) or a stop string
             finish = "stop" if isinstance(completion.stop_reason, str) else "eos"
         text = cut_at_stop(self.tokenizer.decode(token_ids, skip_special_tokens=True), request.stop)
+        decoder = self.config.decoder
         stats = request_stats(len(request.prompt_ids), token_ids, getattr(completion, "spec_decode_metrics", None),
-                              tracked, self.config.decoder.w if self.drafts else 0)
+                              tracked, decoder.w if self.drafts else 0, decoder.drafter)
         stats.finish_reason = finish
         metrics = output.metrics
         stats.total_seconds = (metrics.last_token_ts - metrics.scheduled_ts) if metrics is not None else wall
         return Result(request.request_id, token_ids, text, finish, stats)
 
 
-def request_stats(prompt_length: int, token_ids: list[int], metrics, tracked: Tracked | None, w: int) -> RequestStats:
+def request_stats(prompt_length: int, token_ids: list[int], metrics, tracked: Tracked | None, w: int,
+                  method: str = NO_DRAFT) -> RequestStats:
     """Our per-request columns from vLLM's metrics (metrics: RequestSpecDecodeMetrics or None)
-    and what the proposer tracked (None for plain vLLM)."""
+    and what our proposer tracked (None for plain vLLM and vLLM's own `method`)."""
     histogram = [0] * (w + 1)
     drafted = checked = 0
     if metrics is not None:
@@ -152,8 +172,12 @@ def request_stats(prompt_length: int, token_ids: list[int], metrics, tracked: Tr
     if tracked is not None:
         stats.draft_seconds = tracked.draft_seconds
         attribute_strategies(stats, tracked.proposals, token_ids, steps)
-    elif steps:
-        stats.strategy_rows = {NO_DRAFT: steps}
+        return stats
+    drafted_steps = len(metrics.per_step_drafted) if metrics is not None else 0
+    stats.strategy_rows = {name: count for name, count in ((method, drafted_steps), (NO_DRAFT, steps - drafted_steps))
+                           if count}
+    if accepted:
+        stats.strategy_wins, stats.strategy_accepted_tokens = {method: sum(histogram[1:])}, {method: accepted}
     return stats
 
 

@@ -111,6 +111,8 @@ class NgrammysProposer:
         """Drafts of at most w tokens (w <= vLLM's num_speculative_tokens) from `drafter`."""
         assert w <= self.max_w, f"vLLM was started for drafts of up to {self.max_w} tokens, not {w}"
         self.runner, self.drafter, self.w, self.max_q, self.adaptive = runner, drafter, w, max_q, adaptive
+        # A new drafter starts from nothing: no acceptance evidence, no cost fit of another's steps.
+        self.tracked, self.pool, self.costs, self.last_step = {}, {}, StepCosts(), None
 
     def load_model(self, *args, **kwargs) -> None:
         """vLLM calls this on every proposer; drafting from tables and contexts loads nothing."""
@@ -193,14 +195,12 @@ class NgrammysProposer:
 
     def take(self, request_ids: list[str]) -> dict[str, Tracked]:
         """Hands over (and forgets) what it tracked of these finished requests, by the ids
-        LLM.generate returned; their evidence joins the pool that later requests start from.
-        Requests it never saw (no drafter, or finished in their prefill) are left out."""
+        LLM.generate returned. Requests it never saw (no drafter, or finished in their prefill) are left out."""
         internal = {external_request_id(key): key for key in self.tracked}
         taken = {}
         for request_id in request_ids:
             tracked = self.tracked.pop(internal.get(request_id, ""), None)
             if tracked is not None:
-                tracked.controller.finish()
                 taken[request_id] = tracked
         return taken
 

@@ -20,7 +20,7 @@ PROMPTS = ["def fib(n):\n    if n < 2:\n        return n", "Count: one two three
 
 def config(tiny_model_dir, tmp_path, *overrides):
     return load_config("configs/default.yaml", [
-        "engine.name=vllm", f"model.name={tiny_model_dir}", f"model.cache_dir={tmp_path}", "engine.enforce_eager=true",
+        "engine.name=vllm", f"model.name={tiny_model_dir}", f"model.cache_dir={tmp_path}", "engine.execution=eager",
         "engine.cpu_kv_cache_gib=1", "engine.max_model_len=384", "decoder.max_batch_requests=4", *overrides])
 
 
@@ -145,3 +145,9 @@ def test_sampling_reproduces_with_the_seed(engines, requests):
     assert [r.token_ids for r in first] == [r.token_ids for r in second]
     other = ours.generate([dataclasses.replace(hot[0], sampling=SamplingParams(1.0, 0, 0.95, seed=99))])[0]
     assert other.token_ids != first[0].token_ids
+
+
+def test_vllm_generates_with_a_model_the_transformers_engine_refuses(tiny_gemma3_dir, tmp_path):
+    engine = build_engine(config(tiny_gemma3_dir, tmp_path, "decoder.drafter=context_ngram", "decoder.w=3"))
+    result = engine.generate([Request("g", engine.tokenizer("Hello there")["input_ids"], 8)])[0]
+    assert isinstance(result, Result) and len(result.token_ids) == 8 and result.stats.num_target_calls >= 1

@@ -1,0 +1,153 @@
+"""Side-by-side throughput of methods on the same prompts, each run by the engine a job would
+build for it (python -m jobs.benchmark --throughput --engine vllm).
+
+A method is a name: `plain` (no drafts), `vllm_ngram[:W]` and `vllm_suffix[:W]` (vLLM's own
+methods), or `DRAFTER:k:w` (ours; k and/or w may be `auto`). Methods with the engine `vllm` run on
+vLLM; `transformers:METHOD` runs our own decoder, for reference. Every engine is built once;
+then per round and per batch size B every method generates every prompt, B requests per call,
+the order of methods rotated per batch size so a drift of this machine's speed falls on all alike.
+Tokens/s are medians over the rounds; outputs are compared with `plain` on the same engine and dtype.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+from pipeline.config import Config, load_config
+from pipeline.engines.base import Engine, Request, Result
+from pipeline.engines.build import build_engine
+from pipeline.model_loading import load_model
+
+# vLLM's own methods at the settings the issue measured: n-gram k = 5, q 2..4; suffix k = 16.
+VLLM_DEFAULTS = {"vllm_ngram": ("5", ["decoder.ngram_min_q=2", "decoder.ngram_max_q=4"]), "vllm_suffix": ("16", [])}
+
+
+@dataclass(frozen=True)
+class Method:
+    engine: str  # "vllm" or "transformers"
+    name: str  # as given, without the engine prefix
+
+    def overrides(self) -> list[str]:
+        """The config settings (over the base config) that make this method."""
+        parts = self.name.split(":")
+        if parts[0] == "plain":
+            return ["decoder.drafter=none", "decoder.w=0"]
+        if parts[0] in VLLM_DEFAULTS:
+            w, extra = VLLM_DEFAULTS[parts[0]]
+            return [f"decoder.drafter={parts[0]}", f"decoder.w={parts[1] if len(parts) > 1 else w}", *extra]
+        if len(parts) not in (3, 4):
+            raise ValueError(f"method {self.name!r}: expected plain, vllm_ngram[:W], vllm_suffix[:W] or DRAFTER:k:w[:tree]")
+        verify = [f"decoder.verify={parts[3]}"] if len(parts) == 4 else []
+        return [f"decoder.drafter={parts[0]}", f"decoder.k={parts[1]}", f"decoder.w={parts[2]}", *verify]
+
+
+def parse_methods(names: str, engine: str) -> list[Method]:
+    """`transformers:NAME` runs on the transformers engine; other names on `engine`."""
+    methods = []
+    for name in filter(None, (n.strip() for n in names.split(","))):
+        on, _, rest = name.partition(":")
+        methods.append(Method(on, rest) if on in ("vllm", "transformers") and rest else Method(engine, name))
+    return methods
+
+
+@dataclass
+class Measured:
+    method: Method
+    batch: int
+    seconds: list[float] = field(default_factory=list)  # one per round
+    outputs: list[list[int]] = field(default_factory=list)  # first round's, per prompt
+    tokens: int = 0
+    calls: int = 0  # per-request steps (a request's share of a forward call counts as one)
+
+
+def run_method(engine: Engine, requests: list[Request], batch: int) -> tuple[float, list[Result]]:
+    """Seconds to generate every request, `batch` requests per call, and the results in order."""
+    started = time.perf_counter()
+    results: list[Result] = []
+    for start in range(0, len(requests), batch):
+        results += engine.generate(requests[start:start + batch])
+    return time.perf_counter() - started, results
+
+
+def method_config(base: list[str], method: Method, batch: int) -> Config:
+    return load_config("configs/default.yaml", [*base, f"engine.name={method.engine}", *method.overrides(),
+                                                f"decoder.max_batch_requests={batch}", f"ray.batch_size={batch}"])
+
+
+def compare(base: list[str], methods: list[Method], prompts: list[str], batches: list[int], max_new_tokens: int,
+            rounds: int = 1) -> dict:
+    """Runs every method at every batch size; returns the rows of the comparison."""
+    largest = max(batches)
+    first = method_config(base, methods[0], largest)
+    loaded = load_model(first.model) if any(m.engine == "transformers" for m in methods) else None
+    # vLLM engines serve every batch size (max_num_seqs = the largest); the transformers engine's
+    # batch is part of its decoder, so it gets one engine per batch size (sharing the model).
+    engines: dict[tuple[Method, int], Engine] = {}
+    # vLLM's own methods are built last: its n-gram method imports numba, whose llvmlite answers any
+    # attribute lookup (__dict__ too), and that breaks the module scan of every later vLLM start in
+    # this process (vLLM 0.32's CPU kernel registration). A job has one engine per process.
+    for method in sorted(methods, key=lambda m: m.name.split(":")[0] in VLLM_DEFAULTS):
+        for batch in ([largest] if method.engine == "vllm" else batches):
+            engines[method, batch] = build_engine(method_config(base, method, batch), loaded=loaded)
+    tokenizer = next(iter(engines.values())).tokenizer
+    from pipeline.prompts import encode_prompt
+
+    requests = [Request(str(i), encode_prompt(tokenizer, prompt, str(i)), max_new_tokens) for i, prompt in enumerate(prompts)]
+    measured = {(m, b): Measured(m, b) for m in methods for b in batches}
+    for round_index in range(rounds):
+        for index, batch in enumerate(batches):
+            shift = (index + round_index) % len(methods)
+            for method in methods[shift:] + methods[:shift]:
+                engine = engines[method, batch if method.engine == "transformers" else largest]
+                seconds, results = run_method(engine, requests, batch)
+                record = measured[method, batch]
+                record.seconds.append(seconds)
+                if round_index == 0:
+                    record.outputs = [r.token_ids for r in results]
+                    record.tokens = sum(len(r.token_ids) for r in results)
+                    record.calls = sum(r.stats.num_target_calls for r in results)
+                print(f"round {round_index + 1}/{rounds} B={batch} {method.engine}:{method.name} "
+                      f"{record.tokens / seconds:.2f} tok/s", flush=True)
+    return {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "rounds": rounds,
+            "runs": summarize(list(measured.values()))}
+
+
+def summarize(measured: list[Measured]) -> list[dict]:
+    rows = []
+    for record in measured:
+        rate = record.tokens / statistics.median(record.seconds)
+        plain = plain_of(measured, record)
+        rows.append({"engine": record.method.engine, "method": record.method.name, "batch": record.batch,
+                     "tokens_per_second": round(rate, 3),
+                     "tokens_per_second_rounds": [round(record.tokens / s, 3) for s in record.seconds],
+                     "tokens_per_call": round(record.tokens / record.calls, 3) if record.calls else None,
+                     "identical_fraction": None if plain is None else round(
+                         sum(a == b for a, b in zip(record.outputs, plain.outputs)) / len(record.outputs), 4),
+                     "identical_to": None if plain is None else f"{plain.method.engine}:plain"})
+    for row in rows:
+        same = {(r["engine"], r["method"]): r["tokens_per_second"] for r in rows if r["batch"] == row["batch"]}
+        for reference in (("vllm", "plain"), ("vllm", "vllm_ngram"), ("vllm", "vllm_suffix")):
+            if reference in same:
+                row[f"vs_{reference[1]}"] = round(row["tokens_per_second"] / same[reference], 3)
+    return rows
+
+
+def plain_of(measured: list[Measured], record: Measured) -> Measured | None:
+    """The plain run to check `record` against: its own engine's at the same batch size (the
+    same engine and dtype), else vLLM's (another engine: its kernels may round differently)."""
+    for engine in (record.method.engine, "vllm"):
+        for other in measured:
+            if other.batch == record.batch and other.method == Method(engine, "plain"):
+                return other
+    return None
+
+
+def markdown(report: dict) -> str:
+    lines = ["| batch | engine | method | tokens/s (median) | per round | tokens/call | identical | vs plain | vs vllm_ngram |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in report["runs"]:
+        lines.append(f"| {r['batch']} | {r['engine']} | {r['method']} | {r['tokens_per_second']:.2f} | "
+                     f"{', '.join(f'{x:.1f}' for x in r['tokens_per_second_rounds'])} | {r['tokens_per_call']} | "
+                     f"{r['identical_fraction']} | {r.get('vs_plain', '-')} | {r.get('vs_vllm_ngram', '-')} |")
+    return "\n".join(lines)

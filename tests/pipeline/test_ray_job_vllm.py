@@ -1,0 +1,51 @@
+"""The Ray Data job on the vLLM engine (the default where vLLM is installed), tiny model: every
+row back once, bad rows as error rows, statistics columns filled, the engine named on every row."""
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import ray
+
+pytest.importorskip("vllm")
+
+from pipeline.config import load_config  # noqa: E402
+from pipeline.ray_job import run_job  # noqa: E402
+from tests.pipeline.test_ray_job import REPO, write_jsonl  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(num_cpus=2, include_dashboard=False)
+    yield
+    ray.shutdown()
+
+
+def test_the_job_on_vllm_returns_every_row_once_with_statistics(local_ray, tiny_model_dir, tmp_path):
+    rows = [{"id": "ok", "prompt": "def add(a, b):"}, {"id": "empty", "prompt": ""},
+            {"id": "number", "prompt": 7}, {"id": "long", "prompt": "word " * 2000},
+            {"id": "short", "prompt": "Hi", "max_new_tokens": 2}, {"id": "hot", "prompt": "Hi", "temperature": 0.7},
+            {"id": "none"}, {"id": "ok", "prompt": "again, the same id"}]
+    config = load_config(REPO / "configs/default.yaml", [
+        "engine.name=vllm", f"model.name={tiny_model_dir}", f"model.cache_dir={tmp_path / 'cache'}",
+        "engine.execution=eager", "engine.cpu_kv_cache_gib=1", "engine.max_model_len=384",
+        "decoder.drafter=mixed", "decoder.w=auto", "decoder.max_new_tokens=16", f"job.output={tmp_path / 'out'}",
+        f"input.path={write_jsonl(tmp_path / 'in.jsonl', rows)}", "ray.num_cpus_per_actor=0.5"])
+    summary = run_job(config, "v")
+    out = pa.concat_tables([pq.read_table(p) for p in (tmp_path / "out" / "run=v").glob("part-*.parquet")]).to_pylist()
+    assert sorted(row["id"] for row in out) == sorted(row["id"] for row in rows)
+    by_id = {}
+    for row in out:
+        by_id.setdefault(row["id"], []).append(row)
+    assert all(row["error"] is None and (len(row["token_ids"]) == 16 or row["finish_reason"] == "eos")
+               for row in by_id["ok"])
+    assert "the prompt is empty" in by_id["empty"][0]["error"] and "must be text" in by_id["number"][0]["error"]
+    assert "no room to generate" in by_id["long"][0]["error"] and "no prompt" in by_id["none"][0]["error"]
+    assert len(by_id["short"][0]["token_ids"]) == 2 and by_id["hot"][0]["temperature"] == pytest.approx(0.7)
+    for row in by_id["ok"] + by_id["short"] + by_id["hot"]:
+        assert row["engine"] == "vllm" and row["drafter"] == "mixed" and row["auto_w"] is True
+        assert row["num_target_calls"] >= 1 and row["tokens_per_call"] == row["num_generated_tokens"] / row["num_target_calls"]
+        assert sum(row["accepted_length_histogram"]) == row["num_target_calls"] and row["finish_reason"] in ("length", "eos")
+        assert sum(count for _, count in row["strategy_rows"]) == row["num_target_calls"]
+    assert summary["rows"] == 8 and summary["errored_rows"] == 4
+    assert json.loads((tmp_path / "out" / "run=v" / "summary.json").read_text())["settings"]["engine"]["name"] == "vllm"

@@ -1,0 +1,64 @@
+"""End to end on the real SmolLM2 in vLLM: each of our drafters as vLLM's proposer gives exactly
+vLLM plain greedy's tokens (same engine, same dtype) on HumanEval prompts, with its drafts
+verified and accepted. vLLM starts twice for the module: plain, and ours (drafter swapped)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from pipeline.config import load_config  # noqa: E402
+from pipeline.engines.base import Request  # noqa: E402
+from pipeline.engines.build import build_engine, model_tables  # noqa: E402
+from pipeline.prompts import encode_prompt, load_prompts  # noqa: E402
+from tests.test_smollm2_greedy import stdlib_datastore  # noqa: E402,F401  (a fixture)
+
+NUM_PROMPTS, NEW_TOKENS = 4, 48
+
+
+def smollm2_config(*overrides):
+    return load_config("configs/default.yaml", ["engine.name=vllm", "engine.execution=eager", "engine.cpu_kv_cache_gib=1",
+                                                "engine.max_model_len=1024", *overrides])
+
+
+@pytest.fixture(scope="module")
+def engines():
+    plain = build_engine(smollm2_config("decoder.drafter=none", "decoder.w=0"))
+    ours = build_engine(smollm2_config("decoder.drafter=context_ngram", "decoder.w=auto"))
+    return plain, ours
+
+
+@pytest.fixture(scope="module")
+def requests(engines):
+    tokenizer = engines[0].tokenizer
+    return [Request(p.request_id, encode_prompt(tokenizer, p.prompt, p.request_id), NEW_TOKENS)
+            for p in load_prompts("humaneval", NUM_PROMPTS)]
+
+
+@pytest.fixture(scope="module")
+def reference(engines, requests):
+    return [result.token_ids for result in engines[0].generate(requests)]
+
+
+@pytest.mark.parametrize("drafter,w,accepted_from", [
+    ("context_ngram", "auto", "context_ngram"), ("mixed", "auto", "context_ngram"), ("bigram", "3", "bigram"),
+    ("extended_bigram", "4", "extended_bigram"), ("unigram", "2", None), ("rest", "4", "retrieval")])
+def test_each_drafter_on_vllm_is_vllm_plain_greedy(engines, requests, reference, stdlib_datastore, drafter, w,  # noqa: F811
+                                                  accepted_from):
+    ours = engines[1]
+    datastore = [f"decoder.datastore={stdlib_datastore}"] if drafter == "rest" else []
+    decoder = smollm2_config(f"decoder.drafter={drafter}", f"decoder.w={w}", *datastore).decoder
+    ours.set_decoder(decoder, model_tables(dataclasses.replace(ours.config, decoder=decoder)))
+    results = ours.generate(requests)
+    assert [r.token_ids for r in results] == reference, f"{drafter}:{w} differs from vLLM plain greedy"
+    rows, accepted = {}, {}
+    for result in results:
+        for strategy, count in result.stats.strategy_rows.items():
+            rows[strategy] = rows.get(strategy, 0) + count
+        for strategy, count in result.stats.strategy_accepted_tokens.items():
+            accepted[strategy] = accepted.get(strategy, 0) + count
+    assert set(rows) - {"none"}, f"{drafter}: no draft was verified ({rows})"
+    if accepted_from is not None:  # the unigram, being context-free, is hardly ever right
+        assert accepted.get(accepted_from, 0) > 0, f"{drafter}: no {accepted_from} draft token accepted ({accepted})"
