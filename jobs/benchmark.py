@@ -287,10 +287,12 @@ def pipeline_comparison(args) -> dict:
                                        f"job.output={json.dumps(output)}"])
     prompts = load_prompts(args.dataset, args.limit)
     stage = GenerationStage(config)
+    size = config.ray.batch_size  # the same batches as the job's actor gets
     started = time.perf_counter()
-    table = stage({"id": [p.request_id for p in prompts], "prompt": [p.prompt for p in prompts]})
+    tables = [stage({"id": [p.request_id for p in prompts[i:i + size]], "prompt": [p.prompt for p in prompts[i:i + size]]})
+              for i in range(0, len(prompts), size)]
     in_process_seconds = time.perf_counter() - started
-    in_process_tokens = sum(table.column("num_generated_tokens").to_pylist())
+    in_process_tokens = sum(sum(table.column("num_generated_tokens").to_pylist()) for table in tables)
     del stage
     ray.init()
     summary = run_job(config, "benchmark")

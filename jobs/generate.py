@@ -23,6 +23,7 @@ import ray  # noqa: E402
 
 from pipeline.config import ConfigError, load_config  # noqa: E402
 from pipeline.ray_job import JobFailed, new_run_id, run_job  # noqa: E402
+from pipeline.storage import StorageError  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -47,8 +48,7 @@ def main(argv=None) -> dict:
     summary = run_job(config, run_id)
     print(json.dumps(summary, indent=2, default=list))
     print(rows_line(summary, config.input.limit))
-    run_dir = f"{config.job.output}/run={run_id}"
-    print(f"Parquet: {run_dir}/part-*.parquet\nSummary: {run_dir}/summary.json")
+    print(f"Parquet: {summary['run_dir']}/*.parquet\nSummary: {summary['run_dir']}/summary.json")
     return summary
 
 
@@ -80,5 +80,5 @@ def rows_line(summary: dict, limit: int) -> str:
 if __name__ == "__main__":
     try:
         main()
-    except (ConfigError, JobFailed) as error:
+    except (ConfigError, JobFailed, StorageError) as error:
         sys.exit(f"error: {error}")

@@ -2,8 +2,8 @@
 
     python -m jobs.report RUN_DIR [--out DIR]
 
-RUN_DIR is a run's directory (<output>/run=<id>, holding part-*.parquet), or an output directory
-holding exactly one run. Writes to DIR (default RUN_DIR/report): the paper's Figure 4 ablations
+RUN_DIR is a run's directory (<output>/run=<id>, holding its Parquet files), or an output
+directory holding exactly one run; a local path or a URI (s3://, gs://, ...). Writes to DIR (default RUN_DIR/report): the paper's Figure 4 ablations
 (accepted_length.png, accepted_rank.png, strategy_rows.png, strategy_wins.png) with one bar
 group per decoder setting found in the run, tokens_per_call.png (its distribution over
 requests), and report.json / report.md with the totals. Rows that errored are counted, not plotted.
@@ -17,8 +17,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 
+import pyarrow.fs as pafs
+
+from pipeline import storage
 from pipeline.plots import AcceptanceCounts, pyplot, save_acceptance_plots
-from pipeline.ray_job import PART_GLOB
 
 COLUMNS = ("id", "error", "drafter", "k", "w", "auto_k", "auto_w", "verify", "num_generated_tokens",
            "num_target_calls", "num_verified_tokens", "tokens_per_call", "alpha", "total_seconds",
@@ -31,31 +33,37 @@ class ReportError(ValueError):
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("run_dir")
     parser.add_argument("--out", type=Path, help="default: RUN_DIR/report")
     return parser.parse_args(argv)
 
 
-def find_parts(run_dir: Path) -> list[Path]:
-    if not run_dir.is_dir():
+def find_parts(run_dir: str) -> list[str]:
+    """The run's Parquet files (run_dir, or the one run=* directory inside it)."""
+    found = storage.info(run_dir, "RUN_DIR")
+    if found.type != pafs.FileType.Directory:
         raise ReportError(f"{run_dir}: no such directory")
-    parts = sorted(run_dir.glob(PART_GLOB))
+    filesystem, inner = storage.resolve(run_dir)
+    entries = filesystem.get_file_info(pafs.FileSelector(inner))
+    parts = sorted(e.path for e in entries if e.is_file and e.path.endswith(".parquet"))
     if parts:
-        return parts
-    runs = sorted(path for path in run_dir.glob("run=*") if path.is_dir())
+        prefix = run_dir[:run_dir.find("://") + 3] if storage.is_uri(run_dir) else ""
+        return [prefix + part for part in parts]
+    runs = storage.list_directories(run_dir, "run=")
     if len(runs) == 1:
-        return find_parts(runs[0])
+        return find_parts(storage.join(run_dir, runs[0]))
     if runs:
-        raise ReportError(f"{run_dir} holds {len(runs)} runs ({', '.join(r.name for r in runs)}): pass one of them")
-    raise ReportError(f"{run_dir}: no {PART_GLOB} files (is it a run directory of python -m jobs.generate?)")
+        raise ReportError(f"{run_dir} holds {len(runs)} runs ({', '.join(runs)}): pass one of them")
+    raise ReportError(f"{run_dir}: no Parquet files (is it a run directory of python -m jobs.generate?)")
 
 
-def read_rows(parts: list[Path]) -> list[dict]:
+def read_rows(parts: list[str]) -> list[dict]:
     rows = []
     for part in parts:
-        schema = pq.read_schema(part)
+        filesystem, inner = storage.resolve(part)
+        schema = pq.read_schema(inner, filesystem=filesystem)
         columns = [name for name in COLUMNS if name in schema.names]  # runs written before a column existed
-        rows += pq.read_table(part, columns=columns).to_pylist()
+        rows += pq.read_table(inner, columns=columns, filesystem=filesystem).to_pylist()
     return rows
 
 
@@ -112,7 +120,9 @@ def main(argv=None) -> dict:
     groups: dict[str, list[dict]] = {}
     for row in succeeded:
         groups.setdefault(setting_label(row), []).append(row)
-    out = args.out or args.run_dir / "report"
+    if args.out is None and storage.is_uri(args.run_dir):
+        raise ReportError(f"{args.run_dir} is not a local directory: give --out for the plots")
+    out = args.out or Path(args.run_dir) / "report"
     paths = save_acceptance_plots({label: AcceptanceCounts.total(group) for label, group in groups.items()}, out)
     paths.append(save_tokens_per_call(groups, out / "tokens_per_call.png"))
     report = {"run_dir": str(args.run_dir), "rows": len(rows), "errored_rows": len(rows) - len(succeeded),

@@ -24,11 +24,15 @@ from drafters.base import DraftContext, Drafts
 from pipeline.adaptive import AdaptiveController, judge_proposals
 from pipeline.decoder import SpeculativeDecoder, no_drafts, select_rows
 from pipeline.engines.base import Failed, Request, RequestError, Result, budget
-from pipeline.kv_cache import prefill
+from pipeline.kv_cache import prefill_many
 from pipeline.ragged_cache import RaggedCache
 from pipeline.sampling import GREEDY, RandomState, SamplingParams, target_probs
 from pipeline.stats import RequestStats
 from pipeline.tree import DraftTree, build_tree, tree_visibility, verify_tree_greedy, verify_tree_sampled
+
+
+# Joiners are prefilled together in padded calls of at most this many tokens (rows x longest).
+PREFILL_TOKENS = 8192
 
 
 @dataclass
@@ -44,6 +48,19 @@ class Slot:
     generated: list[int] = field(default_factory=list)
     pending: list[tuple[int, Drafts]] = field(default_factory=list)  # proposals to judge (adaptive)
     finish_reason: str | None = None
+
+
+def prefill_groups(joiners: list[tuple[Request, int]]) -> list[list[tuple[Request, int]]]:
+    """Consecutive groups whose padded prefill (rows x longest prompt) stays within PREFILL_TOKENS."""
+    groups, group, longest = [], [], 0
+    for joiner in joiners:
+        longer = max(longest, len(joiner[0].prompt_ids))
+        if group and (len(group) + 1) * longer > PREFILL_TOKENS:
+            groups.append(group)
+            group, longer = [], len(joiner[0].prompt_ids)
+        group.append(joiner)
+        longest = longer
+    return groups + [group] if group else groups
 
 
 class BatchedDecoder:
@@ -62,15 +79,13 @@ class BatchedDecoder:
         cache = RaggedCache(self.model)
         slots: list[Slot | None] = []
         while True:
-            for row in range(self.max_batch_requests):
-                if row >= len(slots) or slots[row] is None:
-                    slot = yield from self.admit(queue, cache, row if row < len(slots) else len(slots))
-                    if slot is None:
-                        break
-                    if row < len(slots):
-                        slots[row] = slot
-                    else:
-                        slots.append(slot)
+            free = [row for row in range(self.max_batch_requests) if row >= len(slots) or slots[row] is None]
+            joiners = yield from self.take(queue, len(free))
+            for row, slot in zip(free, self.start(joiners, cache, free)):
+                if row < len(slots):
+                    slots[row] = slot
+                else:
+                    slots.append(slot)
             active = [row for row, slot in enumerate(slots) if slot is not None]
             if not active:
                 return
@@ -85,24 +100,38 @@ class BatchedDecoder:
                     cache.valid[row] = False
             cache.compact()
 
-    def admit(self, queue: Iterator[Request], cache: RaggedCache, row: int):
-        """Starts the next valid request in `row` (yielding a Failed for each invalid one)."""
-        for request in queue:
+    def take(self, queue: Iterator[Request], count: int):
+        """Up to `count` next valid requests with their budgets (yielding a Failed for each invalid one)."""
+        taken = []
+        while len(taken) < count:
+            request = next(queue, None)
+            if request is None:
+                break
             try:
-                budget_ = budget(request, self.decoder.max_positions)
+                taken.append((request, budget(request, self.decoder.max_positions)))
             except RequestError as error:
                 yield request, Failed(request.request_id, str(error))
-                continue
-            prompt = request.prompt_ids
-            random = None if request.sampling.greedy else RandomState(request.sampling.seed, budget_)
-            # Like the single-request decoder: the cache holds all but the last token.
-            cache.put(row, prefill(self.model, prompt[:-1]), len(prompt) - 1)
-            controller = AdaptiveController(self.decoder.costs, self.decoder.acceptance_pool) if self.adaptive else None
-            stats = RequestStats(num_prompt_tokens=len(prompt), accepted_length_histogram=[0] * (self.decoder.w + 1),
-                                 accepted_rank_histogram=[0] * self.decoder.k)
-            return Slot(request, budget_, DraftContext(prompt, self.decoder.ngram_max_q, request.sampling, random),
-                        random, stats, controller, time.perf_counter())
-        return None
+        return taken
+
+    def start(self, joiners: list[tuple[Request, int]], cache: RaggedCache, rows: list[int]) -> list[Slot]:
+        """Starts the joiners in `rows`, prefilled together (like the single-request decoder, the
+        cache holds all but each prompt's last token)."""
+        slots, rows = [], iter(rows)
+        for group in prefill_groups(joiners):
+            prefix = prefill_many(self.model, [list(request.prompt_ids[:-1]) for request, _ in group])
+            for source_row, (request, budget_) in enumerate(group):
+                cache.put(next(rows), prefix, len(request.prompt_ids) - 1, source_row)
+                slots.append(self.new_slot(request, budget_))
+        return slots
+
+    def new_slot(self, request: Request, budget_: int) -> Slot:
+        prompt = request.prompt_ids
+        random = None if request.sampling.greedy else RandomState(request.sampling.seed, budget_)
+        controller = AdaptiveController(self.decoder.costs, self.decoder.acceptance_pool) if self.adaptive else None
+        stats = RequestStats(num_prompt_tokens=len(prompt), accepted_length_histogram=[0] * (self.decoder.w + 1),
+                             accepted_rank_histogram=[0] * self.decoder.k)
+        return Slot(request, budget_, DraftContext(prompt, self.decoder.ngram_max_q, request.sampling, random),
+                    random, stats, controller, time.perf_counter())
 
     def step(self, slots: list[Slot], cache: RaggedCache) -> None:
         started = time.perf_counter()
@@ -122,9 +151,9 @@ class BatchedDecoder:
             verdict, path = self.verify(slot, drafts, tree, logits[row, :len(tree.tokens) + 1])
             kept.append([0] + [node + 1 for node in path])
             self.emit(slot, verdict.tokens)
-            share = 1 / len(slots)  # the call's time is shared by the requests it served
+            share = 1 / len(slots)  # the call (and its time) is shared by the requests it served
             slot.stats.observe(verdict, drafts, len(tree.tokens) + 1, (verify_started - started) * share,
-                               (time.perf_counter() - verify_started) * share)
+                               (time.perf_counter() - verify_started) * share, share)
         cache.keep_new(kept, width)
 
     def forward(self, slots: list[Slot], trees: list[DraftTree], cache: RaggedCache) -> tuple[torch.Tensor, int]:

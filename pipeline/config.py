@@ -182,6 +182,9 @@ class DecoderConfig:
             _require(not self.auto_w, "decoder.w", "a number with drafter 'draft_model' ('auto' chooses among "
                      "drafts already proposed, which for a draft model would waste its calls)")
             _require(self.k == 1, "decoder.k", "1 with drafter 'draft_model' (it proposes one row of w tokens)")
+            _require(self.verify == "batch", "decoder.verify",
+                     "'batch' with drafter 'draft_model' (speculative sampling verifies its one row with the "
+                     "draft's probabilities; there is no tree to merge)")
         if self.drafter in ("bigram", "extended_bigram", "mixed"):
             _require(self.k <= self.bigram_top_k, "decoder.k",
                      f"at most decoder.bigram_top_k ({self.bigram_top_k}) with drafter {self.drafter!r}")

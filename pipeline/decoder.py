@@ -25,6 +25,10 @@ from pipeline.tree import build_tree, tree_inputs, verify_tree_greedy, verify_tr
 from pipeline.verification import Verdict, verify_greedy
 
 
+# A stop string of n characters spans at most n tokens that decode to text; a few more cover
+# tokens that decode to nothing alone (special tokens, the first bytes of a character).
+STOP_MARGIN_TOKENS = 4
+
 # Strategy name of a step that verified no draft (plain decoding, or nothing worth guessing).
 NO_DRAFT = "none"
 
@@ -196,14 +200,20 @@ class SpeculativeDecoder:
         return tokens, None
 
     def stop_cut(self, generated: list[int], checked: int, stop: tuple[str, ...]) -> int | None:
-        """Fewest tokens whose text contains a stop string, if one ended among generated[checked:]."""
-        if not stop or not any(s in self.tokenizer.decode(generated, skip_special_tokens=True) for s in stop):
+        """Fewest tokens whose text contains a stop string, if one ended among generated[checked:]
+        (none ended earlier: it would have been cut then). Only a tail is decoded, long enough to
+        hold any stop string that ends among the new tokens, so checking stays linear in length."""
+        if not stop:
             return None
-        for length in range(checked + 1, len(generated) + 1):
-            text = self.tokenizer.decode(generated[:length], skip_special_tokens=True)
-            if any(s in text for s in stop):
-                return length
-        return None
+        start = max(0, checked - max(map(len, stop)) - STOP_MARGIN_TOKENS)
+
+        def stopped(end: int) -> bool:
+            text = self.tokenizer.decode(generated[start:end], skip_special_tokens=True)
+            return any(s in text for s in stop)
+
+        if not stopped(len(generated)):
+            return None
+        return next(length for length in range(checked + 1, len(generated) + 1) if stopped(length))
 
     def decode_text(self, generated: list[int], stop: tuple[str, ...]) -> str:
         text = self.tokenizer.decode(generated, skip_special_tokens=True) if self.tokenizer else ""

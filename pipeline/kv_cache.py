@@ -54,6 +54,27 @@ def expanded_copy(cache: DynamicCache, batch_size: int) -> DynamicCache:
 
 
 @torch.no_grad()
+def prefill_many(model, prompts: list[list[int]]) -> DynamicCache:
+    """Runs the model over several token lists in one call, left-padded to the longest: row j's
+    cache entries for prompts[j] are its last len(prompts[j]) columns (padding is masked out)."""
+    width = max(len(tokens) for tokens in prompts)
+    cache = DynamicCache(config=model.config)
+    if width == 0:
+        return cache
+    input_ids = torch.zeros(len(prompts), width, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, tokens in enumerate(prompts):
+        if tokens:
+            input_ids[row, width - len(tokens):] = torch.tensor(tokens)
+            mask[row, width - len(tokens):] = 1
+    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
+    device = model.device
+    model(input_ids=input_ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+          past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return cache
+
+
+@torch.no_grad()
 def prefill(model, token_ids: list[int]) -> DynamicCache:
     """Runs the model over `token_ids` once and returns the cache (empty when there are none)."""
     cache = DynamicCache(config=model.config)

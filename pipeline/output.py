@@ -1,18 +1,24 @@
-"""The output table (one row per input row, columns fixed by an explicit Arrow schema) and the run summary."""
+"""The output table: one row per input row, columns fixed by an explicit Arrow schema."""
 from __future__ import annotations
 
 import pyarrow as pa
 
 COUNTS = pa.map_(pa.string(), pa.int64())
 SCHEMA = pa.schema([
-    ("id", pa.string()),
+    ("id", pa.string()),  # the input's id as text ("" when the row has none)
     ("text", pa.string()),
     ("token_ids", pa.list_(pa.int64())),
+    # ray.data.llm's names for the same: generated_text = text, generated_tokens = token_ids,
+    # num_input_tokens = num_prompt_tokens (num_generated_tokens is one name for both).
+    ("generated_text", pa.string()),
+    ("generated_tokens", pa.list_(pa.int64())),
+    ("num_input_tokens", pa.int64()),
     ("finish_reason", pa.string()),
     ("num_prompt_tokens", pa.int64()),
     ("num_generated_tokens", pa.int64()),
     ("num_target_calls", pa.int64()),
     ("num_verified_tokens", pa.int64()),
+    ("forward_call_share", pa.float64()),  # 1/B per call that served B requests; rows sum to the calls made
     ("tokens_per_call", pa.float64()),
     ("accepted_length_histogram", pa.list_(pa.int64())),
     ("accepted_rank_histogram", pa.list_(pa.int64())),
@@ -35,7 +41,7 @@ SCHEMA = pa.schema([
     ("w", pa.int64()),
     ("auto_k", pa.bool_()),  # k: auto (then k is the largest k a step may choose)
     ("auto_w", pa.bool_()),  # w: auto (then w is the largest w a step may choose)
-    ("verify", pa.string()),  # "batch" or "tree"
+    ("verify", pa.string()),  # "batch" or "tree": the mode that ran (throughput mode verifies trees)
     ("lenience", pa.float64()),  # 1 is exact; < 1 is the lossy option
     ("temperature", pa.float64()),
     ("top_k", pa.int64()),
@@ -43,19 +49,3 @@ SCHEMA = pa.schema([
     ("seed", pa.int64()),  # the seed this row sampled with (derived from decoder.seed and the id if not given)
     ("error", pa.string()),  # null when the row succeeded
 ])
-
-
-def summarize(rows: list[dict], wall_seconds: float, settings: dict) -> dict:
-    succeeded = [row for row in rows if row["error"] is None]
-    generated = sum(row["num_generated_tokens"] or 0 for row in succeeded)
-    calls = sum(row["num_target_calls"] or 0 for row in succeeded)
-    return {
-        "rows": len(rows),
-        "errored_rows": len(rows) - len(succeeded),
-        "generated_tokens": generated,
-        "wall_seconds": round(wall_seconds, 3),
-        "tokens_per_second": round(generated / wall_seconds, 3) if wall_seconds > 0 else None,
-        "mean_tokens_per_call": round(generated / calls, 4) if calls else None,
-        "settings": settings,
-    }
-

@@ -49,17 +49,18 @@ class RaggedCache:
         valid[:self.rows, left_columns:] = self.valid
         self.valid = valid
 
-    def put(self, row: int, prefix: DynamicCache, length: int) -> None:
-        """Makes `row` (a new row if row == rows) hold a request whose batch-1 cache `prefix` has
-        `length` entries, right-aligned in the columns; whatever the row held is dropped."""
+    def put(self, row: int, prefix: DynamicCache, length: int, source_row: int = 0) -> None:
+        """Makes `row` (a new row if row == rows) hold a request whose entries are the last
+        `length` columns of row `source_row` of `prefix` (a prefill's cache), right-aligned in the
+        columns; whatever the row held is dropped."""
         assert row <= self.rows
         self._resize(1 if row == self.rows else 0, max(0, length - self.columns))
         self.valid[row] = False
         if length:
             start = self.columns - length
             for layer, source in zip(_full_layers(self.cache), _full_layers(prefix)):
-                layer.keys[row, :, start:] = source.keys[0, :, :length]
-                layer.values[row, :, start:] = source.values[0, :, :length]
+                layer.keys[row, :, start:] = source.keys[source_row, :, -length:]
+                layer.values[row, :, start:] = source.values[source_row, :, -length:]
             self.valid[row, start:] = True
 
     def attention_mask(self, visible_new: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -1,64 +1,78 @@
-"""The Ray Data job: input shards -> actor pool of GenerationStage -> Parquet parts of a run.
+"""The Ray Data job: input -> actor pool of GenerationStage -> Parquet written by the workers.
 
-Outputs of a run live in <output>/run=<run_id>/ as part files, each written to a temporary name
-and renamed when complete. Re-running a run id reads the ids in its complete parts and skips
-them, so a job killed half-way and started again writes every id exactly once.
+Nothing funnels through the driver:
+- the model is prepared where it runs: a Ray task with the actors' resources converts a GGUF file
+  if need be, checks that the engine can run the model, and builds the drafter tables, which stay
+  in the object store of its node (every actor maps one read-only copy per node);
+- the workers write the outputs with Ray Data's Parquet writer, one file per block, under
+  <output>/run=<run_id>/ (local paths and s3://, gs://, abfs:// URIs through pyarrow.fs);
+- resuming is Ray Data's checkpointing: the ids of the rows written are recorded under
+  <output>/_checkpoints/run=<run_id>/ as they are written, and a rerun of the run id skips them on
+  read, so a job killed half-way and started again writes every id exactly once;
+- the run summary is a Ray Data aggregate over the run's files, plus what a small progress actor
+  counted this time (rows, errors, tokens, when generation started and ended, which nodes).
 """
 from __future__ import annotations
 
 import dataclasses
-import glob
 import json
-import os
+import resource
 import time
-import uuid
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.compute  # noqa: F401  (pa.compute)
-import pyarrow.parquet as pq
 import ray
+from ray.data.checkpoint import CheckpointConfig
+from ray.data.checkpoint.checkpoint_filter import NumpyArrayBasedCheckpointFilter
 
 from drafters.datastore import Datastore
 from drafters.registry import build_tables, needs_model_tables
+from pipeline import storage
 from pipeline.config import Config, InputConfig
 from pipeline.engines.build import ModelRefused, check_engine_can_run
 from pipeline.model_loading import cache_root, load_model, resolve_model_dir
-from pipeline.output import summarize
+from pipeline.progress import RunProgress
 from pipeline.prompts import load_prompts
-from pipeline.stage import GenerationStage
+from pipeline.stage import GenerationStage, request_key
 
 BUILTIN_DATASETS = ("humaneval", "gsm8k")
-PART_GLOB = "part-*.parquet"
+# Small and fractional on purpose: on a 2-CPU machine reads and writes that wait for a whole CPU
+# beside the actors hang (and so does a resumed run's checkpoint filter).
+IO_CPUS = 0.25
 
 
 class JobFailed(RuntimeError):
     """The job stopped on purpose (too many errored rows, unusable input); the message says why."""
 
 
+# --- Input ----------------------------------------------------------------------------------
+
 def input_files(source: InputConfig) -> list[str] | str:
     path = source.path
     if any(ch in path for ch in "*?["):
-        files = sorted(glob.glob(path))
+        files = storage.glob(path, "input.path")
         if not files:
             raise JobFailed(f"input.path: the glob {path!r} matches no file")
         return files
-    if not os.path.exists(path):
+    if storage.info(path, "input.path").type.name == "NotFound":
         raise JobFailed(f"input.path: {path!r} does not exist (nor is it one of {', '.join(BUILTIN_DATASETS)})")
-    return path
+    return storage.uri(path)
 
 
 def input_format(source: InputConfig, files) -> str:
     if source.format != "auto":
         return source.format
     first = files[0] if isinstance(files, list) else files
-    if os.path.isdir(first):
-        if os.path.exists(os.path.join(first, "dataset_info.json")) or os.path.exists(os.path.join(first, "state.json")):
-            return "hf_dataset"
-        names = os.listdir(first)
-        first = next((n for n in sorted(names) if not n.startswith((".", "_"))), "")
+    if storage.info(first, "input.path").type.name == "Directory":
+        filesystem, inner = storage.resolve(first)
+        for marker in ("dataset_info.json", "state.json"):
+            if filesystem.get_file_info(f"{inner}/{marker}").is_file:
+                return "hf_dataset"
+        import pyarrow.fs as pafs
+
+        names = sorted(Path(e.path).name for e in filesystem.get_file_info(pafs.FileSelector(inner, recursive=True)) if e.is_file)
+        first = next((n for n in names if not n.startswith((".", "_"))), "")
     for suffix, kind in ((".jsonl", "jsonl"), (".json", "jsonl"), (".parquet", "parquet"), (".csv", "csv")):
         if first.endswith(suffix):
             return kind
@@ -68,21 +82,19 @@ def input_format(source: InputConfig, files) -> str:
 def read_input(source: InputConfig) -> ray.data.Dataset:
     if source.path in BUILTIN_DATASETS:
         prompts = load_prompts(source.path)
-        dataset = ray.data.from_items([{source.id_column: p.request_id, source.prompt_column or "prompt": p.prompt}
-                                       for p in prompts])
-    else:
-        files = input_files(source)
-        kind = input_format(source, files)
-        if kind == "jsonl":
-            dataset = ray.data.read_json(files, lines=True, file_extensions=["jsonl", "json"])
-        elif kind == "parquet":
-            dataset = ray.data.read_parquet(files, file_extensions=["parquet"])
-        elif kind == "csv":
-            dataset = ray.data.read_csv(files, file_extensions=["csv"])
-        else:
-            import datasets
-            dataset = ray.data.from_huggingface(datasets.load_from_disk(files if isinstance(files, str) else files[0]))
-    return dataset
+        return ray.data.from_items([{source.id_column: p.request_id, source.prompt_column or "prompt": p.prompt}
+                                    for p in prompts])
+    files = input_files(source)
+    kind = input_format(source, files)
+    filesystem = storage.resolve(files[0] if isinstance(files, list) else files)[0]
+    if kind == "jsonl":  # its line reader takes no filesystem argument: Ray resolves the URIs itself
+        return ray.data.read_json(files, lines=True, file_extensions=["jsonl", "json"], num_cpus=IO_CPUS)
+    if kind == "parquet":
+        return ray.data.read_parquet(files, file_extensions=["parquet"], filesystem=filesystem, num_cpus=IO_CPUS)
+    if kind == "csv":
+        return ray.data.read_csv(files, file_extensions=["csv"], filesystem=filesystem, num_cpus=IO_CPUS)
+    import datasets
+    return ray.data.from_huggingface(datasets.load_from_disk(files if isinstance(files, str) else files[0]))
 
 
 def check_columns(dataset: ray.data.Dataset, source: InputConfig) -> None:
@@ -94,32 +106,42 @@ def check_columns(dataset: ray.data.Dataset, source: InputConfig) -> None:
             raise JobFailed(f"{setting}: the input has no column {column!r}; its columns are {names}")
 
 
-def completed_ids(run_dir: Path) -> set[str]:
-    """Ids in the run's complete parts; leftovers of a killed write are removed."""
-    for leftover in run_dir.glob(".part-*.tmp"):
-        leftover.unlink()
-    done: set[str] = set()
-    for part in sorted(run_dir.glob(PART_GLOB)):
-        done.update(str(i) for i in pq.read_table(part, columns=["id"]).column("id").to_pylist() if i is not None)
-    return done
+# --- The model, prepared where it runs --------------------------------------------------------
+
+@ray.remote(num_returns=2)
+def prepare_model(config: Config):
+    """Runs with the actors' resources: resolves (or converts) the model, checks that the engine
+    can run it, and builds the drafter tables. Returns (a small report, the tables or None)."""
+    started = time.perf_counter()
+    model_dir = resolve_model_dir(config.model)[0]
+    check_engine_can_run(config, model_dir)
+    tables = None
+    if needs_model_tables(config.decoder):
+        loaded = load_model(config.model)
+        tables = build_tables(loaded.model, loaded.tokenizer, loaded.fingerprint, config.decoder,
+                              cache_root(config.model)).as_plain_arrays()
+    return {"node": ray.get_runtime_context().get_node_id(), "seconds": round(time.perf_counter() - started, 2)}, tables
 
 
-def write_part(table: pa.Table, run_dir: Path) -> Path:
-    name = f"part-{int(time.time() * 1000):013d}-{uuid.uuid4().hex[:8]}.parquet"
-    staging = run_dir / f".{name}.tmp"
-    pq.write_table(table, staging)
-    final = run_dir / name
-    os.replace(staging, final)  # atomic: readers and resumes only ever see complete parts
-    return final
+def prepared_tables(config: Config):
+    """Prepares the model on a worker like the actors; the tables stay there (an ObjectRef)."""
+    task = prepare_model.options(num_cpus=config.ray.num_cpus_per_actor, num_gpus=config.ray.num_gpus_per_actor)
+    report, tables = task.remote(config)
+    try:
+        ray.get(report)
+    except ModelRefused as error:
+        raise JobFailed(str(error)) from error
+    return tables
 
 
-def shared_tables(config: Config):
-    """Builds (or loads from the disk cache) the drafter tables once, and puts them in the object store."""
-    if not needs_model_tables(config.decoder):
-        return None
-    loaded = load_model(config.model)
-    tables = build_tables(loaded.model, loaded.tokenizer, loaded.fingerprint, config.decoder, cache_root(config.model))
-    return ray.put(tables.as_plain_arrays())
+def actor_environment(config: Config) -> dict:
+    """Ray starts a worker with num_cpus < 2 with OMP_NUM_THREADS=1, and OpenMP reads it once, when
+    the process starts: vLLM's CPU kernels then ran on one thread (half the tokens/s of the same
+    engine in the driver) or failed on a thread-count mismatch. The actors start with
+    model.num_threads instead."""
+    if not config.model.num_threads:
+        return {}
+    return {"env_vars": {"OMP_NUM_THREADS": str(config.model.num_threads)}}
 
 
 def with_checked_datastore(config: Config) -> Config:
@@ -132,6 +154,43 @@ def with_checked_datastore(config: Config) -> Config:
     return dataclasses.replace(config, decoder=dataclasses.replace(config.decoder, datastore=str(directory)))
 
 
+# --- Resume: Ray Data's checkpointing ---------------------------------------------------------
+
+class InputIdCheckpointFilter(NumpyArrayBasedCheckpointFilter):
+    """Skips input rows whose id the run already wrote. The output's `id` is the input id as the
+    stage names it (request_key: any type, as text; "" when missing), so the input ids are named
+    the same way here before the lookup."""
+    input_id_column = "id"
+
+    def filter_rows_for_block(self, block):
+        import numpy as np
+        import pyarrow as pa
+        from ray.data.block import BlockAccessor
+
+        if self.checkpointed_ids.shape[0] == 0 or len(block) == 0:
+            return block
+        table = BlockAccessor.for_block(block).to_arrow()  # Ray's line-JSON reader makes pandas blocks
+        keys = np.array([request_key(value) for value in table[self.input_id_column].to_pylist()], dtype=object)
+        return table.filter(pa.array(~np.isin(keys, self.checkpointed_ids)))
+
+
+def checkpoint_config(config: Config, run_id: str) -> CheckpointConfig:
+    """Checkpoints of a run live beside the runs, not in the run's directory of outputs."""
+    filter_cls = type("InputIdFilter", (InputIdCheckpointFilter,), {"input_id_column": config.input.id_column})
+    return CheckpointConfig(id_column="id", checkpoint_path=checkpoint_dir(config, run_id),
+                            delete_checkpoint_on_success=False, checkpoint_filter_cls=filter_cls)
+
+
+def checkpoint_dir(config: Config, run_id: str) -> str:
+    return storage.join(storage.uri(config.job.output), "_checkpoints", f"run={run_id}")
+
+
+def run_dir(config: Config, run_id: str) -> str:
+    return storage.join(storage.uri(config.job.output), f"run={run_id}")
+
+
+# --- The run ----------------------------------------------------------------------------------
+
 def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
 
@@ -139,65 +198,107 @@ def new_run_id() -> str:
 def run_job(config: Config, run_id: str) -> dict:
     started = time.perf_counter()
     config = with_checked_datastore(config)
+    output = run_dir(config, run_id)
     try:
-        check_engine_can_run(config, resolve_model_dir(config.model)[0])
-    except ModelRefused as error:
+        storage.make_directory(output, "job.output")
+    except storage.StorageError as error:
         raise JobFailed(str(error)) from error
-    run_dir = Path(config.job.output).resolve() / f"run={run_id}"
-    run_dir.mkdir(parents=True, exist_ok=True)
-    done = completed_ids(run_dir)
     dataset = read_input(config.input)
     check_columns(dataset, config.input)
     # Counted so that a run that read part of its input never looks complete.
     input_rows = dataset.count()
     rows_read = min(input_rows, config.input.limit) if config.input.limit else input_rows
-    if config.input.limit:
-        dataset = dataset.limit(config.input.limit)
-    if done:
-        id_column = config.input.id_column
-        dataset = dataset.filter(lambda row: row[id_column] is None or str(row[id_column]) not in done)
-    outputs = dataset.map_batches(
-        GenerationStage,
-        fn_constructor_kwargs={"config": config, "tables": shared_tables(config)},
-        compute=ray.data.ActorPoolStrategy(min_size=config.ray.min_actors, max_size=config.ray.max_actors),
-        num_cpus=config.ray.num_cpus_per_actor,
-        num_gpus=config.ray.num_gpus_per_actor,
-        batch_size=config.ray.batch_size,
-        batch_format="numpy",
-    )
-    written = errored = generated = 0
-    first_batch_at = first_batch_seconds = None
-    for batch in outputs.iter_batches(batch_size=None, batch_format="pyarrow"):
-        write_part(batch, run_dir)
-        written += batch.num_rows
-        generated += pa.compute.sum(batch.column("num_generated_tokens")).as_py() or 0
-        if first_batch_at is None:
-            # Start-up (reading, actors loading the model) ends where the first batch's generation
-            # began: its arrival time less the decoding time its rows report.
-            first_batch_at = time.perf_counter()
-            first_batch_seconds = pa.compute.sum(batch.column("total_seconds")).as_py() or 0.0
-        errored += batch.num_rows - batch.column("error").null_count
-        if 0 <= config.job.max_errored_rows < errored:
-            raise JobFailed(f"{errored} rows failed, more than job.max_errored_rows ({config.job.max_errored_rows}); "
-                            f"see the 'error' column in {run_dir}")
-    finished = time.perf_counter()
-    after_startup = None
-    if first_batch_at is not None and generated:
-        after_startup = round(generated / (finished - first_batch_at + first_batch_seconds), 3)
-    counts = {"input_rows": input_rows, "rows_read": rows_read, "rows_this_invocation": written,
-              "rows_errored_this_invocation": errored, "rows_skipped_already_done": rows_read - written}
-    return write_run_summary(config, run_id, run_dir, finished - started, generated, counts, after_startup)
+    tables = prepared_tables(config)
+    context = ray.data.DataContext.get_current()
+    context.checkpoint_config = checkpoint_config(config, run_id)
+    progress = RunProgress.remote(config.job.max_errored_rows)
+    try:
+        dataset = read_input(config.input)  # read again: with the checkpoint, it skips the rows done
+        if config.input.limit:
+            dataset = dataset.limit(config.input.limit)
+        outputs = dataset.map_batches(
+            GenerationStage,
+            fn_constructor_kwargs={"config": config, "tables": tables, "progress": progress},
+            compute=ray.data.ActorPoolStrategy(min_size=config.ray.min_actors, max_size=config.ray.max_actors),
+            num_cpus=config.ray.num_cpus_per_actor, num_gpus=config.ray.num_gpus_per_actor,
+            batch_size=config.ray.batch_size, batch_format="numpy", runtime_env=actor_environment(config),
+            # A lost actor (node gone, process killed) is restarted and its batch retried elsewhere.
+            max_restarts=-1, max_task_retries=-1)
+        outputs.write_parquet(output, filesystem=storage.resolve(output)[0], ray_remote_args={"num_cpus": IO_CPUS})
+    except Exception as error:
+        stopped = ray.get(progress.stop_reason.remote())
+        if stopped:
+            raise JobFailed(f"{stopped}; see the 'error' column in {output}") from error
+        raise
+    finally:
+        context.checkpoint_config = None
+    this_time = ray.get(progress.totals.remote())
+    wall = time.perf_counter() - started
+    return write_run_summary(config, run_id, output, wall, this_time,
+                             {"input_rows": input_rows, "rows_read": rows_read})
 
 
-def write_run_summary(config: Config, run_id: str, run_dir: Path, wall: float, generated: int, counts: dict,
-                      tokens_per_second_after_startup: float | None) -> dict:
-    """Counts of rows cover the whole run (every part) and this invocation's reading; speed
-    covers this invocation only."""
-    parts = sorted(run_dir.glob(PART_GLOB))
-    rows = pa.concat_tables([pq.read_table(part) for part in parts]).to_pylist() if parts else []
-    settings = {section: asdict(getattr(config, section)) for section in ("model", "engine", "decoder", "input", "ray")}
-    summary = summarize(rows, wall, settings)
-    summary.update(run_id=run_id, **counts, tokens_per_second=round(generated / wall, 3) if wall > 0 else None,
-                   tokens_per_second_after_startup=tokens_per_second_after_startup)
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2, default=list) + "\n")
+SUMS = {"generated_tokens": "num_generated_tokens", "target_calls": "num_target_calls",
+        "forward_calls": "forward_call_share"}
+
+
+def block_totals(table) -> dict:
+    """One block's rows, errored rows and sums (a one-row batch)."""
+    import pyarrow.compute as pc
+
+    row = {"rows": [table.num_rows], "errored_rows": [table.num_rows - table.column("error").null_count]}
+    row.update({name: [pc.sum(table.column(column)).as_py() or 0] for name, column in SUMS.items()})
+    return row
+
+
+def run_totals(output: str) -> dict:
+    """Rows, errored rows, generated tokens, target calls (per request) and forward calls (shared
+    calls counted once) in the run's files, summed per block by Ray Data tasks where the files
+    are: one small row per block reaches the driver, never a row of the outputs. (Ray Data's
+    `aggregate` gives the same through a hash shuffle that took 6-10 s for a few rows here.)"""
+    filesystem, inner = storage.resolve(output)
+    import pyarrow.fs as pafs
+
+    files = [e.path for e in filesystem.get_file_info(pafs.FileSelector(inner, allow_not_found=True))
+             if e.is_file and e.path.endswith(".parquet")]
+    totals = {"rows": 0, "errored_rows": 0, **{name: 0 for name in SUMS}}
+    if not files:
+        return totals
+    blocks = (ray.data.read_parquet(files, filesystem=filesystem, num_cpus=IO_CPUS)
+              .select_columns(["error", *SUMS.values()])
+              .map_batches(block_totals, batch_format="pyarrow", batch_size=None, num_cpus=IO_CPUS))
+    for block in blocks.iter_batches(batch_size=None, batch_format="pyarrow"):
+        for name in totals:
+            totals[name] += sum(block.column(name).to_pylist())
+    return totals
+
+
+def write_run_summary(config: Config, run_id: str, output: str, wall: float, this_time: dict,
+                      counts: dict) -> dict:
+    """Whole-run counts come from the run's files; this invocation's from the progress actor."""
+    after = run_totals(output)
+    generated = this_time["generated_tokens"]
+    generating = this_time["last_finish"] - this_time["first_start"] if this_time["batches"] else 0
+    summary = {
+        "run_id": run_id, "run_dir": output,
+        "rows": after["rows"], "errored_rows": after["errored_rows"], "generated_tokens": after["generated_tokens"],
+        # Per request step (num_target_calls), and per forward call of the target (a call shared
+        # by B requests counted once; null where the engine does not report it).
+        "mean_tokens_per_call": round(after["generated_tokens"] / after["target_calls"], 4) if after["target_calls"] else None,
+        "tokens_per_forward_call": round(after["generated_tokens"] / after["forward_calls"], 4) if after["forward_calls"] else None,
+        **counts,
+        "rows_this_invocation": this_time["rows"], "rows_errored_this_invocation": this_time["errored_rows"],
+        "rows_skipped_already_done": counts["rows_read"] - this_time["rows"],
+        "generated_tokens_this_invocation": generated,
+        "wall_seconds": round(wall, 3),
+        "tokens_per_second": round(generated / wall, 3) if wall > 0 else None,
+        # From the first batch's start to the last one's end: start-up (reading, actors loading
+        # the model) left out.
+        "tokens_per_second_after_startup": round(generated / generating, 3) if generating > 0 else None,
+        "rows_per_second_after_startup": round(this_time["rows"] / generating, 3) if generating > 0 else None,
+        "actor_nodes": this_time["nodes"],
+        "driver_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "settings": {section: asdict(getattr(config, section)) for section in ("model", "engine", "decoder", "input", "ray")},
+    }
+    storage.write_text(storage.join(output, "summary.json"), json.dumps(summary, indent=2, default=list) + "\n")
     return summary

@@ -8,6 +8,7 @@ setting) gets an `error` naming the row and the cause; the other rows of the bat
 from __future__ import annotations
 
 import math
+import time
 
 import numpy as np
 import pyarrow as pa
@@ -18,6 +19,7 @@ from pipeline.config import Config
 from pipeline.engines.build import build_engine
 from pipeline.engines.base import Engine, Failed, Request, RequestError, Result
 from pipeline.output import SCHEMA
+from pipeline.progress import BatchReport, JobStopped
 from pipeline.prompts import encode_prompt
 from pipeline.sampling import SamplingParams, request_seed
 from pipeline.stats import RequestStats
@@ -41,13 +43,22 @@ def python_value(value):
     return value
 
 
+def request_key(raw) -> str:
+    """A row's id as the output (and the run's checkpoint) names it: its value as text; "" when it
+    has none. Ids of any type (int, float, string) resume exactly once under this one name."""
+    value = python_value(raw)
+    return "" if value is None else str(value)
+
+
 class GenerationStage:
-    def __init__(self, config: Config, tables: DrafterTables | None = None, engine: Engine | None = None):
+    def __init__(self, config: Config, tables: DrafterTables | None = None, engine: Engine | None = None,
+                 progress=None):
         if tables is not None and not isinstance(tables, DrafterTables):
             import ray  # an ObjectRef: the job puts the tables in the object store once
             tables = ray.get(tables)
         self.config = config
         self.tables = tables
+        self.progress = progress  # the run's RunProgress actor, when Ray Data runs this stage
         self.engine = engine or build_engine(config, tables)
         # What ran, the same on every row this stage writes.
         self.settings = {"model": config.model.name, **self.engine.columns()}
@@ -84,10 +95,9 @@ class GenerationStage:
 
     def request(self, row: dict) -> Request:
         """The row as a request; a RequestError names what is wrong with it."""
-        raw_id = row.get(self.input_columns[0])
-        if raw_id is None:
+        request_id = request_key(row.get(self.input_columns[0]))
+        if not request_id:
             raise RequestError(f"a row has no {self.input_columns[0]!r}")
-        request_id = str(raw_id)
         prompt = row.get(self.prompt_column)
         if prompt is None:
             raise RequestError(f"request {request_id!r}: no prompt in column {self.prompt_column!r}")
@@ -99,6 +109,9 @@ class GenerationStage:
     def output_row(self, request: Request, result: Result) -> dict:
         sampling = request.sampling
         output = {"id": request.request_id, "text": result.text, "token_ids": result.token_ids, "error": None,
+                  # The same, named as ray.data.llm names them, so its users' readers keep working.
+                  "generated_text": result.text, "generated_tokens": result.token_ids,
+                  "num_input_tokens": len(request.prompt_ids),
                   "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
                   "seed": sampling.seed}
         output.update(result.stats.as_row())
@@ -113,8 +126,7 @@ class GenerationStage:
             try:
                 requests[index] = self.request(row)
             except RequestError as error:
-                raw_id = row.get(self.input_columns[0])
-                outputs[index] = self.error_row(None if raw_id is None else str(raw_id), str(error))
+                outputs[index] = self.error_row(request_key(row.get(self.input_columns[0])), str(error))
         for (index, request), result in zip(requests.items(), self.engine.generate(list(requests.values()))):
             if isinstance(result, Failed):
                 outputs[index] = self.error_row(request.request_id, result.message)
@@ -122,7 +134,7 @@ class GenerationStage:
                 outputs[index] = self.output_row(request, result)
         return outputs
 
-    def error_row(self, request_id: str | None, message: str) -> dict:
+    def error_row(self, request_id: str, message: str) -> dict:
         row = {name: None for name in SCHEMA.names}
         row.update(id=request_id, error=message, **self.settings)
         return row
@@ -135,8 +147,27 @@ class GenerationStage:
         present = [name for name in (*self.input_columns, *ROW_SETTINGS) if name in batch]
         size = len(batch[self.input_columns[0]])
         rows = [{name: python_value(batch[name][i]) for name in present} for i in range(size)]
+        started = time.time()
         with torch.no_grad():
-            return pa.Table.from_pylist(self.generate_rows(rows), schema=SCHEMA)
+            table = pa.Table.from_pylist(self.generate_rows(rows), schema=SCHEMA)
+        self.report(table, started)
+        return table
+
+    def report(self, table: pa.Table, started: float) -> None:
+        """Tells the run's progress actor about the batch; stops the run when it says so."""
+        if self.progress is None:
+            return
+        import ray
+
+        import pyarrow.compute as pc
+
+        batch = BatchReport(rows=table.num_rows, errored_rows=table.num_rows - table.column("error").null_count,
+                            generated_tokens=pc.sum(table.column("num_generated_tokens")).as_py() or 0,
+                            target_calls=pc.sum(table.column("num_target_calls")).as_py() or 0,
+                            started=started, finished=time.time(), node=ray.get_runtime_context().get_node_id())
+        stop = ray.get(self.progress.report.remote(batch))
+        if stop:
+            raise JobStopped(stop)
 
 
 assert set(RequestStats().as_row()) <= set(SCHEMA.names), \

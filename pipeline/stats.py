@@ -20,6 +20,10 @@ class RequestStats:
     num_target_calls: int = 0
     # Tokens those calls fed the target: k*(w+1) per call in batch mode, fewer in tree mode.
     num_verified_tokens: int = 0
+    # This request's share of the target's forward calls: a call that served B requests counts
+    # 1/B for each, so the rows of a run sum to the calls made (num_target_calls counts a shared
+    # call once per request). None where the engine does not say (vLLM).
+    forward_call_share: float | None = None
     # Index a: steps that accepted a draft tokens, a = 0..w.
     accepted_length_histogram: list[int] = field(default_factory=list)
     # Index r: steps won by the row at rank r among the k. A step is won when it accepts at least
@@ -45,7 +49,9 @@ class RequestStats:
 
     @property
     def tokens_per_call(self) -> float:
-        """Generated tokens / target calls, bonus tokens included (plain greedy gives 1.0)."""
+        """Generated tokens / the verification steps this request took, bonus tokens included
+        (plain greedy gives 1.0). Per request: in throughput mode a forward call serves several
+        requests, and a run's tokens per forward call is sum(tokens) / sum(forward_call_share)."""
         return self.num_generated_tokens / max(self.num_target_calls, 1)
 
     @property
@@ -67,10 +73,12 @@ class RequestStats:
         return statistics.median(self.draft_step_seconds) if self.draft_step_seconds else None
 
     def observe(self, verdict: Verdict, drafts: Drafts, num_fed_tokens: int, draft_seconds: float,
-                verify_seconds: float) -> None:
+                verify_seconds: float, share: float = 1.0) -> None:
         """Records one verification step of `drafts` (the verified rows) that fed the target
-        `num_fed_tokens` tokens and ended in `verdict`."""
+        `num_fed_tokens` tokens and ended in `verdict`, in a forward call this request had
+        `share` of (1 / the requests the call served)."""
         self.num_target_calls += 1
+        self.forward_call_share = (self.forward_call_share or 0.0) + share
         self.num_verified_tokens += num_fed_tokens
         _bump_list(self.accepted_length_histogram, verdict.num_accepted)
         for strategy in drafts.strategies:

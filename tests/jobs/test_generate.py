@@ -8,6 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from jobs import benchmark
+from tests.outputs import read_run
 from tests.processes import environment, start_ray_head
 
 REPO = Path(__file__).resolve().parents[2]
@@ -40,7 +41,7 @@ def test_ray_job_submit_runs_the_job_on_a_ray_head(tiny_model_dir, tmp_path, pro
     assert refused.returncode != 0 and "run `ray get-auth-token --generate`" in refused.stderr
     assert "succeeded" in submitted.stdout
     run_dir = tmp_path / "out" / "run=submitted"
-    rows = pa.concat_tables([pq.read_table(p) for p in run_dir.glob("part-*.parquet")]).to_pylist()
+    rows = read_run(run_dir)
     assert sorted(row["id"] for row in rows) == ["p0", "p1", "p2"]
     assert all(row["error"] is None and len(row["token_ids"]) == 5 for row in rows)
     assert json.loads((run_dir / "summary.json").read_text())["rows"] == 3
@@ -53,9 +54,10 @@ def test_a_job_given_an_input_reads_all_of_it_and_says_what_it_read(tiny_model_d
     inputs.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"Say {i}"}) + "\n" for i in range(30)))
     common = [sys.executable, "-m", "jobs.generate", "--config", "configs/default.yaml", "--input", str(inputs),
               "--output", str(tmp_path / "out"), "--set", f"model.name={tiny_model_dir}",
-              "--set", f"model.cache_dir={tmp_path / 'cache'}", "--set", "decoder.max_new_tokens=2"]
+              "--set", f"model.cache_dir={tmp_path / 'cache'}", "--set", "decoder.max_new_tokens=2",
+              "--set", "engine.name=transformers"]  # the rows read are the point here, not the engine
     full = processes.run([*common, "--run-id", "all"], cwd=REPO, env=environment(), timeout=400)
-    rows = pa.concat_tables([pq.read_table(p) for p in (tmp_path / "out" / "run=all").glob("part-*.parquet")]).to_pylist()
+    rows = read_run(tmp_path / "out" / "run=all")
     assert sorted(row["id"] for row in rows) == sorted(f"q{i}" for i in range(30))
     summary = json.loads((tmp_path / "out" / "run=all" / "summary.json").read_text())
     assert (summary["input_rows"], summary["rows_read"], summary["rows"]) == (30, 30, 30)

@@ -6,7 +6,7 @@ import pipeline.engines.transformers.engine as stage_module
 from jobs import report
 from pipeline.config import load_config
 from pipeline.cost_model import CostModel
-from pipeline.ray_job import write_part
+import pyarrow.parquet as pq
 from pipeline.stage import GenerationStage
 
 
@@ -27,7 +27,7 @@ def auto_run(tiny_model_dir, tmp_path_factory):
                                          "prompt": ["def add(a, b):\n    return a + b\n" * 3, "x = 1\n" * 8, " "]})
     output = tmp_path_factory.mktemp("out")
     (output / "run=r1").mkdir()
-    write_part(table, output / "run=r1")
+    pq.write_table(table, output / "run=r1" / "0.parquet")
     return output, table.to_pydict()
 
 

@@ -114,3 +114,17 @@ def test_ragged_cache_drops_columns_no_row_uses(tiny_model):
     cache.valid[0] = False  # row 0 finished
     cache.compact()
     assert cache.columns == 2 and torch.equal(cache.cache.layers[0].keys[1], keys)
+
+
+def test_forward_call_shares_sum_to_the_calls_made(tiny_model, tables):
+    decoder = decoder_for(tiny_model, tables, "context_ngram", 2, 3, min_q=1)
+    batched = BatchedDecoder(decoder, 3)
+    calls = []
+    forward = batched.forward
+    batched.forward = lambda slots, trees, cache: calls.append(len(slots)) or forward(slots, trees, cache)
+    stats = [result.stats for _, result in batched.generate_many(requests())]
+    # A call that served B requests counts 1/B for each: the rows sum to the calls made, while
+    # num_target_calls counts every shared call once per request.
+    assert sum(s.forward_call_share for s in stats) == pytest.approx(len(calls))
+    assert sum(s.num_target_calls for s in stats) == sum(calls) > len(calls)
+    assert all(s.forward_call_share < s.num_target_calls for s in stats)

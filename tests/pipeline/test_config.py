@@ -100,3 +100,9 @@ def test_vllm_refuses_the_draft_model():
     pytest.importorskip("vllm")
     with pytest.raises(ConfigError, match="decoder.drafter: must be a point drafter with engine.name vllm"):
         load_config(overrides=["engine.name=vllm", "decoder.drafter=draft_model"])
+
+
+def test_a_draft_model_with_tree_verification_is_refused_not_run_as_batch():
+    with pytest.raises(ConfigError, match=r"decoder.verify: must be 'batch' with drafter 'draft_model'"):
+        load_config(overrides=["engine.name=transformers", "decoder.drafter=draft_model", "decoder.k=1",
+                               "decoder.max_batch_requests=1", "ray.batch_size=1", "decoder.verify=tree"])

@@ -147,3 +147,23 @@ def test_tree_mode_emits_what_batch_mode_emits_with_fewer_tokens(tiny_model, tab
             fed["batch"] += a.stats.num_verified_tokens
             fed["tree"] += b.stats.num_verified_tokens
     assert fed["tree"] < fed["batch"], fed
+
+
+def test_stop_strings_are_found_from_the_tail_as_from_the_whole_text(tiny_model_dir):
+    from types import SimpleNamespace
+
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    text = "def f(x):\n    return x * 2  # é, ü and 漢字\n" * 30 + "print(f(3))\n\nclass Done:\n    pass"
+    tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
+    for stop in (("\nclass",), ("漢字\nprint",), ("never there", "(3))\n\n")):
+        reference = next((n for n in range(1, len(tokens) + 1)
+                          if any(s in tokenizer.decode(tokens[:n]) for s in stop)), None)
+        owner = SimpleNamespace(tokenizer=tokenizer)
+        found = None
+        for checked in range(0, len(tokens), 3):  # steps of 3 new tokens, as a decoder emits them
+            found = SpeculativeDecoder.stop_cut(owner, tokens[:checked + 3], checked, stop)
+            if found is not None:
+                break
+        assert found == reference, stop

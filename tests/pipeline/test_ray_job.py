@@ -1,11 +1,9 @@
-"""The Ray Data job on a local Ray, with the tiny model: formats, bad rows, shared tables, resume."""
+"""The Ray Data job on a local Ray, with the tiny model: formats, bad rows, shared tables.
+(Resume, clusters, S3 and lost actors: test_scale_out.py.)"""
 from __future__ import annotations
 
 import json
 import os
-import signal
-import sys
-import time
 from pathlib import Path
 
 import datasets
@@ -19,7 +17,7 @@ from pipeline.config import load_config
 from pipeline.model_loading import load_model
 from pipeline.ray_job import JobFailed, run_job
 from pipeline.stage import GenerationStage
-from tests.processes import environment
+from tests import outputs
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,8 +37,7 @@ def job_config(tiny_model_dir, tmp_path, *overrides):
 
 
 def read_run(tmp_path, run_id) -> list[dict]:
-    parts = sorted((tmp_path / "out" / f"run={run_id}").glob("part-*.parquet"))
-    return pa.concat_tables([pq.read_table(p) for p in parts]).to_pylist() if parts else []
+    return outputs.read_run(tmp_path / "out" / f"run={run_id}")
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
@@ -121,6 +118,24 @@ def test_missing_column_fails_at_start_naming_it(local_ray, tiny_model_dir, tmp_
         run_job(job_config(tiny_model_dir, tmp_path, f"input.path={path}"), "r")
 
 
+def test_rerunning_a_finished_run_writes_nothing_again(local_ray, tiny_model_dir, tmp_path):
+    path = write_jsonl(tmp_path / "in.jsonl", [{"id": str(i), "prompt": "Hi"} for i in range(5)] + [{"id": "bad"}])
+    config = job_config(tiny_model_dir, tmp_path, f"input.path={path}")
+    first = run_job(config, "done")
+    again = run_job(config, "done")  # the checkpoint has every id, the error row's too
+    assert sorted(row["id"] for row in read_run(tmp_path, "done")) == ["0", "1", "2", "3", "4", "bad"]
+    assert (first["rows_this_invocation"], again["rows_this_invocation"]) == (6, 0)
+    assert again["rows_skipped_already_done"] == 6 and again["rows"] == 6 and again["errored_rows"] == 1
+
+
+def test_a_model_the_engine_cannot_run_fails_the_job_at_start(local_ray, tiny_gemma3_dir, tmp_path):
+    config = load_config(REPO / "configs/default.yaml", ["engine.name=transformers", f"model.name={tiny_gemma3_dir}",
+                                                         f"job.output={tmp_path / 'out'}"])
+    with pytest.raises(JobFailed, match="sliding-window attention"):
+        run_job(config, "never")  # refused by the task that prepares the model, before any actor starts
+    assert not outputs.run_files(tmp_path / "out" / "run=never")
+
+
 def test_too_many_errored_rows_fail_the_job(local_ray, tiny_model_dir, tmp_path):
     path = write_jsonl(tmp_path / "in.jsonl", [{"id": str(i), "prompt": ""} for i in range(4)])
     config = job_config(tiny_model_dir, tmp_path, f"input.path={path}", "job.max_errored_rows=1", "ray.batch_size=2",
@@ -146,28 +161,3 @@ def test_drafter_tables_reach_actors_as_read_only_shared_memory(local_ray, tiny_
     # Zero-copy reads from the object store come back read-only: every process maps the one copy.
     assert all(f["bigram"] is False and f["extended"] is False for f in flags)
     assert all(f["pid"] != os.getpid() for f in flags)
-
-
-def test_a_killed_job_resumes_and_writes_every_id_exactly_once(tiny_model_dir, tmp_path, processes):
-    ids = [f"q{i:02d}" for i in range(12)]
-    path = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "prompt": f"Question {i}"} for i in ids])
-    command = [sys.executable, "-m", "jobs.generate", "--config", "configs/default.yaml", "--input", str(path),
-               "--output", str(tmp_path / "out"), "--run-id", "nightly",
-               "--set", "engine.name=transformers", "--set", f"model.name={tiny_model_dir}",
-               "--set", f"model.cache_dir={tmp_path / 'cache'}",
-               "--set", "ray.batch_size=1", "--set", "decoder.max_batch_requests=1",
-               "--set", "decoder.max_new_tokens=120", "--set", "input.limit=0"]
-    driver = processes.start(command, cwd=REPO, env=environment())
-    run_dir = tmp_path / "out" / "run=nightly"
-    deadline = time.time() + 240
-    while time.time() < deadline and len(list(run_dir.glob("part-*.parquet"))) < 2:
-        time.sleep(0.2)
-    driver.send_signal(signal.SIGKILL)
-    driver.wait()
-    before = read_run(tmp_path, "nightly")
-    assert 2 <= len(before) < len(ids), "the kill should land mid-run"
-    processes.run(command, cwd=REPO, env=environment(), timeout=400)
-    after = [row["id"] for row in read_run(tmp_path, "nightly")]
-    assert sorted(after) == ids, "every id exactly once"
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["rows"] == len(ids) and summary["rows_skipped_already_done"] == len(before)

@@ -11,6 +11,7 @@ pytest.importorskip("vllm")
 
 from pipeline.config import load_config  # noqa: E402
 from pipeline.ray_job import run_job  # noqa: E402
+from tests.outputs import read_run  # noqa: E402
 from tests.pipeline.test_ray_job import REPO, write_jsonl  # noqa: E402
 
 
@@ -32,7 +33,7 @@ def test_the_job_on_vllm_returns_every_row_once_with_statistics(local_ray, tiny_
         "decoder.drafter=mixed", "decoder.w=auto", "decoder.max_new_tokens=16", f"job.output={tmp_path / 'out'}",
         f"input.path={write_jsonl(tmp_path / 'in.jsonl', rows)}", "ray.num_cpus_per_actor=0.5"])
     summary = run_job(config, "v")
-    out = pa.concat_tables([pq.read_table(p) for p in (tmp_path / "out" / "run=v").glob("part-*.parquet")]).to_pylist()
+    out = read_run(tmp_path / "out" / "run=v")
     assert sorted(row["id"] for row in out) == sorted(row["id"] for row in rows)
     by_id = {}
     for row in out:

@@ -76,3 +76,14 @@ def test_throughput_mode_returns_every_row_in_order_with_the_same_tokens(tiny_mo
     assert many["id"] == batch["id"]  # order kept, a repeated id included
     assert "request 'bad': the prompt is empty" in many["error"][1]
     assert many["token_ids"] == one["token_ids"] and [len(t or []) for t in many["token_ids"]] == [12, 0, 5, 9, 14]
+
+
+@pytest.mark.parametrize("max_batch_requests,k,verify", [(1, 2, "batch"), (4, 2, "tree"), (4, 1, "batch")])
+def test_the_verify_column_says_what_ran(tiny_model_dir, tmp_path, max_batch_requests, k, verify):
+    # Throughput mode verifies each request's rows as a tree, whatever decoder.verify says.
+    config = load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}",
+                                    f"decoder.max_batch_requests={max_batch_requests}", f"decoder.k={k}",
+                                    "decoder.verify=batch", "decoder.max_new_tokens=4", f"model.cache_dir={tmp_path}"])
+    out = GenerationStage(config)({"id": ["a", "b"], "prompt": ["def add(a, b):", "Hi"]}).to_pydict()
+    assert out["verify"] == [verify, verify]
+    assert all(share <= calls for share, calls in zip(out["forward_call_share"], out["num_target_calls"]))

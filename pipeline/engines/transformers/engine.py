@@ -50,7 +50,15 @@ class TransformersEngine:
         decoder = self.config.decoder
         return {"engine": self.name, "drafter": decoder.drafter, "k": self.decoder.k, "w": self.decoder.w,
                 "auto_k": decoder.auto_k, "auto_w": decoder.auto_w, "lenience": decoder.lenience,
-                "verify": decoder.verify}
+                "verify": self.verify_mode()}
+
+    def verify_mode(self) -> str:
+        """The mode that runs: throughput mode merges each request's rows into a tree (for one row
+        of drafts, a tree and a batch are the same call)."""
+        decoder = self.config.decoder
+        if self.batched is not None and (decoder.k > 1 or decoder.auto_k):
+            return "tree"
+        return decoder.verify
 
     def generate(self, requests: Sequence[Request]) -> list[Result | Failed]:
         if self.batched is None:

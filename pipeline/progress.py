@@ -1,0 +1,52 @@
+"""What a run did so far, counted as it happens: one small actor per run that every stage actor
+tells about each batch it finished. It stops the job when more rows than job.max_errored_rows
+have failed, and gives the summary this invocation's counts without any row reaching the driver."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ray
+
+
+class JobStopped(RuntimeError):
+    """Raised in a stage actor when the run must stop (the message says why)."""
+
+
+@dataclass(frozen=True)
+class BatchReport:
+    rows: int
+    errored_rows: int
+    generated_tokens: int
+    target_calls: int
+    started: float  # time.time() when the batch's generation began
+    finished: float
+    node: str  # the Ray node that ran it
+
+
+@ray.remote(num_cpus=0)
+class RunProgress:
+    def __init__(self, max_errored_rows: int):
+        self.max_errored_rows = max_errored_rows  # -1: never stop for row errors
+        self.counts = {"batches": 0, "rows": 0, "errored_rows": 0, "generated_tokens": 0, "target_calls": 0}
+        self.first_start, self.last_finish = float("inf"), 0.0
+        self.nodes: set[str] = set()
+        self.stopped: str | None = None
+
+    def report(self, batch: BatchReport) -> str | None:
+        """Adds a finished batch; returns why the run must stop, if it must."""
+        for name in ("rows", "errored_rows", "generated_tokens", "target_calls"):
+            self.counts[name] += getattr(batch, name)
+        self.counts["batches"] += 1
+        self.first_start, self.last_finish = min(self.first_start, batch.started), max(self.last_finish, batch.finished)
+        self.nodes.add(batch.node)
+        if 0 <= self.max_errored_rows < self.counts["errored_rows"] and self.stopped is None:
+            self.stopped = (f"{self.counts['errored_rows']} rows failed, more than job.max_errored_rows "
+                            f"({self.max_errored_rows})")
+        return self.stopped
+
+    def stop_reason(self) -> str | None:
+        return self.stopped
+
+    def totals(self) -> dict:
+        return {**self.counts, "first_start": self.first_start, "last_finish": self.last_finish,
+                "nodes": sorted(self.nodes)}

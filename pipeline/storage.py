@@ -1,0 +1,99 @@
+"""Paths that may be local or in object storage (s3://, gs://, abfs://, hdfs://), through pyarrow.fs.
+
+Credentials and endpoints come from the standard environment of each store (AWS_ACCESS_KEY_ID,
+AWS_ENDPOINT_URL, GOOGLE_APPLICATION_CREDENTIALS, ...), never from the config file.
+`FileSystem.from_uri` honours AWS_ENDPOINT_URL; a bare `S3FileSystem()` would not.
+"""
+from __future__ import annotations
+
+import fnmatch
+import os
+from pathlib import Path
+
+import pyarrow.fs as pafs
+
+
+class StorageError(OSError):
+    """A path that cannot be reached or used; the message names the setting."""
+
+
+def is_uri(path: str) -> bool:
+    return "://" in path
+
+
+def resolve(path: str) -> tuple[pafs.FileSystem, str]:
+    """(file system, path within it) for a local path (made absolute) or a URI."""
+    if is_uri(path):
+        return pafs.FileSystem.from_uri(path)
+    return pafs.LocalFileSystem(), str(Path(path).expanduser().resolve())
+
+
+def uri(path: str) -> str:
+    """The path as Ray and pyarrow take it: URIs as given, local paths absolute."""
+    return path.rstrip("/") if is_uri(path) else str(Path(path).expanduser().resolve())
+
+
+def join(base: str, *parts: str) -> str:
+    return "/".join([base.rstrip("/"), *parts])
+
+
+def info(path: str, setting: str) -> pafs.FileInfo:
+    """What is at `path`; a store that cannot be reached fails naming the setting."""
+    try:
+        filesystem, inner = resolve(path)
+        return filesystem.get_file_info(inner)
+    except (OSError, ValueError) as error:
+        raise StorageError(f"{setting}: {path!r} cannot be reached: {error}") from error
+
+
+def glob(pattern: str, setting: str) -> list[str]:
+    """Files matching a glob (`*`, `?`, `[...]` in the last parts of the path), sorted."""
+    filesystem, inner = resolve(pattern)
+    first_wild = min(i for i, ch in enumerate(inner) if ch in "*?[")
+    base = inner[:inner.rfind("/", 0, first_wild)] or "/"
+    try:
+        found = filesystem.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
+    except OSError as error:
+        raise StorageError(f"{setting}: {pattern!r} cannot be reached: {error}") from error
+    matches = sorted(entry.path for entry in found if entry.is_file and fnmatch.fnmatchcase(entry.path, inner))
+    prefix = pattern[:pattern.find("://") + 3] if is_uri(pattern) else ""
+    return [prefix + path for path in matches]
+
+
+def make_directory(path: str, setting: str) -> None:
+    """Creates a directory (a no-op prefix in object stores) and checks it can be written."""
+    filesystem, inner = resolve(path)
+    probe = f"{inner}/.write-probe-{os.getpid()}"
+    try:
+        filesystem.create_dir(inner, recursive=True)
+        with filesystem.open_output_stream(probe) as stream:
+            stream.write(b"")
+        filesystem.delete_file(probe)
+    except (OSError, ValueError) as error:
+        raise StorageError(f"{setting}: cannot write to {path!r}: {error}") from error
+
+
+def read_text(path: str) -> str | None:
+    """The file's text, or None when there is none."""
+    filesystem, inner = resolve(path)
+    if filesystem.get_file_info(inner).type != pafs.FileType.File:
+        return None
+    with filesystem.open_input_stream(inner) as stream:
+        return stream.read().decode()
+
+
+def write_text(path: str, text: str) -> None:
+    """Writes whole (a temporary name, then a move, where the store has moves that replace)."""
+    filesystem, inner = resolve(path)
+    staging = f"{inner}.{os.getpid()}.tmp"
+    with filesystem.open_output_stream(staging) as stream:
+        stream.write(text.encode())
+    filesystem.move(staging, inner)
+
+
+def list_directories(path: str, prefix: str = "") -> list[str]:
+    """Names of the directories right under `path` that start with `prefix`, sorted."""
+    filesystem, inner = resolve(path)
+    entries = filesystem.get_file_info(pafs.FileSelector(inner, allow_not_found=True))
+    return sorted(Path(e.path).name for e in entries if e.type == pafs.FileType.Directory
+                  and Path(e.path).name.startswith(prefix))

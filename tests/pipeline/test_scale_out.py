@@ -1,0 +1,168 @@
+"""The job at scale, on this one machine: a three-node cluster whose head runs no actor, an actor
+killed mid-run, input, output and checkpoints in an S3 server on the loopback address with the
+driver killed half-way, and a driver whose memory does not grow with the corpus."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+import pytest
+import ray
+from ray.cluster_utils import Cluster
+
+from pipeline.config import load_config
+from pipeline.ray_job import run_job
+from tests import outputs
+from tests.processes import environment, free_port
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write_jsonl(path: Path, ids: list[str]) -> Path:
+    path.write_text("".join(json.dumps({"id": i, "prompt": f"Question {i}"}) + "\n" for i in ids))
+    return path
+
+
+def generate_command(tiny_model_dir, cache: Path, input_path: str, output: str, *overrides: str) -> list[str]:
+    command = [sys.executable, "-m", "jobs.generate", "--config", "configs/default.yaml", "--input", input_path,
+               "--output", output, "--run-id", "nightly",
+               "--set", "engine.name=transformers", "--set", f"model.name={tiny_model_dir}",
+               "--set", f"model.cache_dir={cache}", "--set", "input.limit=0"]
+    for override in overrides:
+        command += ["--set", override]
+    return command
+
+
+# --- A cluster of three nodes, one actor killed ------------------------------------------------
+
+def map_worker_pids() -> list[int]:
+    from ray.util.state import list_actors
+
+    return [actor.pid for actor in list_actors(filters=[("state", "=", "ALIVE")], detail=True)
+            if "MapWorker" in actor.class_name and actor.pid]
+
+
+def test_actors_run_on_workers_not_the_head_and_survive_a_killed_actor(tiny_model_dir, tmp_path):
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "object_store_memory": 150 * 2**20})
+    workers = [cluster.add_node(num_cpus=1, object_store_memory=150 * 2**20) for _ in range(2)]
+    ray.init(address=cluster.address)
+    try:
+        ids = [f"q{i:02d}" for i in range(32)]
+        config = load_config(REPO / "configs/default.yaml", [
+            "engine.name=transformers", f"model.name={tiny_model_dir}", f"model.cache_dir={tmp_path / 'cache'}",
+            f"input.path={write_jsonl(tmp_path / 'in.jsonl', ids)}", f"job.output={tmp_path / 'out'}",
+            "input.limit=0", "decoder.max_new_tokens=120", "ray.batch_size=1", "decoder.max_batch_requests=1",
+            "ray.min_actors=2", "ray.max_actors=2"])
+        finished: dict = {}
+        job = threading.Thread(target=lambda: finished.update(summary=run_job(config, "r")))
+        job.start()
+        run_dir = tmp_path / "out" / "run=r"
+        deadline = time.time() + 240
+        while time.time() < deadline and len(map_worker_pids()) < 2:
+            time.sleep(0.2)
+        time.sleep(3)  # both actors are generating now
+        killed = map_worker_pids()[0]
+        os.kill(killed, signal.SIGKILL)  # the actor's process dies mid-run, as on a lost node
+        assert job.is_alive() and len(outputs.read_run(run_dir)) < len(ids), "the kill should land mid-run"
+        job.join(timeout=400)
+        assert not job.is_alive() and "summary" in finished, "the job should finish despite the killed actor"
+        assert killed not in map_worker_pids()
+        assert sorted(row["id"] for row in outputs.read_run(run_dir)) == ids, "every id exactly once"
+        nodes = set(finished["summary"]["actor_nodes"])
+        assert nodes and nodes <= {worker.node_id for worker in workers}
+        assert cluster.head_node.node_id not in nodes
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+
+
+# --- S3 on the loopback address: driver killed, job resumed ------------------------------------
+
+@pytest.fixture
+def s3_server(processes):
+    """An S3 server (moto) on 127.0.0.1 with a bucket; the environment that points clients at it."""
+    port = free_port()
+    server = processes.start([Path(sys.executable).parent / "moto_server", "-H", "127.0.0.1", "-p", str(port)])
+    env = {"AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_ACCESS_KEY_ID": "test",
+           "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"}
+    os.environ.update(env)
+    filesystem = pafs.S3FileSystem(endpoint_override=env["AWS_ENDPOINT_URL"], access_key="test", secret_key="test",
+                                   region="us-east-1", scheme="http", allow_bucket_creation=True)
+    deadline = time.time() + 30
+    while True:
+        try:
+            filesystem.create_dir("corpus")
+            break
+        except OSError:
+            assert server.poll() is None and time.time() < deadline, "the S3 server did not start"
+            time.sleep(0.3)
+    yield filesystem, env
+    for name in env:
+        os.environ.pop(name, None)
+
+
+def s3_parquet(filesystem, directory: str) -> list[str]:
+    found = filesystem.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
+    return sorted(entry.path for entry in found if entry.path.endswith(".parquet"))
+
+
+def test_s3_input_output_and_checkpoints_resume_a_killed_driver_exactly_once(tiny_model_dir, tmp_path, processes,
+                                                                             s3_server):
+    filesystem, env = s3_server
+    ids = [f"q{i:02d}" for i in range(12)]
+    with filesystem.open_output_stream("corpus/in.jsonl") as stream:
+        stream.write(write_jsonl(tmp_path / "in.jsonl", ids).read_bytes())
+    command = generate_command(tiny_model_dir, tmp_path / "cache", "s3://corpus/in.jsonl", "s3://corpus/out",
+                               "ray.batch_size=1", "decoder.max_batch_requests=1", "decoder.max_new_tokens=120")
+    driver = processes.start(command, cwd=REPO, env=environment(**env))
+    deadline = time.time() + 240
+    while time.time() < deadline and len(s3_parquet(filesystem, "corpus/out/run=nightly")) < 2 and driver.poll() is None:
+        time.sleep(0.2)
+    driver.send_signal(signal.SIGKILL)
+    driver.wait()
+
+    def rows():
+        files = s3_parquet(filesystem, "corpus/out/run=nightly")
+        return [row for path in files for row in pq.read_table(path, filesystem=filesystem).to_pylist()]
+
+    before = rows()
+    assert 2 <= len(before) < len(ids), "the kill should land mid-run"
+    assert s3_parquet(filesystem, "corpus/out/_checkpoints/run=nightly"), "the checkpoints are in S3 too"
+    processes.run(command, cwd=REPO, env=environment(**env), timeout=400)
+    assert sorted(row["id"] for row in rows()) == ids, "every id exactly once"
+    with filesystem.open_input_stream("corpus/out/run=nightly/summary.json") as stream:
+        summary = json.loads(stream.read())
+    assert summary["rows"] == len(ids) and summary["rows_skipped_already_done"] == len(before)
+
+
+def test_an_unreachable_output_fails_at_start_naming_the_setting(tiny_model_dir, tmp_path, processes):
+    command = generate_command(tiny_model_dir, tmp_path / "cache", "humaneval", "s3://nowhere/out")
+    env = environment(AWS_ENDPOINT_URL=f"http://127.0.0.1:{free_port()}", AWS_ACCESS_KEY_ID="x",
+                      AWS_SECRET_ACCESS_KEY="x", AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
+    result = processes.run(command, cwd=REPO, env=env, timeout=120, check=False)
+    assert result.returncode != 0
+    assert "job.output: cannot write to 's3://nowhere/out" in result.stderr
+
+
+# --- The driver's memory does not grow with the corpus -----------------------------------------
+
+def test_driver_memory_does_not_grow_with_the_corpus(tiny_model_dir, tmp_path, processes):
+    peaks = {}
+    for rows in (2_000, 20_000):
+        path = write_jsonl(tmp_path / f"in{rows}.jsonl", [f"r{i}" for i in range(rows)])
+        command = generate_command(tiny_model_dir, tmp_path / "cache", str(path), str(tmp_path / f"out{rows}"),
+                                   "decoder.max_new_tokens=4", "ray.batch_size=1000", "decoder.max_batch_requests=500")
+        processes.run(command, cwd=REPO, env=environment(), timeout=600)
+        summary = json.loads((tmp_path / f"out{rows}" / "run=nightly" / "summary.json").read_text())
+        assert summary["rows"] == rows
+        peaks[rows] = summary["driver_peak_rss_mb"]
+        print(f"{rows} rows: driver peak RSS {peaks[rows]} MB, {summary['rows_per_second_after_startup']} rows/s "
+              f"after start-up, {summary['wall_seconds']} s in all")
+    assert peaks[20_000] <= 1.10 * peaks[2_000], peaks
