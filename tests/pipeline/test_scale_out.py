@@ -153,6 +153,7 @@ def test_an_unreachable_output_fails_at_start_naming_the_setting(tiny_model_dir,
 
 # --- The driver's memory does not grow with the corpus -----------------------------------------
 
+@pytest.mark.scale  # 22,000 rows: `make test-scale`, outside `make test`'s 15 minutes
 def test_driver_memory_does_not_grow_with_the_corpus(tiny_model_dir, tmp_path, processes):
     peaks = {}
     for rows in (2_000, 20_000):
