@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from transformers import DynamicCache
 
 from pipeline.kv_cache import expanded_copy, prefill
 from pipeline.prompts import chat_ids
@@ -91,7 +92,7 @@ def model_extension(model, bigram: np.ndarray, prefix: list[int], k: int, w: int
     prefix_cache = prefill(model, prefix)
     for begin in range(0, len(starts), batch_size):
         batch = torch.from_numpy(starts[begin:begin + batch_size]).long()  # [b, 2]
-        cache = expanded_copy(prefix_cache, batch.shape[0])
+        cache = expanded_copy(prefix_cache, batch.shape[0]) if prefix else DynamicCache()
         positions = torch.arange(len(prefix), len(prefix) + 2).expand(batch.shape[0], -1)
         logits = model(input_ids=batch, past_key_values=cache, position_ids=positions, use_cache=True).logits
         columns = [batch[:, 1]]

@@ -1,8 +1,14 @@
-"""Maps a `decoder.drafter` name to a drafter, and builds the model tables it needs once."""
+"""The drafter registry: `decoder.drafter` name -> the model tables it drafts from and its factory.
+
+A new drafter is one module in drafters/ and one entry in DRAFTERS. The config accepts exactly
+these names; the engines build a drafter only through `make_drafter`, and the tables a drafter
+needs only through `build_tables`.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -10,15 +16,14 @@ from drafters import model_tables
 from drafters.base import Drafter
 from drafters.bigram import BigramDrafter
 from drafters.context_ngram import ContextNgramDrafter
-from drafters.draft_model import DraftModelDrafter, self_draft_model
 from drafters.datastore import Datastore
+from drafters.draft_model import DraftModelDrafter, self_draft_model
 from drafters.mixed import MixedDrafter
 from drafters.retrieval import RetrievalDrafter, check_vocabulary
 from drafters.unigram import UnigramDrafter
-from pipeline.config import DRAFTER_NAMES, DecoderConfig, ModelConfig
 
-NEEDS_UNIGRAM = {"unigram"}
-NEEDS_BIGRAM = {"bigram", "extended_bigram", "mixed"}
+if TYPE_CHECKING:
+    from pipeline.config import DecoderConfig, ModelConfig
 
 
 @dataclass(frozen=True)
@@ -26,7 +31,8 @@ class DrafterTables:
     """Read-only arrays shared by every request (and, in the Ray job, by every actor)."""
     unigram: np.ndarray | None = None  # [K] token ids, most likely first
     bigram: np.ndarray | None = None  # [V, K] token ids
-    extended: np.ndarray | None = None  # [V, k, w] token ids
+    chained: np.ndarray | None = None  # [V, k, w] the bigram's j-th token, then its top-1 chained
+    extended: np.ndarray | None = None  # [V, k, w] the bigram's j-th token, then the model's greedy continuation
     build_seconds: dict[str, float] = field(default_factory=dict)
 
     def as_plain_arrays(self) -> "DrafterTables":
@@ -34,37 +40,101 @@ class DrafterTables:
         every reader, but maps a plain array zero-copy (read-only) from the object store."""
         def plain(array):
             return None if array is None else np.ascontiguousarray(array)
-        return replace(self, unigram=plain(self.unigram), bigram=plain(self.bigram), extended=plain(self.extended))
+        return replace(self, unigram=plain(self.unigram), bigram=plain(self.bigram), chained=plain(self.chained),
+                       extended=plain(self.extended))
 
 
-def needs_model_tables(config: DecoderConfig) -> bool:
+@dataclass(frozen=True)
+class DrafterParts:
+    """What a factory may draw on: the settings, the tables, the target's pad token, the draft
+    model (drafter "draft_model" only) and the target tokenizer's size (checked against a datastore)."""
+    config: "DecoderConfig"
+    tables: DrafterTables
+    pad_token: int
+    draft_model: object = None
+    vocab_size: int | None = None
+
+
+@dataclass(frozen=True)
+class DrafterEntry:
+    tables: tuple[str, ...] = ()  # DrafterTables fields it drafts from, built once per model
+    make: Callable[[DrafterParts], Drafter] | None = None  # None: nothing of ours drafts
+    engines: tuple[str, ...] = ("vllm", "transformers")  # where it runs
+    about: str = ""
+
+
+def _context_ngram(parts: DrafterParts) -> Drafter:
+    config = parts.config
+    return ContextNgramDrafter(config.ngram_max_q, config.ngram_min_q, parts.pad_token)
+
+
+def _retrieval(parts: DrafterParts) -> RetrievalDrafter:
+    config = parts.config
+    # Memory-mapped: every actor (and every process on a node) shares the page cache.
+    datastore = Datastore.open(config.datastore)
+    if parts.vocab_size is not None:
+        check_vocabulary(datastore, parts.vocab_size)
+    return RetrievalDrafter(datastore, parts.pad_token, config.retrieval_max_match, config.retrieval_min_match,
+                            config.retrieval_max_occurrences, config.retrieval_max_nodes)
+
+
+def _mixed(parts: DrafterParts) -> Drafter:
+    retrieval = _retrieval(parts) if parts.config.datastore else None
+    return MixedDrafter(_context_ngram(parts), BigramDrafter(parts.tables.chained, "bigram"), parts.pad_token, retrieval)
+
+
+def _draft_model(parts: DrafterParts) -> Drafter:
+    assert parts.draft_model is not None, "drafter 'draft_model' needs the model from load_draft_model"
+    return DraftModelDrafter(parts.draft_model)
+
+
+DRAFTERS: dict[str, DrafterEntry] = {
+    "none": DrafterEntry(about="plain decoding"),
+    "context_ngram": DrafterEntry((), _context_ngram),
+    "unigram": DrafterEntry(("unigram",), lambda parts: UnigramDrafter(parts.tables.unigram, parts.pad_token)),
+    "bigram": DrafterEntry(("chained",), lambda parts: BigramDrafter(parts.tables.chained, "bigram")),
+    "extended_bigram": DrafterEntry(("extended",), lambda parts: BigramDrafter(parts.tables.extended, "extended_bigram")),
+    "mixed": DrafterEntry(("chained",), _mixed),
+    "draft_model": DrafterEntry((), _draft_model, engines=("transformers",)),
+    "rest": DrafterEntry((), _retrieval),
+    # vLLM's own learning-free methods, run by vLLM itself: n-gram prompt lookup and suffix
+    # decoding (arctic-inference). The value is vLLM's speculative_config method.
+    "vllm_ngram": DrafterEntry(engines=("vllm",), about="ngram"),
+    "vllm_suffix": DrafterEntry(engines=("vllm",), about="suffix"),
+}
+DRAFTER_NAMES = tuple(DRAFTERS)
+VLLM_METHODS = {name: entry.about for name, entry in DRAFTERS.items() if entry.engines == ("vllm",)}
+
+
+def needs_model_tables(config: "DecoderConfig") -> bool:
     """Whether `config.drafter` drafts from tables built with the model's weights."""
-    return config.drafter in NEEDS_BIGRAM | NEEDS_UNIGRAM and config.w > 0
+    return bool(DRAFTERS[config.drafter].tables) and config.w > 0
 
 
-def build_tables(model, tokenizer, fingerprint: str, config: DecoderConfig, cache_dir: Path) -> DrafterTables:
+def build_tables(model, tokenizer, fingerprint: str, config: "DecoderConfig", cache_dir: Path) -> DrafterTables:
     """Builds (or loads from the disk cache) the tables `config.drafter` needs."""
-    unigram = bigram = extended = None
+    needed = set(DRAFTERS[config.drafter].tables) if config.w > 0 else set()
+    unigram = bigram = chained = extended = None
     seconds: dict[str, float] = {}
-    if config.drafter in NEEDS_UNIGRAM:
+    if "unigram" in needed:
         unigram = model_tables.unigram_scores(model).topk(config.bigram_top_k).indices.numpy().astype(np.int32)
-    if config.drafter in NEEDS_BIGRAM and config.w > 0:
+    if needed & {"bigram", "chained", "extended"}:
         prefix = model_tables.prefix_ids(tokenizer, config.bigram_prefix)
         settings = f"prefix={prefix}|top_k={config.bigram_top_k}"
         path = model_tables.table_path(cache_dir, fingerprint, "bigram", settings)
         bigram, seconds["bigram"] = model_tables.cached_table(
             path, lambda: model_tables.compute_bigram_table(model, prefix, config.bigram_top_k, config.bigram_batch_size))
-        if config.drafter == "extended_bigram" and config.bigram_extension == "model":
+        if "chained" in needed:
+            chained = model_tables.chain_extension(bigram, config.k, config.w)
+        if "extended" in needed:
             path = model_tables.table_path(cache_dir, fingerprint, "extended", f"{settings}|k={config.k}|w={config.w}")
             extended, seconds["extended"] = model_tables.cached_table(
                 path, lambda: model_tables.model_extension(model, bigram, prefix, config.k, config.w,
                                                            config.bigram_batch_size))
-        else:
-            extended = model_tables.chain_extension(bigram, config.k, config.w)
-    return DrafterTables(unigram=unigram, bigram=bigram, extended=extended, build_seconds=seconds)
+    return DrafterTables(unigram, bigram, chained, extended, seconds)
 
 
-def load_draft_model(config: DecoderConfig, model_config: ModelConfig, target):
+def load_draft_model(config: "DecoderConfig", model_config: "ModelConfig", target):
     """The draft model of drafter "draft_model": a self-draft of `target` (a LoadedModel), or a
     model directory whose tokenizer must be the target's (speculative sampling compares the two
     models' probabilities token by token)."""
@@ -79,34 +149,12 @@ def load_draft_model(config: DecoderConfig, model_config: ModelConfig, target):
     return draft.model
 
 
-def make_drafter(config: DecoderConfig, tables: DrafterTables, pad_token: int,
+def make_drafter(config: "DecoderConfig", tables: DrafterTables | None, pad_token: int,
                  draft_model=None, vocab_size: int | None = None) -> Drafter | None:
-    """The drafter named by `config.drafter`; None for plain decoding. `draft_model` (from
-    load_draft_model) is needed by drafter "draft_model" only; `vocab_size`, the target
-    tokenizer's, is checked against a datastore's."""
-    name = config.drafter
-    if name not in DRAFTER_NAMES:
-        raise ValueError(f"decoder.drafter: unknown {name!r}; choose one of {', '.join(DRAFTER_NAMES)}")
-    if name == "none" or config.w == 0:
+    """The drafter named by `config.drafter`; None for plain decoding (or a method vLLM runs itself)."""
+    entry = DRAFTERS.get(config.drafter)
+    if entry is None:
+        raise ValueError(f"decoder.drafter: unknown {config.drafter!r}; choose one of {', '.join(DRAFTER_NAMES)}")
+    if entry.make is None or config.w == 0:
         return None
-    if name == "draft_model":
-        assert draft_model is not None, "drafter 'draft_model' needs the model from load_draft_model"
-        return DraftModelDrafter(draft_model)
-    retrieval = None
-    if config.datastore and name in ("rest", "mixed"):
-        # Memory-mapped: every actor (and every process on a node) shares the page cache.
-        datastore = Datastore.open(config.datastore)
-        if vocab_size is not None:
-            check_vocabulary(datastore, vocab_size)
-        retrieval = RetrievalDrafter(datastore, pad_token, config.retrieval_max_match,
-                                     config.retrieval_min_match, config.retrieval_max_occurrences,
-                                     config.retrieval_max_nodes)
-    if name == "rest":
-        return retrieval
-    ngram = ContextNgramDrafter(config.ngram_max_q, config.ngram_min_q, pad_token)
-    if name == "context_ngram":
-        return ngram
-    if name == "unigram":
-        return UnigramDrafter(tables.unigram, pad_token)
-    fill = BigramDrafter(tables.extended, "bigram" if name == "mixed" else name)
-    return MixedDrafter(ngram, fill, pad_token, retrieval) if name == "mixed" else fill
+    return entry.make(DrafterParts(config, tables or DrafterTables(), pad_token, draft_model, vocab_size))

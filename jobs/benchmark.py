@@ -389,7 +389,7 @@ def throughput_comparison(args, loaded) -> dict:
     n = args.max_new_tokens
     plain = make_decoder("plain", loaded, args)
     specs = {name: make_decoder(name, loaded, args) for name in args.spec.split(",")}
-    eos = plain.eos_ids
+    eos = plain.rules.eos_ids
     pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else min(eos)
 
     def ours(decoder, size):

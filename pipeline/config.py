@@ -14,12 +14,6 @@ from typing import Any, Literal
 
 import yaml
 
-DrafterName = Literal["none", "context_ngram", "unigram", "bigram", "extended_bigram", "mixed", "draft_model", "rest",
-                      "vllm_ngram", "vllm_suffix"]
-DRAFTER_NAMES = typing.get_args(DrafterName)
-# vLLM's own learning-free methods, run by vLLM itself (engine vllm only): n-gram prompt lookup
-# (q from decoder.ngram_min_q to ngram_max_q, w tokens) and suffix decoding (arctic-inference).
-VLLM_METHODS = {"vllm_ngram": "ngram", "vllm_suffix": "suffix"}
 
 
 # The largest k and w a `k: auto` / `w: auto` decoder may choose.
@@ -85,7 +79,8 @@ class ModelConfig:
 @dataclass(frozen=True)
 class DecoderConfig:
     # Which drafter proposes drafts; "none" is plain greedy decoding.
-    drafter: DrafterName = "context_ngram"
+    # The names are drafters/registry.py's (vllm_ngram, vllm_suffix: vLLM's own methods).
+    drafter: str = "context_ngram"
     # Number of draft rows verified per target call (engine vllm: 1).
     k: int = 1
     # Tokens per draft row; w = 0 means no drafts (plain decoding).
@@ -109,9 +104,6 @@ class DecoderConfig:
     # "assistant_header": the chat template's assistant turn start (chat models); "bos": the
     # BOS token; "none": x alone (degenerate for most models: measured 0 % top-1 agreement).
     bigram_prefix: Literal["assistant_header", "bos", "none"] = "assistant_header"
-    # How extended-bigram rows continue after their first token: "chain" repeats the bigram's
-    # top-1 (free); "model" runs the model greedily (V*k sequences: hours for SmolLM2 on a CPU).
-    bigram_extension: Literal["chain", "model"] = "chain"
     # Tokens in the bigram build batch; bounds memory of the one-off table build.
     bigram_batch_size: int = 512
     # A token datastore directory (python -m jobs.build_datastore) for drafter "rest"; with drafter
@@ -147,6 +139,11 @@ class DecoderConfig:
     lenience: float = 1.0
 
     def __post_init__(self):
+        from drafters.registry import DRAFTERS  # here, not at the top: the registry imports this module
+
+        if self.drafter not in DRAFTERS:
+            raise ConfigError(f"decoder.drafter: {self.drafter!r} is not allowed; choose one of "
+                              f"{', '.join(map(repr, DRAFTERS))}")
         _require(self.k >= 1, "decoder.k", "an integer >= 1")
         _require(self.w >= 0, "decoder.w", "an integer >= 0")
         _require(self.ngram_max_q >= 1, "decoder.ngram_max_q", "an integer >= 1")
@@ -185,7 +182,7 @@ class DecoderConfig:
             _require(self.verify == "batch", "decoder.verify",
                      "'batch' with drafter 'draft_model' (speculative sampling verifies its one row with the "
                      "draft's probabilities; there is no tree to merge)")
-        if self.drafter in ("bigram", "extended_bigram", "mixed"):
+        if DRAFTERS[self.drafter].tables:  # model tables keep bigram_top_k tokens per entry
             _require(self.k <= self.bigram_top_k, "decoder.k",
                      f"at most decoder.bigram_top_k ({self.bigram_top_k}) with drafter {self.drafter!r}")
 
@@ -260,12 +257,14 @@ class Config:
         _require(self.ray.batch_size >= self.decoder.max_batch_requests, "ray.batch_size",
                  f"at least decoder.max_batch_requests ({self.decoder.max_batch_requests}), so every "
                  "request row of the decoder has a prompt to take (a multiple of it keeps rows refilled)")
+        from drafters.registry import DRAFTERS
+
         if self.engine.name == "vllm":
             check_vllm_decoder(self.decoder)
             _require(self.ray.num_gpus_per_actor <= 1, "ray.num_gpus_per_actor",
                      "at most 1 with engine.name vllm (one engine per actor, without tensor parallelism)")
         else:
-            _require(self.decoder.drafter not in VLLM_METHODS, "decoder.drafter",
+            _require("transformers" in DRAFTERS[self.decoder.drafter].engines, "decoder.drafter",
                      f"one of ours with engine.name transformers; {self.decoder.drafter!r} is vLLM's own (engine.name: vllm)")
 
 
@@ -275,7 +274,9 @@ def check_vllm_decoder(decoder: DecoderConfig) -> None:
     if decoder.drafter == "vllm_suffix":
         _require(importlib.util.find_spec("arctic_inference") is not None, "decoder.drafter",
                  "'vllm_suffix' only where arctic-inference is installed (make install-suffix)")
-    _require(decoder.drafter != "draft_model", "decoder.drafter",
+    from drafters.registry import DRAFTERS
+
+    _require("vllm" in DRAFTERS[decoder.drafter].engines, "decoder.drafter",
              f"a point drafter with engine.name vllm; 'draft_model' (speculative sampling) needs {transformers_only}")
     _require(decoder.k == 1 and not decoder.auto_k, "decoder.k",
              f"1 with engine.name vllm (it verifies one draft row per request); k > 1 or auto needs {transformers_only}")

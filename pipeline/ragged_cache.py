@@ -11,6 +11,7 @@ import torch
 from transformers import DynamicCache
 
 from pipeline.kv_cache import _full_layers
+from pipeline.tree import additive_mask
 
 
 def empty_cache(model) -> DynamicCache:
@@ -68,8 +69,7 @@ class RaggedCache:
         [B, N, N] says which new tokens each new token sees (itself included)."""
         rows, width = visible_new.shape[:2]
         visible = torch.cat([self.valid[:, None, :].expand(rows, width, self.columns), visible_new], dim=2)
-        mask = torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
-        return mask[:, None]
+        return additive_mask(visible, dtype)
 
     def keep_new(self, kept: list[list[int]], width: int) -> None:
         """After a call appended `width` columns, keeps row b's new columns kept[b] (offsets into

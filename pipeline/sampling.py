@@ -1,18 +1,10 @@
-"""Exact verification when sampling (temperature > 0): pure functions plus the per-request random state.
+"""Sampling primitives (temperature > 0): settings, the per-request random state, the target's
+filtered distribution and inverse-CDF sampling. How drafts are accepted is pipeline/verification.py.
 
-Terms as in verification.py. Two cases:
-- point-mass drafts (context n-gram, bigram, ...): `verify_point_drafts` samples the target's token
-  at each position from its own distribution and keeps the rows whose draft matches it, so every
-  emitted token is drawn from the target's conditional distribution;
-- a draft model with probabilities q (Chen et al. 2023, arXiv 2302.01318; Leviathan et al. 2023):
-  `speculative_sample` *accepts* draft token x with probability min(1, p(x)/q(x)); on the first
-  rejection it samples the *recovered* token from norm(max(0, p - q)); if every draft token is
-  accepted it samples the *bonus* token from p.
-Randomness comes in as uniforms, so each function is deterministic and testable.
-
-The token at generated position t is always sampled with the request's t-th position uniform, by
-plain sampling and by point-draft verification alike. So, with the same seed, a point drafter
-emits the very tokens plain sampling emits (up to float rounding between batched and single calls):
+Randomness comes in as uniforms, so every function is deterministic and testable. The token at
+generated position t is always sampled with the request's t-th position uniform, by plain
+sampling and by point-draft verification alike. So, with the same seed, a point drafter emits the
+very tokens plain sampling emits (up to float rounding between batched and single calls):
 speculation changes the speed, not the sample.
 """
 from __future__ import annotations
@@ -22,7 +14,6 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.verification import Verdict
 
 
 @dataclass(frozen=True)
@@ -61,7 +52,7 @@ class RandomState:
 
 def target_probs(logits: torch.Tensor, sampling: SamplingParams) -> torch.Tensor:
     """Softmax of logits [..., V] at the temperature, restricted to the top-k and the top-p nucleus."""
-    assert not sampling.greedy, "temperature 0 is greedy: use verify_greedy"
+    assert not sampling.greedy, "temperature 0 is greedy: there is no distribution to sample"
     logits = logits.float() / sampling.temperature
     if sampling.top_k:
         kth = logits.topk(min(sampling.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
@@ -83,50 +74,3 @@ def sample(probs: torch.Tensor, uniform: float) -> int:
     if index >= probs.shape[0]:  # rounding at the top of the cdf: the last token that has mass
         index = int(torch.nonzero(probs).max())
     return index
-
-
-def verify_point_drafts(drafts: torch.Tensor, probs: torch.Tensor, uniforms: torch.Tensor) -> Verdict:
-    # drafts: [k, w]; probs: [k, w+1, V] target probabilities for the block [last, drafts];
-    # uniforms: [w+1], the position uniforms of the tokens this step may emit
-    k, w = drafts.shape
-    alive = list(range(k))  # rows whose drafts agree with every token sampled so far
-    tokens: list[int] = []
-    checked: list[float] = []
-    for position in range(w + 1):
-        row = alive[0]  # surviving rows share the context up to here, so any one's probs will do
-        token = sample(probs[row, position], float(uniforms[position]))
-        tokens.append(token)
-        if position == w:
-            break
-        guesses = {int(drafts[r, position]) for r in alive}
-        checked.append(float(probs[row, position, list(guesses)].sum()))  # P(the sample hits a guess)
-        matching = [r for r in alive if int(drafts[r, position]) == token]
-        if not matching:
-            break
-        alive = matching
-    return Verdict(tokens=tokens, num_accepted=len(tokens) - 1, row=alive[0], acceptance_probabilities=tuple(checked))
-
-
-def speculative_sample(drafts: torch.Tensor, q: torch.Tensor, p: torch.Tensor, accept_uniforms: torch.Tensor,
-                       sample_uniforms: torch.Tensor, lenience: float = 1.0) -> Verdict:
-    # drafts: [γ] draft-model tokens; q: [γ, V] draft probs; p: [γ+1, V] target probs;
-    # accept_uniforms: [γ] decide acceptance; sample_uniforms: [γ+1] sample recovered/bonus tokens.
-    # lenience l < 1 (Leviathan et al. §A.5) accepts more often and is NOT exact: default 1.
-    gamma = drafts.shape[0]
-    tokens: list[int] = []
-    checked: list[float] = []
-    for i in range(gamma):
-        x = int(drafts[i])
-        # q: draft prob, p: target prob; accept with probability min(1, p(x) / (l q(x))).
-        accept_probability = min(1.0, float(p[i, x]) / max(lenience * float(q[i, x]), 1e-30))
-        checked.append(accept_probability)
-        if float(accept_uniforms[i]) < accept_probability:
-            tokens.append(x)
-            continue
-        residual = (p[i] - lenience * q[i]).clamp_min(0)
-        if float(residual.sum()) <= 0:  # p == q up to rounding: the residual is p itself
-            residual = p[i]
-        tokens.append(sample(residual, float(sample_uniforms[i])))
-        return Verdict(tokens=tokens, num_accepted=i, row=0, acceptance_probabilities=tuple(checked))
-    tokens.append(sample(p[gamma], float(sample_uniforms[gamma])))
-    return Verdict(tokens=tokens, num_accepted=gamma, row=0, acceptance_probabilities=tuple(checked))

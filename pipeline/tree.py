@@ -12,9 +12,6 @@ from dataclasses import dataclass
 
 import torch
 
-from pipeline.sampling import sample
-from pipeline.verification import Verdict
-
 
 @dataclass(frozen=True)
 class DraftTree:
@@ -22,6 +19,11 @@ class DraftTree:
     parents: list[int]  # [n] parent node, -1 for the root's children
     depths: list[int]  # [n] 1 for the root's children
     row_nodes: list[list[int]]  # [k][w] row r's node at each of its positions
+
+    @property
+    def width(self) -> int:
+        """w: the tokens of a row (every row of a step has the same)."""
+        return len(self.row_nodes[0]) if self.row_nodes else 0
 
     def children(self, node: int) -> dict[int, int]:
         """token -> child node of `node` (-1 is the root); the first row's child wins a token."""
@@ -70,8 +72,24 @@ def tree_inputs(tree: DraftTree, last_token: int, context_length: int, dtype: to
     input_ids = torch.tensor([[last_token] + tree.tokens])
     position_ids = context_length + torch.tensor([[0] + tree.depths])
     visible = torch.cat([torch.ones(n + 1, context_length, dtype=torch.bool), tree_visibility(tree)], dim=1)
-    mask = torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)
-    return input_ids, position_ids, mask[None, None]
+    return input_ids, position_ids, additive_mask(visible[None], dtype)
+
+
+def additive_mask(visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """[B, 1, N, L] additive attention mask (0 where visible, the dtype's minimum elsewhere) from
+    visible [B, N, L] bool."""
+    return torch.zeros(visible.shape, dtype=dtype).masked_fill(~visible, torch.finfo(dtype).min)[:, None]
+
+
+def node_logits(tree: DraftTree, block_logits: torch.Tensor) -> torch.Tensor:
+    """[n+1, V] logits at [root, nodes] from a block call's [k, w+1, V] over the rows [last, row]:
+    each node's from the first row through it (rows sharing a prefix saw the same tokens)."""
+    rows, columns = [0], [0]
+    for node in range(len(tree.tokens)):
+        row = next(r for r, nodes in enumerate(tree.row_nodes) if node in nodes)
+        rows.append(row)
+        columns.append(tree.row_nodes[row].index(node) + 1)
+    return block_logits[rows, columns]
 
 
 def winning_row(tree: DraftTree, path: list[int]) -> int:
@@ -80,40 +98,3 @@ def winning_row(tree: DraftTree, path: list[int]) -> int:
         return 0
     depth = len(path)
     return next(r for r, nodes in enumerate(tree.row_nodes) if len(nodes) >= depth and nodes[depth - 1] == path[-1])
-
-
-def verify_tree_greedy(tree: DraftTree, logits: torch.Tensor) -> tuple[Verdict, list[int]]:
-    # logits: [n+1, V] for [root, nodes]. Returns the verdict and the accepted path's nodes.
-    choices = logits.argmax(dim=-1).tolist()  # [n+1]
-    path: list[int] = []
-    node = -1
-    while True:
-        child = tree.children(node).get(choices[node + 1])
-        if child is None:
-            break
-        path.append(child)
-        node = child
-    tokens = [tree.tokens[p] for p in path] + [choices[node + 1]]
-    w = len(tree.row_nodes[0]) if tree.row_nodes else 0
-    checked = (1.0,) * len(path) + ((0.0,) if len(path) < w else ())
-    return Verdict(tokens, len(path), winning_row(tree, path), checked), path
-
-
-def verify_tree_sampled(tree: DraftTree, probs: torch.Tensor, uniforms: torch.Tensor) -> tuple[Verdict, list[int]]:
-    # probs: [n+1, V] target probabilities for [root, nodes]; uniforms: [w+1] position uniforms
-    path: list[int] = []
-    tokens: list[int] = []
-    checked: list[float] = []
-    node = -1
-    while True:
-        token = sample(probs[node + 1], float(uniforms[len(path)]))
-        tokens.append(token)
-        children = tree.children(node)
-        if not children:
-            break
-        checked.append(float(probs[node + 1, list(children)].sum()))  # P(the sample hits a child)
-        if token not in children:
-            break
-        node = children[token]
-        path.append(node)
-    return Verdict(tokens, len(path), winning_row(tree, path), tuple(checked)), path

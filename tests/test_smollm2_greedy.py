@@ -1,7 +1,7 @@
 """End to end on the real SmolLM2: every drafter, several (k, w), token-identical to plain greedy
 and to transformers' generate(do_sample=False), on 6 HumanEval prompts x 64 new tokens.
 
-The three model-table drafters (unigram, bigram, extended bigram) are slower than plain decoding
+The model-table drafters (unigram, bigram) are slower than plain decoding
 on this CPU, so to keep the suite short they share one run: a drafter that hands each step to
 the next of them in turn, so every one of them has its drafts verified at every kind of position.
 """
@@ -21,7 +21,9 @@ from pipeline.prompts import encode_prompt, load_prompts
 
 NUM_PROMPTS, NEW_TOKENS = 6, 64
 CONFIGS = [("none", 1, 0), ("context_ngram", 2, 3), ("model_tables", 1, 2), ("mixed", 1, 5)]
-MODEL_TABLE_DRAFTERS = ("unigram", "bigram", "extended_bigram")
+# extended_bigram is left out: its table runs the model over V x k sequences (hours for SmolLM2 on
+# a CPU); the tiny-model tests cover it.
+MODEL_TABLE_DRAFTERS = ("unigram", "bigram")
 
 
 class TakingTurns:
@@ -82,7 +84,7 @@ def test_output_is_token_identical_to_greedy(smollm2, prompts, hf_reference, dra
                                                                  result.token_ids))
     assert not failures, f"{drafter} k={k} w={w} differs from greedy:\n" + "\n".join(failures)
     if drafter == "model_tables":
-        assert {"unigram", "bigram", "extended_bigram"} <= set(rows), f"every drafter must have been verified: {rows}"
+        assert set(MODEL_TABLE_DRAFTERS) <= set(rows), f"every drafter must have been verified: {rows}"
     if w > 0 and drafter in ("context_ngram", "mixed"):
         assert generated / calls > 1.2, "drafts were hardly ever accepted"
 

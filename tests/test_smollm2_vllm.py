@@ -44,7 +44,7 @@ def reference(engines, requests):
 
 @pytest.mark.parametrize("drafter,w,accepted_from", [
     ("context_ngram", "auto", "context_ngram"), ("mixed", "auto", "context_ngram"), ("bigram", "3", "bigram"),
-    ("extended_bigram", "4", "extended_bigram"), ("unigram", "2", None), ("rest", "4", "retrieval")])
+    ("unigram", "2", None), ("rest", "4", "retrieval")])
 def test_each_drafter_on_vllm_is_vllm_plain_greedy(engines, requests, reference, stdlib_datastore, drafter, w,  # noqa: F811
                                                   accepted_from):
     ours = engines[1]

@@ -6,6 +6,8 @@ from drafters.base import PADDING, DraftContext
 from drafters.datastore import SEPARATOR, build_datastore
 from drafters.retrieval import RetrievalDrafter, prefix_counts, select_rows
 from pipeline.decoder import SpeculativeDecoder
+from pipeline.engines.base import Request
+from pipeline.request_state import RequestState
 from pipeline.sampling import SamplingParams
 
 DOCUMENTS = [
@@ -74,7 +76,7 @@ def test_rest_decoding_is_plain_decoding(tiny_model, tmp_path, verify):
         result = decoder.generate(prompt, 40, sampling=sampling)
         assert result.token_ids == plain.generate(prompt, 40, sampling=sampling).token_ids
     assert decoder.generate(prompt, 40).stats.strategy_wins.get("retrieval", 0) > 0
-    assert torch.is_tensor(decoder.draft(DraftContext(prompt, 3), 4).tokens)
+    assert torch.is_tensor(decoder.draft(RequestState.start(Request("r", prompt, 40), decoder.rules)).tokens)
 
 
 def test_a_datastore_of_another_tokenizer_is_refused(tmp_path):

@@ -1,4 +1,6 @@
 """Throughput mode: many requests per forward call must give each request the tokens it gets alone."""
+import dataclasses
+
 import pytest
 import torch
 
@@ -90,7 +92,8 @@ def test_the_token_budget_caps_each_call(tiny_model, tables):
 @pytest.mark.parametrize("per_token", [0.0, 1.0])
 def test_adaptive_batched_decoding_is_plain_greedy(tiny_model, tables, per_token):
     decoder = decoder_for(tiny_model, tables, "context_ngram", 4, 6, min_q=1)
-    decoder.costs, decoder.auto_k, decoder.auto_w = flat_costs(per_token), True, True
+    decoder.rules = dataclasses.replace(decoder.rules, costs=flat_costs(per_token))
+    decoder.auto_k, decoder.auto_w = True, True
     reference = SpeculativeDecoder(tiny_model, None, None, 1, 0)
     outcomes = list(BatchedDecoder(decoder, 3).generate_many(requests()))
     for request, result in outcomes:

@@ -6,6 +6,7 @@ from drafters.registry import DrafterTables, make_drafter
 from pipeline.config import DecoderConfig
 from pipeline.decoder import SpeculativeDecoder
 from pipeline.engines.base import RequestError
+from pipeline.request_state import stop_cut
 from pipeline.sampling import SamplingParams
 from tests.conftest import TINY_EOS
 
@@ -15,8 +16,11 @@ PROMPTS = [[1, 5, 9, 2, 5, 9, 2, 7], [1, 40, 41, 42, 43, 40, 41], [1, 3], [1]]
 def decoder_for(model, tables, drafter, k, w, tokenizer=None, min_q=2):
     config = DecoderConfig(drafter=drafter, k=k, w=w, bigram_top_k=8, ngram_max_q=3, ngram_min_q=min_q)
     if tables.bigram is not None:
+        extended = None
+        if drafter == "extended_bigram":
+            extended = model_tables.model_extension(model, tables.bigram, [], k, w, batch_size=512)
         tables = DrafterTables(unigram=tables.unigram, bigram=tables.bigram,
-                               extended=model_tables.chain_extension(tables.bigram, k, w))
+                               chained=model_tables.chain_extension(tables.bigram, k, w), extended=extended)
     return SpeculativeDecoder(model, tokenizer, make_drafter(config, tables, 0), k, w, config.ngram_max_q)
 
 
@@ -150,8 +154,6 @@ def test_tree_mode_emits_what_batch_mode_emits_with_fewer_tokens(tiny_model, tab
 
 
 def test_stop_strings_are_found_from_the_tail_as_from_the_whole_text(tiny_model_dir):
-    from types import SimpleNamespace
-
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
@@ -160,10 +162,9 @@ def test_stop_strings_are_found_from_the_tail_as_from_the_whole_text(tiny_model_
     for stop in (("\nclass",), ("漢字\nprint",), ("never there", "(3))\n\n")):
         reference = next((n for n in range(1, len(tokens) + 1)
                           if any(s in tokenizer.decode(tokens[:n]) for s in stop)), None)
-        owner = SimpleNamespace(tokenizer=tokenizer)
         found = None
         for checked in range(0, len(tokens), 3):  # steps of 3 new tokens, as a decoder emits them
-            found = SpeculativeDecoder.stop_cut(owner, tokens[:checked + 3], checked, stop)
+            found = stop_cut(tokenizer, tokens[:checked + 3], checked, stop)
             if found is not None:
                 break
         assert found == reference, stop

@@ -11,13 +11,13 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import pipeline.decoder
+import pipeline.verification
 from drafters.bigram import BigramDrafter
 from drafters.draft_model import DraftModelDrafter, self_draft_model
 from drafters.model_tables import chain_extension, compute_bigram_table
 from pipeline.decoder import SpeculativeDecoder
-from pipeline.sampling import SamplingParams, sample, target_probs, verify_point_drafts
-from pipeline.verification import Verdict
+from pipeline.sampling import SamplingParams, sample, target_probs
+from pipeline.verification import Verdict, walk_sampled
 
 V = 8
 PROMPT = [3, 1, 4, 1, 5]
@@ -92,28 +92,29 @@ def self_draft_decoder(model) -> SpeculativeDecoder:
     return SpeculativeDecoder(model, None, DraftModelDrafter(self_draft_model(model, 1)), 1, 2)
 
 
-def row_zero_verify(drafts, probs, uniforms) -> Verdict:
-    """Wrong: after a match, samples the next position from row 0's probs, not a surviving row's."""
-    return verify_point_drafts(drafts, probs[:1].expand_as(probs), uniforms)
+def root_probs_verify(tree, probs, uniforms) -> Verdict:
+    """Wrong: after a match, samples every position from the root's probs, not the matched node's."""
+    return walk_sampled(tree, probs[:1].expand_as(probs), uniforms)
 
 
-def residual_free_speculative_sample(drafts, q, p, accept_uniforms, sample_uniforms, lenience=1.0) -> Verdict:
+def residual_free_speculative_sample(tree, draft, p, sample_uniforms) -> Verdict:
     """Wrong: on rejection samples from p instead of norm(max(0, p - q))."""
-    for i in range(drafts.shape[0]):
-        if float(accept_uniforms[i]) * float(q[i, drafts[i]]) >= float(p[i, drafts[i]]):
-            return Verdict(drafts[:i].tolist() + [sample(p[i], float(sample_uniforms[i]))], i, 0)
-    return Verdict(drafts.tolist() + [sample(p[-1], float(sample_uniforms[-1]))], drafts.shape[0], 0)
+    q, drafts = draft.probs, tree.tokens
+    for i, x in enumerate(drafts):
+        if float(draft.accept_uniforms[i]) * float(q[i, x]) >= float(p[i, x]):
+            return Verdict(drafts[:i] + [sample(p[i], float(sample_uniforms[i]))], i, 0, path=tuple(range(i)))
+    return Verdict(drafts + [sample(p[-1], float(sample_uniforms[-1]))], len(drafts), 0, path=tuple(range(len(drafts))))
 
 
 @pytest.mark.parametrize("make_decoder,broken", [
     (bigram_decoder, None),
-    (bigram_decoder, ("verify_point_drafts", row_zero_verify)),
+    (bigram_decoder, ("walk_sampled", root_probs_verify)),
     (self_draft_decoder, None),
     (self_draft_decoder, ("speculative_sample", residual_free_speculative_sample)),
 ])
 def test_tokens_2_and_3_follow_the_target_distribution(model, make_decoder, broken, monkeypatch):
     if broken:
-        monkeypatch.setattr(pipeline.decoder, *broken)
+        monkeypatch.setattr(pipeline.verification, *broken)
     decoder = make_decoder(model)
     counts = joint_counts(decoder)
     statistic, dof = chi_square(counts, exact_joint(model), SEEDS)

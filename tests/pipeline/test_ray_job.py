@@ -148,7 +148,7 @@ def test_too_many_errored_rows_fail_the_job(local_ray, tiny_model_dir, tmp_path)
 @ray.remote(num_cpus=0.5)
 def table_flags_in_an_actor_process(config, refs):
     stage = GenerationStage(config, tables=refs[0])  # an ObjectRef, as map_batches hands it to each actor
-    return {"bigram": stage.tables.bigram.flags.writeable, "extended": stage.tables.extended.flags.writeable,
+    return {"bigram": stage.tables.bigram.flags.writeable, "chained": stage.tables.chained.flags.writeable,
             "pid": os.getpid()}
 
 
@@ -160,5 +160,5 @@ def test_drafter_tables_reach_actors_as_read_only_shared_memory(local_ray, tiny_
     # Wrapped in a list so Ray passes the reference itself rather than resolving it first.
     flags = ray.get([table_flags_in_an_actor_process.remote(config, [ref]) for _ in range(2)])
     # Zero-copy reads from the object store come back read-only: every process maps the one copy.
-    assert all(f["bigram"] is False and f["extended"] is False for f in flags)
+    assert all(f["bigram"] is False and f["chained"] is False for f in flags)
     assert all(f["pid"] != os.getpid() for f in flags)

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.sampling import SamplingParams, request_seed, sample, speculative_sample, target_probs, verify_point_drafts
-from pipeline.verification import Verdict
+from pipeline.sampling import SamplingParams, request_seed, sample, target_probs
+from pipeline.tree import build_tree, node_logits
+from pipeline.verification import DraftEvidence, Verdict, speculative_sample as sample_speculatively, walk_sampled
 
 V = 4
 # The target is a Markov chain: row t is p(next | t). The draft model is a different chain.
@@ -40,6 +41,17 @@ def total_variation(samples: list[tuple[int, ...]]) -> float:
     for seq in samples:
         counts[seq] = counts.get(seq, 0) + 1
     return 0.5 * sum(abs(counts.get(seq, 0) / len(samples) - p) for seq, p in exact.items())
+
+
+def verify_point_drafts(drafts, probs, uniforms) -> Verdict:
+    """The verifier on k point-draft rows: drafts [k, w]; probs [k, w+1, V] at the block [last, row]."""
+    tree = build_tree(drafts)
+    return walk_sampled(tree, node_logits(tree, probs), uniforms)
+
+
+def speculative_sample(drafts, q, p, accept_uniforms, sample_uniforms, lenience=1.0) -> Verdict:
+    """The verifier on a draft model's row: drafts [γ]; q [γ, V]; p [γ+1, V]."""
+    return sample_speculatively(build_tree(drafts[None]), DraftEvidence(q, accept_uniforms, lenience), p, sample_uniforms)
 
 
 def generate_point_drafts(rng, verify) -> tuple[int, ...]:

@@ -1,6 +1,14 @@
+"""Greedy verification through the one entry point, on k rows of a [k, w+1] block call."""
 import torch
 
-from pipeline.verification import verify_greedy
+from pipeline.sampling import GREEDY
+from pipeline.tree import build_tree, node_logits
+from pipeline.verification import verify
+
+
+def verify_greedy(drafts, logits):
+    tree = build_tree(drafts)
+    return verify(tree, node_logits(tree, logits), GREEDY)
 
 V = 10
 
@@ -66,6 +74,9 @@ def test_random_cases_match_the_reference():
     generator = torch.Generator().manual_seed(0)
     for _ in range(200):
         k, w = torch.randint(1, 5, (2,), generator=generator).tolist()
-        choices = torch.randint(0, 3, (k, w + 1), generator=generator).tolist()
         drafts = torch.randint(0, 3, (k, w), generator=generator).tolist()
+        # The target's choice depends on the tokens before it only: rows sharing a prefix agree there.
+        choice_after: dict[tuple, int] = {}
+        choices = [[choice_after.setdefault(tuple(row[:j]), int(torch.randint(0, 3, (1,), generator=generator)))
+                    for j in range(w + 1)] for row in drafts]
         check(drafts, choices)

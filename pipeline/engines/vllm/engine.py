@@ -20,8 +20,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
-from drafters.registry import DrafterTables, make_drafter
-from pipeline.config import VLLM_METHODS, Config, DecoderConfig
+from drafters.registry import VLLM_METHODS, DrafterTables, make_drafter
+from pipeline.config import Config, DecoderConfig
 from pipeline.engines.base import Failed, Request, RequestError, Result, budget, cut_at_stop
 from pipeline.engines.vllm.proposer import Proposal, Tracked, attach_drafter, take_tracked
 from pipeline.model_loading import load_tokenizer
