@@ -3,7 +3,10 @@
     python -m jobs.report RUN_DIR [--out DIR]
 
 RUN_DIR is a run's directory (<output>/run=<id>, holding its Parquet files), or an output
-directory holding exactly one run; a local path or a URI (s3://, gs://, ...). Writes to DIR (default RUN_DIR/report): the paper's Figure 4 ablations
+directory holding exactly one run; a local path or a URI (s3://, gs://, ...). A series'
+directory (<output>/series=<name>) gives the series' history instead: one point per run of
+rows generated, skipped as done and errored, tokens/s, tokens per call and acceptance, from each
+run's summary.json (series.png, series.json, series.md). Writes to DIR (default RUN_DIR/report): the paper's Figure 4 ablations
 (accepted_length.png, accepted_rank.png, strategy_rows.png, strategy_wins.png) with one bar
 group per decoder setting found in the run, tokens_per_call.png (its distribution over
 requests), and report.json / report.md with the totals. Rows that errored are counted, not plotted.
@@ -111,8 +114,54 @@ def markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+SERIES_PANELS = (("rows_this_invocation", "rows generated"), ("rows_skipped_already_done", "rows skipped (done)"),
+                 ("errored_rows", "errored rows"), ("tokens_per_second_after_startup", "tokens/s after start-up"),
+                 ("mean_tokens_per_call", "tokens per call"), ("acceptance_rate", "acceptance rate"))
+
+
+def series_history(series_dir: str) -> list[dict]:
+    """Every finished run's summary, oldest first."""
+    summaries = []
+    for run in storage.list_directories(series_dir, "run="):
+        text = storage.read_text(storage.join(series_dir, run, "summary.json"))
+        if text is not None:
+            summaries.append(json.loads(text))
+    if not summaries:
+        raise ReportError(f"{series_dir}: no finished run (no run=*/summary.json)")
+    return sorted(summaries, key=lambda summary: summary.get("finished_at") or summary["run_id"])
+
+
+def series_report(series_dir: str, out: Path) -> dict:
+    history = series_history(series_dir)
+    plt = pyplot()
+    figure, axes = plt.subplots(2, 3, figsize=(12, 6), sharex=True)
+    runs = [summary["run_id"] for summary in history]
+    for axis, (field, title) in zip(axes.flat, SERIES_PANELS):
+        axis.plot(range(len(runs)), [summary.get(field) if summary.get(field) is not None else np.nan
+                                     for summary in history], marker="o")
+        axis.set_title(title, fontsize=9)
+        axis.set_xticks(range(len(runs)), runs, rotation=45, ha="right", fontsize=6)
+    figure.tight_layout()
+    out.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out / "series.png", dpi=120)
+    plt.close(figure)
+    table = [{"run_id": s["run_id"], "fingerprint": s.get("fingerprint"), "wall_seconds": s.get("wall_seconds"),
+              **{field: s.get(field) for field, _ in SERIES_PANELS}} for s in history]
+    (out / "series.json").write_text(json.dumps(table, indent=2) + "\n")
+    header = ["run_id", "fingerprint", "wall_seconds", *(field for field, _ in SERIES_PANELS)]
+    lines = [f"# Series: {series_dir}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(row[name]) for name in header) + " |" for row in table]
+    (out / "series.md").write_text("\n".join(lines + ["", "![series](series.png)"]) + "\n")
+    print("\n".join(lines))
+    return {"series_dir": series_dir, "runs": table, "plots": ["series.png"]}
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.out is None and storage.is_uri(args.run_dir):
+        raise ReportError(f"{args.run_dir} is not a local directory: give --out for the plots")
+    if args.run_dir.rstrip("/").rsplit("/", 1)[-1].startswith("series="):
+        return series_report(args.run_dir, args.out or Path(args.run_dir) / "report")
     rows = read_rows(find_parts(args.run_dir))
     succeeded = [row for row in rows if row.get("error") is None]
     if not succeeded:
@@ -120,8 +169,6 @@ def main(argv=None) -> dict:
     groups: dict[str, list[dict]] = {}
     for row in succeeded:
         groups.setdefault(setting_label(row), []).append(row)
-    if args.out is None and storage.is_uri(args.run_dir):
-        raise ReportError(f"{args.run_dir} is not a local directory: give --out for the plots")
     out = args.out or Path(args.run_dir) / "report"
     paths = save_acceptance_plots({label: AcceptanceCounts.total(group) for label, group in groups.items()}, out)
     paths.append(save_tokens_per_call(groups, out / "tokens_per_call.png"))

@@ -216,9 +216,15 @@ class JobConfig:
     run_id: str = ""
     # The job fails once more rows than this have failed; -1 never fails for row errors.
     max_errored_rows: int = -1
+    # A named series of runs (a nightly job over a growing corpus): its runs write under
+    # <output>/series=<name>/run=<run_id>/, and a run generates only the ids no earlier run of the
+    # series generated with the same output settings (series_fingerprint); "" : a lone run.
+    series: str = ""
 
     def __post_init__(self):
         _require(bool(self.output), "job.output", "a directory path")
+        _require("/" not in self.series and ".." not in self.series and "=" not in self.series, "job.series",
+                 "a name without '/', '..' or '='")
         _require(self.max_errored_rows >= -1, "job.max_errored_rows", "-1 (never fail) or an integer >= 0")
         _require("/" not in self.run_id and ".." not in self.run_id, "job.run_id", "a name without '/' or '..'")
 
@@ -234,6 +240,12 @@ class RayConfig:
     num_gpus_per_actor: float = 0.0
     # Rows per map_batches call; small batches keep outputs streaming to disk (and resumable).
     batch_size: int = 4
+    # Actors (and the task that prepares the model) run only on nodes with this accelerator, in
+    # Ray's names (A100, H100, L4, ...; ray.util.accelerators); "": any node with the resources.
+    accelerator_type: str = ""
+    # A job whose actors cannot be placed within this many seconds fails, naming the resources it
+    # asked for (an autoscaler has this long to bring a node up).
+    wait_for_actors_s: float = 600.0
 
     def __post_init__(self):
         _require(self.min_actors >= 1, "ray.min_actors", "an integer >= 1")
@@ -241,6 +253,12 @@ class RayConfig:
         _require(self.num_cpus_per_actor > 0, "ray.num_cpus_per_actor", "a number > 0")
         _require(self.num_gpus_per_actor >= 0, "ray.num_gpus_per_actor", "a number >= 0")
         _require(self.batch_size >= 1, "ray.batch_size", "an integer >= 1")
+        _require(self.wait_for_actors_s > 0, "ray.wait_for_actors_s", "a number of seconds > 0")
+        if self.accelerator_type:
+            from ray.util import accelerators
+
+            known = sorted(value for name, value in vars(accelerators).items() if name.isupper() and isinstance(value, str))
+            _require(self.accelerator_type in known, "ray.accelerator_type", f"one of Ray's accelerator names ({', '.join(known)})")
 
 
 @dataclass(frozen=True)

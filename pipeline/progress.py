@@ -23,18 +23,27 @@ class BatchReport:
     node: str  # the Ray node that ran it
 
 
+COUNTED = ("rows", "errored_rows", "generated_tokens", "target_calls")  # summed over the batches
+
+
+def empty_totals() -> dict:
+    """The totals of an invocation that generated nothing."""
+    return {"batches": 0, **{name: 0 for name in COUNTED}, "first_start": float("inf"), "last_finish": 0.0,
+            "nodes": []}
+
+
 @ray.remote(num_cpus=0)
 class RunProgress:
     def __init__(self, max_errored_rows: int):
         self.max_errored_rows = max_errored_rows  # -1: never stop for row errors
-        self.counts = {"batches": 0, "rows": 0, "errored_rows": 0, "generated_tokens": 0, "target_calls": 0}
+        self.counts = {name: value for name, value in empty_totals().items() if name in ("batches", *COUNTED)}
         self.first_start, self.last_finish = float("inf"), 0.0
         self.nodes: set[str] = set()
         self.stopped: str | None = None
 
     def report(self, batch: BatchReport) -> str | None:
         """Adds a finished batch; returns why the run must stop, if it must."""
-        for name in ("rows", "errored_rows", "generated_tokens", "target_calls"):
+        for name in COUNTED:
             self.counts[name] += getattr(batch, name)
         self.counts["batches"] += 1
         self.first_start, self.last_finish = min(self.first_start, batch.started), max(self.last_finish, batch.finished)

@@ -15,7 +15,9 @@ Nothing funnels through the driver:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
+import math
 import resource
 import time
 from dataclasses import asdict
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import ray
 from ray.data.checkpoint import CheckpointConfig
-from ray.data.checkpoint.checkpoint_filter import NumpyArrayBasedCheckpointFilter
+from ray.data.checkpoint.checkpoint_filter import IdColumnCheckpointManager, NumpyArrayBasedCheckpointFilter
 
 from drafters.datastore import Datastore
 from drafters.registry import build_tables, needs_model_tables
@@ -32,7 +34,7 @@ from pipeline import storage
 from pipeline.config import Config, InputConfig
 from pipeline.engines.build import ModelRefused, check_engine_can_run
 from pipeline.model_loading import cache_root, load_model, resolve_model_dir
-from pipeline.progress import RunProgress
+from pipeline.progress import RunProgress, empty_totals
 from pipeline.prompts import load_prompts
 from pipeline.stage import GenerationStage, request_key
 
@@ -123,14 +125,32 @@ def prepare_model(config: Config):
     return {"node": ray.get_runtime_context().get_node_id(), "seconds": round(time.perf_counter() - started, 2)}, tables
 
 
+def actor_resources(config: Config) -> dict:
+    """What each actor (and the task that prepares the model) asks Ray for."""
+    resources = {"num_cpus": config.ray.num_cpus_per_actor, "num_gpus": config.ray.num_gpus_per_actor}
+    if config.ray.accelerator_type:
+        resources["accelerator_type"] = config.ray.accelerator_type
+    return resources
+
+
+def unplaceable(config: Config) -> JobFailed:
+    return JobFailed(f"ray: no node could take an actor asking for {actor_resources(config)} within "
+                     f"ray.wait_for_actors_s ({config.ray.wait_for_actors_s:g} s); the cluster has "
+                     f"{ray.cluster_resources()} (an autoscaler may not offer such a node)")
+
+
 def prepared_tables(config: Config):
-    """Prepares the model on a worker like the actors; the tables stay there (an ObjectRef)."""
-    task = prepare_model.options(num_cpus=config.ray.num_cpus_per_actor, num_gpus=config.ray.num_gpus_per_actor)
+    """Prepares the model on a worker like the actors; the tables stay there (an ObjectRef). A
+    cluster that cannot place it within ray.wait_for_actors_s fails the job, naming what it asked for."""
+    task = prepare_model.options(**actor_resources(config))
     report, tables = task.remote(config)
     try:
-        ray.get(report)
+        ray.get(report, timeout=config.ray.wait_for_actors_s)
     except ModelRefused as error:
         raise JobFailed(str(error)) from error
+    except ray.exceptions.GetTimeoutError as error:
+        ray.cancel(report, force=True)
+        raise unplaceable(config) from error
     return tables
 
 
@@ -182,11 +202,63 @@ def checkpoint_config(config: Config, run_id: str) -> CheckpointConfig:
 
 
 def checkpoint_dir(config: Config, run_id: str) -> str:
-    return storage.join(storage.uri(config.job.output), "_checkpoints", f"run={run_id}")
+    """A lone run's own; a series' shared by its runs with the same fingerprint, so each skips the
+    ids any of them wrote."""
+    checkpoints = storage.join(storage.uri(config.job.output), "_checkpoints")
+    if config.job.series:
+        return storage.join(checkpoints, f"series={config.job.series}", f"fingerprint={series_fingerprint(config)}")
+    return storage.join(checkpoints, f"run={run_id}")
+
+
+def runs_root(config: Config) -> str:
+    """Where the run directories are: <output>/, or <output>/series=<name>/."""
+    output = storage.uri(config.job.output)
+    return storage.join(output, f"series={config.job.series}") if config.job.series else output
 
 
 def run_dir(config: Config, run_id: str) -> str:
-    return storage.join(storage.uri(config.job.output), f"run={run_id}")
+    return storage.join(runs_root(config), f"run={run_id}")
+
+
+def series_fingerprint(config: Config) -> str:
+    """The settings that decide a row's text: the model, its dtype, the engine, the generation
+    settings and the input's columns. Drafting settings are left out when decoding greedily (they
+    change the speed, never the text); a sampled row's tokens may depend on how it was drafted,
+    so then every decoder setting counts."""
+    decoder = config.decoder
+    settings = {"model": config.model.name, "dtype": config.model.dtype, "engine": config.engine.name,
+                "max_model_len": config.engine.max_model_len, "max_new_tokens": decoder.max_new_tokens,
+                "stop": list(decoder.stop), "temperature": decoder.temperature, "top_k": decoder.top_k,
+                "top_p": decoder.top_p, "seed": decoder.seed,
+                "columns": [config.input.id_column, config.input.prompt_column, config.input.messages_column]}
+    if decoder.temperature > 0:
+        settings["decoder"] = asdict(decoder)
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=list).encode()).hexdigest()[:16]
+
+
+def count_new(table, checkpoint: CheckpointConfig, ids: list) -> dict:
+    """One input block's rows, and those whose id is not checkpointed (a one-row batch)."""
+    kept = checkpoint.checkpoint_filter_cls(checkpoint, ids[0]).filter_rows_for_block(table)
+    return {"rows": [len(table)], "new": [len(kept)]}
+
+
+def count_input(config: Config, run_id: str, output: str, dataset: ray.data.Dataset) -> tuple[int, int]:
+    """(the input's rows, those no finished write of this run, or of its series' fingerprint,
+    holds), in one pass: Ray Data tasks count each block against the checkpointed ids in the object
+    store, as Ray's own checkpoint filter reads them, so no set of ids is built on the driver."""
+    checkpoint = checkpoint_config(config, run_id)
+    if storage.info(checkpoint.checkpoint_path, "job.output").type.name != "NotFound":
+        manager = IdColumnCheckpointManager(checkpoint, ray.data.DataContext.get_current())
+        ids, _ = manager.load_checkpoint(output, storage.resolve(output)[0])
+        if ids:
+            counts = dataset.map_batches(count_new, fn_kwargs={"checkpoint": checkpoint, "ids": [ids]},  # the ref, not the array
+                                         batch_format="pyarrow", batch_size=None, num_cpus=IO_CPUS)
+            rows = new = 0
+            for batch in counts.iter_batches(batch_size=None, batch_format="pyarrow"):
+                rows, new = rows + sum(batch["rows"].to_pylist()), new + sum(batch["new"].to_pylist())
+            return rows, new
+    rows = dataset.count()
+    return rows, rows
 
 
 # --- The run ----------------------------------------------------------------------------------
@@ -206,11 +278,16 @@ def run_job(config: Config, run_id: str) -> dict:
     dataset = read_input(config.input)
     check_columns(dataset, config.input)
     # Counted so that a run that read part of its input never looks complete.
-    input_rows = dataset.count()
+    input_rows, new_rows = count_input(config, run_id, output, dataset)
     rows_read = min(input_rows, config.input.limit) if config.input.limit else input_rows
+    counts = {"input_rows": input_rows, "rows_read": rows_read}
+    if new_rows == 0:  # nothing new (a finished run, or a series run over a corpus that did not grow)
+        return write_run_summary(config, run_id, output, time.perf_counter() - started, empty_totals(), counts)
     tables = prepared_tables(config)
     context = ray.data.DataContext.get_current()
     context.checkpoint_config = checkpoint_config(config, run_id)
+    # The pool's actors must start within this (Ray Data fails the operator otherwise).
+    waited, context.wait_for_min_actors_s = context.wait_for_min_actors_s, int(math.ceil(config.ray.wait_for_actors_s))
     progress = RunProgress.remote(config.job.max_errored_rows)
     try:
         dataset = read_input(config.input)  # read again: with the checkpoint, it skips the rows done
@@ -218,10 +295,9 @@ def run_job(config: Config, run_id: str) -> dict:
             dataset = dataset.limit(config.input.limit)
         outputs = dataset.map_batches(
             GenerationStage,
-            fn_constructor_kwargs={"config": config, "tables": tables, "progress": progress},
+            fn_constructor_kwargs={"config": config, "tables": tables, "progress": progress, "run_id": run_id},
             compute=ray.data.ActorPoolStrategy(min_size=config.ray.min_actors, max_size=config.ray.max_actors),
-            num_cpus=config.ray.num_cpus_per_actor, num_gpus=config.ray.num_gpus_per_actor,
-            batch_size=config.ray.batch_size, batch_format="numpy", runtime_env=actor_environment(config),
+            **actor_resources(config), batch_size=config.ray.batch_size, batch_format="numpy", runtime_env=actor_environment(config),
             # A lost actor (node gone, process killed) is restarted and its batch retried elsewhere.
             max_restarts=-1, max_task_retries=-1)
         outputs.write_parquet(output, filesystem=storage.resolve(output)[0], ray_remote_args={"num_cpus": IO_CPUS})
@@ -229,17 +305,19 @@ def run_job(config: Config, run_id: str) -> dict:
         stopped = ray.get(progress.stop_reason.remote())
         if stopped:
             raise JobFailed(f"{stopped}; see the 'error' column in {output}") from error
+        if "Timed out while starting actors" in str(error):
+            raise unplaceable(config) from error
         raise
     finally:
         context.checkpoint_config = None
+        context.wait_for_min_actors_s = waited
     this_time = ray.get(progress.totals.remote())
-    wall = time.perf_counter() - started
-    return write_run_summary(config, run_id, output, wall, this_time,
-                             {"input_rows": input_rows, "rows_read": rows_read})
+    return write_run_summary(config, run_id, output, time.perf_counter() - started, this_time, counts)
 
 
 SUMS = {"generated_tokens": "num_generated_tokens", "target_calls": "num_target_calls",
-        "forward_calls": "forward_call_share"}
+        "forward_calls": "forward_call_share", "checked_draft_tokens": "num_checked_draft_tokens",
+        "acceptance_probability_sum": "sum_acceptance_probability"}
 
 
 def block_totals(table) -> dict:
@@ -280,12 +358,16 @@ def write_run_summary(config: Config, run_id: str, output: str, wall: float, thi
     generated = this_time["generated_tokens"]
     generating = this_time["last_finish"] - this_time["first_start"] if this_time["batches"] else 0
     summary = {
-        "run_id": run_id, "run_dir": output,
+        "run_id": run_id, "run_dir": output, "series": config.job.series or None,
+        "fingerprint": series_fingerprint(config), "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "rows": after["rows"], "errored_rows": after["errored_rows"], "generated_tokens": after["generated_tokens"],
         # Per request step (num_target_calls), and per forward call of the target (a call shared
         # by B requests counted once; null where the engine does not report it).
         "mean_tokens_per_call": round(after["generated_tokens"] / after["target_calls"], 4) if after["target_calls"] else None,
         "tokens_per_forward_call": round(after["generated_tokens"] / after["forward_calls"], 4) if after["forward_calls"] else None,
+        # alpha over every checked draft token of the run (null when nothing was drafted).
+        "acceptance_rate": (round(after["acceptance_probability_sum"] / after["checked_draft_tokens"], 4)
+                            if after["checked_draft_tokens"] else None),
         **counts,
         "rows_this_invocation": this_time["rows"], "rows_errored_this_invocation": this_time["errored_rows"],
         "rows_skipped_already_done": counts["rows_read"] - this_time["rows"],

@@ -18,6 +18,7 @@ from drafters.registry import DrafterTables
 from pipeline.config import Config
 from pipeline.engines.build import build_engine
 from pipeline.engines.base import Engine, Failed, Request, RequestError, Result
+from pipeline.metrics import RunMetrics
 from pipeline.output import SCHEMA
 from pipeline.progress import BatchReport, JobStopped
 from pipeline.prompts import encode_prompt
@@ -52,7 +53,7 @@ def request_key(raw) -> str:
 
 class GenerationStage:
     def __init__(self, config: Config, tables: DrafterTables | None = None, engine: Engine | None = None,
-                 progress=None):
+                 progress=None, run_id: str = ""):
         if tables is not None and not isinstance(tables, DrafterTables):
             import ray  # an ObjectRef: the job puts the tables in the object store once
             tables = ray.get(tables)
@@ -60,6 +61,8 @@ class GenerationStage:
         self.tables = tables
         self.progress = progress  # the run's RunProgress actor, when Ray Data runs this stage
         self.engine = engine or build_engine(config, tables)
+        # Live Ray metrics, when Ray Data runs this stage (pipeline/metrics.py).
+        self.metrics = RunMetrics(self.engine.name, config.decoder.drafter, run_id) if progress is not None else None
         # What ran, the same on every row this stage writes.
         self.settings = {"model": config.model.name, **self.engine.columns()}
         source = config.input
@@ -154,7 +157,8 @@ class GenerationStage:
         return table
 
     def report(self, table: pa.Table, started: float) -> None:
-        """Tells the run's progress actor about the batch; stops the run when it says so."""
+        """Tells the run's progress actor and Ray's metrics about the batch; stops the run when the
+        progress actor says so."""
         if self.progress is None:
             return
         import ray
@@ -165,6 +169,9 @@ class GenerationStage:
                             generated_tokens=pc.sum(table.column("num_generated_tokens")).as_py() or 0,
                             target_calls=pc.sum(table.column("num_target_calls")).as_py() or 0,
                             started=started, finished=time.time(), node=ray.get_runtime_context().get_node_id())
+        accepted = sum(length * steps for histogram in table.column("accepted_length_histogram").to_pylist()
+                       for length, steps in enumerate(histogram or []))
+        self.metrics.record({**vars(batch), "accepted_draft_tokens": accepted})
         stop = ray.get(self.progress.report.remote(batch))
         if stop:
             raise JobStopped(stop)

@@ -162,3 +162,55 @@ def test_drafter_tables_reach_actors_as_read_only_shared_memory(local_ray, tiny_
     # Zero-copy reads from the object store come back read-only: every process maps the one copy.
     assert all(f["bigram"] is False and f["chained"] is False for f in flags)
     assert all(f["pid"] != os.getpid() for f in flags)
+
+
+def corpus(tmp_path, size: int) -> Path:
+    return write_jsonl(tmp_path / f"corpus-{size}.jsonl", [{"id": i, "prompt": f"question {i}"} for i in range(size)])
+
+
+def series_ids(tmp_path, *run_ids) -> list[str]:
+    return [row["id"] for run_id in run_ids
+            for row in outputs.read_run(tmp_path / "out" / "series=nightly" / f"run={run_id}")]
+
+
+def test_a_series_generates_only_what_no_earlier_run_generated(local_ray, tiny_model_dir, tmp_path, monkeypatch):
+    import pipeline.ray_job as ray_job
+
+    settings = ["job.series=nightly", "decoder.max_new_tokens=2", "ray.batch_size=100"]
+    first = run_job(job_config(tiny_model_dir, tmp_path, f"input.path={corpus(tmp_path, 1000)}", *settings), "r1")
+    assert first["rows_this_invocation"] == 1000 and first["series"] == "nightly"
+    grown = corpus(tmp_path, 1100)
+    second = run_job(job_config(tiny_model_dir, tmp_path, f"input.path={grown}", *settings), "r2")
+    assert second["rows_this_invocation"] == 100 and second["rows_skipped_already_done"] == 1000
+    assert sorted(series_ids(tmp_path, "r2"), key=int) == [str(i) for i in range(1000, 1100)]
+
+    def no_actors(config):
+        raise AssertionError("a run with nothing new prepared the model for actors")
+
+    monkeypatch.setattr(ray_job, "prepared_tables", no_actors)
+    third = run_job(job_config(tiny_model_dir, tmp_path, f"input.path={grown}", *settings), "r3")
+    assert third["rows_this_invocation"] == 0 and third["rows_skipped_already_done"] == 1100
+    monkeypatch.undo()
+    # Another output setting is another fingerprint: everything is generated again, once.
+    fourth = run_job(job_config(tiny_model_dir, tmp_path, f"input.path={grown}", *settings,
+                                "decoder.max_new_tokens=3"), "r4")
+    assert fourth["rows_this_invocation"] == 1100 and fourth["fingerprint"] != first["fingerprint"]
+    for runs in (("r1", "r2", "r3"), ("r4",)):  # every id once per fingerprint
+        ids = series_ids(tmp_path, *runs)
+        assert len(ids) == len(set(ids)) == 1100
+    from jobs import report
+
+    history = report.main([str(tmp_path / "out" / "series=nightly"), "--out", str(tmp_path / "report")])
+    assert [run["rows_this_invocation"] for run in history["runs"]] == [1000, 100, 0, 1100]
+    assert (tmp_path / "report" / "series.png").stat().st_size > 0
+
+
+def test_actors_asking_for_an_accelerator_the_cluster_lacks_fail_within_the_wait(local_ray, tiny_model_dir, tmp_path):
+    import time
+
+    config = job_config(tiny_model_dir, tmp_path, "input.limit=2", "ray.accelerator_type=A100",
+                        "ray.wait_for_actors_s=5")
+    started = time.perf_counter()
+    with pytest.raises(JobFailed, match=r"'accelerator_type': 'A100'.*within ray.wait_for_actors_s \(5 s\)"):
+        run_job(config, "nowhere")
+    assert time.perf_counter() - started < 60
