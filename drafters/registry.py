@@ -20,6 +20,7 @@ from drafters.datastore import Datastore
 from drafters.draft_model import DraftModelDrafter, self_draft_model
 from drafters.mixed import MixedDrafter
 from drafters.retrieval import RetrievalDrafter, check_vocabulary
+from drafters.suffix import SuffixDrafter
 from drafters.unigram import UnigramDrafter
 
 if TYPE_CHECKING:
@@ -68,14 +69,26 @@ def _context_ngram(parts: DrafterParts) -> Drafter:
     return ContextNgramDrafter(config.ngram_max_q, config.ngram_min_q, parts.pad_token)
 
 
-def _retrieval(parts: DrafterParts) -> RetrievalDrafter:
-    config = parts.config
+def _datastore(parts: DrafterParts) -> Datastore:
     # Memory-mapped: every actor (and every process on a node) shares the page cache.
-    datastore = Datastore.open(config.datastore)
+    datastore = Datastore.open(parts.config.datastore)
     if parts.vocab_size is not None:
         check_vocabulary(datastore, parts.vocab_size)
-    return RetrievalDrafter(datastore, parts.pad_token, config.retrieval_max_match, config.retrieval_min_match,
+    return datastore
+
+
+def _retrieval(parts: DrafterParts) -> RetrievalDrafter:
+    config = parts.config
+    return RetrievalDrafter(_datastore(parts), parts.pad_token, config.retrieval_max_match, config.retrieval_min_match,
                             config.retrieval_max_occurrences, config.retrieval_max_nodes)
+
+
+def _suffix(parts: DrafterParts) -> Drafter:
+    config = parts.config
+    fill = BigramDrafter(parts.tables.chained, "bigram") if parts.tables.chained is not None else None
+    return SuffixDrafter(config.ngram_max_q, config.ngram_min_q, parts.pad_token, fill,
+                         _datastore(parts) if config.datastore else None, config.suffix_max_tokens,
+                         config.suffix_min_probability)
 
 
 def _mixed(parts: DrafterParts) -> Drafter:
@@ -97,6 +110,9 @@ DRAFTERS: dict[str, DrafterEntry] = {
     "mixed": DrafterEntry(("chained",), _mixed),
     "draft_model": DrafterEntry((), _draft_model, engines=("transformers",)),
     "rest": DrafterEntry((), _retrieval),
+    # The request's context, this actor's finished outputs and (decoder.datastore) earlier runs'
+    # outputs, by frequency; the model bigram where none matches (drafters/suffix.py).
+    "suffix": DrafterEntry(("chained",), _suffix),
     # vLLM's own learning-free methods, run by vLLM itself: n-gram prompt lookup and suffix
     # decoding (arctic-inference). The value is vLLM's speculative_config method.
     "vllm_ngram": DrafterEntry(engines=("vllm",), about="ngram"),

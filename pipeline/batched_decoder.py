@@ -78,7 +78,7 @@ class BatchedDecoder:
             self.step(slots, cache)
             for row, state in enumerate(slots):
                 if state.finish_reason is not None:
-                    yield state.request, state.result()
+                    yield state.request, self.decoder.finish(state)
                     slots[row] = None
                     cache.valid[row] = False
             cache.compact()

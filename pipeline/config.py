@@ -116,6 +116,11 @@ class DecoderConfig:
     retrieval_min_match: int = 2
     retrieval_max_occurrences: int = 5000
     retrieval_max_nodes: int = 64
+    # drafter "suffix": finished outputs an actor keeps to draft from (tokens; past it the oldest
+    # half is dropped), and the least estimated probability of a drafted path (its count over all
+    # continuations of the matched suffix): a draft stops where the corpus stops agreeing.
+    suffix_max_tokens: int = 262144
+    suffix_min_probability: float = 0.1
     # "batch": k rows of w+1 tokens per call (shared prefixes repeated); "tree": the rows merged by
     # shared prefixes into one sequence with a tree attention mask. Both emit the same tokens.
     verify: Literal["batch", "tree"] = "batch"
@@ -167,6 +172,8 @@ class DecoderConfig:
                  f"an integer from 1 to decoder.retrieval_max_match ({self.retrieval_max_match})")
         _require(self.retrieval_max_occurrences >= 1, "decoder.retrieval_max_occurrences", "an integer >= 1")
         _require(self.retrieval_max_nodes >= 1, "decoder.retrieval_max_nodes", "an integer >= 1")
+        _require(self.suffix_max_tokens >= 1, "decoder.suffix_max_tokens", "an integer >= 1")
+        _require(0 < self.suffix_min_probability <= 1, "decoder.suffix_min_probability", "a number in (0, 1]")
         if self.drafter == "rest":
             _require(bool(self.datastore), "decoder.datastore",
                      "a datastore directory with drafter 'rest' (build one with python -m jobs.build_datastore)")

@@ -85,9 +85,10 @@ class SpeculativeDecoder:
         keep = [i for i, s in enumerate(drafts.strategies) if s != PADDING]
         if not keep:  # nothing to guess: a plain one-token step is cheaper than verifying padding
             return no_drafts()
-        if len(keep) < len(drafts.strategies):
-            drafts = Drafts(tokens=drafts.tokens[keep], strategies=tuple(drafts.strategies[i] for i in keep),
-                            probs=None if drafts.probs is None else drafts.probs[keep],
+        width = max(drafts.lengths[i] for i in keep) if drafts.lengths is not None else w
+        if len(keep) < len(drafts.strategies) or width < w:  # rows as long as the drafter's evidence
+            drafts = Drafts(tokens=drafts.tokens[keep, :width], strategies=tuple(drafts.strategies[i] for i in keep),
+                            probs=None if drafts.probs is None else drafts.probs[keep, :width],
                             num_model_calls=drafts.num_model_calls)
         state.proposed(drafts)
         return drafts
@@ -106,6 +107,13 @@ class SpeculativeDecoder:
             verify_started = time.perf_counter()
             verdict, fed = self.verify(cache, state, drafts)
             state.accept(verdict, drafts, fed, verify_started - step_started, time.perf_counter() - verify_started)
+        return self.finish(state)
+
+    def finish(self, state: RequestState) -> Result:
+        """The request's result; a drafter that drafts from finished outputs learns its tokens."""
+        learn = getattr(self.drafter, "learn", None)
+        if learn is not None:
+            learn(state.generated)
         return state.result()
 
     def adapt(self, controller: AdaptiveController, drafts: Drafts, context_length: int) -> Drafts:

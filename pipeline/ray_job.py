@@ -117,6 +117,15 @@ def prepare_model(config: Config):
     started = time.perf_counter()
     model_dir = resolve_model_dir(config.model)[0]
     check_engine_can_run(config, model_dir)
+    if config.decoder.datastore:  # one built with another tokenizer would draft noise in every actor
+        from transformers import AutoTokenizer
+
+        from drafters.retrieval import check_vocabulary
+
+        try:
+            check_vocabulary(Datastore.open(config.decoder.datastore), len(AutoTokenizer.from_pretrained(model_dir)))
+        except ValueError as error:
+            raise ModelRefused(str(error)) from error
     tables = None
     if needs_model_tables(config.decoder):
         loaded = load_model(config.model)
@@ -268,7 +277,7 @@ def new_run_id() -> str:
 
 
 def run_job(config: Config, run_id: str) -> dict:
-    started = time.perf_counter()
+    started, started_at = time.perf_counter(), time.time()
     config = with_checked_datastore(config)
     output = run_dir(config, run_id)
     try:
@@ -280,7 +289,7 @@ def run_job(config: Config, run_id: str) -> dict:
     # Counted so that a run that read part of its input never looks complete.
     input_rows, new_rows = count_input(config, run_id, output, dataset)
     rows_read = min(input_rows, config.input.limit) if config.input.limit else input_rows
-    counts = {"input_rows": input_rows, "rows_read": rows_read}
+    counts = {"input_rows": input_rows, "rows_read": rows_read, "seconds_to_first_batch": None}
     if new_rows == 0:  # nothing new (a finished run, or a series run over a corpus that did not grow)
         return write_run_summary(config, run_id, output, time.perf_counter() - started, empty_totals(), counts)
     tables = prepared_tables(config)
@@ -312,6 +321,9 @@ def run_job(config: Config, run_id: str) -> dict:
         context.checkpoint_config = None
         context.wait_for_min_actors_s = waited
     this_time = ray.get(progress.totals.remote())
+    # From the job's start to the first batch's: reading, placing actors (an autoscaler bringing a
+    # node up) and loading the model.
+    counts["seconds_to_first_batch"] = round(this_time["first_start"] - started_at, 2) if this_time["batches"] else None
     return write_run_summary(config, run_id, output, time.perf_counter() - started, this_time, counts)
 
 

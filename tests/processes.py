@@ -87,14 +87,17 @@ def environment(**changes: str) -> dict[str, str]:
     return env
 
 
-def start_ray_head(processes: Processes, env: dict[str, str], num_cpus: int = 2) -> dict[str, str]:
-    """`ray start --head` on ports that are free now (no fixed port: another Ray may be running);
-    returns its GCS and dashboard addresses. The caller stops it with `ray stop`."""
-    ports = {flag: free_port() for flag in ("--port", "--dashboard-port", "--ray-client-server-port",
+def start_ray_head(processes: Processes, env: dict[str, str], num_cpus: float = 2, extra: tuple[str, ...] = (),
+                   port: int | None = None) -> dict[str, str]:
+    """`ray start --head` (with `extra` flags) on ports that are free now (no fixed port: another
+    Ray may be running); returns its GCS, dashboard and metrics addresses. The caller stops it with
+    `ray stop`."""
+    ports = {flag: free_port() for flag in ("--dashboard-port", "--ray-client-server-port",
                                             "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
                                             "--runtime-env-agent-port", "--metrics-export-port")}
+    ports["--port"] = port or free_port()
     command = [BIN / "ray", "start", "--head", f"--num-cpus={num_cpus}", "--node-ip-address=127.0.0.1",
-               "--disable-usage-stats", *(f"{flag}={port}" for flag, port in ports.items())]
+               "--disable-usage-stats", *(f"{flag}={port}" for flag, port in ports.items()), *extra]
     processes.run(command, timeout=180, env=env)
     return {"gcs": f"127.0.0.1:{ports['--port']}", "dashboard": f"http://127.0.0.1:{ports['--dashboard-port']}",
             "metrics_port": str(ports["--metrics-export-port"])}

@@ -214,3 +214,26 @@ def test_actors_asking_for_an_accelerator_the_cluster_lacks_fail_within_the_wait
     with pytest.raises(JobFailed, match=r"'accelerator_type': 'A100'.*within ray.wait_for_actors_s \(5 s\)"):
         run_job(config, "nowhere")
     assert time.perf_counter() - started < 60
+
+
+def test_a_run_drafts_from_an_earlier_runs_outputs_and_refuses_a_store_of_another_tokenizer(
+        local_ray, tiny_model_dir, tmp_path):
+    from drafters.datastore import build_datastore
+    from jobs import build_datastore as build_command
+
+    path = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "prompt": f"Count to {i % 3}"} for i in range(6)])
+    common = [f"input.path={path}", "decoder.max_new_tokens=24", "decoder.max_batch_requests=1", "ray.batch_size=2"]
+    run_job(job_config(tiny_model_dir, tmp_path, *common, "decoder.drafter=none", "decoder.w=0"), "first")
+    store = tmp_path / "store"
+    build_command.main(["--corpus", str(tmp_path / "out" / "run=first"), "--out", str(store), "--model", str(tiny_model_dir)])
+    seeded = job_config(tiny_model_dir, tmp_path, *common, "decoder.drafter=suffix", f"decoder.datastore={store}")
+    run_job(seeded, "second")
+    first, second = read_run(tmp_path, "first"), read_run(tmp_path, "second")
+    assert {row["id"]: row["token_ids"] for row in second} == {row["id"]: row["token_ids"] for row in first}
+    from_store = sum(dict(row["strategy_accepted_tokens"] or []).get("suffix_store", 0) for row in second)
+    assert from_store > 0, [row["strategy_accepted_tokens"] for row in second]
+    foreign = tmp_path / "foreign"
+    build_datastore([[1, 2, 3, 4]], foreign, {"vocab_size": 1000, "model": "another"})
+    with pytest.raises(JobFailed, match="decoder.datastore: built with a tokenizer of 1000 tokens"):
+        run_job(job_config(tiny_model_dir, tmp_path, *common, "decoder.drafter=suffix",
+                           f"decoder.datastore={foreign}"), "foreign")

@@ -181,9 +181,10 @@ class NgrammysProposer:
         drafts = self.drafter.propose(tracked.context, 1, w)  # [1, w]
         if drafts.strategies[0] == PADDING:
             return PADDING, ()
+        length = w if drafts.lengths is None else drafts.lengths[0]  # a drafter may guess fewer than w
         if self.adaptive:  # judged against what the request emits, whatever length is verified
-            tracked.pending.append((len(tracked.context), drafts))
-        return drafts.strategies[0], tuple(drafts.tokens[0].tolist())
+            tracked.pending.append((len(tracked.context), Drafts(drafts.tokens[:1, :length], drafts.strategies[:1])))
+        return drafts.strategies[0], tuple(drafts.tokens[0, :length].tolist())
 
     def choose_lengths(self, candidates: list[tuple[Tracked, tuple[str, tuple[int, ...]]]]) -> list[int]:
         lengths = [len(tokens) for _, (_, tokens) in candidates]
@@ -202,6 +203,9 @@ class NgrammysProposer:
             tracked = self.tracked.pop(internal.get(request_id, ""), None)
             if tracked is not None:
                 taken[request_id] = tracked
+                learn = getattr(self.drafter, "learn", None)  # a drafter that drafts from finished outputs
+                if learn is not None:
+                    learn(tracked.context.tokens[tracked.prompt_length:])
         return taken
 
 

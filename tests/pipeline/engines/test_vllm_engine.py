@@ -50,7 +50,7 @@ def swap(ours, tiny_model_dir, tmp_path, drafter, *overrides):
     ours.set_decoder(decoder, model_tables(dataclasses.replace(ours.config, decoder=decoder)))
 
 
-@pytest.mark.parametrize("drafter", ["context_ngram", "unigram", "bigram", "extended_bigram", "mixed"])
+@pytest.mark.parametrize("drafter", ["context_ngram", "unigram", "bigram", "extended_bigram", "mixed", "suffix"])
 @pytest.mark.parametrize("w", [str(W), "auto"])
 def test_each_drafter_on_vllm_is_vllm_plain_greedy(engines, requests, reference, tiny_model_dir, tmp_path, drafter, w):
     ours = engines[1]
