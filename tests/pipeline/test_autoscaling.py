@@ -7,6 +7,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from tests.outputs import read_run
 from tests.processes import environment, free_port, start_ray_head
 
@@ -47,6 +49,7 @@ def a100_workers(processes, env) -> list[str]:
     return [node["id"] for node in nodes(processes, env) if A100 in node["resources"]]
 
 
+@pytest.mark.slow  # an autoscaling cluster of its own: make test-slow
 def test_a100_workers_scale_from_zero_for_the_job_and_back(tiny_model_dir, tmp_path, processes):
     inputs = tmp_path / "in.jsonl"
     inputs.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Count to {i}"}) + "\n" for i in range(12)))

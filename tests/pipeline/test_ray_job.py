@@ -173,6 +173,7 @@ def series_ids(tmp_path, *run_ids) -> list[str]:
             for row in outputs.read_run(tmp_path / "out" / "series=nightly" / f"run={run_id}")]
 
 
+@pytest.mark.slow  # several job runs: make test-slow
 def test_a_series_generates_only_what_no_earlier_run_generated(local_ray, tiny_model_dir, tmp_path, monkeypatch):
     import pipeline.ray_job as ray_job
 
@@ -216,6 +217,7 @@ def test_actors_asking_for_an_accelerator_the_cluster_lacks_fail_within_the_wait
     assert time.perf_counter() - started < 60
 
 
+@pytest.mark.slow  # several job runs: make test-slow
 def test_a_run_drafts_from_an_earlier_runs_outputs_and_refuses_a_store_of_another_tokenizer(
         local_ray, tiny_model_dir, tmp_path):
     from drafters.datastore import build_datastore

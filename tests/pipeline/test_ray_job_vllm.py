@@ -22,6 +22,7 @@ def local_ray():
     ray.shutdown()
 
 
+@pytest.mark.slow  # vLLM in a Ray actor: make test-slow
 def test_the_job_on_vllm_returns_every_row_once_with_statistics(local_ray, tiny_model_dir, tmp_path):
     rows = [{"id": "ok", "prompt": "def add(a, b):"}, {"id": "empty", "prompt": ""},
             {"id": "number", "prompt": 7}, {"id": "long", "prompt": "word " * 2000},

@@ -49,6 +49,7 @@ def map_worker_pids() -> list[int]:
             if "MapWorker" in actor.class_name and actor.pid]
 
 
+@pytest.mark.slow  # a cluster of its own: make test-slow
 def test_actors_run_on_workers_not_the_head_and_survive_a_killed_actor(tiny_model_dir, tmp_path):
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "object_store_memory": 150 * 2**20})
     workers = [cluster.add_node(num_cpus=1, object_store_memory=150 * 2**20) for _ in range(2)]
@@ -113,6 +114,7 @@ def s3_parquet(filesystem, directory: str) -> list[str]:
     return sorted(entry.path for entry in found if entry.path.endswith(".parquet"))
 
 
+@pytest.mark.slow  # a cluster of its own: make test-slow
 def test_s3_input_output_and_checkpoints_resume_a_killed_driver_exactly_once(tiny_model_dir, tmp_path, processes,
                                                                              s3_server):
     filesystem, env = s3_server
