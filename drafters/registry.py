@@ -61,7 +61,7 @@ class DrafterEntry:
     tables: tuple[str, ...] = ()  # DrafterTables fields it drafts from, built once per model
     make: Callable[[DrafterParts], Drafter] | None = None  # None: nothing of ours drafts
     engines: tuple[str, ...] = ("vllm", "transformers")  # where it runs
-    about: str = ""
+    vllm_method: str = ""  # vLLM's own speculative_config method, for a method vLLM runs itself
 
 
 def _context_ngram(parts: DrafterParts) -> Drafter:
@@ -102,7 +102,7 @@ def _draft_model(parts: DrafterParts) -> Drafter:
 
 
 DRAFTERS: dict[str, DrafterEntry] = {
-    "none": DrafterEntry(about="plain decoding"),
+    "none": DrafterEntry(),  # plain decoding
     "context_ngram": DrafterEntry((), _context_ngram),
     "unigram": DrafterEntry(("unigram",), lambda parts: UnigramDrafter(parts.tables.unigram, parts.pad_token)),
     "bigram": DrafterEntry(("chained",), lambda parts: BigramDrafter(parts.tables.chained, "bigram")),
@@ -114,12 +114,12 @@ DRAFTERS: dict[str, DrafterEntry] = {
     # outputs, by frequency; the model bigram where none matches (drafters/suffix.py).
     "suffix": DrafterEntry(("chained",), _suffix),
     # vLLM's own learning-free methods, run by vLLM itself: n-gram prompt lookup and suffix
-    # decoding (arctic-inference). The value is vLLM's speculative_config method.
-    "vllm_ngram": DrafterEntry(engines=("vllm",), about="ngram"),
-    "vllm_suffix": DrafterEntry(engines=("vllm",), about="suffix"),
+    # decoding (arctic-inference).
+    "vllm_ngram": DrafterEntry(engines=("vllm",), vllm_method="ngram"),
+    "vllm_suffix": DrafterEntry(engines=("vllm",), vllm_method="suffix"),
 }
 DRAFTER_NAMES = tuple(DRAFTERS)
-VLLM_METHODS = {name: entry.about for name, entry in DRAFTERS.items() if entry.engines == ("vllm",)}
+VLLM_METHODS = {name: entry.vllm_method for name, entry in DRAFTERS.items() if entry.vllm_method}
 
 
 def needs_model_tables(config: "DecoderConfig") -> bool:

@@ -79,18 +79,21 @@ def test_decoding_with_the_suffix_drafter_is_plain_greedy_and_learns_from_finish
     assert sum(later) > 0, [result.stats.strategy_accepted_tokens for result in results]
 
 
-def test_drafting_takes_well_under_a_millisecond():
+def test_a_step_reads_a_bounded_number_of_continuations_however_much_is_stored():
+    """What keeps drafting well under a millisecond per request per step (0.07 ms over 100,500 stored
+    tokens here, printed with -s): at most max_occurrences continuations per source, whatever the store holds."""
     import time
 
     rng = np.random.default_rng(0)
-    drafter = SuffixDrafter(3, 2, 0)
-    for _ in range(500):  # 500 finished outputs of 200 tokens from a 300-token vocabulary
-        drafter.learn(rng.integers(0, 300, 200).tolist())
-    context = DraftContext(rng.integers(0, 300, 400).tolist(), 3)
+    drafter = SuffixDrafter(3, 2, 0, max_occurrences=32)
+    for _ in range(500):  # 500 finished outputs of 200 tokens from a 30-token vocabulary: every 2-gram is common
+        drafter.learn(rng.integers(0, 30, 200).tolist())
+    context = DraftContext(rng.integers(0, 30, 400).tolist(), 3)
     started = time.perf_counter()
     for _ in range(200):
+        found = drafter.matches(context, 8)
+        assert found and all(len(rows) <= 32 for rows in found.values()), {k: len(v) for k, v in found.items()}
         drafter.propose(context, 1, 8)
-        context.append([int(rng.integers(0, 300))])
+        context.append([int(rng.integers(0, 30))])
     per_step = (time.perf_counter() - started) / 200
     print(f"suffix drafting: {per_step * 1e3:.3f} ms per request per step over {len(drafter.outputs.tokens)} stored tokens")
-    assert per_step < 0.005  # loose: a shared CI machine; the measured figure is in the README

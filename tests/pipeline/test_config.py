@@ -106,3 +106,15 @@ def test_a_draft_model_with_tree_verification_is_refused_not_run_as_batch():
     with pytest.raises(ConfigError, match=r"decoder.verify: must be 'batch' with drafter 'draft_model'"):
         load_config(overrides=["engine.name=transformers", "decoder.drafter=draft_model", "decoder.k=1",
                                "decoder.max_batch_requests=1", "ray.batch_size=1", "decoder.verify=tree"])
+
+
+def test_placement_and_series_settings_are_checked_naming_the_field():
+    assert load_config(overrides=["ray.accelerator_type=A100"]).ray.accelerator_type == "A100"
+    with pytest.raises(ConfigError, match="ray.accelerator_type: must be one of Ray's accelerator names"):
+        load_config(overrides=["ray.accelerator_type=A1OO"])
+    with pytest.raises(ConfigError, match="ray.wait_for_actors_s: must be a number of seconds > 0"):
+        load_config(overrides=["ray.wait_for_actors_s=0"])
+    with pytest.raises(ConfigError, match="job.series: must be a name without"):
+        load_config(overrides=["job.series=a/b"])
+    with pytest.raises(ConfigError, match="decoder.suffix_min_probability: must be a number in"):
+        load_config(overrides=["decoder.suffix_min_probability=0"])

@@ -64,6 +64,10 @@ def test_every_input_row_yields_one_output_row(local_ray, tiny_model_dir, tmp_pa
     assert summary["rows"] == 7 and summary["errored_rows"] == 4
     generated = sum(len(row["token_ids"] or []) for row in out.values())
     assert json.loads((tmp_path / "out" / "run=r1" / "summary.json").read_text())["generated_tokens"] == generated
+    checked = sum(row["num_checked_draft_tokens"] or 0 for row in out.values())
+    accepted = sum(row["sum_acceptance_probability"] or 0 for row in out.values())
+    assert summary["acceptance_rate"] == (pytest.approx(accepted / checked, abs=1e-4) if checked else None)
+    assert summary["seconds_to_first_batch"] > 0 and summary["series"] is None and len(summary["fingerprint"]) == 16
 
     # Run again, it is finished: the checkpoint has every id (the error rows' too), nothing is written twice.
     again = run_job(config, "r1")
@@ -207,14 +211,11 @@ def test_a_series_generates_only_what_no_earlier_run_generated(local_ray, tiny_m
 
 
 def test_actors_asking_for_an_accelerator_the_cluster_lacks_fail_within_the_wait(local_ray, tiny_model_dir, tmp_path):
-    import time
-
+    # Without the wait this would hang forever; the message can only come from the wait running out.
     config = job_config(tiny_model_dir, tmp_path, "input.limit=2", "ray.accelerator_type=A100",
                         "ray.wait_for_actors_s=5")
-    started = time.perf_counter()
     with pytest.raises(JobFailed, match=r"'accelerator_type': 'A100'.*within ray.wait_for_actors_s \(5 s\)"):
         run_job(config, "nowhere")
-    assert time.perf_counter() - started < 60
 
 
 @pytest.mark.slow  # several job runs: make test-slow
