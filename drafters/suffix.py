@@ -104,9 +104,8 @@ class SuffixDrafter:
                 found["context"] = [tuple(continuation(tokens, p, w)) for p in positions]
             found["outputs"] = self.outputs.continuations(tuple(tokens[-q:]), w, self.max_occurrences)
             if store_q == q:
-                rows = self.store.continuations(lo, hi, q, w, self.max_occurrences)  # [n, w], SEPARATOR-cut
-                found["store"] = [tuple(int(t) for t in row if t != SEPARATOR) for row in rows.tolist()]
-                found["store"] = [row for row in found["store"] if row]
+                rows = self.store.continuations(lo, hi, q, w, self.max_occurrences).tolist()  # [n, w], SEPARATOR-cut
+                found["store"] = [tuple(t for t in row if t != SEPARATOR) for row in rows if row[0] != SEPARATOR]
             found = {source: rows for source, rows in found.items() if rows}
             if found:
                 return found

@@ -64,7 +64,8 @@ class BatchedDecoder:
         while True:
             free = [row for row in range(self.max_batch_requests) if row >= len(slots) or slots[row] is None]
             joiners = yield from self.take(queue, len(free))
-            for row, state in zip(free, self.prefill(joiners, cache, free)):
+            self.prefill(joiners, cache, free)
+            for row, state in zip(free, joiners):
                 if row < len(slots):
                     slots[row] = state
                 else:
@@ -101,15 +102,14 @@ class BatchedDecoder:
             taken.append(state)
         return taken
 
-    def prefill(self, joiners: list[RequestState], cache: RaggedCache, rows: list[int]) -> list[RequestState]:
-        """Puts the joiners in `rows`, prefilled together (like the single-request decoder, the
-        cache holds all but each prompt's last token)."""
+    def prefill(self, joiners: list[RequestState], cache: RaggedCache, rows: list[int]) -> None:
+        """Puts the joiners in `rows` (in order), prefilled together (like the single-request decoder,
+        the cache holds all but each prompt's last token)."""
         rows = iter(rows)
         for group in prefill_groups(joiners):
             prefix = prefill_many(self.model, [list(state.request.prompt_ids[:-1]) for state in group])
             for source_row, state in enumerate(group):
                 cache.put(next(rows), prefix, len(state.request.prompt_ids) - 1, source_row)
-        return joiners
 
     def step(self, slots: list[RequestState], cache: RaggedCache) -> None:
         started = time.perf_counter()

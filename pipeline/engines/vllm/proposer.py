@@ -196,7 +196,9 @@ class NgrammysProposer:
 
     def take(self, request_ids: list[str]) -> dict[str, Tracked]:
         """Hands over (and forgets) what it tracked of these finished requests, by the ids
-        LLM.generate returned. Requests it never saw (no drafter, or finished in their prefill) are left out."""
+        LLM.generate returned. Requests it never saw (no drafter, or finished in their prefill) are left out.
+        A drafter that drafts from finished outputs (`learn`) is given each one's generated tokens here,
+        where the proposer lets go of them."""
         internal = {external_request_id(key): key for key in self.tracked}
         taken = {}
         for request_id in request_ids:
