@@ -34,11 +34,15 @@ class Drafts:
     # The tokens of each row that are guesses (the rest is padding), where a drafter drafts rows
     # as long as its evidence; None: every row is w tokens.
     lengths: tuple[int, ...] | None = None
+    # A drafter's own estimate, per row, of the probability that the row's first 1, 2, ... tokens
+    # are all accepted (non-increasing; as long as the row's length), where it has one.
+    confidence: tuple[tuple[float, ...], ...] | None = None
 
     def __post_init__(self):
         assert self.tokens.dim() == 2 and self.tokens.shape[0] == len(self.strategies), (
             f"drafts {tuple(self.tokens.shape)} need one strategy per row, got {len(self.strategies)}")
         assert self.lengths is None or len(self.lengths) == self.tokens.shape[0], "one length per row"
+        assert self.confidence is None or len(self.confidence) == self.tokens.shape[0], "one confidence per row"
         assert self.probs is None or self.probs.shape[:2] == self.tokens.shape, (
             f"draft probs {tuple(self.probs.shape)} do not match drafts {tuple(self.tokens.shape)}")
 

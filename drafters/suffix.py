@@ -111,8 +111,9 @@ class SuffixDrafter:
                 return found
         return {}
 
-    def rows(self, context: DraftContext, k: int, w: int) -> list[tuple[list[int], str]]:
-        """Up to k (row, strategy): the trie's most frequent paths, each cut where it becomes unlikely."""
+    def rows(self, context: DraftContext, k: int, w: int) -> list[tuple[list[int], str, tuple[float, ...]]]:
+        """Up to k (row, strategy, confidence): the trie's most frequent paths, each cut where it
+        becomes unlikely; confidence[i] is the probability of the row's first i + 1 tokens."""
         found = self.matches(context, w)
         if not found:
             return []
@@ -140,16 +141,17 @@ class SuffixDrafter:
                 if probability[best] < self.min_probability:
                     break
                 path = best
-            drafted.append((list(path), f"suffix_{max(trie[first], key=trie[first].get)}"))
+            drafted.append((list(path), f"suffix_{max(trie[first], key=trie[first].get)}",
+                            tuple(probability[path[:depth]] for depth in range(1, len(path) + 1))))
         return drafted
 
     def propose(self, context: DraftContext, k: int, w: int) -> Drafts:
         rows = self.rows(context, k, w)
         if not rows and self.fill is not None:
             return self.fill.propose(context, k, w)
-        lengths = [len(row) for row, _ in rows] + [0] * (k - len(rows))
-        padded = [row + [self.pad_token] * (w - len(row)) for row, _ in rows]
-        padded += [[self.pad_token] * w] * (k - len(rows))
-        strategies = tuple(strategy for _, strategy in rows) + (PADDING,) * (k - len(rows))
-        return Drafts(tokens=torch.tensor(padded, dtype=torch.long).reshape(k, w), strategies=strategies,
-                      lengths=tuple(lengths))
+        missing = k - len(rows)
+        padded = [row + [self.pad_token] * (w - len(row)) for row, _, _ in rows] + [[self.pad_token] * w] * missing
+        return Drafts(tokens=torch.tensor(padded, dtype=torch.long).reshape(k, w),
+                      strategies=tuple(strategy for _, strategy, _ in rows) + (PADDING,) * missing,
+                      lengths=tuple(len(row) for row, _, _ in rows) + (0,) * missing,
+                      confidence=tuple(confidence for _, _, confidence in rows) + ((),) * missing)

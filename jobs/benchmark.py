@@ -1,6 +1,6 @@
 """Side-by-side benchmark of our decoder against transformers' generate, on real prompts.
 
-    python -m jobs.benchmark --dataset humaneval|gsm8k|PATH.jsonl --limit N --max-new-tokens M \
+    python -m jobs.benchmark --dataset humaneval|gsm8k|sharegpt|PATH.jsonl --limit N --max-new-tokens M \
         --out results.json [--model M] [--methods hf_greedy,plain,mixed:4:4,...] \
         [--temperature T --top-p P --top-k K --seed S]
 
@@ -34,6 +34,7 @@ import torch
 
 from drafters.draft_model import self_draft_model
 from drafters.registry import build_tables
+from pipeline.attention import NAME as GQA_ATTENTION, attention_implementation
 from pipeline.config import AUTO_MAX, DecoderConfig, ModelConfig
 from pipeline.decoder import SpeculativeDecoder
 from pipeline.model_loading import cache_root, load_model
@@ -178,7 +179,8 @@ def hf_generate(model, ids: list[int], max_new_tokens: int, sampling: SamplingPa
         kwargs.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k)
     else:
         kwargs.update(do_sample=False)
-    output = model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new_tokens, **kwargs)
+    with attention_implementation(model, "sdpa"):  # what a user of generate gets
+        output = model.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=max_new_tokens, **kwargs)
     return output[0, len(ids):].tolist()
 
 
@@ -370,13 +372,16 @@ def grid_plots(report: dict, drafter: str, out: Path) -> dict:
 
 
 @torch.no_grad()
-def hf_generate_batch(model, batch: list[list[int]], max_new_tokens: int, pad: int, eos: set[int]) -> list[list[int]]:
-    """transformers' greedy generate over a left-padded batch; each output is cut after its EOS."""
+def hf_generate_batch(model, batch: list[list[int]], max_new_tokens: int, pad: int, eos: set[int],
+                      attention: str = "sdpa") -> list[list[int]]:
+    """transformers' greedy generate over a left-padded batch (on transformers' default attention
+    unless told); each output is cut after its EOS."""
     width = max(map(len, batch))
     inputs = torch.tensor([[pad] * (width - len(ids)) + ids for ids in batch])  # [B, width]
     mask = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in batch])  # [B, width]
-    output = model.generate(inputs, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                            pad_token_id=pad)[:, width:].tolist()
+    with attention_implementation(model, attention):
+        output = model.generate(inputs, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
+                                pad_token_id=pad)[:, width:].tolist()
     return [row[:next((i + 1 for i, token in enumerate(row) if token in eos), len(row))] for row in output]
 
 
@@ -398,10 +403,10 @@ def throughput_comparison(args, loaded) -> dict:
         ordered = sorted(results, key=lambda pair: int(pair[0].request_id))
         return [result.token_ids for _, result in ordered], [result.stats for _, result in ordered]
 
-    def hf(size):
+    def hf(size, attention="sdpa"):
         outputs = []
         for start in range(0, len(prompts), size):
-            outputs += hf_generate_batch(loaded.model, prompts[start:start + size], n, pad, eos)
+            outputs += hf_generate_batch(loaded.model, prompts[start:start + size], n, pad, eos, attention)
         return outputs, []
 
     started = time.perf_counter()
@@ -409,7 +414,9 @@ def throughput_comparison(args, loaded) -> dict:
     reference_seconds = time.perf_counter() - started
     rows = [{"batch": 1, "method": "plain (one request at a time)", "seconds": round(reference_seconds, 2),
              "tokens_per_second": round(sum(map(len, reference)) / reference_seconds, 3), "identical_fraction": 1.0}]
-    methods = {"hf_greedy": hf, "plain": lambda size: ours(plain, size)}
+    # hf_greedy: generate as its users get it; hf_greedy_gqa: generate on our engine's attention call.
+    methods = {"hf_greedy": hf, "hf_greedy_gqa": lambda size: hf(size, GQA_ATTENTION),
+               "plain": lambda size: ours(plain, size)}
     methods.update({name: lambda size, decoder=decoder: ours(decoder, size) for name, decoder in specs.items()})
     for index, size in enumerate(int(b) for b in args.batch.split(",")):
         names = list(methods)

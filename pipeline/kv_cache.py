@@ -11,10 +11,39 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 
+# Columns a layer reserves past its length, so that a call appends in place (no copy of the cache).
+SLACK_COLUMNS = 128
+
+
+class SlackLayer(DynamicLayer):
+    """A DynamicLayer whose keys/values are views of the first columns of a larger buffer: a call's
+    new entries are written into the free columns instead of concatenated (which copies the whole
+    layer every call). Whoever replaces `keys`/`values` with other tensors (row changes, compaction)
+    costs one copy into a fresh buffer at the next call."""
+
+    def _in_buffer(self, name: str) -> bool:
+        view, buffer = getattr(self, name), getattr(self, "_" + name, None)
+        return (buffer is not None and view.data_ptr() == buffer.data_ptr() and view.shape[:2] == buffer.shape[:2]
+                and view.stride() == buffer.stride())
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        for name, new in (("keys", key_states), ("values", value_states)):
+            view = getattr(self, name)  # [B, H, L, D]
+            length, total = view.shape[2], view.shape[2] + new.shape[2]
+            if not self._in_buffer(name) or getattr(self, "_" + name).shape[2] < total:
+                buffer = view.new_empty(view.shape[0], view.shape[1], total + SLACK_COLUMNS, view.shape[3])
+                buffer[:, :, :length] = view
+                setattr(self, "_" + name, buffer)
+            buffer = getattr(self, "_" + name)
+            buffer[:, :, length:total] = new
+            setattr(self, name, buffer[:, :, :total])
+        return self.keys, self.values
+
+
 def _full_layers(cache: DynamicCache) -> list[DynamicLayer]:
     layers = cache.layers
     for layer in layers:
-        if type(layer) is not DynamicLayer:
+        if type(layer) not in (DynamicLayer, SlackLayer):
             raise NotImplementedError(
                 f"speculative decoding supports full-attention DynamicCache layers, not {type(layer).__name__}")
     return layers

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from pipeline.attention import use_gqa_attention
 from pipeline.config import ModelConfig
 
 EMBEDDED_DEFAULT = "smollm2-135m-instruct"
@@ -129,6 +130,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
         model_dir, dtype=DTYPES[config.dtype], trust_remote_code=config.trust_remote_code
     )
     model.eval()
+    use_gqa_attention(model)
     if torch.cuda.is_available():  # an actor given a GPU by Ray sees exactly that one
         model.to("cuda")
     tokenizer = load_tokenizer(model_dir, config)

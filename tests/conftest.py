@@ -37,6 +37,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
+from pipeline.attention import use_gqa_attention  # noqa: E402
 from pipeline.config import ModelConfig  # noqa: E402
 from pipeline.model_loading import load_model  # noqa: E402
 from tests.processes import Processes  # noqa: E402
@@ -93,7 +94,10 @@ def make_tiny_model(seed: int = 0) -> LlamaForCausalLM:
 
 @pytest.fixture(scope="session")
 def tiny_model():
-    return make_tiny_model()
+    """The tiny model on the attention call the engine's model loading switches it to."""
+    model = make_tiny_model()
+    use_gqa_attention(model)
+    return model
 
 
 @pytest.fixture(scope="session")

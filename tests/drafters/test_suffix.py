@@ -35,6 +35,7 @@ def test_the_most_frequent_continuation_wins_and_drafts_stop_where_sources_disag
     drafts = drafter.propose(DraftContext([7, 1, 2], 2), 2, 3)
     assert drafts.tokens[0].tolist() == [3, 4, 5] and drafts.lengths[0] == 3  # 3 of 4 agree
     assert drafts.strategies[1] == PADDING and drafts.lengths[1] == 0  # 1 of 4 is below 40 %: no second row
+    assert drafts.confidence == ((0.75, 0.75, 0.75), ())  # each prefix's share of the continuations
     lenient = SuffixDrafter(2, 2, 0, min_probability=0.2)
     for document in ([1, 2, 3, 4, 5],) * 3 + ([1, 2, 9, 9, 9],):
         lenient.learn(document)
@@ -44,6 +45,7 @@ def test_the_most_frequent_continuation_wins_and_drafts_stop_where_sources_disag
         split.learn([1, 2, *tail])
     # Everyone agrees on 3, then no continuation has 40 %: the row stops after one token.
     assert split.propose(DraftContext([1, 2], 2), 1, 3).lengths == (1,)
+    assert split.propose(DraftContext([1, 2], 2), 1, 3).confidence == ((1.0,),)
 
 
 def test_no_match_falls_back_to_the_bigram_row_or_proposes_nothing():

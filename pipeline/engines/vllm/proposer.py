@@ -14,7 +14,11 @@ proposed, which the engine reads back after generation for the per-request stati
 With `w: auto` the draft length is chosen per request and per step: a step's cost is learned
 online from the engine's own steps (StepCosts), and the batch's draft tokens go, one at a time,
 to the request whose next token is most likely accepted, while that raises the batch's expected
-tokens per second. A request whose drafts fail stops drafting (length 0).
+tokens per second. How likely: the first token as often as the request's drafts of that strategy
+have been right, each later one as often as the strategy's verified drafts held at that depth
+(all requests of the actor), never more than the drafter's own confidence where it gives one (the
+suffix drafter's path probabilities). A token fed costs at least `prior_slope` of a step, so a
+noisy cost fit never makes drafts free. A request whose drafts fail stops drafting.
 """
 from __future__ import annotations
 
@@ -47,13 +51,65 @@ class Tracked:
     draft_seconds: float = 0.0
     proposals: list[Proposal] = field(default_factory=list)  # drafts vLLM verified or will
     pending: list[tuple[int, Drafts]] = field(default_factory=list)  # full candidates to judge
+    last_draft: tuple[int, tuple[int, ...], str] | None = None  # (context length, tokens, strategy) verified last
+
+    def settle(self, depths: dict[str, "DepthAcceptance"]) -> None:
+        """Scores the last verified draft against the tokens the context now has after it."""
+        if self.last_draft is None:
+            return
+        start, tokens, strategy = self.last_draft
+        emitted = self.context.tokens[start:start + len(tokens)]
+        accepted = next((i for i, (a, b) in enumerate(zip(tokens, emitted)) if a != b), len(emitted))
+        depths.setdefault(strategy, DepthAcceptance()).observe(len(tokens), accepted)
+        self.last_draft = None
+
+    def gains(self, strategy: str, length: int, confidence: tuple[float, ...] | None,
+              depths: dict[str, "DepthAcceptance"]) -> list[float]:
+        """Probabilities that the candidate's first 1, 2, ... tokens are all accepted: the first
+        from this request's acceptance of the strategy, the later ones from how deep the
+        strategy's verified drafts held (all requests); capped by the drafter's own confidence
+        where it gives one."""
+        first = self.controller.alpha((strategy, 0))
+        measured = depths.get(strategy, DepthAcceptance()).gains(first, length)
+        if confidence:
+            return [min(c, m) for c, m in zip(confidence[:length], measured)]
+        return measured
+
+
+class DepthAcceptance:
+    """How far one strategy's verified drafts held: of the drafts whose first j tokens were
+    accepted and that had a (j+1)-th, how many had it accepted (per depth j >= 1)."""
+
+    def __init__(self, prior: float = 0.5, prior_weight: float = 2.0):
+        self.prior, self.prior_weight = prior, prior_weight
+        self.reached: list[float] = []
+        self.passed: list[float] = []
+
+    def observe(self, length: int, accepted: int) -> None:
+        for depth in range(1, min(accepted + 1, length)):
+            while len(self.reached) <= depth:
+                self.reached.append(0.0)
+                self.passed.append(0.0)
+            self.reached[depth] += 1
+            self.passed[depth] += depth < accepted
+
+    def gains(self, first: float, length: int) -> list[float]:
+        """P(first j+1 tokens accepted) for j < length, the first token's probability given."""
+        gains, probability = [], first
+        for depth in range(length):
+            if depth:
+                seen = depth < len(self.reached)
+                passed, reached = (self.passed[depth], self.reached[depth]) if seen else (0.0, 0.0)
+                probability *= (passed + self.prior_weight * self.prior) / (reached + self.prior_weight)
+            gains.append(probability)
+        return gains
 
 
 class StepCosts:
     """Seconds of one engine step as a + b n, n the tokens it fed the model (one per running
     request plus their drafts), fitted by least squares over the recent steps (weights decay by
     `memory` per step). Little variation in n leaves b at its prior: `prior_slope` of a mean step
-    per token, so drafting is tried again after a stretch without drafts."""
+    per token, so drafting is tried again after a stretch without drafts; b never falls below it."""
 
     def __init__(self, memory: float = 0.97, prior_slope: float = 0.02, prior_weight: float = 4.0):
         self.memory, self.prior_slope, self.prior_weight = memory, prior_slope, prior_weight
@@ -70,26 +126,28 @@ class StepCosts:
         mean_n, mean_t = sum_n / weight, sum_t / weight
         variance, covariance = sum_nn / weight - mean_n ** 2, sum_nt / weight - mean_n * mean_t
         prior = self.prior_slope * mean_t
-        slope = max(0.0, (weight * covariance + self.prior_weight * prior) / (weight * variance + self.prior_weight))
+        # Never below the prior: a token fed is never free, and a noisy fit near 0 would draft everything.
+        slope = max(prior, (weight * covariance + self.prior_weight * prior) / (weight * variance + self.prior_weight))
         return max(mean_t - slope * mean_n, 1e-6), slope
 
 
-def allocate(alphas: list[float], lengths: list[int], costs: tuple[float, float]) -> list[int]:
-    """Draft tokens per request for one step: maximises (Σ_r E_r) / (a + b Σ_r (1 + j_r)), with
-    E_r = 1 + α_r + ... + α_r^j_r the expected tokens of a request drafting j_r tokens it accepts
-    each with probability α_r. Adding one token to request r raises the expected tokens by its
-    next α_r^(j_r+1) and the cost by b, which pays while α_r^(j_r+1) > b T / C (T, C the totals so
-    far); the gains of a request only fall, so taking the largest next gain first is optimal."""
+def allocate(gains: list[list[float]], costs: tuple[float, float]) -> list[int]:
+    """Draft tokens per request for one step. gains[r][j] is the probability that request r's
+    first j + 1 draft tokens are all accepted, so E_r = 1 + Σ_{j < j_r} gains[r][j] are its expected
+    tokens when it drafts j_r; the step maximises (Σ_r E_r) / (a + b Σ_r (1 + j_r)). One more token
+    for request r raises the expected tokens by gains[r][j_r] and the cost by b, which pays while
+    gains[r][j_r] > b T / C (T, C the totals so far); a request's gains only fall, so taking the
+    largest next gain first is optimal."""
     a, b = costs
-    taken = [0] * len(alphas)
-    expected, cost = float(len(alphas)), a + b * len(alphas)
+    taken = [0] * len(gains)
+    expected, cost = float(len(gains)), a + b * len(gains)
     while True:
-        gains = [alpha ** (j + 1) if j < length else -1.0 for alpha, j, length in zip(alphas, taken, lengths)]
-        best = int(np.argmax(gains)) if gains else 0
-        if not gains or gains[best] <= b * expected / cost:
+        nexts = [row[j] if j < len(row) else -1.0 for row, j in zip(gains, taken)]
+        best = int(np.argmax(nexts)) if nexts else 0
+        if not nexts or nexts[best] <= b * expected / cost:
             return taken
         taken[best] += 1
-        expected, cost = expected + gains[best], cost + b
+        expected, cost = expected + nexts[best], cost + b
 
 
 class NgrammysProposer:
@@ -104,6 +162,7 @@ class NgrammysProposer:
         self.max_q = 1
         self.tracked: dict[str, Tracked] = {}
         self.pool: dict[RowKind, AcceptanceEstimate] = {}  # finished requests' evidence: new requests' prior
+        self.depths: dict[str, DepthAcceptance] = {}  # per strategy, how deep verified drafts held
         self.costs = StepCosts()
         self.last_step: tuple[float, int, bool] | None = None  # (when it ended, tokens fed, measurable)
 
@@ -112,7 +171,7 @@ class NgrammysProposer:
         assert w <= self.max_w, f"vLLM was started for drafts of up to {self.max_w} tokens, not {w}"
         self.runner, self.drafter, self.w, self.max_q, self.adaptive = runner, drafter, w, max_q, adaptive
         # A new drafter starts from nothing: no acceptance evidence, no cost fit of another's steps.
-        self.tracked, self.pool, self.costs, self.last_step = {}, {}, StepCosts(), None
+        self.tracked, self.pool, self.depths, self.costs, self.last_step = {}, {}, {}, StepCosts(), None
 
     def load_model(self, *args, **kwargs) -> None:
         """vLLM calls this on every proposer; drafting from tables and contexts loads nothing."""
@@ -139,10 +198,11 @@ class NgrammysProposer:
             candidates.append((tracked, self.candidate(tracked)))
         lengths = self.choose_lengths(candidates)
         drafts = [[] for _ in sampled_token_ids]
-        for row, (tracked, (strategy, tokens)), length in zip(rows, candidates, lengths):
+        for row, (tracked, (strategy, tokens, confidence)), length in zip(rows, candidates, lengths):
             if length:
                 drafts[row] = list(tokens[:length])
                 tracked.proposals.append(Proposal(len(tracked.context) - tracked.prompt_length, tokens[:length], strategy))
+                tracked.last_draft = (len(tracked.context), tokens[:length], strategy)
         elapsed = time.perf_counter() - started
         for tracked, _ in candidates:
             tracked.draft_seconds += elapsed / len(candidates)
@@ -170,29 +230,31 @@ class NgrammysProposer:
         else:
             tracked.context.append(tokens[len(tracked.context):length].tolist())
             tracked.pending = judge_proposals(tracked.controller, tracked.pending, tracked.context.tokens)
+            tracked.settle(self.depths)
         tracked.steps += 1
         return tracked, new
 
-    def candidate(self, tracked: Tracked) -> tuple[str, tuple[int, ...]]:
-        """The drafter's row for the request (strategy, tokens); no tokens when it has no guess."""
+    def candidate(self, tracked: Tracked) -> tuple[str, tuple[int, ...], tuple[float, ...] | None]:
+        """The drafter's row for the request (strategy, tokens, the drafter's confidence in them
+        if it has one); no tokens when it has no guess."""
         w = min(self.w, tracked.limit - len(tracked.context) - 1)  # a step emits up to w + 1 tokens
         if w <= 0:
-            return PADDING, ()
+            return PADDING, (), None
         drafts = self.drafter.propose(tracked.context, 1, w)  # [1, w]
         if drafts.strategies[0] == PADDING:
-            return PADDING, ()
+            return PADDING, (), None
         length = w if drafts.lengths is None else drafts.lengths[0]  # a drafter may guess fewer than w
         if self.adaptive:  # judged against what the request emits, whatever length is verified
             tracked.pending.append((len(tracked.context), Drafts(drafts.tokens[:1, :length], drafts.strategies[:1])))
-        return drafts.strategies[0], tuple(drafts.tokens[0, :length].tolist())
+        confidence = None if drafts.confidence is None else drafts.confidence[0]
+        return drafts.strategies[0], tuple(drafts.tokens[0, :length].tolist()), confidence
 
-    def choose_lengths(self, candidates: list[tuple[Tracked, tuple[str, tuple[int, ...]]]]) -> list[int]:
-        lengths = [len(tokens) for _, (_, tokens) in candidates]
+    def choose_lengths(self, candidates: list[tuple[Tracked, tuple[str, tuple[int, ...], tuple[float, ...] | None]]]) -> list[int]:
         if not self.adaptive:
-            return lengths
-        alphas = [tracked.controller.alpha((strategy, 0)) if tokens else 0.0
-                  for tracked, (strategy, tokens) in candidates]
-        return allocate(alphas, lengths, self.costs.line())
+            return [len(tokens) for _, (_, tokens, _) in candidates]
+        gains = [tracked.gains(strategy, len(tokens), confidence, self.depths)
+                 for tracked, (strategy, tokens, confidence) in candidates]
+        return allocate(gains, self.costs.line())
 
     def take(self, request_ids: list[str]) -> dict[str, Tracked]:
         """Hands over (and forgets) what it tracked of these finished requests, by the ids

@@ -4,8 +4,14 @@ from dataclasses import dataclass, field
 
 import pytest
 
+from pipeline.adaptive import AdaptiveController
 from pipeline.engines.vllm.engine import request_stats
 from pipeline.engines.vllm.proposer import Proposal, StepCosts, Tracked, allocate, external_request_id
+
+
+def geometric(alpha: float, length: int) -> list[float]:
+    """Gains of a draft whose tokens are each accepted with probability alpha: α, α², ..."""
+    return [alpha ** (j + 1) for j in range(length)]
 
 
 def test_step_costs_recover_a_line_and_fall_back_to_the_prior_slope():
@@ -18,18 +24,48 @@ def test_step_costs_recover_a_line_and_fall_back_to_the_prior_slope():
     for _ in range(10):
         flat.observe(4, 0.1)  # no variation in tokens: nothing to fit a slope to
     assert flat.line()[1] == pytest.approx(0.02 * 0.1)
+    free = StepCosts(memory=1.0, prior_slope=0.02)
+    for tokens in (1, 9, 3, 17):
+        free.observe(tokens, 0.1)  # more tokens, no more time: the fit says free, the floor does not
+    assert free.line()[1] == pytest.approx(0.02 * 0.1)
 
 
 def test_allocation_drafts_while_a_token_pays_for_its_cost():
     # Free tokens: every candidate is drafted in full; a token costing a whole step: none.
-    assert allocate([0.9, 0.2], [8, 3], (0.05, 0.0)) == [8, 3]
-    assert allocate([0.9, 0.2], [8, 3], (0.05, 10.0)) == [0, 0]
+    assert allocate([geometric(0.9, 8), geometric(0.2, 3)], (0.05, 0.0)) == [8, 3]
+    assert allocate([geometric(0.9, 8), geometric(0.2, 3)], (0.05, 10.0)) == [0, 0]
     # One request alone (a = 50 ms, b = 2 ms a token): drafting pays while α^j > b T / C.
-    taken = allocate([0.6], [8], (0.05, 0.002))
+    taken = allocate([geometric(0.6, 8)], (0.05, 0.002))
     expected, cost = 1 + sum(0.6 ** j for j in range(1, taken[0] + 1)), 0.05 + 0.002 * (1 + taken[0])
     assert taken == [5] and 0.6 ** 6 <= 0.002 * expected / cost
     # Tokens go to the request most likely to accept them, not to the one that asked first.
-    assert allocate([0.1, 0.95], [4, 4], (0.1, 0.01)) == [0, 4]
+    assert allocate([geometric(0.1, 4), geometric(0.95, 4)], (0.1, 0.01)) == [0, 4]
+
+
+def test_a_confident_drafter_gets_long_drafts_where_it_is_sure_and_short_where_not():
+    # Gains are the drafter's own path probabilities: a sure path is drafted in full, an unsure
+    # one stops where its probability no longer pays for a token (b T / C is about 0.5 here).
+    sure, unsure = [0.95, 0.9, 0.9, 0.85], [0.6, 0.2, 0.15, 0.1]
+    assert allocate([sure, unsure], (0.1, 0.02)) == [4, 1]
+
+
+def test_drafts_that_fail_after_their_first_token_are_cut_to_it():
+    from drafters.base import DraftContext
+
+    depths = {}
+    tracked = Tracked(context=DraftContext([1, 2, 3], 2), prompt_length=3, limit=100,
+                      controller=AdaptiveController(None, {}))
+    prior = tracked.gains("suffix_context", 3, None, depths)
+    assert prior[1] == pytest.approx(prior[0] * 0.5)  # no evidence: a prior of one in two per depth
+    for _ in range(20):  # each verified draft: its first token right, its second wrong
+        tracked.last_draft = (len(tracked.context), (7, 8, 9), "suffix_context")
+        tracked.context.append([7, 5])
+        tracked.settle(depths)
+    assert depths["suffix_context"].reached[1] == 20 and depths["suffix_context"].passed[1] == 0
+    gains = tracked.gains("suffix_context", 3, (1.0, 1.0, 1.0), depths)
+    assert gains[1] < 0.05 * gains[0] and gains[2] <= gains[1]
+    assert allocate([gains], (0.05, 0.002)) == [1]
+    assert tracked.gains("suffix_context", 3, (0.3, 0.2, 0.1), depths)[0] == 0.3  # the drafter's cap
 
 
 @dataclass
