@@ -21,23 +21,26 @@ class SlackLayer(DynamicLayer):
     layer every call). Whoever replaces `keys`/`values` with other tensors (row changes, compaction)
     costs one copy into a fresh buffer at the next call."""
 
-    def _in_buffer(self, name: str) -> bool:
-        view, buffer = getattr(self, name), getattr(self, "_" + name, None)
-        return (buffer is not None and view.data_ptr() == buffer.data_ptr() and view.shape[:2] == buffer.shape[:2]
-                and view.stride() == buffer.stride())
+    _key_buffer: torch.Tensor | None = None
+    _value_buffer: torch.Tensor | None = None
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        for name, new in (("keys", key_states), ("values", value_states)):
-            view = getattr(self, name)  # [B, H, L, D]
-            length, total = view.shape[2], view.shape[2] + new.shape[2]
-            if not self._in_buffer(name) or getattr(self, "_" + name).shape[2] < total:
-                buffer = view.new_empty(view.shape[0], view.shape[1], total + SLACK_COLUMNS, view.shape[3])
-                buffer[:, :, :length] = view
-                setattr(self, "_" + name, buffer)
-            buffer = getattr(self, "_" + name)
-            buffer[:, :, length:total] = new
-            setattr(self, name, buffer[:, :, :total])
+        self.keys, self._key_buffer = appended(self.keys, self._key_buffer, key_states)
+        self.values, self._value_buffer = appended(self.values, self._value_buffer, value_states)
         return self.keys, self.values
+
+
+def appended(view: torch.Tensor, buffer: torch.Tensor | None, new: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(view of view + new along the columns, its buffer): written in place when `view` is the
+    start of `buffer` and the new columns fit, else into a new buffer with SLACK_COLUMNS spare."""
+    length, total = view.shape[2], view.shape[2] + new.shape[2]  # [B, H, L, D]
+    in_place = (buffer is not None and view.data_ptr() == buffer.data_ptr() and view.shape[:2] == buffer.shape[:2]
+                and view.stride() == buffer.stride() and buffer.shape[2] >= total)
+    if not in_place:
+        buffer = view.new_empty(view.shape[0], view.shape[1], total + SLACK_COLUMNS, view.shape[3])
+        buffer[:, :, :length] = view
+    buffer[:, :, length:total] = new
+    return buffer[:, :, :total], buffer
 
 
 def _full_layers(cache: DynamicCache) -> list[DynamicLayer]:

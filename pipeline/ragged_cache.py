@@ -20,10 +20,11 @@ def empty_cache(model) -> DynamicCache:
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     cache = DynamicCache()
     cache.layers = []
+    empty = torch.zeros(0, heads, 0, head_dim, dtype=model.dtype, device=model.device)
     for _ in range(config.num_hidden_layers):
         layer = SlackLayer()
-        layer.lazy_initialization(*(torch.zeros(0, heads, 0, head_dim, dtype=model.dtype, device=model.device),) * 2)
-        layer.keys = layer.values = torch.zeros(0, heads, 0, head_dim, dtype=model.dtype, device=model.device)
+        layer.lazy_initialization(empty, empty)
+        layer.keys = layer.values = empty  # [0, H, 0, D]: rows and columns are added by put
         cache.layers.append(layer)
     return cache
 

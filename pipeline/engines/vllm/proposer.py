@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from drafters.base import PADDING, DraftContext, Drafter, Drafts
-from pipeline.adaptive import AcceptanceEstimate, AdaptiveController, RowKind, judge_proposals
+from pipeline.adaptive import AcceptanceEstimate, AdaptiveController, RowKind, common_prefix, judge_proposals
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,7 @@ class Tracked:
         if self.last_draft is None:
             return
         start, tokens, strategy = self.last_draft
-        emitted = self.context.tokens[start:start + len(tokens)]
-        accepted = next((i for i, (a, b) in enumerate(zip(tokens, emitted)) if a != b), len(emitted))
+        accepted = common_prefix(tokens, self.context.tokens[start:start + len(tokens)])
         depths.setdefault(strategy, DepthAcceptance()).observe(len(tokens), accepted)
         self.last_draft = None
 
