@@ -59,12 +59,15 @@ class Datastore:
         meta = json.loads((directory / "meta.json").read_text())
         return cls(tokens=tokens, suffix_array=suffix_array, meta=meta)
 
+    # The lookups read the maps as plain arrays: indexing an np.memmap wraps every slice in a new
+    # memmap object, which tripled the cost of a step's binary searches.
     def match(self, context: Sequence[int], max_len: int = 16, min_len: int = 2) -> tuple[int, int, int]:
-        return find_longest_suffix_match(self.tokens, self.suffix_array, context, max_len, min_len)
+        return find_longest_suffix_match(np.asarray(self.tokens), np.asarray(self.suffix_array), context, max_len, min_len)
 
     def continuations(self, lo: int, hi: int, match_len: int, length: int = 10,
                       max_occurrences: int = 5000) -> np.ndarray:
-        return continuations(self.tokens, self.suffix_array, lo, hi, match_len, length, max_occurrences)
+        return continuations(np.asarray(self.tokens), np.asarray(self.suffix_array), lo, hi, match_len, length,
+                             max_occurrences)
 
 
 # ---------------------------------------------------------------------------------------------

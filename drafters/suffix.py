@@ -7,12 +7,18 @@ Three sources know continuations of the context's current suffix:
   a bounded buffer of their tokens, shared by every request of the actor);
 - `store`: a token datastore built from earlier runs' outputs (drafters/datastore.py; memory-
   mapped, so every actor of a node maps one read-only copy).
-The longest suffix (max_q down to min_q tokens) that any source has seen decides; the
-continuations the matching sources have for it make one trie, where a path's probability is the
-mean over those sources of the share of their continuations that start with it. A row follows
+The longest suffix (max_q down to min_q tokens) that any source has seen finds the occurrences;
+each is then extended backwards (up to max_match tokens: how much of the context before the suffix
+it repeats), and only the occurrences that match longest are kept, in the sources that match
+longest (as SuffixDecoding's suffix tree keeps the deepest node): a long repeat in the request's
+own context is not drowned by a store's many short matches. Their continuations make one trie,
+where a path's probability is the mean over those sources of the share of their continuations
+that start with it (one unseen continuation counted in: a lone occurrence vouches for 1/2). A row follows
 the most probable child from the root while the path's probability stays >= min_probability, so
 the draft is long where the corpus agrees and short where it does not. A row's strategy is
-`suffix_<source>`, the source that gave its first token the largest share.
+`suffix_<source>`, the source that gave its first token the largest share. Its confidence (for
+the vLLM proposer's draft lengths) is each prefix's probability, times L / depth past the match
+length L (SuffixDecoding drafts at most L tokens after an L-token match).
 When no source matches, the model's bigram row fills in (strategy `bigram`). Rows are as long
 as the evidence (`Drafts.lengths`); the engines verify that many tokens.
 
@@ -68,23 +74,57 @@ class OutputStore:
             for q in range(self.min_q, min(self.max_q, end - start) + 1):
                 self.index[tuple(self.tokens[end - q:end])].append(end)
 
-    def continuations(self, suffix: tuple[int, ...], w: int, max_occurrences: int) -> list[tuple[int, ...]]:
+    def matches(self, context: list[int], q: int, w: int, max_match: int,
+                max_occurrences: int) -> tuple[int, list[tuple[int, ...]]]:
+        """The longest match of the context's suffix (found by its last q tokens, extended backwards
+        up to max_match) and the w-token continuations of the occurrences that match that long."""
+        ends = self.index.get(tuple(context[-q:]), [])[-max_occurrences:]
+        length, ends = longest_matches(self.tokens, ends, context, q, max_match)
         rows = []
-        for position in self.index.get(suffix, ())[-max_occurrences:]:
+        for position in ends:
             row = self.tokens[position:position + w]
             if -1 in row:
                 row = row[:row.index(-1)]
             if row:
                 rows.append(tuple(row))
-        return rows
+        return length, rows
+
+
+def longest_matches(haystack: list[int], ends: list[int], context: list[int], q: int,
+                    max_match: int) -> tuple[int, list[int]]:
+    """ends: positions in haystack just after an occurrence of the context's last q tokens. Extends
+    each backwards while haystack and context agree (up to max_match tokens in all); returns the
+    longest length reached and the ends that reach it (a document end, -1, never agrees)."""
+    best, kept = q, []
+    size = len(context)
+    for end in ends:
+        length = q
+        while length < max_match and length < size and end > length and haystack[end - length - 1] == context[size - length - 1]:
+            length += 1
+        if length > best:
+            best, kept = length, [end]
+        elif length == best:
+            kept.append(end)
+    return best, kept
+
+
+def next_tokens(weighted: list[tuple[tuple[int, ...], float, str]], depth: int) -> dict[int, float]:
+    """The probability of each token at `depth` among weighted continuations (row, weight, source)
+    that all share the path before it: the sum of the weights of the rows that have it there."""
+    shares: dict[int, float] = defaultdict(float)
+    for row, weight, _ in weighted:
+        if len(row) > depth:
+            shares[row[depth]] += weight
+    return shares
 
 
 class SuffixDrafter:
     def __init__(self, max_q: int, min_q: int, pad_token: int, fill: BigramDrafter | None = None,
                  store: Datastore | None = None, max_tokens: int = 1 << 18, min_probability: float = 0.1,
-                 max_occurrences: int = 256):
-        assert 1 <= min_q <= max_q, f"need 1 <= min_q ({min_q}) <= max_q ({max_q})"
+                 max_occurrences: int = 256, max_match: int = 24):
+        assert 1 <= min_q <= max_q <= max_match, f"need 1 <= min_q ({min_q}) <= max_q ({max_q}) <= max_match ({max_match})"
         self.max_q, self.min_q, self.pad_token = max_q, min_q, pad_token
+        self.max_match = max_match
         self.fill, self.store = fill, store
         self.outputs = OutputStore(max_q, min_q, max_tokens)
         self.min_probability, self.max_occurrences = min_probability, max_occurrences
@@ -93,56 +133,63 @@ class SuffixDrafter:
         """A finished request's generated tokens: later requests may draft from them."""
         self.outputs.add([int(t) for t in tokens])
 
-    def matches(self, context: DraftContext, w: int) -> dict[str, list[tuple[int, ...]]]:
-        """The continuations each source has for the longest suffix any of them has seen."""
+    def matches(self, context: DraftContext, w: int) -> tuple[int, dict[str, list[tuple[int, ...]]]]:
+        """The longest match any source has for the context's suffix, and the continuations of
+        the occurrences that match that long, per source that does ((0, {}) when none matches)."""
         tokens = context.tokens
-        store_q, lo, hi = (0, 0, 0) if self.store is None else self.store.match(tokens, self.max_q, self.min_q)
+        store_q, lo, hi = (0, 0, 0) if self.store is None else self.store.match(tokens, self.max_match, self.min_q)
         for q in range(min(self.max_q, len(tokens)), self.min_q - 1, -1):
-            found: dict[str, list[tuple[int, ...]]] = {}
+            found: dict[str, tuple[int, list[tuple[int, ...]]]] = {}
             if q <= context.max_q:
-                positions = context.occurrences(q)[-self.max_occurrences:]
-                found["context"] = [tuple(continuation(tokens, p, w)) for p in positions]
-            found["outputs"] = self.outputs.continuations(tuple(tokens[-q:]), w, self.max_occurrences)
-            if store_q == q:
-                rows = self.store.continuations(lo, hi, q, w, self.max_occurrences).tolist()  # [n, w], SEPARATOR-cut
-                found["store"] = [tuple(t for t in row if t != SEPARATOR) for row in rows if row[0] != SEPARATOR]
-            found = {source: rows for source, rows in found.items() if rows}
+                length, ends = longest_matches(tokens, context.occurrences(q)[-self.max_occurrences:], tokens, q,
+                                               self.max_match)
+                found["context"] = (length, [tuple(continuation(tokens, p, w)) for p in ends])
+            found["outputs"] = self.outputs.matches(tokens, q, w, self.max_match, self.max_occurrences)
+            if store_q >= q:
+                rows = self.store.continuations(lo, hi, store_q, w, self.max_occurrences).tolist()  # [n, w], SEPARATOR-cut
+                found["store"] = (store_q, [tuple(t for t in row if t != SEPARATOR) for row in rows if row[0] != SEPARATOR])
+            found = {source: match for source, match in found.items() if match[1]}
             if found:
-                return found
-        return {}
+                longest = max(length for length, _ in found.values())
+                return longest, {source: rows for source, (length, rows) in found.items() if length == longest}
+        return 0, {}
 
     def rows(self, context: DraftContext, k: int, w: int) -> list[tuple[list[int], str, tuple[float, ...]]]:
-        """Up to k (row, strategy, confidence): the trie's most frequent paths, each cut where it
-        becomes unlikely; confidence[i] is the probability of the row's first i + 1 tokens."""
-        found = self.matches(context, w)
+        """Up to k (row, strategy, confidence): the most probable paths of the continuations' trie,
+        each cut where it becomes unlikely; confidence[i] is the probability of the row's first i + 1 tokens."""
+        length, found = self.matches(context, w)
         if not found:
             return []
         # p(path) = the mean over the matching sources of the share of that source's
         # continuations that start with the path: a store with thousands of occurrences does not
-        # drown the request's own context, nor the other way round.
-        trie: dict[tuple[int, ...], dict[str, float]] = {}
-        for source, rows in found.items():
-            for row in rows:
-                for depth in range(1, len(row) + 1):
-                    shares = trie.setdefault(row[:depth], {})
-                    shares[source] = shares.get(source, 0.0) + 1.0 / (len(rows) * len(found))
-        children: dict[tuple[int, ...], list[tuple[int, ...]]] = defaultdict(list)
-        for prefix in trie:
-            children[prefix[:-1]].append(prefix)
-        probability = {prefix: sum(shares.values()) for prefix, shares in trie.items()}
-        firsts = sorted(children[()], key=lambda prefix: (-probability[prefix], prefix))[:k]
+        # drown the request's own context, nor the other way round. A share counts one unseen
+        # continuation too (the rule of succession): one occurrence is evidence for 1/2, not 1.
+        weighted = [(row, 1.0 / ((len(rows) + 1) * len(found)), source) for source, rows in found.items() for row in rows]
+        firsts = next_tokens(weighted, 0)
         drafted = []
-        for first in firsts:
-            if probability[first] < self.min_probability and drafted:
+        for first in sorted(firsts, key=lambda token: (-firsts[token], token))[:k]:
+            if firsts[first] < self.min_probability and drafted:
                 break
-            path = first
-            while len(path) < w and children.get(path):
-                best = max(children[path], key=lambda prefix: (probability[prefix], -prefix[-1]))
-                if probability[best] < self.min_probability:
+            members = [entry for entry in weighted if entry[0][0] == first]
+            sources: dict[str, float] = defaultdict(float)
+            for _, weight, source in members:
+                sources[source] += weight
+            path, confidence = [first], [firsts[first]]
+            while len(path) < w:
+                depth = len(path)
+                shares = next_tokens(members, depth)
+                if not shares:
                     break
-                path = best
-            drafted.append((list(path), f"suffix_{max(trie[first], key=trie[first].get)}",
-                            tuple(probability[path[:depth]] for depth in range(1, len(path) + 1))))
+                best = max(shares, key=lambda token: (shares[token], -token))
+                if shares[best] < self.min_probability:
+                    break
+                members = [entry for entry in members if len(entry[0]) > depth and entry[0][depth] == best]
+                path.append(best)
+                confidence.append(shares[best])
+            # A match of L tokens vouches for about L tokens after it (SuffixDecoding drafts at most
+            # L): deeper tokens keep their share times L / depth, for the caller to weigh.
+            confidence = [share * min(1.0, length / depth) for depth, share in enumerate(confidence, start=1)]
+            drafted.append((path, f"suffix_{max(sources, key=sources.get)}", tuple(confidence)))
         return drafted
 
     def propose(self, context: DraftContext, k: int, w: int) -> Drafts:

@@ -124,6 +124,9 @@ class DecoderConfig:
     # continuations of the matched suffix): a draft stops where the corpus stops agreeing.
     suffix_max_tokens: int = 262144
     suffix_min_probability: float = 0.1
+    # drafter "suffix": occurrences are found by the last ngram_max_q tokens, then extended backwards
+    # up to this many; only those that repeat the most of the context are drafted from.
+    suffix_max_match: int = 24
     # "batch": k rows of w+1 tokens per call (shared prefixes repeated); "tree": the rows merged by
     # shared prefixes into one sequence with a tree attention mask. Both emit the same tokens.
     verify: Literal["batch", "tree"] = "batch"
@@ -177,6 +180,8 @@ class DecoderConfig:
         _require(self.retrieval_max_nodes >= 1, "decoder.retrieval_max_nodes", "an integer >= 1")
         _require(self.suffix_max_tokens >= 1, "decoder.suffix_max_tokens", "an integer >= 1")
         _require(0 < self.suffix_min_probability <= 1, "decoder.suffix_min_probability", "a number in (0, 1]")
+        _require(self.suffix_max_match >= self.ngram_max_q, "decoder.suffix_max_match",
+                 f"an integer >= decoder.ngram_max_q ({self.ngram_max_q})")
         if self.drafter == "rest":
             _require(bool(self.datastore), "decoder.datastore",
                      "a datastore directory with drafter 'rest' (build one with python -m jobs.build_datastore)")

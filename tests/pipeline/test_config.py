@@ -118,3 +118,5 @@ def test_placement_and_series_settings_are_checked_naming_the_field():
         load_config(overrides=["job.series=a/b"])
     with pytest.raises(ConfigError, match="decoder.suffix_min_probability: must be a number in"):
         load_config(overrides=["decoder.suffix_min_probability=0"])
+    with pytest.raises(ConfigError, match=r"decoder.suffix_max_match: must be an integer >= decoder.ngram_max_q \(3\)"):
+        load_config(overrides=["decoder.suffix_max_match=2"])
