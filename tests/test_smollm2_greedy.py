@@ -89,7 +89,9 @@ def test_output_is_token_identical_to_greedy(smollm2, prompts, hf_reference, dra
         assert generated / calls > 1.2, "drafts were hardly ever accepted"
 
 
-@pytest.mark.parametrize("draft_model,gamma,num_prompts", [("self", 4, 2), ("tiny_model_dir", 3, 1)])
+# The self-draft on two real prompts takes half a minute: make test-slow (make test keeps the tiny draft model).
+@pytest.mark.parametrize("draft_model,gamma,num_prompts", [pytest.param("self", 4, 2, marks=pytest.mark.slow),
+                                                           ("tiny_model_dir", 3, 1)])
 def test_draft_model_greedy_is_token_identical(smollm2, prompts, hf_reference, tiny_model_dir, draft_model,
                                                gamma, num_prompts):
     """Through a self-draft (first 8 layers) and through another model directory sharing the
@@ -121,6 +123,7 @@ def stdlib_datastore(smollm2, tmp_path_factory):
     return directory
 
 
+@pytest.mark.slow  # half a minute on SmolLM2: make test-slow (tests/pipeline/test_decoder.py covers tree mode in make test)
 def test_tree_mode_is_batch_mode_with_fewer_tokens_for_retrieval_mixed(smollm2, prompts, hf_reference,
                                                                       stdlib_datastore):
     """Mixed = context n-gram + REST retrieval + bigram rows, k = 4, w = 4, in both modes."""
