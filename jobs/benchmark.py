@@ -20,6 +20,13 @@ hf_prompt_lookup:10, plain and DRAFTER:auto:auto, and draws per dataset the pape
 (tokens per call) and Figure 5 (wall-time speed-up) as k x w heatmaps, and Figure 4's ablations
 (accepted-length distribution, rank of the winning row, rows and wins per strategy) for the best
 fixed (k, w), auto and the largest (k, w).
+
+    python -m jobs.benchmark --throughput --engine vllm --batch 1,16 --spec suffix:1:auto --rounds 3 --limit 16 ...
+
+runs vLLM plain, vllm_ngram, vllm_suffix (when arctic-inference is installed) and our --spec
+methods on vLLM, and the --reference methods on our transformers engine, side by side (see
+pipeline/comparison.py): per round and batch size a chunk of --limit prompts no earlier run
+used, so --rounds x batch sizes x --limit prompts in all.
 """
 from __future__ import annotations
 
@@ -120,7 +127,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--reference", default="context_ngram:auto:auto",
                         help="--throughput --engine vllm: our transformers engine's method(s) run beside (\"\": none)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="--engine vllm: model dtype")
-    parser.add_argument("--rounds", type=int, default=1, help="--engine vllm: repeat every run; tokens/s is the median")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="--engine vllm: runs per batch size, each on --limit prompts no earlier run used; tokens/s is the median")
     parser.add_argument("--pipeline", action="store_true",
                         help="instead: the same prompts through the Ray job and in-process, with the "
                              "decoder of --config, compared in tokens/s after start-up")
@@ -462,10 +470,15 @@ def engine_comparison(args) -> dict:
         print("vllm_suffix: not run (arctic-inference is not installed: make install-suffix)", flush=True)
     names += [name for name in args.spec.split(",") if name.strip()]
     names += [f"transformers:{name}" for name in args.reference.split(",") if name.strip()]
-    prompts = [p.prompt for p in load_prompts(args.dataset, args.limit)]
+    batches = [int(b) for b in args.batch.split(",")]
+    needed = args.limit * args.rounds * len(batches)
+    prompts = [p.prompt for p in load_prompts(args.dataset, needed)]
+    if args.rounds < 1 or len(prompts) < needed:
+        raise SystemExit(f"--rounds {args.rounds} x --batch {args.batch} x --limit {args.limit} needs {needed} prompts "
+                         f"(every run new ones); {args.dataset} has {len(prompts)}")
     base = [f"model.name={json.dumps(args.model)}", f"model.dtype={args.dtype}", "engine.cpu_kv_cache_gib=1"]
-    report = comparison.compare(base, comparison.parse_methods(",".join(names), "vllm"), prompts,
-                                [int(b) for b in args.batch.split(",")], args.max_new_tokens, args.rounds)
+    report = comparison.compare(base, comparison.parse_methods(",".join(names), "vllm"), prompts, batches,
+                                args.max_new_tokens, args.rounds)
     return {"dataset": args.dataset, "model": args.model, "dtype": args.dtype, **report}
 
 

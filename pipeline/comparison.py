@@ -3,10 +3,15 @@ build for it (python -m jobs.benchmark --throughput --engine vllm).
 
 A method is a name: `plain` (no drafts), `vllm_ngram[:W]` and `vllm_suffix[:W]` (vLLM's own
 methods), or `DRAFTER:k:w` (ours; k and/or w may be `auto`). Methods with the engine `vllm` run on
-vLLM; `transformers:METHOD` runs our own decoder, for reference. Every engine is built once;
-then per round and per batch size B every method generates every prompt, B requests per call,
-the order of methods rotated per batch size so a drift of this machine's speed falls on all alike.
-Tokens/s are medians over the rounds; outputs are compared with `plain` on the same engine and dtype.
+vLLM; `transformers:METHOD` runs our own decoder, for reference. Every engine is built once.
+
+A run is one round at one batch size B: every method generates the run's own chunk of prompts, B
+requests per call, the methods in an order rotated from run to run so that a drift of this
+machine's speed falls on all alike. Each run takes prompts no earlier run used: the methods that
+draft from finished outputs (`vllm_suffix`, our `suffix`) never draft a prompt's answer from its
+own earlier output, and all of them have the same earlier outputs to draw on, as in a corpus job.
+Tokens/s are medians over the rounds; outputs are compared with `plain` on the same engine and
+dtype, prompt by prompt.
 """
 from __future__ import annotations
 
@@ -56,9 +61,15 @@ class Measured:
     method: Method
     batch: int
     seconds: list[float] = field(default_factory=list)  # one per round
-    outputs: list[list[int]] = field(default_factory=list)  # first round's, per prompt
-    tokens: int = 0
+    tokens: list[int] = field(default_factory=list)  # one per round
+    outputs: list[list[int]] = field(default_factory=list)  # every round's, prompt by prompt
     calls: int = 0  # per-request steps (a request's share of a forward call counts as one)
+
+    def add(self, seconds: float, results: list[Result]) -> None:
+        self.seconds.append(seconds)
+        self.tokens.append(sum(len(r.token_ids) for r in results))
+        self.outputs += [r.token_ids for r in results]
+        self.calls += sum(r.stats.num_target_calls for r in results)
 
 
 def run_method(engine: Engine, requests: list[Request], batch: int) -> tuple[float, list[Result]]:
@@ -75,14 +86,12 @@ def method_config(base: list[str], method: Method, batch: int) -> Config:
                                                 f"decoder.max_batch_requests={batch}", f"ray.batch_size={batch}"])
 
 
-def compare(base: list[str], methods: list[Method], prompts: list[str], batches: list[int], max_new_tokens: int,
-            rounds: int = 1) -> dict:
-    """Runs every method at every batch size; returns the rows of the comparison."""
+def build_engines(base: list[str], methods: list[Method], batches: list[int]) -> dict[tuple[Method, int], Engine]:
+    """One vLLM engine per method serves every batch size (max_num_seqs = the largest); the
+    transformers engine's batch is part of its decoder, so it gets one per batch size (sharing the model)."""
     largest = max(batches)
     first = method_config(base, methods[0], largest)
     loaded = load_model(first.model) if any(m.engine == "transformers" for m in methods) else None
-    # vLLM engines serve every batch size (max_num_seqs = the largest); the transformers engine's
-    # batch is part of its decoder, so it gets one engine per batch size (sharing the model).
     engines: dict[tuple[Method, int], Engine] = {}
     # vLLM's own methods are built last: its n-gram method imports numba, whose llvmlite answers any
     # attribute lookup (__dict__ too), and that breaks the module scan of every later vLLM start in
@@ -92,47 +101,64 @@ def compare(base: list[str], methods: list[Method], prompts: list[str], batches:
     for method in sorted(methods, key=lambda m: last.get(m.name.split(":")[0], 0)):
         for batch in ([largest] if method.engine == "vllm" else batches):
             engines[method, batch] = build_engine(method_config(base, method, batch), loaded=loaded)
+    return engines
+
+
+def compare(base: list[str], methods: list[Method], prompts: list[str], batches: list[int], max_new_tokens: int,
+            rounds: int = 1) -> dict:
+    """Runs every method at every batch size, `rounds` times, each run on its own chunk of
+    len(prompts) // (rounds * len(batches)) prompts; returns the rows of the comparison."""
+    per_run = len(prompts) // (rounds * len(batches))
+    if per_run < 1:
+        raise ValueError(f"{len(prompts)} prompts cannot give {rounds} rounds x {len(batches)} batch sizes a prompt each")
+    engines = build_engines(base, methods, batches)
     tokenizer = next(iter(engines.values())).tokenizer
     from pipeline.prompts import encode_prompt
 
     requests = [Request(str(i), encode_prompt(tokenizer, prompt, str(i)), max_new_tokens) for i, prompt in enumerate(prompts)]
     measured = {(m, b): Measured(m, b) for m in methods for b in batches}
-    for round_index in range(rounds):
-        for index, batch in enumerate(batches):
-            shift = (index + round_index) % len(methods)
-            for method in methods[shift:] + methods[:shift]:
-                engine = engines[method, batch if method.engine == "transformers" else largest]
-                seconds, results = run_method(engine, requests, batch)
-                record = measured[method, batch]
-                record.seconds.append(seconds)
-                if round_index == 0:
-                    record.outputs = [r.token_ids for r in results]
-                    record.tokens = sum(len(r.token_ids) for r in results)
-                    record.calls = sum(r.stats.num_target_calls for r in results)
-                print(f"round {round_index + 1}/{rounds} B={batch} {method.engine}:{method.name} "
-                      f"{record.tokens / seconds:.2f} tok/s", flush=True)
-    return {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "rounds": rounds,
-            "runs": summarize(list(measured.values()))}
+    chunks = []
+    for run in range(rounds * len(batches)):
+        round_index, position = divmod(run, len(batches))
+        batch = batches[position]
+        chunk = requests[run * per_run:(run + 1) * per_run]
+        chunks.append({"round": round_index + 1, "batch": batch, "prompts": [r.request_id for r in chunk]})
+        shift = run % len(methods)
+        for method in methods[shift:] + methods[:shift]:
+            engine = engines[method, batch if method.engine == "transformers" else max(batches)]
+            seconds, results = run_method(engine, chunk, batch)
+            measured[method, batch].add(seconds, results)
+            print(f"round {round_index + 1}/{rounds} B={batch} prompts {chunk[0].request_id}..{chunk[-1].request_id} "
+                  f"{method.engine}:{method.name} {measured[method, batch].tokens[-1] / seconds:.2f} tok/s", flush=True)
+    return {"prompts": rounds * len(batches) * per_run, "prompts_per_run": per_run, "max_new_tokens": max_new_tokens,
+            "rounds": rounds, "chunks": chunks, "runs": summarize(list(measured.values()))}
 
 
 def summarize(measured: list[Measured]) -> list[dict]:
     rows = []
     for record in measured:
-        rate = record.tokens / statistics.median(record.seconds)
+        rates = [tokens / seconds for tokens, seconds in zip(record.tokens, record.seconds)]
         plain = plain_of(measured, record)
         rows.append({"engine": record.method.engine, "method": record.method.name, "batch": record.batch,
-                     "tokens_per_second": round(rate, 3),
-                     "tokens_per_second_rounds": [round(record.tokens / s, 3) for s in record.seconds],
-                     "tokens_per_call": round(record.tokens / record.calls, 3) if record.calls else None,
+                     "tokens_per_second": round(statistics.median(rates), 3),
+                     "tokens_per_second_rounds": [round(rate, 3) for rate in rates],
+                     "tokens_per_call": round(sum(record.tokens) / record.calls, 3) if record.calls else None,
                      "identical_fraction": None if plain is None else round(
                          sum(a == b for a, b in zip(record.outputs, plain.outputs)) / len(record.outputs), 4),
                      "identical_to": None if plain is None else f"{plain.method.engine}:plain"})
     for row in rows:
-        same = {(r["engine"], r["method"]): r["tokens_per_second"] for r in rows if r["batch"] == row["batch"]}
+        same = {(r["engine"], r["method"]): r for r in rows if r["batch"] == row["batch"]}
         for reference in (("vllm", "plain"), ("vllm", "vllm_ngram"), ("vllm", "vllm_suffix")):
             if reference in same:
-                row[f"vs_{reference[1]}"] = round(row["tokens_per_second"] / same[reference], 3)
+                row[f"vs_{reference[1]}"] = ratio_of_medians(row, same[reference])
     return rows
+
+
+def ratio_of_medians(row: dict, reference: dict) -> float:
+    """The median over rounds of row's tokens/s over the reference's in the same round (the
+    rounds ran side by side, so a round's ratio is free of the drift between rounds)."""
+    ratios = [a / b for a, b in zip(row["tokens_per_second_rounds"], reference["tokens_per_second_rounds"])]
+    return round(statistics.median(ratios), 3)
 
 
 def plain_of(measured: list[Measured], record: Measured) -> Measured | None:
@@ -146,10 +172,13 @@ def plain_of(measured: list[Measured], record: Measured) -> Measured | None:
 
 
 def markdown(report: dict) -> str:
-    lines = ["| batch | engine | method | tokens/s (median) | per round | tokens/call | identical | vs plain | vs vllm_ngram |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"{report['rounds']} round(s) of {report['prompts_per_run']} new prompts per batch size; "
+             "vs X: the median over rounds of the ratio within a round", "",
+             "| batch | engine | method | tokens/s (median) | per round | tokens/call | identical | vs plain | vs vllm_ngram "
+             "| vs vllm_suffix |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in report["runs"]:
         lines.append(f"| {r['batch']} | {r['engine']} | {r['method']} | {r['tokens_per_second']:.2f} | "
                      f"{', '.join(f'{x:.1f}' for x in r['tokens_per_second_rounds'])} | {r['tokens_per_call']} | "
-                     f"{r['identical_fraction']} | {r.get('vs_plain', '-')} | {r.get('vs_vllm_ngram', '-')} |")
+                     f"{r['identical_fraction']} | {r.get('vs_plain', '-')} | {r.get('vs_vllm_ngram', '-')} | "
+                     f"{r.get('vs_vllm_suffix', '-')} |")
     return "\n".join(lines)

@@ -2,6 +2,7 @@
 import json
 import sys
 import time
+from importlib.util import find_spec
 from pathlib import Path
 
 import pyarrow as pa
@@ -168,11 +169,17 @@ def test_benchmark_compares_engines_side_by_side_on_the_same_prompts(tiny_model_
     out = tmp_path / "engines.json"
     processes.run([sys.executable, "-m", "jobs.benchmark", "--throughput", "--engine", "vllm", "--batch", "1,2",
                    "--spec", "context_ngram:1:3,mixed:1:auto", "--reference", "context_ngram:2:3",
-                   "--dataset", "humaneval", "--limit", "3", "--max-new-tokens", "8", "--model", str(tiny_model_dir),
-                   "--out", str(out)], cwd=REPO, env=environment(), timeout=600)
-    runs = json.loads(out.read_text())["runs"]
+                   "--dataset", "humaneval", "--limit", "3", "--rounds", "2", "--max-new-tokens", "8",
+                   "--model", str(tiny_model_dir), "--out", str(out)], cwd=REPO, env=environment(), timeout=600)
+    report = json.loads(out.read_text())
+    runs = report["runs"]
+    # Two rounds at two batch sizes, each run on 3 prompts of its own: 12 prompts, none repeated.
+    assert (report["prompts"], report["prompts_per_run"], report["rounds"]) == (12, 3, 2)
+    assert [(c["round"], c["batch"]) for c in report["chunks"]] == [(1, 1), (1, 2), (2, 1), (2, 2)]
+    assert len({p for c in report["chunks"] for p in c["prompts"]}) == 12
+    assert all(len(r["tokens_per_second_rounds"]) == 2 for r in runs)
     expected = {("vllm", "plain"), ("vllm", "vllm_ngram"), ("vllm", "context_ngram:1:3"), ("vllm", "mixed:1:auto"),
-                ("transformers", "context_ngram:2:3")}
+                ("transformers", "context_ngram:2:3")} | ({("vllm", "vllm_suffix")} if find_spec("arctic_inference") else set())
     for batch in (1, 2):
         rows = {(r["engine"], r["method"]): r for r in runs if r["batch"] == batch}
         assert set(rows) == expected
