@@ -150,11 +150,11 @@ def summarize(measured: list[Measured]) -> list[dict]:
         same = {(r["engine"], r["method"]): r for r in rows if r["batch"] == row["batch"]}
         for reference in (("vllm", "plain"), ("vllm", "vllm_ngram"), ("vllm", "vllm_suffix")):
             if reference in same:
-                row[f"vs_{reference[1]}"] = ratio_of_medians(row, same[reference])
+                row[f"vs_{reference[1]}"] = median_ratio(row, same[reference])
     return rows
 
 
-def ratio_of_medians(row: dict, reference: dict) -> float:
+def median_ratio(row: dict, reference: dict) -> float:
     """The median over rounds of row's tokens/s over the reference's in the same round (the
     rounds ran side by side, so a round's ratio is free of the drift between rounds)."""
     ratios = [a / b for a, b in zip(row["tokens_per_second_rounds"], reference["tokens_per_second_rounds"])]
