@@ -1,0 +1,29 @@
+"""The side-by-side comparison's arithmetic and its guard on too few prompts (no engine started)."""
+import pytest
+
+from jobs import benchmark
+from pipeline.comparison import Measured, Method, summarize
+
+
+def measured(name: str, seconds: list[float], tokens_per_round: int = 100) -> Measured:
+    return Measured(Method("vllm", name), batch=1, seconds=seconds, tokens=[tokens_per_round] * len(seconds),
+                    outputs=[[1, 2]], calls=tokens_per_round * len(seconds))
+
+
+def test_ratios_are_medians_of_the_ratios_within_each_round():
+    # Tokens/s per round: plain 100, 25, 80; ours 200, 60, 90. Within the rounds ours ran 2.0x, 2.4x
+    # and 1.125x plain: median 2.0. The ratio of the medians (90 / 80) would be 1.125.
+    plain = measured("plain", [1.0, 4.0, 1.25])
+    ours = measured("suffix:1:auto", [0.5, 100 / 60, 100 / 90])
+    rows = {r["method"]: r for r in summarize([plain, ours])}
+    assert rows["plain"]["tokens_per_second_rounds"] == [100.0, 25.0, 80.0]
+    assert rows["suffix:1:auto"]["tokens_per_second"] == 90.0
+    assert rows["suffix:1:auto"]["vs_plain"] == 2.0
+    assert rows["suffix:1:auto"]["identical_fraction"] == 1.0
+
+
+def test_a_dataset_too_small_for_every_run_to_take_new_prompts_is_refused_at_start(tmp_path):
+    # GSM8K's fixture has 100 prompts; 2 rounds x 2 batch sizes x 30 need 120.
+    with pytest.raises(SystemExit, match="needs 120 prompts .* gsm8k has 100"):
+        benchmark.main(["--throughput", "--engine", "vllm", "--dataset", "gsm8k", "--limit", "30", "--rounds", "2",
+                        "--batch", "1,16", "--out", str(tmp_path / "never.json")])
