@@ -82,6 +82,14 @@ class DraftContext:
         return positions[:-1]
 
 
+def common_prefix(a, b) -> int:
+    """How many leading tokens two sequences share (a draft's accepted tokens, against the emitted ones)."""
+    length, limit = 0, min(len(a), len(b))
+    while length < limit and a[length] == b[length]:
+        length += 1
+    return length
+
+
 class Drafter(Protocol):
     """Proposes exactly k drafts of w tokens for a context."""
 

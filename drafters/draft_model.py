@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from transformers import DynamicCache
 
-from drafters.base import DraftContext, Drafts
+from drafters.base import DraftContext, Drafts, common_prefix
 from pipeline.sampling import sample, target_probs
 
 STRATEGY = "draft_model"
@@ -52,14 +52,6 @@ def self_draft_model(model: nn.Module, num_layers: int) -> nn.Module:
     return draft
 
 
-def common_prefix_length(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
 class DraftModelDrafter:
     """Proposes one row of w tokens; the cache follows the request's context between steps and
     drops the entries of rejected draft tokens (or restarts on a new request)."""
@@ -71,7 +63,7 @@ class DraftModelDrafter:
 
     def catch_up(self, tokens: list[int]) -> torch.Tensor:
         """Logits [V] after `tokens`, reusing the cache for their longest prefix already in it."""
-        keep = min(common_prefix_length(self.cached_tokens, tokens), len(tokens) - 1)
+        keep = min(common_prefix(self.cached_tokens, tokens), len(tokens) - 1)
         if keep == 0:
             self.cache = DynamicCache(config=self.model.config)
         elif keep < len(self.cached_tokens):

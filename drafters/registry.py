@@ -86,7 +86,7 @@ def _retrieval(parts: DrafterParts) -> RetrievalDrafter:
 def _suffix(parts: DrafterParts) -> Drafter:
     config = parts.config
     fill = BigramDrafter(parts.tables.chained, "bigram") if parts.tables.chained is not None else None
-    return SuffixDrafter(config.ngram_max_q, config.ngram_min_q, parts.pad_token, fill,
+    return SuffixDrafter(config.ngram_max_q, config.suffix_min_match, parts.pad_token, fill,
                          _datastore(parts) if config.datastore else None, config.suffix_max_tokens,
                          config.suffix_min_probability, max_match=config.suffix_max_match)
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from drafters.base import Drafts
+from drafters.base import Drafts, common_prefix
 from pipeline.cost_model import CostModel
 
 
@@ -150,13 +150,6 @@ def judge_proposals(controller: AdaptiveController, pending: list[tuple[int, Dra
             continue
         controller.observe(drafts, accepted)
     return waiting
-
-
-def common_prefix(row: list[int], actual) -> int:
-    length = 0
-    while length < len(actual) and row[length] == actual[length]:
-        length += 1
-    return length
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,8 @@ methods), or `DRAFTER:k:w` (ours; k and/or w may be `auto`). Methods with the en
 vLLM; `transformers:METHOD` runs our own decoder, for reference. Every engine is built once.
 
 A run is one round at one batch size B: every method generates the run's own chunk of prompts, B
-requests per call, the methods in an order rotated from run to run so that a drift of this
-machine's speed falls on all alike. Each run takes prompts no earlier run used: the methods that
+requests per call, the methods taking turns call by call (the order rotated every call), so that a
+drift of this machine's speed falls on all alike. Each run takes prompts no earlier run used: the methods that
 draft from finished outputs (`vllm_suffix`, our `suffix`) never draft a prompt's answer from its
 own earlier output, and all of them have the same earlier outputs to draw on, as in a corpus job.
 Tokens/s are medians over the rounds; outputs are compared with `plain` on the same engine and
@@ -72,13 +72,19 @@ class Measured:
         self.calls += sum(r.stats.num_target_calls for r in results)
 
 
-def run_method(engine: Engine, requests: list[Request], batch: int) -> tuple[float, list[Result]]:
-    """Seconds to generate every request, `batch` requests per call, and the results in order."""
-    started = time.perf_counter()
-    results: list[Result] = []
-    for start in range(0, len(requests), batch):
-        results += engine.generate(requests[start:start + batch])
-    return time.perf_counter() - started, results
+def run_methods(engines: dict, methods: list, requests: list[Request], batch: int, first: int = 0) -> dict:
+    """Every method generates every request, `batch` requests per call, the methods taking turns
+    call by call (the order rotated each call, starting at methods[first]) so that a drift of this
+    machine's speed falls on all alike. Returns per method: (seconds, results in order)."""
+    seconds = {method: 0.0 for method in methods}
+    results: dict = {method: [] for method in methods}
+    for call, start in enumerate(range(0, len(requests), batch)):
+        shift = (first + call) % len(methods)
+        for method in methods[shift:] + methods[:shift]:
+            started = time.perf_counter()
+            results[method] += engines[method].generate(requests[start:start + batch])
+            seconds[method] += time.perf_counter() - started
+    return {method: (seconds[method], results[method]) for method in methods}
 
 
 def method_config(base: list[str], method: Method, batch: int) -> Config:
@@ -123,10 +129,8 @@ def compare(base: list[str], methods: list[Method], prompts: list[str], batches:
         batch = batches[position]
         chunk = requests[run * per_run:(run + 1) * per_run]
         chunks.append({"round": round_index + 1, "batch": batch, "prompts": [r.request_id for r in chunk]})
-        shift = run % len(methods)
-        for method in methods[shift:] + methods[:shift]:
-            engine = engines[method, batch if method.engine == "transformers" else max(batches)]
-            seconds, results = run_method(engine, chunk, batch)
+        engines_now = {method: engines[method, batch if method.engine == "transformers" else max(batches)] for method in methods}
+        for method, (seconds, results) in run_methods(engines_now, methods, chunk, batch, first=run).items():
             measured[method, batch].add(seconds, results)
             print(f"round {round_index + 1}/{rounds} B={batch} prompts {chunk[0].request_id}..{chunk[-1].request_id} "
                   f"{method.engine}:{method.name} {measured[method, batch].tokens[-1] / seconds:.2f} tok/s", flush=True)

@@ -120,12 +120,15 @@ class DecoderConfig:
     retrieval_max_occurrences: int = 5000
     retrieval_max_nodes: int = 64
     # drafter "suffix": finished outputs an actor keeps to draft from (tokens; past it the oldest
-    # half is dropped), and the least estimated probability of a drafted path (its count over all
-    # continuations of the matched suffix): a draft stops where the corpus stops agreeing.
+    # half is dropped), and the least probability, by its acceptance model, that every token of a
+    # draft so far is accepted: a draft stops where that falls below (the vLLM proposer may stop sooner).
     suffix_max_tokens: int = 262144
-    suffix_min_probability: float = 0.1
-    # drafter "suffix": occurrences are found by the last ngram_max_q tokens, then extended backwards
-    # up to this many; only those that repeat the most of the context are drafted from.
+    suffix_min_probability: float = 0.05
+    # drafter "suffix": occurrences are found by the context's last ngram_max_q tokens, down to
+    # suffix_min_match when no longer suffix occurs (1: a one-token match is judged by the
+    # acceptance model like any other), then extended backwards up to suffix_max_match tokens;
+    # only those that repeat the most of the context are drafted from.
+    suffix_min_match: int = 1
     suffix_max_match: int = 24
     # "batch": k rows of w+1 tokens per call (shared prefixes repeated); "tree": the rows merged by
     # shared prefixes into one sequence with a tree attention mask. Both emit the same tokens.
@@ -180,6 +183,8 @@ class DecoderConfig:
         _require(self.retrieval_max_nodes >= 1, "decoder.retrieval_max_nodes", "an integer >= 1")
         _require(self.suffix_max_tokens >= 1, "decoder.suffix_max_tokens", "an integer >= 1")
         _require(0 < self.suffix_min_probability <= 1, "decoder.suffix_min_probability", "a number in (0, 1]")
+        _require(1 <= self.suffix_min_match <= self.ngram_max_q, "decoder.suffix_min_match",
+                 f"an integer from 1 to decoder.ngram_max_q ({self.ngram_max_q})")
         _require(self.suffix_max_match >= self.ngram_max_q, "decoder.suffix_max_match",
                  f"an integer >= decoder.ngram_max_q ({self.ngram_max_q})")
         if self.drafter == "rest":

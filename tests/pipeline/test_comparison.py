@@ -27,3 +27,24 @@ def test_a_dataset_too_small_for_every_run_to_take_new_prompts_is_refused_at_sta
     with pytest.raises(SystemExit, match="needs 120 prompts .* gsm8k has 100"):
         benchmark.main(["--throughput", "--engine", "vllm", "--dataset", "gsm8k", "--limit", "30", "--rounds", "2",
                         "--batch", "1,16", "--out", str(tmp_path / "never.json")])
+
+
+def test_methods_take_turns_call_by_call_in_a_rotating_order():
+    calls = []
+
+    class Recording:
+        def __init__(self, name):
+            self.name = name
+
+        def generate(self, requests):
+            calls.append((self.name, [r.request_id for r in requests]))
+            return [f"{self.name}:{r.request_id}" for r in requests]
+
+    from pipeline.comparison import run_methods
+    from pipeline.engines.base import Request
+
+    requests = [Request(str(i), [1], 4) for i in range(5)]
+    out = run_methods({"a": Recording("a"), "b": Recording("b"), "c": Recording("c")}, ["a", "b", "c"], requests, 2, first=1)
+    assert [name for name, _ in calls] == ["b", "c", "a", "c", "a", "b", "a", "b", "c"]
+    assert [ids for _, ids in calls[::3]] == [["0", "1"], ["2", "3"], ["4"]]
+    assert out["a"][1] == [f"a:{i}" for i in range(5)] and all(seconds >= 0 for seconds, _ in out.values())

@@ -120,3 +120,5 @@ def test_placement_and_series_settings_are_checked_naming_the_field():
         load_config(overrides=["decoder.suffix_min_probability=0"])
     with pytest.raises(ConfigError, match=r"decoder.suffix_max_match: must be an integer >= decoder.ngram_max_q \(3\)"):
         load_config(overrides=["decoder.suffix_max_match=2"])
+    with pytest.raises(ConfigError, match=r"decoder.suffix_min_match: must be an integer from 1 to decoder.ngram_max_q \(3\)"):
+        load_config(overrides=["decoder.suffix_min_match=4"])

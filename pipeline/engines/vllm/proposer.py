@@ -14,22 +14,23 @@ proposed, which the engine reads back after generation for the per-request stati
 With `w: auto` the draft length is chosen per request and per step: a step's cost is learned
 online from the engine's own steps (StepCosts), and the batch's draft tokens go, one at a time,
 to the request whose next token is most likely accepted, while that raises the batch's expected
-tokens per second. How likely: the first token as often as the request's drafts of that strategy
-have been right, each later one as often as the strategy's verified drafts held at that depth
-(all requests of the actor), never more than the drafter's own confidence where it gives one (the
-suffix drafter's path probabilities). A token fed costs at least `prior_slope` of a step, so a
+tokens per second. How likely: where the drafter gives its own confidence (the suffix drafter's
+acceptance model, calibrated online on what requests emit), that; otherwise the first token as
+often as the request's drafts of that strategy have been right, each later one as often as the
+strategy's verified drafts held at that depth (all requests of the actor). A token fed costs at least `prior_slope` of a step, so a
 noisy cost fit never makes drafts free. A request whose drafts fail stops drafting.
 """
 from __future__ import annotations
 
+import heapq
 import time
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from drafters.base import PADDING, DraftContext, Drafter, Drafts
-from pipeline.adaptive import AcceptanceEstimate, AdaptiveController, RowKind, common_prefix, judge_proposals
+from drafters.base import PADDING, DraftContext, Drafter, Drafts, common_prefix
+from pipeline.adaptive import AcceptanceEstimate, AdaptiveController, RowKind, judge_proposals
 
 
 @dataclass(frozen=True)
@@ -64,15 +65,13 @@ class Tracked:
 
     def gains(self, strategy: str, length: int, confidence: tuple[float, ...] | None,
               depths: dict[str, "DepthAcceptance"]) -> list[float]:
-        """Probabilities that the candidate's first 1, 2, ... tokens are all accepted: the first
-        from this request's acceptance of the strategy, the later ones from how deep the
-        strategy's verified drafts held (all requests); capped by the drafter's own confidence
-        where it gives one."""
-        first = self.controller.alpha((strategy, 0))
-        measured = depths.get(strategy, DepthAcceptance()).gains(first, length)
+        """Probabilities that the candidate's first 1, 2, ... tokens are all accepted: the
+        drafter's own where it gives them; else the first from this request's acceptance of the
+        strategy, the later ones from how deep the strategy's verified drafts held (all requests)."""
         if confidence:
-            return [min(c, m) for c, m in zip(confidence[:length], measured)]
-        return measured
+            return list(confidence[:length])
+        first = self.controller.alpha((strategy, 0))
+        return depths.get(strategy, DepthAcceptance()).gains(first, length)
 
 
 class DepthAcceptance:
@@ -140,13 +139,15 @@ def allocate(gains: list[list[float]], costs: tuple[float, float]) -> list[int]:
     a, b = costs
     taken = [0] * len(gains)
     expected, cost = float(len(gains)), a + b * len(gains)
-    while True:
-        nexts = [row[j] if j < len(row) else -1.0 for row, j in zip(gains, taken)]
-        best = int(np.argmax(nexts)) if nexts else 0
-        if not nexts or nexts[best] <= b * expected / cost:
-            return taken
-        taken[best] += 1
-        expected, cost = expected + nexts[best], cost + b
+    heap = [(-row[0], r) for r, row in enumerate(gains) if row]  # each request's next gain, largest first
+    heapq.heapify(heap)
+    while heap and -heap[0][0] > b * expected / cost:
+        gain, r = heapq.heappop(heap)
+        taken[r] += 1
+        expected, cost = expected - gain, cost + b
+        if taken[r] < len(gains[r]):
+            heapq.heappush(heap, (-gains[r][taken[r]], r))
+    return taken
 
 
 class NgrammysProposer:
@@ -163,7 +164,7 @@ class NgrammysProposer:
         self.pool: dict[RowKind, AcceptanceEstimate] = {}  # finished requests' evidence: new requests' prior
         self.depths: dict[str, DepthAcceptance] = {}  # per strategy, how deep verified drafts held
         self.costs = StepCosts()
-        self.last_step: tuple[float, int, bool] | None = None  # (when it ended, tokens fed, measurable)
+        self.last_step: tuple[float, int] | None = None  # (when the last proposal ended, tokens it had fed)
 
     def configure(self, runner, drafter: Drafter | None, w: int, max_q: int, adaptive: bool) -> None:
         """Drafts of at most w tokens (w <= vLLM's num_speculative_tokens) from `drafter`."""
@@ -181,20 +182,20 @@ class NgrammysProposer:
         # sampled_token_ids: [B] the tokens each running request emitted this step (empty: still in
         # prefill); num_tokens_no_spec: [>=B] its tokens so far; token_ids_cpu: [>=B, max_model_len]
         started = time.perf_counter()
-        self.observe_step(started)
-        fresh = False  # whether a prefill ran in this step (then its time is not a decoding step's)
         if self.drafter is None:
             return [[] for _ in sampled_token_ids]
         request_ids = self.runner.input_batch.req_ids
+        fresh = False  # whether the step that just ran did prefill work (then its time is not a decoding step's)
         rows, candidates = [], []
         for row, sampled in enumerate(sampled_token_ids):
             if not sampled:
-                fresh = True  # a prefill chunk ran in this step: its time says nothing of drafts
+                fresh = True  # a prefill chunk ran in this step
                 continue
             tracked, new = self.track(request_ids[row], token_ids_cpu[row], int(num_tokens_no_spec[row]), len(sampled))
-            fresh |= new
+            fresh |= new  # its prefill ran in this step; so does every request of a new LLM.generate call
             rows.append(row)
             candidates.append((tracked, self.candidate(tracked)))
+        self.observe_step(started, measurable=not fresh)
         lengths = self.choose_lengths(candidates)
         drafts = [[] for _ in sampled_token_ids]
         for row, (tracked, (strategy, tokens, confidence)), length in zip(rows, candidates, lengths):
@@ -205,14 +206,15 @@ class NgrammysProposer:
         elapsed = time.perf_counter() - started
         for tracked, _ in candidates:
             tracked.draft_seconds += elapsed / len(candidates)
-        fed = len(sampled_token_ids) + sum(map(len, drafts))
-        self.last_step = (time.perf_counter(), fed, not fresh)
+        self.last_step = (time.perf_counter(), len(sampled_token_ids) + sum(map(len, drafts)))
         return drafts
 
-    def observe_step(self, now: float) -> None:
-        """Feeds the step that just ran to the cost model (if nothing but decoding ran in it)."""
-        if self.last_step is not None and self.last_step[2]:
-            ended, fed, _ = self.last_step
+    def observe_step(self, now: float, measurable: bool) -> None:
+        """Feeds the step that ran since the last proposal to the cost model, if it was a pure
+        decoding step: no prefill in it, and no time between LLM.generate calls (whose first step
+        always prefills its new requests), which would count the caller's own pauses as a step."""
+        if self.last_step is not None and measurable:
+            ended, fed = self.last_step
             self.costs.observe(fed, now - ended)
 
     def track(self, request_id: str, tokens: np.ndarray, length: int, emitted: int) -> tuple[Tracked, bool]:
@@ -243,9 +245,9 @@ class NgrammysProposer:
         if drafts.strategies[0] == PADDING:
             return PADDING, (), None
         length = w if drafts.lengths is None else drafts.lengths[0]  # a drafter may guess fewer than w
-        if self.adaptive:  # judged against what the request emits, whatever length is verified
-            tracked.pending.append((len(tracked.context), Drafts(drafts.tokens[:1, :length], drafts.strategies[:1])))
         confidence = None if drafts.confidence is None else drafts.confidence[0]
+        if self.adaptive and not confidence:  # judged against what the request emits, whatever length is verified
+            tracked.pending.append((len(tracked.context), Drafts(drafts.tokens[:1, :length], drafts.strategies[:1])))
         return drafts.strategies[0], tuple(drafts.tokens[0, :length].tolist()), confidence
 
     def choose_lengths(self, candidates: list[tuple[Tracked, tuple[str, tuple[int, ...], tuple[float, ...] | None]]]) -> list[int]:
@@ -255,20 +257,21 @@ class NgrammysProposer:
                  for tracked, (strategy, tokens, confidence) in candidates]
         return allocate(gains, self.costs.line())
 
-    def take(self, request_ids: list[str]) -> dict[str, Tracked]:
+    def take(self, outputs: dict[str, list[int]]) -> dict[str, Tracked]:
         """Hands over (and forgets) what it tracked of these finished requests, by the ids
-        LLM.generate returned. Requests it never saw (no drafter, or finished in their prefill) are left out.
-        A drafter that drafts from finished outputs (`learn`) is given each one's generated tokens here,
-        where the proposer lets go of them."""
+        LLM.generate returned, with their generated tokens. Requests it never saw (no drafter, or
+        finished in their prefill) are left out. A drafter that drafts from finished outputs
+        (`learn`) is given each one's generated tokens here, all of them (its context lacks the
+        last step's)."""
         internal = {external_request_id(key): key for key in self.tracked}
+        learn = getattr(self.drafter, "learn", None)  # a drafter that drafts from finished outputs
         taken = {}
-        for request_id in request_ids:
+        for request_id, token_ids in outputs.items():
             tracked = self.tracked.pop(internal.get(request_id, ""), None)
             if tracked is not None:
                 taken[request_id] = tracked
-                learn = getattr(self.drafter, "learn", None)  # a drafter that drafts from finished outputs
                 if learn is not None:
-                    learn(tracked.context.tokens[tracked.prompt_length:])
+                    learn(token_ids)
         return taken
 
 
@@ -284,5 +287,5 @@ def attach_drafter(worker, drafter: Drafter | None, w: int, max_q: int, adaptive
     runner.drafter.configure(runner, drafter, w, max_q, adaptive)
 
 
-def take_tracked(worker, request_ids: list[str]) -> dict[str, Tracked]:
-    return worker.model_runner.drafter.take(request_ids)
+def take_tracked(worker, outputs: dict[str, list[int]]) -> dict[str, Tracked]:
+    return worker.model_runner.drafter.take(outputs)

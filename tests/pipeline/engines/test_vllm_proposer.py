@@ -1,6 +1,7 @@
 """The vLLM proposer's pure parts, without vLLM: the step-cost fit, the draft-length choice and
 the per-request statistics taken from vLLM's metrics and the proposer's drafts."""
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import pytest
 
@@ -62,10 +63,12 @@ def test_drafts_that_fail_after_their_first_token_are_cut_to_it():
         tracked.context.append([7, 5])
         tracked.settle(depths)
     assert depths["suffix_context"].reached[1] == 20 and depths["suffix_context"].passed[1] == 0
-    gains = tracked.gains("suffix_context", 3, (1.0, 1.0, 1.0), depths)
+    gains = tracked.gains("suffix_context", 3, None, depths)
     assert gains[1] < 0.05 * gains[0] and gains[2] <= gains[1]
     assert allocate([gains], (0.05, 0.002)) == [1]
-    assert tracked.gains("suffix_context", 3, (0.3, 0.2, 0.1), depths)[0] == 0.3  # the drafter's cap
+    # A drafter that gives its own (calibrated) confidence is taken at its word, depth evidence or not.
+    assert tracked.gains("suffix_context", 3, (0.9, 0.8, 0.7), depths) == [0.9, 0.8, 0.7]
+    assert tracked.gains("suffix_context", 2, (0.9, 0.8, 0.7), depths) == [0.9, 0.8]
 
 
 @dataclass
@@ -103,3 +106,44 @@ def test_plain_vllm_statistics_follow_from_the_tokens():
 
 def test_external_request_ids():
     assert external_request_id("17-0a1b2c3d") == "17" and external_request_id("a-b-c-0a1b2c3d") == "a-b-c"
+
+
+class FakeRunner:
+    """What the proposer reads of vLLM's model runner: the running requests' ids and limits."""
+
+    def __init__(self):
+        self.input_batch = SimpleNamespace(req_ids=[])
+        self.requests = {}
+
+    def run(self, request_id: str, max_tokens: int = 100) -> None:
+        self.input_batch.req_ids = [request_id]
+        self.requests = {request_id: SimpleNamespace(sampling_params=SimpleNamespace(max_tokens=max_tokens))}
+
+
+def test_step_costs_see_decoding_steps_only_not_prefills_or_pauses_between_generate_calls():
+    import time
+
+    import numpy as np
+
+    from drafters.context_ngram import ContextNgramDrafter
+    from pipeline.engines.vllm.proposer import NgrammysProposer
+
+    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
+                             model_config=SimpleNamespace(max_model_len=64))
+    proposer, runner = NgrammysProposer(config), FakeRunner()
+    proposer.configure(runner, ContextNgramDrafter(2), 4, 2, adaptive=True)
+    proposer.costs = StepCosts(memory=1.0)
+    tokens = np.arange(64)[None, :] % 7  # [1, max_model_len]
+
+    def step(request_id, length, emitted):
+        runner.run(request_id)
+        proposer.propose([list(tokens[0, length - emitted:length])], np.array([length]), tokens)
+
+    step("a-00000000", 10, 1)  # its prefill ran in the step before: nothing measured
+    step("a-00000000", 12, 2)  # a decoding step: measured
+    assert proposer.costs.sums[0] == 1
+    time.sleep(0.3)  # LLM.generate returned; the caller paused before its next call
+    step("b-00000000", 10, 1)  # a new request's prefill: neither it nor the pause is a step
+    step("b-00000000", 11, 1)
+    weight, _, seconds, _, _ = proposer.costs.sums
+    assert weight == 2 and seconds < 0.3
