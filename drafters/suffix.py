@@ -132,15 +132,15 @@ def longest_matches(haystack: list[int], ends: list[int], context: list[int], q:
     return best, kept
 
 
-def majority_path(rows: list[tuple[int, ...]], w: int) -> tuple[list[int], list[float], list[int]]:
-    """The path of at most w tokens that follows, at each depth, the most frequent next token of
-    the continuations that share the path so far (ties: the smallest token id), with each token's
+def majority_path(members: Counter, w: int) -> tuple[list[int], list[float], list[int]]:
+    """members: each distinct continuation (a token tuple) with how many occurrences have it. The
+    path of at most w tokens that follows, at each depth, the most frequent next token of the
+    continuations that share the path so far (ties: the smallest token id), with each token's
     share of those continuations and how many have it. The first token's share counts one unseen
     continuation too (the rule of succession: one occurrence vouches for 1/2, not 1)."""
     path: list[int] = []
     shares: list[float] = []
     counts: list[int] = []
-    members = Counter(rows)  # each distinct continuation, with how many occurrences have it
     if len(members) == 1:  # one continuation (the common case): it is the path
         (row, count), = members.items()
         path = list(row[:w])
@@ -202,34 +202,35 @@ class SuffixDrafter:
         """A finished request's generated tokens: later requests may draft from them."""
         self.outputs.add([int(t) for t in tokens])
 
-    def source_match(self, context: DraftContext, source: str, w: int) -> tuple[int, list[tuple[int, ...]]]:
-        """(match length, the w-token continuations of the occurrences that match that long) of
-        one source; (0, []) when it has none."""
+    def source_match(self, context: DraftContext, source: str, w: int) -> tuple[int, Counter]:
+        """(match length, the distinct w-token continuations of the occurrences that match that
+        long, each with how many occurrences have it) of one source; (0, empty) when it has none."""
         tokens = context.tokens
         if source == "store":
             if self.store is None:
-                return 0, []
+                return 0, Counter()
             match, lo, hi = self.store.match(tokens, self.max_match, self.min_q)
             if not match:
-                return 0, []
-            rows = self.store.continuations(lo, hi, match, w, self.max_occurrences).tolist()  # [n, w], SEPARATOR-cut
-            return match, [tuple(t for t in row if t != SEPARATOR) for row in rows if row[0] != SEPARATOR]
+                return 0, Counter()
+            rows = self.store.continuations(lo, hi, match, w, self.max_occurrences)  # [n, w], SEPARATOR-cut and -padded
+            lengths = (rows != SEPARATOR).sum(axis=1).tolist()  # [n] each row's tokens before the cut
+            return match, Counter(tuple(row[:n]) for row, n in zip(rows.tolist(), lengths) if n)
         for q in range(min(self.max_q, len(tokens)), self.min_q - 1, -1):
             if source == "outputs":
                 match, rows = self.outputs.matches(tokens, q, w, self.max_match, self.max_occurrences)
                 if rows:
-                    return match, rows
+                    return match, Counter(rows)
             elif q <= context.max_q and (ends := context.occurrences(q)[-self.max_occurrences:]):
                 match, ends = longest_matches(tokens, ends, tokens, q, self.max_match)
-                return match, [tuple(continuation(tokens, p, w)) for p in ends]
-        return 0, []
+                return match, Counter(tuple(continuation(tokens, p, w)) for p in ends)
+        return 0, Counter()
 
     def candidates(self, context: DraftContext, w: int) -> list[Candidate]:
         """Each matching source's majority path, with its tokens' features."""
         paths = []
         for source in SOURCES:
-            match, rows = self.source_match(context, source, w)
-            path, shares, counts = majority_path(rows, w)
+            match, members = self.source_match(context, source, w)
+            path, shares, counts = majority_path(members, w)
             if path:
                 paths.append((path, (source, match, shares, counts)))
         if not paths:

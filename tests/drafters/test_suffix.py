@@ -1,5 +1,7 @@
 """The suffix drafter: drafts from the request's context, this process's finished outputs and a
-store of earlier runs' outputs, ranked by frequency; bounded memory; decoding stays greedy."""
+store of earlier runs' outputs, ranked by the acceptance model; bounded memory; decoding stays greedy."""
+from collections import Counter
+
 import numpy as np
 import pytest
 import torch
@@ -34,12 +36,12 @@ def test_each_source_is_named_on_the_rows_it_drafts(tmp_path):
 
 
 def test_the_majority_path_follows_the_most_frequent_continuation_with_its_shares():
-    rows = [(3, 4, 5)] * 3 + [(9, 9, 9), (3, 7)]
+    rows = Counter([(3, 4, 5)] * 3 + [(9, 9, 9), (3, 7)])
     path, shares, counts = majority_path(rows, 3)
     # 3 of 5 continuations start with 3 (one unseen counted: 4 / 6); of those 4, three go on with 4; then all.
     assert path == [3, 4, 5] and shares == pytest.approx([4 / 6, 3 / 4, 1.0]) and counts == [4, 3, 3]
-    assert majority_path([(8, 1), (6, 1)], 2)[0] == [6, 1]  # a tie: the smaller token id
-    assert majority_path([], 3) == ([], [], [])
+    assert majority_path(Counter([(8, 1), (6, 1)]), 2)[0] == [6, 1]  # a tie: the smaller token id
+    assert majority_path(Counter(), 3) == ([], [], [])
 
 
 def test_rows_are_cut_where_the_model_gives_them_too_little_chance():
@@ -147,16 +149,16 @@ def test_a_step_reads_a_bounded_number_of_continuations_however_much_is_stored(t
     rng = np.random.default_rng(0)
     documents = [rng.integers(0, 30, 200).tolist() for _ in range(500)]  # a 30-token vocabulary: every 2-gram is common
     store = build_datastore(documents, tmp_path / "store", {})
-    drafter = SuffixDrafter(3, 2, 0, store=store, max_occurrences=32)
+    drafter = SuffixDrafter(3, 2, 0, store=store)  # the default: at most 256 occurrences per source
     for document in documents:
         drafter.learn(document)
     context = DraftContext(rng.integers(0, 30, 400).tolist(), 3)
     drafting, from_store = 0.0, 0
     for _ in range(200):
         for source in SOURCES:
-            _, rows = drafter.source_match(context, source, 8)
-            assert len(rows) <= 32, (source, len(rows))
-            from_store += source == "store" and bool(rows)
+            _, members = drafter.source_match(context, source, 8)
+            assert sum(members.values()) <= drafter.max_occurrences, (source, members)
+            from_store += source == "store" and bool(members)
         started = time.perf_counter()
         drafter.propose(context, 1, 8)
         drafting += time.perf_counter() - started
