@@ -31,12 +31,12 @@ demo: install
 	$(PYTHON) -m jobs.generate --config configs/default.yaml --set input.limit=20
 
 test: install
-	$(PYTHON) -m pytest -q -m "not scale and not slow" tests
+	$(PYTHON) -m pytest -q -m "not scale and not slow" --durations=10 tests
 
 # Tests that start clusters, Ray heads, vLLM in an actor or several job runs (about 14 minutes
 # more); CI runs them after make test.
 test-slow: install
-	$(PYTHON) -m pytest -q -m slow tests
+	$(PYTHON) -m pytest -q -m slow --durations=10 tests
 
 # Tests at corpus scale (the driver's memory at 2,000 and 20,000 rows): minutes more than `make test`.
 test-scale: install
