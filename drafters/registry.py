@@ -35,14 +35,20 @@ class DrafterTables:
     chained: np.ndarray | None = None  # [V, k, w] the bigram's j-th token, then its top-1 chained
     extended: np.ndarray | None = None  # [V, k, w] the bigram's j-th token, then the model's greedy continuation
     build_seconds: dict[str, float] = field(default_factory=dict)
+    # decoder.datastore's arrays where the Ray job shares them through the object store (every actor
+    # of a node maps the one copy); None: the drafter maps the files itself.
+    datastore: Datastore | None = None
 
     def as_plain_arrays(self) -> "DrafterTables":
         """The same tables with memory-mapped arrays as plain ndarrays: Ray copies an np.memmap into
         every reader, but maps a plain array zero-copy (read-only) from the object store."""
         def plain(array):
             return None if array is None else np.ascontiguousarray(array)
+        store = self.datastore
+        if store is not None:
+            store = Datastore(plain(store.tokens), plain(store.suffix_array), store.meta)
         return replace(self, unigram=plain(self.unigram), bigram=plain(self.bigram), chained=plain(self.chained),
-                       extended=plain(self.extended))
+                       extended=plain(self.extended), datastore=store)
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,7 @@ class DrafterEntry:
     make: Callable[[DrafterParts], Drafter] | None = None  # None: nothing of ours drafts
     engines: tuple[str, ...] = ("vllm", "transformers")  # where it runs
     vllm_method: str = ""  # vLLM's own speculative_config method, for a method vLLM runs itself
+    datastore: bool = False  # whether it drafts from decoder.datastore
 
 
 def _context_ngram(parts: DrafterParts) -> Drafter:
@@ -70,8 +77,11 @@ def _context_ngram(parts: DrafterParts) -> Drafter:
 
 
 def _datastore(parts: DrafterParts) -> Datastore:
-    # Memory-mapped: every actor (and every process on a node) shares the page cache.
-    datastore = Datastore.open(parts.config.datastore)
+    # The job's copy in the object store where it gives one; else the files, memory-mapped (every
+    # process on a node shares the page cache).
+    datastore = parts.tables.datastore
+    if datastore is None:
+        datastore = Datastore.open(parts.config.datastore)
     if parts.vocab_size is not None:
         check_vocabulary(datastore, parts.vocab_size)
     return datastore
@@ -109,10 +119,10 @@ DRAFTERS: dict[str, DrafterEntry] = {
     "extended_bigram": DrafterEntry(("extended",), lambda parts: BigramDrafter(parts.tables.extended, "extended_bigram")),
     "mixed": DrafterEntry(("chained",), _mixed),
     "draft_model": DrafterEntry((), _draft_model, engines=("transformers",)),
-    "rest": DrafterEntry((), _retrieval),
+    "rest": DrafterEntry((), _retrieval, datastore=True),
     # The request's context, this actor's finished outputs and (decoder.datastore) earlier runs'
     # outputs, by frequency; the model bigram where none matches (drafters/suffix.py).
-    "suffix": DrafterEntry(("chained",), _suffix),
+    "suffix": DrafterEntry(("chained",), _suffix, datastore=True),
     # vLLM's own learning-free methods, run by vLLM itself: n-gram prompt lookup and suffix
     # decoding (arctic-inference).
     "vllm_ngram": DrafterEntry(engines=("vllm",), vllm_method="ngram"),
@@ -125,6 +135,11 @@ VLLM_METHODS = {name: entry.vllm_method for name, entry in DRAFTERS.items() if e
 def needs_model_tables(config: "DecoderConfig") -> bool:
     """Whether `config.drafter` drafts from tables built with the model's weights."""
     return bool(DRAFTERS[config.drafter].tables) and config.w > 0
+
+
+def needs_datastore(config: "DecoderConfig") -> bool:
+    """Whether `config.drafter` drafts from the datastore `config.datastore` names."""
+    return DRAFTERS[config.drafter].datastore and bool(config.datastore) and config.w > 0
 
 
 def build_tables(model, tokenizer, fingerprint: str, config: "DecoderConfig", cache_dir: Path) -> DrafterTables:

@@ -5,8 +5,9 @@ Three sources know continuations of the context's current suffix:
 - `context`: the request's own tokens (DraftContext's n-gram index, grown as tokens are emitted);
 - `outputs`: the outputs this drafter's process has finished (OutputStore: an n-gram index over
   a bounded buffer of their tokens, shared by every request of the actor);
-- `store`: a token datastore built from earlier runs' outputs (drafters/datastore.py; memory-
-  mapped, so every actor of a node maps one read-only copy).
+- `store`: a token datastore built from earlier runs' outputs (drafters/datastore.py); in a Ray
+  job it reaches the actors through the object store with the drafter tables, so every actor of a
+  node maps one read-only copy (elsewhere the files are memory-mapped).
 
 Each source drafts on its own: its longest match of the context's suffix (the last max_q tokens
 down to min_q find the occurrences, each is extended backwards up to max_match tokens, and only

@@ -3,7 +3,8 @@
 Nothing funnels through the driver:
 - the model is prepared where it runs: a Ray task with the actors' resources converts a GGUF file
   if need be, checks that the engine can run the model, and builds the drafter tables, which stay
-  in the object store of its node (every actor maps one read-only copy per node);
+  in the object store of its node with the datastore a drafter reads (every actor maps one
+  read-only copy per node);
 - the workers write the outputs with Ray Data's Parquet writer, one file per block, under
   <output>/run=<run_id>/ (local paths and s3://, gs://, abfs:// URIs through pyarrow.fs);
 - resuming is Ray Data's checkpointing: the ids of the rows written are recorded under
@@ -29,7 +30,7 @@ from ray.data.checkpoint import CheckpointConfig
 from ray.data.checkpoint.checkpoint_filter import IdColumnCheckpointManager, NumpyArrayBasedCheckpointFilter
 
 from drafters.datastore import Datastore
-from drafters.registry import build_tables, needs_model_tables
+from drafters.registry import DrafterTables, build_tables, needs_datastore, needs_model_tables
 from pipeline import storage
 from pipeline.config import Config, InputConfig
 from pipeline.engines.build import ModelRefused, check_engine_can_run
@@ -117,21 +118,26 @@ def prepare_model(config: Config):
     started = time.perf_counter()
     model_dir = resolve_model_dir(config.model)[0]
     check_engine_can_run(config, model_dir)
+    datastore = None
     if config.decoder.datastore:  # one built with another tokenizer would draft noise in every actor
         from transformers import AutoTokenizer
 
         from drafters.retrieval import check_vocabulary
 
+        datastore = Datastore.open(config.decoder.datastore)
         try:
-            check_vocabulary(Datastore.open(config.decoder.datastore), len(AutoTokenizer.from_pretrained(model_dir)))
+            check_vocabulary(datastore, len(AutoTokenizer.from_pretrained(model_dir)))
         except ValueError as error:
             raise ModelRefused(str(error)) from error
     tables = None
     if needs_model_tables(config.decoder):
         loaded = load_model(config.model)
         tables = build_tables(loaded.model, loaded.tokenizer, loaded.fingerprint, config.decoder,
-                              cache_root(config.model)).as_plain_arrays()
-    return {"node": ray.get_runtime_context().get_node_id(), "seconds": round(time.perf_counter() - started, 2)}, tables
+                              cache_root(config.model))
+    if needs_datastore(config.decoder):  # shared like the tables: one copy per node, not one per actor
+        tables = dataclasses.replace(tables or DrafterTables(), datastore=datastore)
+    report = {"node": ray.get_runtime_context().get_node_id(), "seconds": round(time.perf_counter() - started, 2)}
+    return report, None if tables is None else tables.as_plain_arrays()
 
 
 def actor_resources(config: Config) -> dict:
@@ -175,7 +181,8 @@ def actor_environment(config: Config) -> dict:
 
 def with_checked_datastore(config: Config) -> Config:
     """Opens the datastore once on the driver (a missing one fails now, not in every actor) and
-    gives the actors its absolute path: they map the same files, none builds or copies its own."""
+    gives the job its absolute path; the task that prepares the model puts its arrays in the object
+    store beside the tables, and the actors map that copy (none builds or reads its own)."""
     if not config.decoder.datastore:
         return config
     directory = Path(config.decoder.datastore).expanduser().resolve()

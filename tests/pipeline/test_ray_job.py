@@ -168,6 +168,34 @@ def test_drafter_tables_reach_actors_as_read_only_shared_memory(local_ray, tiny_
     assert all(f["pid"] != os.getpid() for f in flags)
 
 
+@ray.remote(num_cpus=0.5)
+def datastore_in_an_actor_process(config, refs):
+    stage = GenerationStage(config, tables=refs[0])
+    store = stage.engine.decoder.drafter.store  # what the actor's suffix drafter drafts from
+    return {"tokens": store.tokens.tolist(), "writeable": store.tokens.flags.writeable or store.suffix_array.flags.writeable,
+            "pid": os.getpid()}
+
+
+def test_actors_draft_from_one_copy_of_the_datastore_in_the_object_store(local_ray, tiny_model_dir, tmp_path):
+    """The task that prepares the model puts the datastore beside the tables; the actors map that
+    one copy (read-only: zero-copy from the object store) and never open the files, which are gone
+    by the time they start."""
+    import shutil
+
+    from drafters.datastore import Datastore, build_datastore
+    from pipeline.ray_job import prepared_tables
+
+    build_datastore([[5, 6, 7, 8, 9]] * 4, tmp_path / "ds", {})
+    expected = Datastore.open(tmp_path / "ds").tokens.tolist()
+    config = job_config(tiny_model_dir, tmp_path, "decoder.drafter=suffix", "decoder.w=3",
+                        f"decoder.datastore={tmp_path / 'ds'}")
+    ref = prepared_tables(config)
+    shutil.rmtree(tmp_path / "ds")
+    seen = ray.get([datastore_in_an_actor_process.remote(config, [ref]) for _ in range(2)])
+    assert all(actor["tokens"] == expected and actor["writeable"] is False for actor in seen)
+    assert len({actor["pid"] for actor in seen} | {os.getpid()}) == 3
+
+
 def corpus(tmp_path, size: int) -> Path:
     return write_jsonl(tmp_path / f"corpus-{size}.jsonl", [{"id": i, "prompt": f"question {i}"} for i in range(size)])
 
