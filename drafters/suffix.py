@@ -272,16 +272,12 @@ class SuffixDrafter:
         found = self.candidates(context, w)
         self.waiting[context] += [(len(context), candidate) for candidate in found]
         rows = []
-        if found:
-            conditional = self.model.conditional(np.concatenate([c.features for c in found]))  # [Σ n]
-            start = 0
-            for candidate in found:
-                confidence = np.cumprod(conditional[start:start + len(candidate.tokens)])  # [n]
-                start += len(candidate.tokens)
-                length = int(np.sum(confidence >= self.min_probability))  # non-increasing: a prefix
-                if length:
-                    rows.append((float(confidence.sum()), candidate.tokens[:length], candidate.source,
-                                 tuple(confidence[:length].tolist())))
+        for candidate in found:
+            confidence = self.model.cumulative(candidate.features)  # [n]
+            length = int(np.sum(confidence >= self.min_probability))  # non-increasing: a prefix
+            if length:
+                rows.append((float(confidence.sum()), candidate.tokens[:length], candidate.source,
+                             tuple(confidence[:length].tolist())))
         rows.sort(key=lambda row: -row[0])
         rows = [row for i, row in enumerate(rows) if row[1] not in [other[1] for other in rows[:i]]][:k]
         if not rows and self.fill is not None:
