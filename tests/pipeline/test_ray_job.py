@@ -149,10 +149,26 @@ def test_too_many_errored_rows_fail_the_job(local_ray, tiny_model_dir, tmp_path)
         run_job(config, "r")
 
 
+def shared_memory_location(array) -> tuple[str, str, int] | None:
+    """(device, inode, offset in the file) of the shared file mapping that holds the array's first
+    byte in this process (Linux: /proc/self/maps), or None if no shared mapping of a file holds it.
+    Two processes reporting the same location read one copy of the bytes."""
+    address = array.__array_interface__["data"][0]
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        span, permissions, offset, device, inode = line.split()[:5]
+        low, high = (int(end, 16) for end in span.split("-"))
+        if low <= address < high:
+            shared_file = permissions.endswith("s") and inode != "0"
+            return (device, inode, address - low + int(offset, 16)) if shared_file else None
+    return None
+
+
 @ray.remote(num_cpus=0.5)
-def table_flags_in_an_actor_process(config, refs):
+def tables_in_an_actor_process(config, refs):
     stage = GenerationStage(config, tables=refs[0])  # an ObjectRef, as map_batches hands it to each actor
-    return {"bigram": stage.tables.bigram.flags.writeable, "chained": stage.tables.chained.flags.writeable,
+    tables = stage.tables
+    return {"writeable": tables.bigram.flags.writeable or tables.chained.flags.writeable,
+            "where": [shared_memory_location(tables.bigram), shared_memory_location(tables.chained)],
             "pid": os.getpid()}
 
 
@@ -162,10 +178,12 @@ def test_drafter_tables_reach_actors_as_read_only_shared_memory(local_ray, tiny_
     tables = build_tables(loaded.model, loaded.tokenizer, loaded.fingerprint, config.decoder, tmp_path / "cache")
     ref = ray.put(tables.as_plain_arrays())
     # Wrapped in a list so Ray passes the reference itself rather than resolving it first.
-    flags = ray.get([table_flags_in_an_actor_process.remote(config, [ref]) for _ in range(2)])
-    # Zero-copy reads from the object store come back read-only: every process maps the one copy.
-    assert all(f["bigram"] is False and f["chained"] is False for f in flags)
-    assert all(f["pid"] != os.getpid() for f in flags)
+    seen = ray.get([tables_in_an_actor_process.remote(config, [ref]) for _ in range(2)])
+    # Zero-copy reads from the object store come back read-only, and both processes read the
+    # tables at the same place of the object store's shared memory: one copy.
+    assert all(actor["writeable"] is False for actor in seen)
+    assert None not in seen[0]["where"] and seen[0]["where"] == seen[1]["where"]
+    assert len({actor["pid"] for actor in seen} | {os.getpid()}) == 3
 
 
 @ray.remote(num_cpus=0.5)
@@ -173,13 +191,14 @@ def datastore_in_an_actor_process(config, refs):
     stage = GenerationStage(config, tables=refs[0])
     store = stage.engine.decoder.drafter.store  # what the actor's suffix drafter drafts from
     return {"tokens": store.tokens.tolist(), "writeable": store.tokens.flags.writeable or store.suffix_array.flags.writeable,
+            "where": [shared_memory_location(store.tokens), shared_memory_location(store.suffix_array)],
             "pid": os.getpid()}
 
 
 def test_actors_draft_from_one_copy_of_the_datastore_in_the_object_store(local_ray, tiny_model_dir, tmp_path):
     """The task that prepares the model puts the datastore beside the tables; the actors map that
-    one copy (read-only: zero-copy from the object store) and never open the files, which are gone
-    by the time they start."""
+    one copy (read-only, at the same place of the object store's shared memory) and never open
+    the files, which are gone by the time they start."""
     import shutil
 
     from drafters.datastore import Datastore, build_datastore
@@ -193,6 +212,7 @@ def test_actors_draft_from_one_copy_of_the_datastore_in_the_object_store(local_r
     shutil.rmtree(tmp_path / "ds")
     seen = ray.get([datastore_in_an_actor_process.remote(config, [ref]) for _ in range(2)])
     assert all(actor["tokens"] == expected and actor["writeable"] is False for actor in seen)
+    assert None not in seen[0]["where"] and seen[0]["where"] == seen[1]["where"]
     assert len({actor["pid"] for actor in seen} | {os.getpid()}) == 3
 
 
