@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from drafters.base import DraftContext, Drafts, pad_rows
 from drafters.bigram import BigramDrafter
-from drafters.context_ngram import STRATEGY as NGRAM, ContextNgramDrafter
-from drafters.retrieval import STRATEGY as RETRIEVAL, RetrievalDrafter
+from drafters.context_ngram import STRATEGY as NGRAM
+from drafters.context_ngram import ContextNgramDrafter
+from drafters.retrieval import STRATEGY as RETRIEVAL
+from drafters.retrieval import RetrievalDrafter
 
 
 class MixedDrafter:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from pipeline.kv_cache import expanded_copy, prefill
+from pipeline.forward import expanded_copy, prefill
 from pipeline.prompts import chat_ids
 
 

@@ -1,14 +1,15 @@
-"""The drafter registry: `decoder.drafter` name -> the model tables it drafts from and its factory.
+"""The drafter registry: `decoder.drafter` name -> its factory, and the model tables it drafts from.
 
-A new drafter is one module in drafters/ and one entry in DRAFTERS. The config accepts exactly
-these names; the engines build a drafter only through `make_drafter`, and the tables a drafter
-needs only through `build_tables`.
+The names and what each needs are pipeline/drafter_kinds.py's (the config validates against them);
+a new drafter is one module in drafters/, one kind there and one factory in FACTORIES here. The
+engines build a drafter only through `make_drafter`, and the tables a drafter needs only through
+`build_tables`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
 import numpy as np
 
@@ -22,9 +23,9 @@ from drafters.mixed import MixedDrafter
 from drafters.retrieval import RetrievalDrafter, check_vocabulary
 from drafters.suffix import SuffixDrafter
 from drafters.unigram import UnigramDrafter
-
-if TYPE_CHECKING:
-    from pipeline.config import DecoderConfig, ModelConfig
+from pipeline.config import DecoderConfig, ModelConfig
+from pipeline.drafter_kinds import DRAFTER_KINDS, DRAFTER_NAMES
+from pipeline.model_loading import load_model
 
 
 @dataclass(frozen=True)
@@ -55,20 +56,11 @@ class DrafterTables:
 class DrafterParts:
     """What a factory may draw on: the settings, the tables, the target's pad token, the draft
     model (drafter "draft_model" only) and the target tokenizer's size (checked against a datastore)."""
-    config: "DecoderConfig"
+    config: DecoderConfig
     tables: DrafterTables
     pad_token: int
     draft_model: object = None
     vocab_size: int | None = None
-
-
-@dataclass(frozen=True)
-class DrafterEntry:
-    tables: tuple[str, ...] = ()  # DrafterTables fields it drafts from, built once per model
-    make: Callable[[DrafterParts], Drafter] | None = None  # None: nothing of ours drafts
-    engines: tuple[str, ...] = ("vllm", "transformers")  # where it runs
-    vllm_method: str = ""  # vLLM's own speculative_config method, for a method vLLM runs itself
-    datastore: bool = False  # whether it drafts from decoder.datastore
 
 
 def _context_ngram(parts: DrafterParts) -> Drafter:
@@ -111,40 +103,37 @@ def _draft_model(parts: DrafterParts) -> Drafter:
     return DraftModelDrafter(parts.draft_model)
 
 
-DRAFTERS: dict[str, DrafterEntry] = {
-    "none": DrafterEntry(),  # plain decoding
-    "context_ngram": DrafterEntry((), _context_ngram),
-    "unigram": DrafterEntry(("unigram",), lambda parts: UnigramDrafter(parts.tables.unigram, parts.pad_token)),
-    "bigram": DrafterEntry(("chained",), lambda parts: BigramDrafter(parts.tables.chained, "bigram")),
-    "extended_bigram": DrafterEntry(("extended",), lambda parts: BigramDrafter(parts.tables.extended, "extended_bigram")),
-    "mixed": DrafterEntry(("chained",), _mixed),
-    "draft_model": DrafterEntry((), _draft_model, engines=("transformers",)),
-    "rest": DrafterEntry((), _retrieval, datastore=True),
-    # The request's context, this actor's finished outputs and (decoder.datastore) earlier runs'
-    # outputs, by frequency; the model bigram where none matches (drafters/suffix.py).
-    "suffix": DrafterEntry(("chained",), _suffix, datastore=True),
-    # vLLM's own learning-free methods, run by vLLM itself: n-gram prompt lookup and suffix
-    # decoding (arctic-inference).
-    "vllm_ngram": DrafterEntry(engines=("vllm",), vllm_method="ngram"),
-    "vllm_suffix": DrafterEntry(engines=("vllm",), vllm_method="suffix"),
+# A factory per name of pipeline/drafter_kinds.py; None: nothing of ours drafts (plain decoding,
+# or a method vLLM runs itself).
+FACTORIES: dict[str, Callable[[DrafterParts], Drafter] | None] = {
+    "none": None,
+    "context_ngram": _context_ngram,
+    "unigram": lambda parts: UnigramDrafter(parts.tables.unigram, parts.pad_token),
+    "bigram": lambda parts: BigramDrafter(parts.tables.chained, "bigram"),
+    "extended_bigram": lambda parts: BigramDrafter(parts.tables.extended, "extended_bigram"),
+    "mixed": _mixed,
+    "draft_model": _draft_model,
+    "rest": _retrieval,
+    "suffix": _suffix,
+    "vllm_ngram": None,
+    "vllm_suffix": None,
 }
-DRAFTER_NAMES = tuple(DRAFTERS)
-VLLM_METHODS = {name: entry.vllm_method for name, entry in DRAFTERS.items() if entry.vllm_method}
+assert tuple(FACTORIES) == DRAFTER_NAMES, "drafters/registry.py FACTORIES must name every drafter kind, in order"
 
 
-def needs_model_tables(config: "DecoderConfig") -> bool:
+def needs_model_tables(config: DecoderConfig) -> bool:
     """Whether `config.drafter` drafts from tables built with the model's weights."""
-    return bool(DRAFTERS[config.drafter].tables) and config.w > 0
+    return bool(DRAFTER_KINDS[config.drafter].tables) and config.w > 0
 
 
-def needs_datastore(config: "DecoderConfig") -> bool:
+def needs_datastore(config: DecoderConfig) -> bool:
     """Whether `config.drafter` drafts from the datastore `config.datastore` names."""
-    return DRAFTERS[config.drafter].datastore and bool(config.datastore) and config.w > 0
+    return DRAFTER_KINDS[config.drafter].datastore and bool(config.datastore) and config.w > 0
 
 
-def build_tables(model, tokenizer, fingerprint: str, config: "DecoderConfig", cache_dir: Path) -> DrafterTables:
+def build_tables(model, tokenizer, fingerprint: str, config: DecoderConfig, cache_dir: Path) -> DrafterTables:
     """Builds (or loads from the disk cache) the tables `config.drafter` needs."""
-    needed = set(DRAFTERS[config.drafter].tables) if config.w > 0 else set()
+    needed = set(DRAFTER_KINDS[config.drafter].tables) if config.w > 0 else set()
     unigram = bigram = chained = extended = None
     seconds: dict[str, float] = {}
     if "unigram" in needed:
@@ -165,14 +154,12 @@ def build_tables(model, tokenizer, fingerprint: str, config: "DecoderConfig", ca
     return DrafterTables(unigram, bigram, chained, extended, seconds)
 
 
-def load_draft_model(config: "DecoderConfig", model_config: "ModelConfig", target):
+def load_draft_model(config: DecoderConfig, model_config: ModelConfig, target):
     """The draft model of drafter "draft_model": a self-draft of `target` (a LoadedModel), or a
     model directory whose tokenizer must be the target's (speculative sampling compares the two
     models' probabilities token by token)."""
     if config.draft_model == "self":
         return self_draft_model(target.model, config.draft_layers)
-    from pipeline.model_loading import load_model
-
     draft = load_model(replace(model_config, name=config.draft_model))
     if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
         raise ValueError(f"decoder.draft_model: {config.draft_model!r} has a different tokenizer from the target "
@@ -180,12 +167,12 @@ def load_draft_model(config: "DecoderConfig", model_config: "ModelConfig", targe
     return draft.model
 
 
-def make_drafter(config: "DecoderConfig", tables: DrafterTables | None, pad_token: int,
+def make_drafter(config: DecoderConfig, tables: DrafterTables | None, pad_token: int,
                  draft_model=None, vocab_size: int | None = None) -> Drafter | None:
     """The drafter named by `config.drafter`; None for plain decoding (or a method vLLM runs itself)."""
-    entry = DRAFTERS.get(config.drafter)
-    if entry is None:
+    if config.drafter not in FACTORIES:
         raise ValueError(f"decoder.drafter: unknown {config.drafter!r}; choose one of {', '.join(DRAFTER_NAMES)}")
-    if entry.make is None or config.w == 0:
+    make = FACTORIES[config.drafter]
+    if make is None or config.w == 0:
         return None
-    return entry.make(DrafterParts(config, tables or DrafterTables(), pad_token, draft_model, vocab_size))
+    return make(DrafterParts(config, tables or DrafterTables(), pad_token, draft_model, vocab_size))

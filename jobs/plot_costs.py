@@ -13,10 +13,16 @@ from pathlib import Path
 
 import numpy as np
 
+from jobs.plots import save_heatmap
 from pipeline.config import ModelConfig
-from pipeline.cost_model import GRID_CONTEXT, CostModel, cached_cost_model, measure
+from pipeline.engines.transformers import (
+    GRID_CONTEXT,
+    CostModel,
+    cached_cost_model,
+    measure,
+    use_gqa_attention,
+)
 from pipeline.model_loading import cache_root, load_model
-from pipeline.plots import save_heatmap
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -37,6 +43,7 @@ def heatmap(costs: CostModel, index: int, path: Path) -> None:
 def main(argv=None) -> list[Path]:
     args = parse_args(argv)
     loaded = load_model(ModelConfig(name=args.model))
+    use_gqa_attention(loaded.model)  # the calls the transformers engine makes
     if args.context_lengths == GRID_CONTEXT:
         costs = cached_cost_model(loaded.model, loaded.fingerprint, cache_root(ModelConfig(name=args.model)))
     else:

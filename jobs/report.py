@@ -18,12 +18,11 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-import pyarrow.fs as pafs
-
+from jobs.plots import AcceptanceCounts, pyplot, save_acceptance_plots
 from pipeline import storage
-from pipeline.plots import AcceptanceCounts, pyplot, save_acceptance_plots
 
 COLUMNS = ("id", "error", "drafter", "k", "w", "auto_k", "auto_w", "verify", "num_generated_tokens",
            "num_target_calls", "num_verified_tokens", "tokens_per_call", "alpha", "total_seconds",

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 import yaml
 
-
+from pipeline.drafter_kinds import DRAFTER_KINDS
 
 # The largest k and w a `k: auto` / `w: auto` decoder may choose. On the vLLM engine (one row per
 # request, where a draft costs only its tokens) `w: auto` goes up to AUTO_MAX_VLLM_W: long drafts
@@ -82,7 +82,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class DecoderConfig:
     # Which drafter proposes drafts; "none" is plain greedy decoding.
-    # The names are drafters/registry.py's (vllm_ngram, vllm_suffix: vLLM's own methods).
+    # The names are pipeline/drafter_kinds.py's (vllm_ngram, vllm_suffix: vLLM's own methods).
     drafter: str = "context_ngram"
     # Number of draft rows verified per target call (engine vllm: 1).
     k: int = 1
@@ -153,11 +153,9 @@ class DecoderConfig:
     lenience: float = 1.0
 
     def __post_init__(self):
-        from drafters.registry import DRAFTERS  # here, not at the top: the registry imports this module
-
-        if self.drafter not in DRAFTERS:
+        if self.drafter not in DRAFTER_KINDS:
             raise ConfigError(f"decoder.drafter: {self.drafter!r} is not allowed; choose one of "
-                              f"{', '.join(map(repr, DRAFTERS))}")
+                              f"{', '.join(map(repr, DRAFTER_KINDS))}")
         _require(self.k >= 1, "decoder.k", "an integer >= 1")
         _require(self.w >= 0, "decoder.w", "an integer >= 0")
         _require(self.ngram_max_q >= 1, "decoder.ngram_max_q", "an integer >= 1")
@@ -202,7 +200,7 @@ class DecoderConfig:
             _require(self.verify == "batch", "decoder.verify",
                      "'batch' with drafter 'draft_model' (speculative sampling verifies its one row with the "
                      "draft's probabilities; there is no tree to merge)")
-        if DRAFTERS[self.drafter].tables:  # model tables keep bigram_top_k tokens per entry
+        if DRAFTER_KINDS[self.drafter].tables:  # model tables keep bigram_top_k tokens per entry
             _require(self.k <= self.bigram_top_k, "decoder.k",
                      f"at most decoder.bigram_top_k ({self.bigram_top_k}) with drafter {self.drafter!r}")
 
@@ -295,14 +293,12 @@ class Config:
         _require(self.ray.batch_size >= self.decoder.max_batch_requests, "ray.batch_size",
                  f"at least decoder.max_batch_requests ({self.decoder.max_batch_requests}), so every "
                  "request row of the decoder has a prompt to take (a multiple of it keeps rows refilled)")
-        from drafters.registry import DRAFTERS
-
         if self.engine.name == "vllm":
             check_vllm_decoder(self.decoder)
             _require(self.ray.num_gpus_per_actor <= 1, "ray.num_gpus_per_actor",
                      "at most 1 with engine.name vllm (one engine per actor, without tensor parallelism)")
         else:
-            _require("transformers" in DRAFTERS[self.decoder.drafter].engines, "decoder.drafter",
+            _require("transformers" in DRAFTER_KINDS[self.decoder.drafter].engines, "decoder.drafter",
                      f"one of ours with engine.name transformers; {self.decoder.drafter!r} is vLLM's own (engine.name: vllm)")
 
 
@@ -312,9 +308,7 @@ def check_vllm_decoder(decoder: DecoderConfig) -> None:
     if decoder.drafter == "vllm_suffix":
         _require(importlib.util.find_spec("arctic_inference") is not None, "decoder.drafter",
                  "'vllm_suffix' only where arctic-inference is installed (make install-suffix)")
-    from drafters.registry import DRAFTERS
-
-    _require("vllm" in DRAFTERS[decoder.drafter].engines, "decoder.drafter",
+    _require("vllm" in DRAFTER_KINDS[decoder.drafter].engines, "decoder.drafter",
              f"a point drafter with engine.name vllm; 'draft_model' (speculative sampling) needs {transformers_only}")
     _require(decoder.k == 1 and not decoder.auto_k, "decoder.k",
              f"1 with engine.name vllm (it verifies one draft row per request); k > 1 or auto needs {transformers_only}")

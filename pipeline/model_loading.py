@@ -14,9 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 
-from pipeline.attention import use_gqa_attention
 from pipeline.config import ModelConfig
 
 EMBEDDED_DEFAULT = "smollm2-135m-instruct"
@@ -130,8 +134,16 @@ def load_model(config: ModelConfig) -> LoadedModel:
         model_dir, dtype=DTYPES[config.dtype], trust_remote_code=config.trust_remote_code
     )
     model.eval()
-    use_gqa_attention(model)
     if torch.cuda.is_available():  # an actor given a GPU by Ray sees exactly that one
         model.to("cuda")
     tokenizer = load_tokenizer(model_dir, config)
     return LoadedModel(model=model, tokenizer=tokenizer, fingerprint=fingerprint, source=str(model_dir))
+
+
+def eos_token_ids(model, tokenizer) -> frozenset[int]:
+    """The tokens that end a request: the model's generation config's EOS ids and the tokenizer's."""
+    ids = model.generation_config.eos_token_id
+    ids = set(ids if isinstance(ids, (list, tuple)) else [] if ids is None else [ids])
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    return frozenset(ids)

@@ -8,9 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
-from pipeline.engines.base import RequestError
-
 JSON_CHUNK_CHARS = 1 << 20
+
+
+class RequestError(ValueError):
+    """A request that cannot be generated as given (no prompt, an over-long one, a bad per-row
+    setting); the message names the request. The request fails alone, as an error row."""
 
 
 @dataclass(frozen=True)

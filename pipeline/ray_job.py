@@ -27,10 +27,18 @@ from pathlib import Path
 
 import ray
 from ray.data.checkpoint import CheckpointConfig
-from ray.data.checkpoint.checkpoint_filter import IdColumnCheckpointManager, NumpyArrayBasedCheckpointFilter
+from ray.data.checkpoint.checkpoint_filter import (
+    IdColumnCheckpointManager,
+    NumpyArrayBasedCheckpointFilter,
+)
 
 from drafters.datastore import Datastore
-from drafters.registry import DrafterTables, build_tables, needs_datastore, needs_model_tables
+from drafters.registry import (
+    DrafterTables,
+    build_tables,
+    needs_datastore,
+    needs_model_tables,
+)
 from pipeline import storage
 from pipeline.config import Config, InputConfig
 from pipeline.engines.build import ModelRefused, check_engine_can_run

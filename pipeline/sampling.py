@@ -1,5 +1,5 @@
 """Sampling primitives (temperature > 0): settings, the per-request random state, the target's
-filtered distribution and inverse-CDF sampling. How drafts are accepted is pipeline/verification.py.
+filtered distribution and inverse-CDF sampling. How drafts are accepted is pipeline/engines/transformers/verification.py.
 
 Randomness comes in as uniforms, so every function is deterministic and testable. The token at
 generated position t is always sampled with the request's t-th position uniform, by plain
@@ -13,7 +13,6 @@ import hashlib
 from dataclasses import dataclass
 
 import torch
-
 
 
 @dataclass(frozen=True)

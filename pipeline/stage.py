@@ -16,8 +16,8 @@ import torch
 
 from drafters.registry import DrafterTables
 from pipeline.config import Config
-from pipeline.engines.build import build_engine
 from pipeline.engines.base import Engine, Failed, Request, RequestError, Result
+from pipeline.engines.build import build_engine
 from pipeline.metrics import RunMetrics
 from pipeline.output import SCHEMA
 from pipeline.progress import BatchReport, JobStopped
@@ -161,9 +161,8 @@ class GenerationStage:
         progress actor says so."""
         if self.progress is None:
             return
-        import ray
-
         import pyarrow.compute as pc
+        import ray
 
         batch = BatchReport(rows=table.num_rows, errored_rows=table.num_rows - table.column("error").null_count,
                             generated_tokens=pc.sum(table.column("num_generated_tokens")).as_py() or 0,

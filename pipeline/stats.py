@@ -5,9 +5,7 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from dataclasses import dataclass, field
-
-from drafters.base import Drafts
-from pipeline.verification import Verdict
+from typing import Sequence
 
 FINISH_REASONS = ("eos", "length", "stop")
 
@@ -72,25 +70,27 @@ class RequestStats:
     def median_draft_seconds(self) -> float | None:
         return statistics.median(self.draft_step_seconds) if self.draft_step_seconds else None
 
-    def observe(self, verdict: Verdict, drafts: Drafts, num_fed_tokens: int, draft_seconds: float,
-                verify_seconds: float, share: float = 1.0) -> None:
-        """Records one verification step of `drafts` (the verified rows) that fed the target
-        `num_fed_tokens` tokens and ended in `verdict`, in a forward call this request had
-        `share` of (1 / the requests the call served)."""
+    def observe(self, *, strategies: Sequence[str], num_accepted: int, winning_row: int,
+                acceptance_probabilities: Sequence[float], num_fed_tokens: int, num_draft_model_calls: int = 0,
+                draft_seconds: float = 0.0, verify_seconds: float = 0.0, share: float = 1.0) -> None:
+        """Records one verification step: draft rows of `strategies` were verified in a forward
+        call that fed the target `num_fed_tokens` tokens, of which this request had `share`
+        (1 / the requests the call served); `num_accepted` draft tokens of row `winning_row` were
+        accepted, and each checked draft token had its acceptance probability."""
         self.num_target_calls += 1
         self.forward_call_share = (self.forward_call_share or 0.0) + share
         self.num_verified_tokens += num_fed_tokens
-        _bump_list(self.accepted_length_histogram, verdict.num_accepted)
-        for strategy in drafts.strategies:
+        _bump_list(self.accepted_length_histogram, num_accepted)
+        for strategy in strategies:
             self.strategy_rows[strategy] = self.strategy_rows.get(strategy, 0) + 1
-        if verdict.num_accepted:
-            _bump_list(self.accepted_rank_histogram, verdict.row)
-            winner = drafts.strategies[verdict.row]
+        if num_accepted:
+            _bump_list(self.accepted_rank_histogram, winning_row)
+            winner = strategies[winning_row]
             self.strategy_wins[winner] = self.strategy_wins.get(winner, 0) + 1
-            self.strategy_accepted_tokens[winner] = self.strategy_accepted_tokens.get(winner, 0) + verdict.num_accepted
-        self.num_checked_draft_tokens += len(verdict.acceptance_probabilities)
-        self.sum_acceptance_probability += sum(verdict.acceptance_probabilities)
-        self.num_draft_model_calls += drafts.num_model_calls
+            self.strategy_accepted_tokens[winner] = self.strategy_accepted_tokens.get(winner, 0) + num_accepted
+        self.num_checked_draft_tokens += len(acceptance_probabilities)
+        self.sum_acceptance_probability += sum(acceptance_probabilities)
+        self.num_draft_model_calls += num_draft_model_calls
         self.draft_seconds += draft_seconds
         self.draft_step_seconds.append(draft_seconds)
         self.verify_seconds += verify_seconds

@@ -37,8 +37,8 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
-from pipeline.attention import use_gqa_attention  # noqa: E402
 from pipeline.config import ModelConfig  # noqa: E402
+from pipeline.engines.transformers.attention import use_gqa_attention  # noqa: E402
 from pipeline.model_loading import load_model  # noqa: E402
 from tests.processes import Processes  # noqa: E402
 

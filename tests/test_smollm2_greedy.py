@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from drafters.registry import build_tables, load_draft_model, make_drafter
-from jobs.benchmark import hf_generate
+from jobs.benchmark.hf import hf_generate
 from pipeline.config import DecoderConfig, ModelConfig
-from pipeline.decoder import SpeculativeDecoder
+from pipeline.engines.transformers.decoder import SpeculativeDecoder
 from pipeline.model_loading import cache_root
 from pipeline.prompts import encode_prompt, load_prompts
 
@@ -147,7 +147,7 @@ def test_tree_mode_is_batch_mode_with_fewer_tokens_for_retrieval_mixed(smollm2, 
 
 def test_throughput_mode_is_token_identical_to_greedy(smollm2, prompts, hf_reference):
     """Three requests per call, each with its own drafts, ragged contexts, rows refilled as they finish."""
-    from pipeline.batched_decoder import BatchedDecoder, Request
+    from pipeline.engines.transformers.batched_decoder import BatchedDecoder, Request
 
     batched = BatchedDecoder(make_decoder(smollm2, "context_ngram", 2, 3), max_batch_requests=3)
     results = {request.request_id: result for request, result in

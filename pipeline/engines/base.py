@@ -10,15 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, Sequence
 
+from pipeline.prompts import RequestError
 from pipeline.sampling import GREEDY, SamplingParams
-from pipeline.stats import RequestStats
+from pipeline.stats import FINISH_REASONS, RequestStats
 
-FINISH_REASONS = ("eos", "length", "stop")
-
-
-class RequestError(ValueError):
-    """A request that cannot be generated as given (no prompt, an over-long one, a bad per-row
-    setting); the message names the request. The request fails alone, as an error row."""
+__all__ = ["FINISH_REASONS", "Engine", "Failed", "Request", "RequestError", "Result", "budget", "cut_at_stop"]
 
 
 @dataclass(frozen=True)

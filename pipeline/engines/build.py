@@ -6,7 +6,12 @@ from pathlib import Path
 from drafters.registry import DrafterTables, build_tables
 from pipeline.config import Config
 from pipeline.engines.base import Engine
-from pipeline.model_loading import LoadedModel, cache_root, load_model, resolve_model_dir
+from pipeline.model_loading import (
+    LoadedModel,
+    cache_root,
+    load_model,
+    resolve_model_dir,
+)
 
 
 class ModelRefused(ValueError):
@@ -41,13 +46,13 @@ def check_engine_can_run(config: Config, model_dir: Path) -> None:
 def build_engine(config: Config, tables: DrafterTables | None = None, loaded: LoadedModel | None = None) -> Engine:
     """The engine of `config`. Drafter tables not given are built here (or read from their cache)."""
     if config.engine.name == "vllm":
-        from pipeline.engines.vllm.engine import VllmEngine
+        from pipeline.engines.vllm import VllmEngine
 
         if tables is None:
             tables = model_tables(config)
         model_dir, _ = resolve_model_dir(config.model)
         return VllmEngine(config, str(model_dir), tables)
-    from pipeline.engines.transformers.engine import TransformersEngine
+    from pipeline.engines.transformers import TransformersEngine
 
     loaded = loaded or load_model(config.model)
     if tables is None:

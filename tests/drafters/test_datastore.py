@@ -4,7 +4,13 @@ import random
 import numpy as np
 import pytest
 
-from drafters.datastore import SEPARATOR, Datastore, build_datastore, continuations, find_longest_suffix_match
+from drafters.datastore import (
+    SEPARATOR,
+    Datastore,
+    build_datastore,
+    continuations,
+    find_longest_suffix_match,
+)
 
 SEP = int(SEPARATOR)
 

@@ -2,10 +2,10 @@ import numpy as np
 import torch
 
 from drafters import model_tables
-from drafters.bigram import BigramDrafter
 from drafters.base import DraftContext
-from drafters.mixed import MixedDrafter
+from drafters.bigram import BigramDrafter
 from drafters.context_ngram import ContextNgramDrafter
+from drafters.mixed import MixedDrafter
 from drafters.unigram import UnigramDrafter
 
 

@@ -3,12 +3,13 @@ are all a drafter needs."""
 import pytest
 
 from drafters.base import DraftContext
-from drafters.registry import DRAFTERS, build_tables, make_drafter, needs_model_tables
+from drafters.registry import FACTORIES, build_tables, make_drafter, needs_model_tables
 from pipeline.config import ConfigError, DecoderConfig, load_config
+from pipeline.drafter_kinds import DRAFTER_KINDS
 
 
 def test_the_config_accepts_exactly_the_registry_names():
-    for name in DRAFTERS:
+    for name in DRAFTER_KINDS:
         assert DecoderConfig(drafter=name, datastore="a-datastore").drafter == name
     with pytest.raises(ConfigError, match="decoder.drafter: must be one of ours with engine.name transformers"):
         load_config(overrides=["decoder.drafter=vllm_ngram", "engine.name=transformers"])
@@ -16,14 +17,14 @@ def test_the_config_accepts_exactly_the_registry_names():
         DecoderConfig(drafter="trigram")
 
 
-@pytest.mark.parametrize("name", [name for name, entry in DRAFTERS.items()
-                                  if entry.make is not None and name not in ("rest", "draft_model")])
+@pytest.mark.parametrize("name", [name for name, make in FACTORIES.items()
+                                  if make is not None and name not in ("rest", "draft_model")])
 def test_each_entry_builds_its_drafter_from_the_tables_it_names(tiny_model, tmp_path, name):
     config = DecoderConfig(drafter=name, k=2, w=3, bigram_top_k=4, bigram_prefix="none")
     tables = build_tables(tiny_model, None, "tiny", config, tmp_path)
-    assert needs_model_tables(config) == bool(DRAFTERS[name].tables)
+    assert needs_model_tables(config) == bool(DRAFTER_KINDS[name].tables)
     for field in ("unigram", "chained", "extended"):  # built exactly when the entry names them
-        assert (getattr(tables, field) is not None) == (field in DRAFTERS[name].tables), field
+        assert (getattr(tables, field) is not None) == (field in DRAFTER_KINDS[name].tables), field
     drafts = make_drafter(config, tables, 0).propose(DraftContext([1, 5, 9, 2, 5, 9, 2], 3), 2, 3)
     assert tuple(drafts.tokens.shape) == (2, 3)
 

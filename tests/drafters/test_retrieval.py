@@ -5,9 +5,9 @@ import torch
 from drafters.base import PADDING, DraftContext
 from drafters.datastore import SEPARATOR, build_datastore
 from drafters.retrieval import RetrievalDrafter, prefix_counts, select_rows
-from pipeline.decoder import SpeculativeDecoder
 from pipeline.engines.base import Request
-from pipeline.request_state import RequestState
+from pipeline.engines.transformers.decoder import SpeculativeDecoder
+from pipeline.engines.transformers.request_state import RequestState
 from pipeline.sampling import SamplingParams
 
 DOCUMENTS = [

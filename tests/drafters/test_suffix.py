@@ -6,14 +6,21 @@ import numpy as np
 import pytest
 import torch
 
+from drafters.acceptance import AcceptanceModel
 from drafters.base import PADDING, DraftContext
 from drafters.bigram import BigramDrafter
 from drafters.datastore import build_datastore
-from drafters.acceptance import AcceptanceModel
-from drafters.suffix import FEATURES, PRIOR, SOURCES, OutputStore, SuffixDrafter, majority_path
-from pipeline.batched_decoder import BatchedDecoder
-from pipeline.decoder import SpeculativeDecoder
+from drafters.suffix import (
+    FEATURES,
+    PRIOR,
+    SOURCES,
+    OutputStore,
+    SuffixDrafter,
+    majority_path,
+)
 from pipeline.engines.base import Request
+from pipeline.engines.transformers.batched_decoder import BatchedDecoder
+from pipeline.engines.transformers.decoder import SpeculativeDecoder
 
 
 def sure() -> AcceptanceModel:

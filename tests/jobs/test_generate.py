@@ -121,7 +121,7 @@ def test_benchmark_samples_with_the_same_seeds_and_predicts_the_speedup(tiny_mod
 
 def test_benchmark_grid_sweeps_k_and_w_and_draws_the_figures(tiny_model_dir, tmp_path, monkeypatch):
     import pipeline.engines.transformers.engine as stage
-    from pipeline.cost_model import CostModel
+    from pipeline.engines.transformers.cost_model import CostModel
 
     # A flat cost model stands in for measuring the tiny model (pipeline/test_cost_model covers measuring).
     table = [[1.0 + 0.1 * (k * w - 1) for w in (1, 2, 3, 5, 9)] for k in (1, 2, 4, 8, 16)]

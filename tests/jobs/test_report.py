@@ -1,12 +1,12 @@
 import json
 
+import pyarrow.parquet as pq
 import pytest
 
 import pipeline.engines.transformers.engine as stage_module
 from jobs import report
 from pipeline.config import load_config
-from pipeline.cost_model import CostModel
-import pyarrow.parquet as pq
+from pipeline.engines.transformers.cost_model import CostModel
 from pipeline.stage import GenerationStage
 
 

@@ -8,9 +8,16 @@ import numpy as np
 import pytest
 import torch
 
+from pipeline.engines.transformers.tree import build_tree, node_logits
+from pipeline.engines.transformers.verification import (
+    DraftEvidence,
+    Verdict,
+    walk_sampled,
+)
+from pipeline.engines.transformers.verification import (
+    speculative_sample as sample_speculatively,
+)
 from pipeline.sampling import SamplingParams, request_seed, sample, target_probs
-from pipeline.tree import build_tree, node_logits
-from pipeline.verification import DraftEvidence, Verdict, speculative_sample as sample_speculatively, walk_sampled
 
 V = 4
 # The target is a Markov chain: row t is p(next | t). The draft model is a different chain.

@@ -8,11 +8,12 @@ from __future__ import annotations
 from typing import Sequence
 
 from drafters.registry import DrafterTables, load_draft_model, make_drafter
-from pipeline.batched_decoder import BatchedDecoder
 from pipeline.config import Config, DecoderConfig, ModelConfig
-from pipeline.cost_model import cached_cost_model
-from pipeline.decoder import SpeculativeDecoder
 from pipeline.engines.base import Failed, Request, RequestError, Result
+from pipeline.engines.transformers.attention import use_gqa_attention
+from pipeline.engines.transformers.batched_decoder import BatchedDecoder
+from pipeline.engines.transformers.cost_model import cached_cost_model
+from pipeline.engines.transformers.decoder import SpeculativeDecoder
 from pipeline.model_loading import LoadedModel, cache_root
 
 
@@ -22,9 +23,11 @@ def build_decoder(config: DecoderConfig, model_config: ModelConfig, loaded: Load
     and with k or w auto this hardware's cost model (measured once per model and device, then cached)."""
     tokenizer = loaded.tokenizer
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    use_gqa_attention(loaded.model)  # before the cost model is measured: the calls it times are ours
     draft_model = None
     if config.drafter == "draft_model" and config.w > 0:
         draft_model = load_draft_model(config, model_config, loaded)
+        use_gqa_attention(draft_model)
     drafter = make_drafter(config, tables, pad, draft_model, len(tokenizer))
     costs = None
     if config.auto_k or config.auto_w:

@@ -20,10 +20,23 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
-from drafters.registry import VLLM_METHODS, DrafterTables, make_drafter
+from drafters.registry import DrafterTables, make_drafter
 from pipeline.config import Config, DecoderConfig
-from pipeline.engines.base import Failed, Request, RequestError, Result, budget, cut_at_stop
-from pipeline.engines.vllm.proposer import Proposal, Tracked, attach_drafter, take_tracked
+from pipeline.drafter_kinds import VLLM_METHODS
+from pipeline.engines.base import (
+    Failed,
+    Request,
+    RequestError,
+    Result,
+    budget,
+    cut_at_stop,
+)
+from pipeline.engines.vllm.proposer import (
+    Proposal,
+    Tracked,
+    attach_drafter,
+    take_tracked,
+)
 from pipeline.model_loading import load_tokenizer
 from pipeline.stats import RequestStats
 

@@ -8,7 +8,7 @@ the worker with `LLM.collective_rpc`). Until then it proposes nothing.
 
 Per request it keeps the context's n-gram index (grown by the tokens each step emitted, never
 rebuilt), the acceptance rate of each strategy (learned by judging every proposed draft against
-the tokens the request went on to emit, as pipeline/adaptive.py does), and the drafts it
+the tokens the request went on to emit, as drafters/adaptive.py does), and the drafts it
 proposed, which the engine reads back after generation for the per-request statistics.
 
 With `w: auto` the draft length is chosen per request and per step: a step's cost is learned
@@ -29,8 +29,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from drafters.adaptive import (
+    AcceptanceEstimate,
+    AdaptiveController,
+    RowKind,
+    judge_proposals,
+)
 from drafters.base import PADDING, DraftContext, Drafter, Drafts, common_prefix
-from pipeline.adaptive import AcceptanceEstimate, AdaptiveController, RowKind, judge_proposals
 
 
 @dataclass(frozen=True)

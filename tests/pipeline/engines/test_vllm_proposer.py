@@ -5,9 +5,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline.adaptive import AdaptiveController
+from drafters.adaptive import AdaptiveController
 from pipeline.engines.vllm.engine import request_stats
-from pipeline.engines.vllm.proposer import Proposal, StepCosts, Tracked, allocate, external_request_id
+from pipeline.engines.vllm.proposer import (
+    Proposal,
+    StepCosts,
+    Tracked,
+    allocate,
+    external_request_id,
+)
 
 
 def geometric(alpha: float, length: int) -> list[float]:

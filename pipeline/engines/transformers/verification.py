@@ -1,6 +1,6 @@
 """Verification: one entry point, `verify`, decides what a step emits. Pure functions.
 
-A step's drafts are a draft tree (pipeline/tree.py): k rows of w tokens merged by shared prefixes,
+A step's drafts are a draft tree (pipeline/engines/transformers/tree.py): k rows of w tokens merged by shared prefixes,
 so a batch of k rows is a tree whose rows share nothing but the root. The target's logits come
 in per tree position: [root, node 1, ..., node n] (`tree.node_logits` gathers them from a
 [k, w+1] block call). Terms:
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pipeline.engines.transformers.tree import DraftTree, winning_row
 from pipeline.sampling import SamplingParams, sample, target_probs
-from pipeline.tree import DraftTree, winning_row
 
 
 @dataclass(frozen=True)

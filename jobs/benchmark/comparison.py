@@ -1,5 +1,12 @@
 """Side-by-side throughput of methods on the same prompts, each run by the engine a job would
-build for it (python -m jobs.benchmark --throughput --engine vllm).
+build for it.
+
+    python -m jobs.benchmark --throughput --engine vllm --batch 1,16 --spec suffix:1:auto --rounds 3 --limit 16 ...
+
+runs vLLM plain, vllm_ngram, vllm_suffix (when arctic-inference is installed) and our --spec
+methods on vLLM, and the --reference methods on our transformers engine, side by side: per round
+and batch size a chunk of --limit prompts no earlier run used, so --rounds x batch sizes x
+--limit prompts in all.
 
 A method is a name: `plain` (no drafts), `vllm_ngram[:W]` and `vllm_suffix[:W]` (vLLM's own
 methods), or `DRAFTER:k:w` (ours; k and/or w may be `auto`). Methods with the engine `vllm` run on
@@ -15,6 +22,8 @@ dtype, prompt by prompt.
 """
 from __future__ import annotations
 
+import importlib.util
+import json
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -23,6 +32,7 @@ from pipeline.config import Config, load_config
 from pipeline.engines.base import Engine, Request, Result
 from pipeline.engines.build import build_engine
 from pipeline.model_loading import load_model
+from pipeline.prompts import encode_prompt, load_prompts
 
 # vLLM's own methods at the settings the issue measured: n-gram k = 5, q 2..4; suffix k = 16.
 VLLM_DEFAULTS = {"vllm_ngram": ("5", ["decoder.ngram_min_q=2", "decoder.ngram_max_q=4"]), "vllm_suffix": ("16", [])}
@@ -119,8 +129,6 @@ def compare(base: list[str], methods: list[Method], prompts: list[str], batches:
         raise ValueError(f"{len(prompts)} prompts cannot give {rounds} rounds x {len(batches)} batch sizes a prompt each")
     engines = build_engines(base, methods, batches)
     tokenizer = next(iter(engines.values())).tokenizer
-    from pipeline.prompts import encode_prompt
-
     requests = [Request(str(i), encode_prompt(tokenizer, prompt, str(i)), max_new_tokens) for i, prompt in enumerate(prompts)]
     measured = {(m, b): Measured(m, b) for m in methods for b in batches}
     chunks = []
@@ -186,3 +194,22 @@ def markdown(report: dict) -> str:
                      f"{r['identical_fraction']} | {r.get('vs_plain', '-')} | {r.get('vs_vllm_ngram', '-')} | "
                      f"{r.get('vs_vllm_suffix', '-')} |")
     return "\n".join(lines)
+
+
+def engine_comparison(args) -> dict:
+    """--throughput --engine vllm: every method through the engine a job would build for it."""
+    names = ["plain", "vllm_ngram"] + (["vllm_suffix"] if importlib.util.find_spec("arctic_inference") else [])
+    if "vllm_suffix" not in names:
+        print("vllm_suffix: not run (arctic-inference is not installed: make install-suffix)", flush=True)
+    names += [name for name in args.spec.split(",") if name.strip()]
+    names += [f"transformers:{name}" for name in args.reference.split(",") if name.strip()]
+    batches = [int(b) for b in args.batch.split(",")]
+    needed = args.limit * args.rounds * len(batches)
+    prompts = [p.prompt for p in load_prompts(args.dataset, needed)]
+    if args.rounds < 1 or len(prompts) < needed:
+        raise SystemExit(f"--rounds {args.rounds} x --batch {args.batch} x --limit {args.limit} needs {needed} prompts "
+                         f"(every run new ones); {args.dataset} has {len(prompts)}")
+    base = [f"model.name={json.dumps(args.model)}", f"model.dtype={args.dtype}", "engine.cpu_kv_cache_gib=1"]
+    report = compare(base, parse_methods(",".join(names), "vllm"), prompts, batches,
+                                args.max_new_tokens, args.rounds)
+    return {"dataset": args.dataset, "model": args.model, "dtype": args.dtype, **report}

@@ -14,25 +14,22 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from drafters.adaptive import (
+    AcceptanceEstimate,
+    AdaptiveController,
+    RowKind,
+    judge_proposals,
+)
 from drafters.base import DraftContext, Drafts
-from pipeline.adaptive import AcceptanceEstimate, AdaptiveController, RowKind, judge_proposals
-from pipeline.cost_model import CostModel
 from pipeline.engines.base import Request, Result, budget, cut_at_stop
+from pipeline.engines.transformers.cost_model import CostModel
+from pipeline.engines.transformers.verification import Verdict
 from pipeline.sampling import RandomState
 from pipeline.stats import RequestStats
-from pipeline.verification import Verdict
 
 # A stop string of n characters spans at most n tokens that decode to text; a few more cover
 # tokens that decode to nothing alone (special tokens, the first bytes of a character).
 STOP_MARGIN_TOKENS = 4
-
-
-def eos_token_ids(model, tokenizer) -> frozenset[int]:
-    ids = model.generation_config.eos_token_id
-    ids = set(ids if isinstance(ids, (list, tuple)) else [] if ids is None else [ids])
-    if tokenizer is not None and tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    return frozenset(ids)
 
 
 @dataclass(frozen=True)
@@ -44,7 +41,7 @@ class DecodingRules:
     k: int  # draft rows per step, at most
     w: int  # tokens per draft row, at most (0: plain decoding)
     ngram_max_q: int  # longest n-gram the context index keeps
-    costs: CostModel | None = None  # with a cost model, each step's shape is chosen (pipeline/adaptive.py)
+    costs: CostModel | None = None  # with a cost model, each step's shape is chosen (drafters/adaptive.py)
     # What earlier requests accepted, per row kind: a new request's prior (shared, it grows).
     acceptance_pool: dict[RowKind, AcceptanceEstimate] = field(default_factory=dict, compare=False)
 
@@ -98,7 +95,10 @@ class RequestState:
                verify_seconds: float, share: float = 1.0) -> None:
         """Records a verified step (`drafts`: the rows verified; `share` of a forward call) and
         emits its tokens; sets finish_reason when the request is done."""
-        self.stats.observe(verdict, drafts, num_fed_tokens, draft_seconds, verify_seconds, share)
+        self.stats.observe(strategies=drafts.strategies, num_accepted=verdict.num_accepted, winning_row=verdict.row,
+                           acceptance_probabilities=verdict.acceptance_probabilities, num_fed_tokens=num_fed_tokens,
+                           num_draft_model_calls=drafts.num_model_calls, draft_seconds=draft_seconds,
+                           verify_seconds=verify_seconds, share=share)
         emitted, finish = cut_at_eos(verdict.tokens, self.rules.eos_ids)
         self.generated += emitted
         self.context.append(emitted)

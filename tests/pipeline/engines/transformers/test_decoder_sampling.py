@@ -11,13 +11,13 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import pipeline.verification
+import pipeline.engines.transformers.verification
 from drafters.bigram import BigramDrafter
 from drafters.draft_model import DraftModelDrafter, self_draft_model
 from drafters.model_tables import chain_extension, compute_bigram_table
-from pipeline.decoder import SpeculativeDecoder
+from pipeline.engines.transformers.decoder import SpeculativeDecoder
+from pipeline.engines.transformers.verification import Verdict, walk_sampled
 from pipeline.sampling import SamplingParams, sample, target_probs
-from pipeline.verification import Verdict, walk_sampled
 
 V = 8
 PROMPT = [3, 1, 4, 1, 5]
@@ -114,7 +114,7 @@ def residual_free_speculative_sample(tree, draft, p, sample_uniforms) -> Verdict
 ])
 def test_tokens_2_and_3_follow_the_target_distribution(model, make_decoder, broken, monkeypatch):
     if broken:
-        monkeypatch.setattr(pipeline.verification, *broken)
+        monkeypatch.setattr(pipeline.engines.transformers.verification, *broken)
     decoder = make_decoder(model)
     counts = joint_counts(decoder)
     statistic, dof = chi_square(counts, exact_joint(model), SEEDS)

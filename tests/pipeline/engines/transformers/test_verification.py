@@ -1,9 +1,9 @@
 """Greedy verification through the one entry point, on k rows of a [k, w+1] block call."""
 import torch
 
+from pipeline.engines.transformers.tree import build_tree, node_logits
+from pipeline.engines.transformers.verification import verify
 from pipeline.sampling import GREEDY
-from pipeline.tree import build_tree, node_logits
-from pipeline.verification import verify
 
 
 def verify_greedy(drafts, logits):

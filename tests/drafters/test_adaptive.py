@@ -2,11 +2,11 @@ import numpy as np
 import pytest
 import torch
 
+from drafters.adaptive import AcceptanceEstimate, AdaptiveController
 from drafters.base import Drafts
 from drafters.context_ngram import ContextNgramDrafter
-from pipeline.adaptive import AcceptanceEstimate, AdaptiveController
-from pipeline.cost_model import CostModel
-from pipeline.decoder import SpeculativeDecoder
+from pipeline.engines.transformers.cost_model import CostModel
+from pipeline.engines.transformers.decoder import SpeculativeDecoder
 
 PROMPT = [1, 5, 9, 2, 5, 9, 2, 7]
 
@@ -104,7 +104,7 @@ def test_auto_w_is_refused_for_a_draft_model():
 
 
 def test_one_shape_chooser_weighs_the_requests_a_call_serves():
-    from pipeline.adaptive import choose_shape
+    from drafters.adaptive import choose_shape
 
     table = np.array([[1.9, 2.7], [2.2, 3.1]])  # expected tokens of (rows, width) for one request
     alone = choose_shape([table], lambda rows, width: 1 + 0.1 * rows * width, 2, 2)

@@ -10,8 +10,9 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from pipeline.kv_cache import SlackLayer, _full_layers
-from pipeline.tree import additive_mask
+from pipeline.engines.transformers.kv_cache import SlackLayer, _full_layers
+from pipeline.engines.transformers.tree import additive_mask
+
 
 def empty_cache(model) -> DynamicCache:
     """A cache of 0 rows and 0 columns, with every layer's shape fixed (so rows can be added)."""

@@ -4,9 +4,9 @@ import torch
 from drafters import model_tables
 from drafters.registry import DrafterTables, make_drafter
 from pipeline.config import DecoderConfig
-from pipeline.decoder import SpeculativeDecoder
 from pipeline.engines.base import RequestError
-from pipeline.request_state import stop_cut
+from pipeline.engines.transformers.decoder import SpeculativeDecoder
+from pipeline.engines.transformers.request_state import stop_cut
 from pipeline.sampling import SamplingParams
 from tests.conftest import TINY_EOS
 

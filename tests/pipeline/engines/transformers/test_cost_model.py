@@ -1,9 +1,14 @@
 import pytest
 import torch
 
-import pipeline.cost_model as cost_model
-from pipeline.cost_model import CostModel, cached_cost_model, measure, timed_call
-from pipeline.kv_cache import prefill
+import pipeline.engines.transformers.cost_model as cost_model
+from pipeline.engines.transformers.cost_model import (
+    CostModel,
+    cached_cost_model,
+    measure,
+    timed_call,
+)
+from pipeline.forward import prefill
 
 
 def synthetic() -> CostModel:

@@ -1,6 +1,7 @@
 """Adaptive (k, w): each step verifies the (k, w) that maximises expected tokens per second.
 
-expected tokens per second ∝ expected tokens per call / relative call cost (pipeline/cost_model).
+expected tokens per second ∝ expected tokens per call / relative call cost (a CallCost: the
+transformers engine measures one, pipeline/engines/transformers/cost_model.py).
 
 Expected tokens per call comes from the request's own acceptance history. Row r of a step is
 modelled as accepting each next draft token with probability α_(s, r) (s its strategy, r its
@@ -17,11 +18,18 @@ failing falls back to plain decoding instead of paying for verification.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
 from drafters.base import Drafts, common_prefix
-from pipeline.cost_model import CostModel
+
+
+class CallCost(Protocol):
+    def cost(self, k: int, w: int, context_length: int) -> float:
+        """The time of a verification call over k rows of w draft tokens at this context length,
+        relative to a single-token call's."""
+        ...
 
 
 # A request's first steps lean on the α earlier requests saw, weighted as this many checked tokens.
@@ -62,7 +70,7 @@ class AdaptiveController:
     """One per request: it learns that request's acceptance rates, starting from `pool`, the
     evidence of every request of the decoder so far (α = 1/2 for a row kind never seen). The pool
     grows as evidence comes, so requests that run together learn from each other at once."""
-    costs: CostModel
+    costs: CallCost
     pool: dict[RowKind, AcceptanceEstimate] = field(default_factory=dict)
     estimates: dict[RowKind, AcceptanceEstimate] = field(default_factory=dict)
     # Interpolated costs by (k, w, context length rounded to 32): the context grows one step at a time.
@@ -157,7 +165,7 @@ class Shape:
     rows: int  # draft rows each request verifies (0 with width 0: a plain step)
     width: int  # tokens per row
     expected_tokens: float  # per call, summed over the requests
-    relative_cost: float  # of the call (pipeline/cost_model)
+    relative_cost: float  # of the call (CallCost)
 
 
 def choose_shape(tables: list[np.ndarray | None], call_cost, max_rows: int, max_width: int, auto_rows: bool = True,

@@ -4,12 +4,16 @@ import dataclasses
 import pytest
 import torch
 
-from pipeline.batched_decoder import BatchedDecoder, Failed, Request
-from pipeline.decoder import SpeculativeDecoder
-from pipeline.ragged_cache import RaggedCache
+from pipeline.engines.transformers.batched_decoder import (
+    BatchedDecoder,
+    Failed,
+    Request,
+)
+from pipeline.engines.transformers.decoder import SpeculativeDecoder
+from pipeline.engines.transformers.ragged_cache import RaggedCache
 from pipeline.sampling import SamplingParams
-from tests.pipeline.test_adaptive import flat_costs
-from tests.pipeline.test_decoder import decoder_for
+from tests.drafters.test_adaptive import flat_costs
+from tests.pipeline.engines.transformers.test_decoder import decoder_for
 
 # Different lengths and budgets, so requests finish at different steps and rows are refilled.
 REQUESTS = [([1, 5, 9, 2, 5, 9, 2, 7], 40), ([1, 40, 41, 42, 43, 40, 41], 25), ([1, 3], 12), ([1], 30),
@@ -107,7 +111,7 @@ def test_adaptive_batched_decoding_is_plain_greedy(tiny_model, tables, per_token
 
 
 def test_ragged_cache_drops_columns_no_row_uses(tiny_model):
-    from pipeline.kv_cache import prefill
+    from pipeline.forward import prefill
 
     cache = RaggedCache(tiny_model)
     cache.put(0, prefill(tiny_model, [1, 2, 3, 4, 5, 6]), 6)

@@ -5,8 +5,12 @@ import pytest
 import torch
 from transformers import DynamicCache
 
-from pipeline.attention import NAME, attention_implementation, use_gqa_attention
-from pipeline.kv_cache import SLACK_COLUMNS, SlackLayer
+from pipeline.engines.transformers.attention import (
+    NAME,
+    attention_implementation,
+    use_gqa_attention,
+)
+from pipeline.engines.transformers.kv_cache import SLACK_COLUMNS, SlackLayer
 from tests.conftest import make_tiny_model
 
 

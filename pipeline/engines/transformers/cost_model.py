@@ -17,7 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.kv_cache import keep_row, prefill, share_context
+from pipeline.engines.transformers.kv_cache import keep_row, share_context
+from pipeline.forward import prefill
 
 GRID_K = (1, 2, 4, 8, 16)
 GRID_WIDTH = (1, 2, 3, 5, 9)  # w + 1

@@ -2,9 +2,9 @@
 
 Each step feeds either the block [k, w+1] (the last emitted token followed by each row's draft,
 over the context's KV cache shared by all k rows) or, in tree mode, the rows merged by shared
-prefixes (pipeline/tree.py). The verifier (pipeline/verification.verify) decides what the step
+prefixes (pipeline/engines/transformers/tree.py). The verifier (pipeline/engines/transformers/verification.verify) decides what the step
 emits; only the winner's cache entries are kept. The request's own life (budget, EOS, stop
-strings, adaptive scoring, result) is pipeline/request_state.py, shared with the batched decoder.
+strings, adaptive scoring, result) is pipeline/engines/transformers/request_state.py, shared with the batched decoder.
 With no drafter (or w = 0) each step is one plain token: the reference for every test.
 """
 from __future__ import annotations
@@ -13,15 +13,21 @@ import time
 
 import torch
 
+from drafters.adaptive import AdaptiveController
 from drafters.base import PADDING, Drafter, Drafts
-from pipeline.adaptive import AdaptiveController
-from pipeline.cost_model import CostModel
 from pipeline.engines.base import Request, Result
-from pipeline.kv_cache import keep_positions, keep_row, prefill, share_context
-from pipeline.request_state import DecodingRules, RequestState, eos_token_ids
+from pipeline.engines.transformers.cost_model import CostModel
+from pipeline.engines.transformers.kv_cache import (
+    keep_positions,
+    keep_row,
+    share_context,
+)
+from pipeline.engines.transformers.request_state import DecodingRules, RequestState
+from pipeline.engines.transformers.tree import build_tree, node_logits, tree_inputs
+from pipeline.engines.transformers.verification import DraftEvidence, Verdict, verify
+from pipeline.forward import prefill
+from pipeline.model_loading import eos_token_ids
 from pipeline.sampling import GREEDY, SamplingParams
-from pipeline.tree import build_tree, node_logits, tree_inputs
-from pipeline.verification import DraftEvidence, Verdict, verify
 
 # Strategy name of a step that verified no draft (plain decoding, or nothing worth guessing).
 NO_DRAFT = "none"
@@ -57,11 +63,11 @@ class SpeculativeDecoder:
         self.drafter = drafter
         k, w = (k, w) if drafter is not None and w > 0 else (1, 0)
         # With a cost model, k and w are maxima and each step verifies the (k, w) the request's own
-        # acceptance history and the hardware's costs make fastest (pipeline/adaptive.py).
+        # acceptance history and the hardware's costs make fastest (drafters/adaptive.py).
         self.rules = DecodingRules(tokenizer, eos_token_ids(model, tokenizer),
                                    getattr(model.config, "max_position_embeddings", None), k, w, ngram_max_q, costs)
         self.auto_k, self.auto_w = auto_k, auto_w
-        # "batch": k rows of w+1 tokens; "tree": the rows merged by shared prefixes (pipeline/tree.py).
+        # "batch": k rows of w+1 tokens; "tree": the rows merged by shared prefixes (pipeline/engines/transformers/tree.py).
         assert verify_mode in ("batch", "tree"), f"verify_mode must be 'batch' or 'tree', got {verify_mode!r}"
         self.verify_mode = verify_mode
         # Speculative sampling accepts x with probability min(1, p(x) / (lenience q(x))): 1 is exact.

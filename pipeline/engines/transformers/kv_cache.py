@@ -10,6 +10,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
+from pipeline.forward import full_layers
 
 # Columns a layer reserves past its length, so that a call appends in place (no copy of the cache).
 SLACK_COLUMNS = 128
@@ -44,12 +45,7 @@ def appended(view: torch.Tensor, buffer: torch.Tensor | None, new: torch.Tensor)
 
 
 def _full_layers(cache: DynamicCache) -> list[DynamicLayer]:
-    layers = cache.layers
-    for layer in layers:
-        if type(layer) not in (DynamicLayer, SlackLayer):
-            raise NotImplementedError(
-                f"speculative decoding supports full-attention DynamicCache layers, not {type(layer).__name__}")
-    return layers
+    return full_layers(cache, (DynamicLayer, SlackLayer))
 
 
 def share_context(cache: DynamicCache, k: int) -> None:
@@ -78,13 +74,6 @@ def keep_positions(cache: DynamicCache, length: int, extra: list[int]) -> None:
             layer.values = layer.values.index_select(2, index)
 
 
-def expanded_copy(cache: DynamicCache, batch_size: int) -> DynamicCache:
-    """A new cache holding `batch_size` copies of a batch-1 cache (the original is left as is)."""
-    data = [(layer.keys.expand(batch_size, -1, -1, -1), layer.values.expand(batch_size, -1, -1, -1))
-            for layer in _full_layers(cache)]
-    return DynamicCache(data)
-
-
 @torch.no_grad()
 def prefill_many(model, prompts: list[list[int]]) -> DynamicCache:
     """Runs the model over several token lists in one call, left-padded to the longest: row j's
@@ -103,16 +92,4 @@ def prefill_many(model, prompts: list[list[int]]) -> DynamicCache:
     device = model.device
     model(input_ids=input_ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
           past_key_values=cache, use_cache=True, logits_to_keep=1)
-    return cache
-
-
-@torch.no_grad()
-def prefill(model, token_ids: list[int]) -> DynamicCache:
-    """Runs the model over `token_ids` once and returns the cache (empty when there are none)."""
-    cache = DynamicCache(config=model.config)
-    if token_ids:
-        # Only the cache is wanted: logits for one position, not the LM head over the whole prompt
-        # (for SmolLM2 the head costs as much as 8 of its 30 layers per token).
-        model(input_ids=torch.tensor([token_ids], device=model.device), past_key_values=cache, use_cache=True,
-              logits_to_keep=1)
     return cache

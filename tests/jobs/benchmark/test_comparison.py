@@ -2,7 +2,7 @@
 import pytest
 
 from jobs import benchmark
-from pipeline.comparison import Measured, Method, summarize
+from jobs.benchmark.comparison import Measured, Method, summarize
 
 
 def measured(name: str, seconds: list[float], tokens_per_round: int = 100) -> Measured:
@@ -40,7 +40,7 @@ def test_methods_take_turns_call_by_call_in_a_rotating_order():
             calls.append((self.name, [r.request_id for r in requests]))
             return [f"{self.name}:{r.request_id}" for r in requests]
 
-    from pipeline.comparison import run_methods
+    from jobs.benchmark.comparison import run_methods
     from pipeline.engines.base import Request
 
     requests = [Request(str(i), [1], 4) for i in range(5)]

@@ -1,7 +1,7 @@
 """Throughput mode: many requests, each with its own drafts, in one forward call per step.
 
 Each step, every request in the batch drafts as it would alone (SpeculativeDecoder.draft), its
-rows are merged into a draft tree (pipeline/tree.py), and the B trees are fed as the rows of one
+rows are merged into a draft tree (pipeline/engines/transformers/tree.py), and the B trees are fed as the rows of one
 [B, N] call: row b is [last token, tree nodes, padding], with its own position ids and a mask that
 shows it its own context (RaggedCache) and tree. Each request accepts its own number of tokens.
 When a request finishes, the next request takes its row at once (continuous batching).
@@ -19,16 +19,19 @@ from typing import Iterable, Iterator
 import numpy as np
 import torch
 
+from drafters.adaptive import choose_shape
 from drafters.base import Drafts
-from pipeline.adaptive import choose_shape
-from pipeline.decoder import SpeculativeDecoder, no_drafts, select_rows
 from pipeline.engines.base import Failed, Request, RequestError, Result
-from pipeline.kv_cache import prefill_many
-from pipeline.ragged_cache import RaggedCache
-from pipeline.request_state import RequestState
-from pipeline.tree import DraftTree, build_tree, tree_visibility
-from pipeline.verification import verify
-
+from pipeline.engines.transformers.decoder import (
+    SpeculativeDecoder,
+    no_drafts,
+    select_rows,
+)
+from pipeline.engines.transformers.kv_cache import prefill_many
+from pipeline.engines.transformers.ragged_cache import RaggedCache
+from pipeline.engines.transformers.request_state import RequestState
+from pipeline.engines.transformers.tree import DraftTree, build_tree, tree_visibility
+from pipeline.engines.transformers.verification import verify
 
 # Joiners are prefilled together in padded calls of at most this many tokens (rows x longest).
 PREFILL_TOKENS = 8192

@@ -1,0 +1,103 @@
+"""Side-by-side benchmarks of our decoding against the baselines a user would otherwise run.
+
+    python -m jobs.benchmark [MODE] --dataset humaneval|gsm8k|sharegpt|PATH.jsonl --limit N ...
+
+One module per mode; every engine of ours is built through pipeline/engines/build.py, as a job
+builds it, so the benchmark measures what users run:
+- quality (the default; jobs/benchmark/quality.py): every method on every prompt, one request at
+  a time, against transformers' generate; speed-ups, tokens per call, identity;
+- --grid (grid.py): the N-Grammys paper's k x w figures for one drafter;
+- --throughput (throughput.py): batched generation on the transformers engine per batch size;
+- --throughput --engine vllm (comparison.py): vLLM plain, its own ngram and suffix methods and ours
+  on vLLM, side by side in rounds of new prompts;
+- --pipeline (pipeline_overhead.py): the Ray job against its stage in-process.
+Speed-ups are ratios within one run, the methods taking turns so that drifts fall on all alike.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from jobs.benchmark.comparison import engine_comparison
+from jobs.benchmark.comparison import markdown as comparison_markdown
+from jobs.benchmark.grid import grid_plots, method_names
+from jobs.benchmark.pipeline_overhead import pipeline_comparison
+from jobs.benchmark.quality import DEFAULT_METHODS, build_runners, run_dataset
+from jobs.benchmark.throughput import throughput_comparison, throughput_markdown
+from pipeline.config import ModelConfig
+from pipeline.engines.transformers import use_gqa_attention
+from pipeline.model_loading import load_model
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m jobs.benchmark", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", default="humaneval")
+    parser.add_argument("--limit", type=int, default=40)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--out", default="results.json")
+    parser.add_argument("--model", default=ModelConfig().name)
+    parser.add_argument("--methods", default=None, help=f"comma-separated; see above (default {DEFAULT_METHODS}; "
+                                                       "with --grid: methods to run besides the grid's)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--datastore", default="", help="datastore directory for rest:k:w and mixed+rest:k:w")
+    parser.add_argument("--grid", action="store_true", help="sweep k x w for --grid-drafter and draw the heatmaps")
+    parser.add_argument("--grid-drafter", default="mixed")
+    parser.add_argument("--plots", default="", help="directory for the --grid plots (default: next to --out)")
+    parser.add_argument("--throughput", action="store_true",
+                        help="instead: generated tokens/s of batched generation per --batch size, for hf_greedy "
+                             "(generate with left padding), plain and --spec, all with the same batch size")
+    parser.add_argument("--batch", default="1,4,8", help="--throughput batch sizes (requests per call)")
+    parser.add_argument("--spec", default="context_ngram:auto:auto", help="--throughput: our speculative method(s), comma-separated")
+    parser.add_argument("--max-batch-tokens", type=int, default=0, help="--throughput: tokens per call cap (0: none)")
+    parser.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
+                        help="--throughput on vllm: vLLM plain, vllm_ngram (and vllm_suffix where arctic-inference is "
+                             "installed) and --spec on vLLM, beside --reference on the transformers engine")
+    parser.add_argument("--reference", default="context_ngram:auto:auto",
+                        help="--throughput --engine vllm: our transformers engine's method(s) run beside (\"\": none)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="--engine vllm: model dtype")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="--engine vllm: runs per batch size, each on --limit prompts no earlier run used; tokens/s is the median")
+    parser.add_argument("--pipeline", action="store_true",
+                        help="instead: the same prompts through the Ray job and in-process, with the "
+                             "decoder of --config, compared in tokens/s after start-up")
+    parser.add_argument("--config", default="configs/default.yaml", help="decoder settings for --pipeline")
+    return parser.parse_args(argv)
+
+
+def write(report: dict, out: str) -> dict:
+    Path(out).write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.throughput and args.engine == "vllm":
+        report = write(engine_comparison(args), args.out)
+        print(comparison_markdown(report))
+        return report
+    if args.pipeline:
+        report = write({"dataset": args.dataset, "model": args.model, "pipeline": pipeline_comparison(args)}, args.out)
+        print(json.dumps(report, indent=2))
+        return report
+    loaded = load_model(ModelConfig(name=args.model))
+    use_gqa_attention(loaded.model)  # the model as the transformers engine runs it; baselines switch back
+    if args.throughput:
+        report = write({"dataset": args.dataset, "model": args.model,
+                        "throughput": throughput_comparison(args, loaded)}, args.out)
+        print(throughput_markdown(report["throughput"]))
+        return report
+    names = method_names(args)
+    runners = build_runners(names, loaded, args)
+    reports = [run_dataset(dataset, names, runners, loaded, args) for dataset in args.dataset.split(",")]
+    if args.grid:
+        plots = Path(args.plots) if args.plots else Path(args.out).parent / "plots"
+        plots.mkdir(parents=True, exist_ok=True)
+        for report in reports:
+            report["grid"] = grid_plots(report, args.grid_drafter, plots)
+            print(f"{report['dataset']}: {json.dumps(report['grid'])}")
+    return write(reports[0] if len(reports) == 1 else {"datasets": reports}, args.out)

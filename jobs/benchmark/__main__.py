@@ -1,0 +1,3 @@
+from jobs.benchmark import main
+
+main()

@@ -1,0 +1,46 @@
+"""Pipeline mode: what the Ray job costs over running its stage in-process.
+
+    python -m jobs.benchmark --pipeline --config configs/default.yaml --dataset humaneval --limit N
+
+runs the same prompts through the Ray job and through the job's stage in this process, with the
+decoder of --config, and compares tokens/s after start-up.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+
+from pipeline.config import load_config
+from pipeline.prompts import load_prompts
+from pipeline.ray_job import run_job
+from pipeline.stage import GenerationStage
+
+
+def pipeline_comparison(args) -> dict:
+    """Tokens/s of the Ray job (after its actors have started) and of the same stage in-process."""
+    import ray
+
+    output = tempfile.mkdtemp(prefix="pipeline-benchmark-")
+    config = load_config(args.config, [f"model.name={json.dumps(args.model)}", f"input.path={json.dumps(args.dataset)}",
+                                       f"input.limit={args.limit}", f"decoder.max_new_tokens={args.max_new_tokens}",
+                                       f"job.output={json.dumps(output)}"])
+    prompts = load_prompts(args.dataset, args.limit)
+    stage = GenerationStage(config)
+    size = config.ray.batch_size  # the same batches as the job's actor gets
+    started = time.perf_counter()
+    tables = [stage({"id": [p.request_id for p in prompts[i:i + size]], "prompt": [p.prompt for p in prompts[i:i + size]]})
+              for i in range(0, len(prompts), size)]
+    in_process_seconds = time.perf_counter() - started
+    in_process_tokens = sum(sum(table.column("num_generated_tokens").to_pylist()) for table in tables)
+    del stage
+    ray.init()
+    summary = run_job(config, "benchmark")
+    ray.shutdown()
+    in_process = in_process_tokens / in_process_seconds
+    pipeline = summary["tokens_per_second_after_startup"]
+    return {"prompts": len(prompts), "decoder": summary["settings"]["decoder"],
+            "in_process_tokens_per_second": round(in_process, 3),
+            "pipeline_tokens_per_second_after_startup": pipeline,
+            "pipeline_tokens_per_second_with_startup": summary["tokens_per_second"],
+            "pipeline_overhead": round(in_process / pipeline - 1, 4)}

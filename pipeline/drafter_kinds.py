@@ -1,0 +1,37 @@
+"""The names `decoder.drafter` takes and what each needs, known to the config (which validates
+against them) and to the drafter registry (which builds them: drafters/registry.py) alike.
+
+A new drafter is one module in drafters/, one entry here and one factory in the registry.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DrafterKind:
+    tables: tuple[str, ...] = ()  # drafters/registry.py's DrafterTables fields it drafts from, built once per model
+    engines: tuple[str, ...] = ("vllm", "transformers")  # where it runs
+    vllm_method: str = ""  # vLLM's own speculative_config method, for a method vLLM runs itself
+    datastore: bool = False  # whether it drafts from decoder.datastore
+
+
+DRAFTER_KINDS: dict[str, DrafterKind] = {
+    "none": DrafterKind(),  # plain decoding
+    "context_ngram": DrafterKind(),
+    "unigram": DrafterKind(("unigram",)),
+    "bigram": DrafterKind(("chained",)),
+    "extended_bigram": DrafterKind(("extended",)),
+    "mixed": DrafterKind(("chained",)),
+    "draft_model": DrafterKind(engines=("transformers",)),
+    "rest": DrafterKind(datastore=True),
+    # The request's context, this actor's finished outputs and (decoder.datastore) earlier runs'
+    # outputs, by frequency; the model bigram where none matches (drafters/suffix.py).
+    "suffix": DrafterKind(("chained",), datastore=True),
+    # vLLM's own learning-free methods, run by vLLM itself: n-gram prompt lookup and suffix
+    # decoding (arctic-inference).
+    "vllm_ngram": DrafterKind(engines=("vllm",), vllm_method="ngram"),
+    "vllm_suffix": DrafterKind(engines=("vllm",), vllm_method="suffix"),
+}
+DRAFTER_NAMES = tuple(DRAFTER_KINDS)
+VLLM_METHODS = {name: kind.vllm_method for name, kind in DRAFTER_KINDS.items() if kind.vllm_method}

@@ -1,0 +1,178 @@
+"""The layout's rule, read from the code: every import points down the layers, nothing imports in a
+circle, and nothing outside an engine's folder reaches past its public surface (the package).
+
+Layers, top to bottom (README.md, "Where things are"; ../shared/ARCHITECTURE.md):
+
+    jobs                 entry points and the benchmark
+    ray job              pipeline/ray_job, stage, storage, progress, metrics, output
+    engine builder       pipeline/engines/build
+    engines              pipeline/engines/vllm/, pipeline/engines/transformers/ (siblings)
+    engine interface     pipeline/engines/base
+    drafters             drafters/
+    lowest               pipeline/config, drafter_kinds, model_loading, forward, prompts, sampling, stats
+
+Every import counts, the ones inside functions and under TYPE_CHECKING too.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("jobs", "pipeline", "drafters")
+ENGINES = ("pipeline.engines.vllm", "pipeline.engines.transformers")
+
+# Top first. A module belongs to the first layer with a prefix it starts with (a prefix matches
+# the module itself and everything below it).
+LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("jobs", ("jobs",)),
+    ("ray job", ("pipeline.ray_job", "pipeline.stage", "pipeline.storage", "pipeline.progress", "pipeline.metrics",
+                 "pipeline.output")),
+    ("engine builder", ("pipeline.engines.build",)),
+    ("engines", ENGINES),
+    ("engine interface", ("pipeline.engines.base", "pipeline.engines")),
+    ("drafters", ("drafters",)),
+    ("lowest", ("pipeline.config", "pipeline.drafter_kinds", "pipeline.model_loading", "pipeline.forward",
+                "pipeline.prompts", "pipeline.sampling", "pipeline.stats", "pipeline")),
+]
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_modules() -> dict[str, Path]:
+    return {module_name(path): path for package in PACKAGES for path in sorted((ROOT / package).rglob("*.py"))}
+
+
+def imported(path: Path, module: str, known: set[str]) -> set[str]:
+    """The project modules `path` imports, each resolved to the module itself (a name imported from
+    a package counts as that package's submodule when there is one)."""
+    found = set()
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: from . import x, from .a import b
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join(anchor + ([base] if base else []))
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in known)
+    return {name for name in found if name.split(".")[0] in PACKAGES and name != module}
+
+
+def layer_of(module: str) -> int:
+    for index, (_, prefixes) in enumerate(LAYERS):
+        if any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes):
+            return index
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS in tests/test_layers.py (and the README's map)")
+
+
+def engine_of(module: str) -> str | None:
+    return next((engine for engine in ENGINES if module == engine or module.startswith(engine + ".")), None)
+
+
+def violations(graph: dict[str, set[str]]) -> list[str]:
+    """Each import that breaks the rule, said in a line."""
+    found = []
+    for module, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            if layer_of(target) < layer_of(module):
+                found.append(f"{module} imports {target}: up from {LAYERS[layer_of(module)][0]!r} "
+                             f"to {LAYERS[layer_of(target)][0]!r}")
+            own, theirs = engine_of(module), engine_of(target)
+            if theirs is not None and own != theirs and target != theirs:
+                found.append(f"{module} imports {target}: an internal of the engine {theirs} "
+                             f"(outside it, import its package {theirs})")
+    return found + [f"circle: {', '.join(group)} import each other" for group in circles(graph)]
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or through others (Tarjan's strongly
+    connected components of more than one module), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for target in sorted(graph.get(node, ())):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def import_graph() -> dict[str, set[str]]:
+    modules = project_modules()
+    known = set(modules)
+    return {module: {name for name in imported(path, module, known) if name in known or name in PACKAGES}
+            for module, path in modules.items()}
+
+
+def without_package_edges(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Circles are looked for between modules: a module that imports a name from its own
+    package's __init__, which imports it back, is no circle of code."""
+    return {module: {t for t in targets if not module.startswith(t + ".")} for module, targets in graph.items()}
+
+
+def test_every_import_points_down_and_no_module_imports_in_a_circle():
+    graph = import_graph()
+    assert len(graph) > 40, f"the scan found only {len(graph)} modules"
+    problems = violations(without_package_edges(graph))
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("module,source,expected", [
+    # pipeline/ (outside the transformers engine) reaching into its internals
+    ("pipeline.stats", "from pipeline.engines.transformers.verification import Verdict",
+     "an internal of the engine pipeline.engines.transformers"),
+    # the lowest layer importing a drafter (the circle that config -> registry used to make)
+    ("pipeline.config", "from drafters.registry import FACTORIES", "up from 'lowest' to 'drafters'"),
+    # a drafter importing an engine
+    ("drafters.suffix", "import pipeline.engines.base", "up from 'drafters' to 'engine interface'"),
+    # one engine importing the other's internals
+    ("pipeline.engines.vllm.proposer", "from pipeline.engines.transformers.tree import build_tree",
+     "an internal of the engine pipeline.engines.transformers"),
+    # an import inside a function counts too
+    ("pipeline.prompts", "def f():\n    from pipeline.engines.build import build_engine",
+     "up from 'lowest' to 'engine builder'"),
+])
+def test_an_import_that_breaks_the_rule_is_named(tmp_path, module, source, expected):
+    graph = import_graph()
+    path = tmp_path / "module.py"
+    path.write_text(source + "\n")
+    graph[module] = graph[module] | imported(path, module, set(graph))
+    problems = violations(without_package_edges(graph))
+    assert any(module in line and expected in line for line in problems), problems
+
+
+def test_a_circle_is_found():
+    graph = {"pipeline.config": {"pipeline.prompts"}, "pipeline.prompts": {"pipeline.sampling"},
+             "pipeline.sampling": {"pipeline.config"}, "pipeline.stats": set()}
+    assert circles(graph) == [["pipeline.config", "pipeline.prompts", "pipeline.sampling"]]
+    assert any(line.startswith("circle: ") for line in violations(graph))
