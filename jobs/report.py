@@ -102,6 +102,31 @@ def save_tokens_per_call(groups: dict[str, list[dict]], path: Path) -> Path:
     return path
 
 
+def save_occupancy(summary: dict, path: Path) -> Path | None:
+    """The engines' occupancy over the run (summary.json's engine_series): the mean running
+    requests per step over the slots so far, after each batch; None when the engine keeps no count."""
+    series = [(seconds, value) for seconds, value in summary.get("engine_series") or [] if value is not None]
+    if not series:
+        return None
+    plt = pyplot()
+    figure, axes = plt.subplots(figsize=(5, 3.5))
+    axes.plot(*zip(*series), marker=".")
+    axes.set_ylim(0, 1.05)
+    axes.set_xlabel("seconds since the first batch started")
+    axes.set_ylabel("engine occupancy so far")
+    axes.set_title(f"occupancy {summary.get('engine_occupancy')}, drain {summary.get('engine_drain_seconds')} s", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def run_summary(run_dir: str) -> dict:
+    """The run's summary.json ({} for a directory without one)."""
+    text = storage.read_text(storage.join(run_dir, "summary.json"))
+    return json.loads(text) if text else {}
+
+
 def markdown(report: dict) -> str:
     lines = [f"# Run report: {report['run_dir']}", "",
              f"{report['rows']} rows, {report['errored_rows']} errored.", "",
@@ -171,6 +196,9 @@ def main(argv=None) -> dict:
     out = args.out or Path(args.run_dir) / "report"
     paths = save_acceptance_plots({label: AcceptanceCounts.total(group) for label, group in groups.items()}, out)
     paths.append(save_tokens_per_call(groups, out / "tokens_per_call.png"))
+    occupancy = save_occupancy(run_summary(args.run_dir), out / "occupancy.png")
+    if occupancy is not None:
+        paths.append(occupancy)
     report = {"run_dir": str(args.run_dir), "rows": len(rows), "errored_rows": len(rows) - len(succeeded),
               "settings": {label: totals(group) for label, group in groups.items()},
               "plots": [path.name for path in paths]}

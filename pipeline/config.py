@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,12 @@ class EngineConfig:
     # (on a 2-core CPU about 1.25x at batch 1) but a CPU takes about 2 minutes per actor start to
     # compile. "auto": compiled on a GPU, eager on a CPU.
     execution: Literal["auto", "eager", "compiled"] = "auto"
+    # vLLM: the requests the engine runs at once (its slots), as vLLM names it. 0: vLLM's own
+    # default on a GPU (it depends on the GPU: 256 on an A100, 1024 on an H100), CPU_MAX_NUM_SEQS
+    # on a CPU. The engine is fed continuously: a slot freed is refilled at the next step.
+    max_num_seqs: int = 0
+    # vLLM: the most tokens one engine step may feed the model; 0: vLLM's own default.
+    max_num_batched_tokens: int = 0
 
     def __post_init__(self):
         if self.name == "auto":
@@ -59,14 +66,17 @@ class EngineConfig:
         _require(self.max_model_len >= 0, "engine.max_model_len", "an integer >= 0 (0: the model's own)")
         _require(self.cpu_kv_cache_gib >= 1, "engine.cpu_kv_cache_gib", "an integer >= 1 (GiB)")
         _require(0 < self.gpu_memory_utilization <= 1, "engine.gpu_memory_utilization", "a number in (0, 1]")
+        _require(self.max_num_seqs >= 0, "engine.max_num_seqs", "an integer >= 0 (0: the default for the hardware)")
+        _require(self.max_num_batched_tokens >= 0, "engine.max_num_batched_tokens", "an integer >= 0 (0: vLLM's default)")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
     # A Hugging Face model directory, a .gguf file, or "smollm2-135m-instruct" (embedded default).
     name: str = "smollm2-135m-instruct"
-    # Weights are computed in this dtype; float32 keeps greedy argmax stable on CPU.
-    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    # Weights are computed in this dtype. "auto": bfloat16 where the process has a GPU, float32 on
+    # a CPU (where bfloat16 is slower and float32 keeps greedy argmax stable).
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # Off unless the user turns it on: remote code runs arbitrary Python from the model repo.
     trust_remote_code: bool = False
     # Where converted GGUF models and drafter tables are cached; "" means ~/.cache/ngrammys.
@@ -92,8 +102,9 @@ class DecoderConfig:
     # AUTO_MAX from the request's acceptance history and this hardware's measured call costs.
     auto_k: bool = False
     auto_w: bool = False
-    # Throughput mode: up to this many requests of an actor's batch share each forward call, each
-    # with its own drafts; a finished request's row goes to the next at once. 1: one at a time.
+    # Transformers engine, throughput mode: up to this many requests of an actor's batch share each
+    # forward call, each with its own drafts; a finished request's row goes to the next at once.
+    # 1: one at a time. (The vLLM engine's slots are engine.max_num_seqs.)
     max_batch_requests: int = 1
     # Cap on tokens fed per call in throughput mode (requests x widest draft tree + 1); 0: none.
     max_batch_tokens: int = 0
@@ -256,8 +267,13 @@ class RayConfig:
     # read and write tasks and the job hangs forever.
     num_cpus_per_actor: float = 1.0
     num_gpus_per_actor: float = 0.0
-    # Rows per map_batches call; small batches keep outputs streaming to disk (and resumable).
+    # Rows per map_batches call: the blocks Ray moves to an actor and writes back. The vLLM engine
+    # runs several at once (max_concurrent_batches), so its slots never wait for a batch to drain;
+    # small batches keep outputs streaming to disk (and resumable).
     batch_size: int = 4
+    # Batches an actor works on at once. 0 (auto): one with the transformers engine; with vLLM
+    # enough to hold 3x the engine's slots, plus one (concurrent_batches below).
+    max_concurrent_batches: int = 0
     # Actors (and the task that prepares the model) run only on nodes with this accelerator, in
     # Ray's names (A100, H100, L4, ...; ray.util.accelerators); "": any node with the resources.
     accelerator_type: str = ""
@@ -271,6 +287,7 @@ class RayConfig:
         _require(self.num_cpus_per_actor > 0, "ray.num_cpus_per_actor", "a number > 0")
         _require(self.num_gpus_per_actor >= 0, "ray.num_gpus_per_actor", "a number >= 0")
         _require(self.batch_size >= 1, "ray.batch_size", "an integer >= 1")
+        _require(self.max_concurrent_batches >= 0, "ray.max_concurrent_batches", "an integer >= 0 (0: auto)")
         _require(self.wait_for_actors_s > 0, "ray.wait_for_actors_s", "a number of seconds > 0")
         if self.accelerator_type:
             from ray.util import accelerators
@@ -289,10 +306,14 @@ class Config:
     ray: RayConfig = field(default_factory=RayConfig)
 
     def __post_init__(self):
-        # An actor sees ray.batch_size rows per call; fewer than max_batch_requests leaves rows idle.
-        _require(self.ray.batch_size >= self.decoder.max_batch_requests, "ray.batch_size",
-                 f"at least decoder.max_batch_requests ({self.decoder.max_batch_requests}), so every "
-                 "request row of the decoder has a prompt to take (a multiple of it keeps rows refilled)")
+        if self.engine.name == "transformers":
+            # Its actor sees ray.batch_size rows per call; fewer than max_batch_requests leaves rows idle.
+            _require(self.ray.batch_size >= self.decoder.max_batch_requests, "ray.batch_size",
+                     f"at least decoder.max_batch_requests ({self.decoder.max_batch_requests}) with engine.name "
+                     "transformers, so every request row of the decoder has a prompt to take (a multiple of it keeps "
+                     "rows refilled)")
+            _require(self.ray.max_concurrent_batches <= 1, "ray.max_concurrent_batches",
+                     "0 (auto) or 1 with engine.name transformers (its decoder runs one batch at a time)")
         if self.engine.name == "vllm":
             check_vllm_decoder(self.decoder)
             _require(self.ray.num_gpus_per_actor <= 1, "ray.num_gpus_per_actor",
@@ -316,6 +337,31 @@ def check_vllm_decoder(decoder: DecoderConfig) -> None:
              f"'batch' with engine.name vllm (one row per request has no tree); 'tree' needs {transformers_only}")
     _require(decoder.max_batch_tokens == 0, "decoder.max_batch_tokens",
              f"0 with engine.name vllm (vLLM schedules its own tokens); the cap needs {transformers_only}")
+
+
+# engine.max_num_seqs 0 on a CPU: the most requests one vLLM engine runs at once there.
+CPU_MAX_NUM_SEQS = 16
+# The largest of vLLM's own GPU defaults (an H100's): what engine.max_num_seqs 0 is sized for on GPU actors.
+GPU_MAX_NUM_SEQS_AT_MOST = 1024
+
+
+# Rows in flight per engine slot with ray.max_concurrent_batches auto. A batch goes back only when
+# its longest request ends, so most of the rows in flight belong to batches that wait for their
+# stragglers: simulated with a long-tailed length mix (jobs/benchmark/occupancy.py), 1.5x the
+# slots kept 256 slots 0.65-0.85 busy, 2.5x 0.99, 3x 1.0.
+ROWS_PER_SLOT = 3
+
+
+def concurrent_batches(config: Config) -> int:
+    """Batches one actor works on at once (ray.max_concurrent_batches, or auto: 1 with the
+    transformers engine; with vLLM enough rows to hold ROWS_PER_SLOT x the engine's slots, plus a batch)."""
+    if config.engine.name != "vllm":
+        return 1
+    if config.ray.max_concurrent_batches:
+        return config.ray.max_concurrent_batches
+    slots = config.engine.max_num_seqs or (GPU_MAX_NUM_SEQS_AT_MOST if config.ray.num_gpus_per_actor > 0
+                                           else CPU_MAX_NUM_SEQS)
+    return math.ceil(ROWS_PER_SLOT * slots / config.ray.batch_size) + 1
 
 
 def _require(ok: bool, name: str, allowed: str) -> None:

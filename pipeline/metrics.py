@@ -9,6 +9,12 @@ Every sample is tagged with the run's engine, drafter and run id.
   ngrammys_generation_tokens_total     tokens generated
   ngrammys_target_calls_total          verification steps of the target, per request
   ngrammys_accepted_draft_tokens_total draft tokens the target accepted
+  ngrammys_engine_steps_total          engine steps (vLLM engine)
+  ngrammys_engine_running_total        running requests summed over those steps
+  ngrammys_engine_slot_steps_total     the engine's slots (max_num_seqs) summed over those steps
+  ngrammys_engine_idle_seconds_total   seconds an engine waited with nothing to run, input remaining
+
+Live occupancy: rate(..._engine_running_total) / rate(..._engine_slot_steps_total).
 """
 from __future__ import annotations
 
@@ -19,6 +25,12 @@ COUNTERS = {
     "target_calls": ("ngrammys_target_calls_total", "Verification steps of the target, counted per request"),
     "accepted_draft_tokens": ("ngrammys_accepted_draft_tokens_total", "Draft tokens the target accepted"),
 }
+ENGINE_COUNTERS = {
+    "steps": ("ngrammys_engine_steps_total", "Engine steps"),
+    "running": ("ngrammys_engine_running_total", "Running requests summed over the engine's steps"),
+    "slot_steps": ("ngrammys_engine_slot_steps_total", "The engine's slots (max_num_seqs) summed over its steps"),
+    "idle_seconds": ("ngrammys_engine_idle_seconds_total", "Seconds an engine waited with nothing to run"),
+}
 TAG_KEYS = ("engine", "drafter", "run_id")
 
 
@@ -28,14 +40,25 @@ class RunMetrics:
     def __init__(self, engine: str, drafter: str, run_id: str):
         from ray.util.metrics import Counter
 
-        self.counters = {}
-        for field, (name, description) in COUNTERS.items():
-            counter = Counter(name, description, tag_keys=TAG_KEYS)
-            counter.set_default_tags({"engine": engine, "drafter": drafter, "run_id": run_id})
-            self.counters[field] = counter
+        self.counters, self.engine_counters = {}, {}
+        for counters, names in ((self.counters, COUNTERS), (self.engine_counters, ENGINE_COUNTERS)):
+            for field, (name, description) in names.items():
+                counter = Counter(name, description, tag_keys=TAG_KEYS)
+                counter.set_default_tags({"engine": engine, "drafter": drafter, "run_id": run_id})
+                counters[field] = counter
 
-    def record(self, counts: dict) -> None:
-        """Adds one finished batch's counts (a dict with the COUNTERS' fields)."""
+    def record(self, counts: dict, steps=None, previous=None) -> None:
+        """Adds one finished batch's counts (a dict with the COUNTERS' fields) and what the engine's
+        steps did since the `previous` report (EngineSteps, pipeline/engines/base.py; None: not kept)."""
         for field, counter in self.counters.items():
             if counts[field] > 0:  # Ray counters refuse increments of 0
                 counter.inc(counts[field])
+        if steps is None:
+            return
+        all_steps = steps.steps + steps.drain_steps - previous.steps - previous.drain_steps
+        increments = {"steps": all_steps,
+                      "running": steps.running + steps.drain_running - previous.running - previous.drain_running,
+                      "slot_steps": all_steps * steps.slots, "idle_seconds": steps.idle_seconds - previous.idle_seconds}
+        for field, counter in self.engine_counters.items():
+            if increments[field] > 0:
+                counter.inc(increments[field])

@@ -37,6 +37,13 @@ class LoadedModel:
     source: str
 
 
+def dtype_name(config: ModelConfig) -> str:
+    """model.dtype as it runs in this process: "auto" is bfloat16 with a GPU, float32 without."""
+    if config.dtype != "auto":
+        return config.dtype
+    return "bfloat16" if torch.cuda.is_available() else "float32"
+
+
 def cache_root(config: ModelConfig) -> Path:
     root = config.cache_dir or os.environ.get("NGRAMMYS_CACHE") or Path.home() / ".cache" / "ngrammys"
     return Path(root)
@@ -131,7 +138,7 @@ def load_model(config: ModelConfig) -> LoadedModel:
         torch.set_num_threads(config.num_threads)
     model_dir, fingerprint = resolve_model_dir(config)
     model = AutoModelForCausalLM.from_pretrained(
-        model_dir, dtype=DTYPES[config.dtype], trust_remote_code=config.trust_remote_code
+        model_dir, dtype=DTYPES[dtype_name(config)], trust_remote_code=config.trust_remote_code
     )
     model.eval()
     if torch.cuda.is_available():  # an actor given a GPU by Ray sees exactly that one

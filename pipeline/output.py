@@ -13,6 +13,7 @@ SCHEMA = pa.schema([
     ("generated_text", pa.string()),
     ("generated_tokens", pa.list_(pa.int64())),
     ("num_input_tokens", pa.int64()),
+    ("prompt_token_ids", pa.list_(pa.int64())),  # the prompt as the model saw it (ray.data.llm's name)
     ("finish_reason", pa.string()),
     ("num_prompt_tokens", pa.int64()),
     ("num_generated_tokens", pa.int64()),
@@ -29,6 +30,7 @@ SCHEMA = pa.schema([
     ("sum_acceptance_probability", pa.float64()),
     ("alpha", pa.float64()),  # mean acceptance probability of a checked draft token
     ("num_draft_model_calls", pa.int64()),
+    ("num_drafter_failed_steps", pa.int64()),  # steps whose drafting failed for this row (it went on without drafts)
     ("draft_cost_ratio", pa.float64()),  # c = draft-model call time / target call time
     ("draft_seconds", pa.float64()),
     ("median_draft_seconds", pa.float64()),  # per step: retrieval + selection for REST

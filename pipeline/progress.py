@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import ray
 
+from pipeline.engines.base import EngineSteps, engine_summary
+
 
 class JobStopped(RuntimeError):
     """Raised in a stage actor when the run must stop (the message says why)."""
@@ -21,6 +23,8 @@ class BatchReport:
     started: float  # time.time() when the batch's generation began
     finished: float
     node: str  # the Ray node that ran it
+    actor: str = ""  # the Ray actor that ran it
+    engine_steps: EngineSteps | None = None  # that actor's engine's step accounting so far (None: not kept)
 
 
 COUNTED = ("rows", "errored_rows", "generated_tokens", "target_calls")  # summed over the batches
@@ -29,7 +33,7 @@ COUNTED = ("rows", "errored_rows", "generated_tokens", "target_calls")  # summed
 def empty_totals() -> dict:
     """The totals of an invocation that generated nothing."""
     return {"batches": 0, **{name: 0 for name in COUNTED}, "first_start": float("inf"), "last_finish": 0.0,
-            "nodes": []}
+            "nodes": [], **engine_summary([]), "engine_series": []}
 
 
 @ray.remote(num_cpus=0)
@@ -40,6 +44,8 @@ class RunProgress:
         self.first_start, self.last_finish = float("inf"), 0.0
         self.nodes: set[str] = set()
         self.stopped: str | None = None
+        self.engines: dict[str, EngineSteps] = {}  # each actor's latest
+        self.series: list[tuple[float, float | None]] = []  # (when, the run's occupancy so far)
 
     def report(self, batch: BatchReport) -> str | None:
         """Adds a finished batch; returns why the run must stop, if it must."""
@@ -48,6 +54,9 @@ class RunProgress:
         self.counts["batches"] += 1
         self.first_start, self.last_finish = min(self.first_start, batch.started), max(self.last_finish, batch.finished)
         self.nodes.add(batch.node)
+        if batch.engine_steps is not None:
+            self.engines[batch.actor] = batch.engine_steps
+            self.series.append((batch.finished, engine_summary(list(self.engines.values()))["engine_occupancy"]))
         if 0 <= self.max_errored_rows < self.counts["errored_rows"] and self.stopped is None:
             self.stopped = (f"{self.counts['errored_rows']} rows failed, more than job.max_errored_rows "
                             f"({self.max_errored_rows})")
@@ -57,5 +66,8 @@ class RunProgress:
         return self.stopped
 
     def totals(self) -> dict:
-        return {**self.counts, "first_start": self.first_start, "last_finish": self.last_finish,
-                "nodes": sorted(self.nodes)}
+        start = self.first_start
+        return {**self.counts, "first_start": start, "last_finish": self.last_finish, "nodes": sorted(self.nodes),
+                **engine_summary(list(self.engines.values())),
+                # The run's occupancy after each batch, by seconds since the first batch started.
+                "engine_series": [[round(when - start, 2), occupancy] for when, occupancy in sorted(self.series)]}

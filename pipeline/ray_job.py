@@ -40,7 +40,7 @@ from drafters.registry import (
     needs_model_tables,
 )
 from pipeline import storage
-from pipeline.config import Config, InputConfig
+from pipeline.config import Config, InputConfig, concurrent_batches
 from pipeline.engines.build import ModelRefused, check_engine_can_run
 from pipeline.model_loading import cache_root, load_model, resolve_model_dir
 from pipeline.progress import RunProgress, empty_totals
@@ -320,7 +320,11 @@ def run_job(config: Config, run_id: str) -> dict:
         outputs = dataset.map_batches(
             GenerationStage,
             fn_constructor_kwargs={"config": config, "tables": tables, "progress": progress, "run_id": run_id},
-            compute=ray.data.ActorPoolStrategy(min_size=config.ray.min_actors, max_size=config.ray.max_actors),
+            # Several batches per actor at once where its engine takes them (the vLLM engine runs
+            # their requests together and never waits for one batch to drain).
+            compute=ray.data.ActorPoolStrategy(min_size=config.ray.min_actors, max_size=config.ray.max_actors,
+                                               max_tasks_in_flight_per_actor=concurrent_batches(config)),
+            max_concurrency=concurrent_batches(config),
             **actor_resources(config), batch_size=config.ray.batch_size, batch_format="numpy", runtime_env=actor_environment(config),
             # A lost actor (node gone, process killed) is restarted and its batch retried elsewhere.
             max_restarts=-1, max_task_retries=-1)
@@ -406,6 +410,11 @@ def write_run_summary(config: Config, run_id: str, output: str, wall: float, thi
         "tokens_per_second_after_startup": round(generated / generating, 3) if generating > 0 else None,
         "rows_per_second_after_startup": round(this_time["rows"] / generating, 3) if generating > 0 else None,
         "actor_nodes": this_time["nodes"],
+        # The engines' slots kept busy (summed over actors; null where the engine keeps no count):
+        # mean running requests per step over max_num_seqs while input remained, all steps, the
+        # seconds an engine waited with nothing to run while input remained, and the final drain.
+        **{name: this_time[name] for name in ("engine_occupancy", "engine_steps", "engine_idle_seconds",
+                                              "engine_drain_seconds", "engine_series")},
         "driver_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "settings": {section: asdict(getattr(config, section)) for section in ("model", "engine", "decoder", "input", "ray")},
     }

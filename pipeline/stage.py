@@ -8,6 +8,7 @@ setting) gets an `error` naming the row and the cause; the other rows of the bat
 from __future__ import annotations
 
 import math
+import threading
 import time
 
 import numpy as np
@@ -16,7 +17,14 @@ import torch
 
 from drafters.registry import DrafterTables
 from pipeline.config import Config
-from pipeline.engines.base import Engine, Failed, Request, RequestError, Result
+from pipeline.engines.base import (
+    Engine,
+    EngineSteps,
+    Failed,
+    Request,
+    RequestError,
+    Result,
+)
 from pipeline.engines.build import build_engine
 from pipeline.metrics import RunMetrics
 from pipeline.output import SCHEMA
@@ -68,6 +76,11 @@ class GenerationStage:
         source = config.input
         self.prompt_column = source.prompt_column or source.messages_column
         self.input_columns = (source.id_column, self.prompt_column)
+        # Ray Data may run several batches on this actor at once (the vLLM engine takes them all):
+        # the tokenizer is not to be shared between threads, and the step counts are reported in order.
+        self.tokenizer_lock = threading.Lock()
+        self.report_lock = threading.Lock()
+        self.reported_steps = EngineSteps()
 
     def row_value(self, row: dict, name: str, request_id: str, kind: type, ok, allowed: str):
         """Row's `name` if set (checked against `ok`), else the config's decoder.<name>."""
@@ -106,7 +119,8 @@ class GenerationStage:
             raise RequestError(f"request {request_id!r}: no prompt in column {self.prompt_column!r}")
         sampling = self.sampling(row, request_id)
         max_new_tokens = self.max_new_tokens(row, request_id)
-        prompt_ids = encode_prompt(self.engine.tokenizer, prompt, request_id)
+        with self.tokenizer_lock:
+            prompt_ids = encode_prompt(self.engine.tokenizer, prompt, request_id)
         return Request(request_id, prompt_ids, max_new_tokens, self.config.decoder.stop, sampling)
 
     def output_row(self, request: Request, result: Result) -> dict:
@@ -114,7 +128,7 @@ class GenerationStage:
         output = {"id": request.request_id, "text": result.text, "token_ids": result.token_ids, "error": None,
                   # The same, named as ray.data.llm names them, so its users' readers keep working.
                   "generated_text": result.text, "generated_tokens": result.token_ids,
-                  "num_input_tokens": len(request.prompt_ids),
+                  "num_input_tokens": len(request.prompt_ids), "prompt_token_ids": request.prompt_ids,
                   "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
                   "seed": sampling.seed}
         output.update(result.stats.as_row())
@@ -164,13 +178,18 @@ class GenerationStage:
         import pyarrow.compute as pc
         import ray
 
-        batch = BatchReport(rows=table.num_rows, errored_rows=table.num_rows - table.column("error").null_count,
-                            generated_tokens=pc.sum(table.column("num_generated_tokens")).as_py() or 0,
-                            target_calls=pc.sum(table.column("num_target_calls")).as_py() or 0,
-                            started=started, finished=time.time(), node=ray.get_runtime_context().get_node_id())
-        accepted = sum(length * steps for histogram in table.column("accepted_length_histogram").to_pylist()
-                       for length, steps in enumerate(histogram or []))
-        self.metrics.record({**vars(batch), "accepted_draft_tokens": accepted})
+        context = ray.get_runtime_context()
+        with self.report_lock:
+            steps = self.engine.steps()
+            batch = BatchReport(rows=table.num_rows, errored_rows=table.num_rows - table.column("error").null_count,
+                                generated_tokens=pc.sum(table.column("num_generated_tokens")).as_py() or 0,
+                                target_calls=pc.sum(table.column("num_target_calls")).as_py() or 0,
+                                started=started, finished=time.time(), node=context.get_node_id(),
+                                actor=context.get_actor_id() or "", engine_steps=steps)
+            accepted = sum(length * count for histogram in table.column("accepted_length_histogram").to_pylist()
+                           for length, count in enumerate(histogram or []))
+            self.metrics.record({**vars(batch), "accepted_draft_tokens": accepted}, steps, self.reported_steps)
+            self.reported_steps = steps or self.reported_steps
         stop = ray.get(self.progress.report.remote(batch))
         if stop:
             raise JobStopped(stop)

@@ -38,6 +38,9 @@ class RequestStats:
     sum_acceptance_probability: float = 0.0
     # Forward calls of a draft model (0 for table and context drafters).
     num_draft_model_calls: int = 0
+    # Steps whose drafting failed for this request (the drafter raised, or gave no token list):
+    # the request went on without drafts in them.
+    num_drafter_failed_steps: int = 0
     draft_seconds: float = 0.0
     verify_seconds: float = 0.0
     # Draft time of every step (retrieval and selection for REST); only its median is a column.

@@ -10,7 +10,11 @@ builds it, so the benchmark measures what users run:
 - --throughput (throughput.py): batched generation on the transformers engine per batch size;
 - --throughput --engine vllm (comparison.py): vLLM plain, its own ngram and suffix methods and ours
   on vLLM, side by side in rounds of new prompts;
-- --pipeline (pipeline_overhead.py): the Ray job against its stage in-process.
+- --pipeline (pipeline_overhead.py): the Ray job against its stage in-process;
+- --feeding (feeding.py): how full the engine is kept: our job end to end against vLLM's own
+  LLM.generate over all prompts at once and against ray.data.llm's processor;
+- --occupancy RUN_DIR (occupancy.py): the slots each feeding design keeps busy at any engine size,
+  simulated with a run's real output lengths.
 Speed-ups are ratios within one run, the methods taking turns so that drifts fall on all alike.
 """
 from __future__ import annotations
@@ -21,7 +25,9 @@ from pathlib import Path
 
 from jobs.benchmark.comparison import engine_comparison
 from jobs.benchmark.comparison import markdown as comparison_markdown
+from jobs.benchmark.feeding import feeding_comparison, feeding_markdown
 from jobs.benchmark.grid import grid_plots, method_names
+from jobs.benchmark.occupancy import occupancy_comparison
 from jobs.benchmark.pipeline_overhead import pipeline_comparison
 from jobs.benchmark.quality import DEFAULT_METHODS, build_runners, run_dataset
 from jobs.benchmark.throughput import throughput_comparison, throughput_markdown
@@ -59,13 +65,24 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "installed) and --spec on vLLM, beside --reference on the transformers engine")
     parser.add_argument("--reference", default="context_ngram:auto:auto",
                         help="--throughput --engine vllm: our transformers engine's method(s) run beside (\"\": none)")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"), help="--engine vllm: model dtype")
+    parser.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16"),
+                        help="--engine vllm and --feeding: model dtype")
     parser.add_argument("--rounds", type=int, default=1,
                         help="--engine vllm: runs per batch size, each on --limit prompts no earlier run used; tokens/s is the median")
     parser.add_argument("--pipeline", action="store_true",
                         help="instead: the same prompts through the Ray job and in-process, with the "
                              "decoder of --config, compared in tokens/s after start-up")
     parser.add_argument("--config", default="configs/default.yaml", help="decoder settings for --pipeline")
+    parser.add_argument("--feeding", action="store_true",
+                        help="instead: the same prompts through vLLM's LLM.generate at once, our job and ray.data.llm, "
+                             "for --spec (plain is always run); engine slots --max-num-seqs, Ray batches --batch-size")
+    parser.add_argument("--max-num-seqs", type=int, default=16, help="--feeding: the engine's slots")
+    parser.add_argument("--batch-size", type=int, default=16, help="--feeding: rows per Ray batch")
+    parser.add_argument("--no-ray-data-llm", action="store_true", help="--feeding: leave ray.data.llm out")
+    parser.add_argument("--occupancy", default="", metavar="RUN_DIR[,RUN_DIR]",
+                        help="instead: simulate the feeding designs' occupancy with these runs' output lengths")
+    parser.add_argument("--slots", type=int, default=256, help="--occupancy: the engine's slots (max_num_seqs)")
+    parser.add_argument("--requests", type=int, default=20000, help="--occupancy: requests drawn from the lengths")
     return parser.parse_args(argv)
 
 
@@ -79,6 +96,14 @@ def main(argv=None) -> dict:
     if args.throughput and args.engine == "vllm":
         report = write(engine_comparison(args), args.out)
         print(comparison_markdown(report))
+        return report
+    if args.occupancy:
+        report = write(occupancy_comparison(args), args.out)
+        print(json.dumps(report, indent=2))
+        return report
+    if args.feeding:
+        report = write(feeding_comparison(args), args.out)
+        print(feeding_markdown(report))
         return report
     if args.pipeline:
         report = write({"dataset": args.dataset, "model": args.model, "pipeline": pipeline_comparison(args)}, args.out)

@@ -99,7 +99,8 @@ def run_methods(engines: dict, methods: list, requests: list[Request], batch: in
 
 def method_config(base: list[str], method: Method, batch: int) -> Config:
     return load_config("configs/default.yaml", [*base, f"engine.name={method.engine}", *method.overrides(),
-                                                f"decoder.max_batch_requests={batch}", f"ray.batch_size={batch}"])
+                                                f"decoder.max_batch_requests={batch}", f"engine.max_num_seqs={batch}",
+                                                f"ray.batch_size={batch}"])
 
 
 def build_engines(base: list[str], methods: list[Method], batches: list[int]) -> dict[tuple[Method, int], Engine]:

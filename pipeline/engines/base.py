@@ -14,7 +14,8 @@ from pipeline.prompts import RequestError
 from pipeline.sampling import GREEDY, SamplingParams
 from pipeline.stats import FINISH_REASONS, RequestStats
 
-__all__ = ["FINISH_REASONS", "Engine", "Failed", "Request", "RequestError", "Result", "budget", "cut_at_stop"]
+__all__ = ["FINISH_REASONS", "Engine", "EngineSteps", "Failed", "Request", "RequestError", "Result", "budget", "cut_at_stop",
+           "engine_summary"]
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,31 @@ class Failed:
     message: str
 
 
+@dataclass(frozen=True)
+class EngineSteps:
+    """What one engine's steps did since it started, for the run's occupancy.
+
+    Steps *while input remained* are those followed by another admission of requests; the steps
+    since the last admission are the drain, which is the final one once the input is exhausted."""
+    slots: int = 0  # requests the engine runs at once (vLLM's max_num_seqs)
+    steps: int = 0  # steps while input remained
+    running: int = 0  # the running requests of those steps, summed
+    idle_seconds: float = 0.0  # waited with no request to run, while input remained
+    drain_steps: int = 0  # steps since the last admission
+    drain_running: int = 0
+    drain_seconds: float = 0.0  # from the last admission to the last request's end
+
+
+def engine_summary(engines: Sequence[EngineSteps]) -> dict:
+    """The run's engine columns over its engines (one per actor): occupancy is the mean running
+    requests per step over the slots, across every engine's steps while input remained."""
+    slot_steps = sum(e.slots * e.steps for e in engines)
+    return {"engine_occupancy": round(sum(e.running for e in engines) / slot_steps, 4) if slot_steps else None,
+            "engine_steps": sum(e.steps + e.drain_steps for e in engines) if engines else None,
+            "engine_idle_seconds": round(sum(e.idle_seconds for e in engines), 3) if engines else None,
+            "engine_drain_seconds": round(sum(e.drain_seconds for e in engines), 3) if engines else None}
+
+
 class Engine(Protocol):
     # "vllm" or "transformers": the `engine` column of every row it generates.
     name: str
@@ -53,7 +79,13 @@ class Engine(Protocol):
         ...
 
     def generate(self, requests: Sequence[Request]) -> list[Result | Failed]:
-        """One result per request, in the order given; a request that fails does so alone."""
+        """One result per request, in the order given; a request that fails does so alone. The
+        stage calls it from as many threads at once as pipeline/config.concurrent_batches says
+        (one for an engine that cannot take more)."""
+        ...
+
+    def steps(self) -> EngineSteps | None:
+        """Its step accounting so far; None where the engine does not keep one."""
         ...
 
 

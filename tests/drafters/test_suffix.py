@@ -4,7 +4,6 @@ from collections import Counter
 
 import numpy as np
 import pytest
-import torch
 
 from drafters.acceptance import AcceptanceModel
 from drafters.base import PADDING, DraftContext

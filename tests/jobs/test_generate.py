@@ -5,8 +5,6 @@ import time
 from importlib.util import find_spec
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from jobs import benchmark

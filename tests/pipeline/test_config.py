@@ -68,12 +68,40 @@ def test_throughput_mode_settings_are_checked():
     from pipeline.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match="ray.batch_size: must be at least decoder.max_batch_requests"):
-        load_config(overrides=["decoder.max_batch_requests=8", "ray.batch_size=2"])
+        load_config(overrides=["engine.name=transformers", "decoder.max_batch_requests=8", "ray.batch_size=2"])
     with pytest.raises(ConfigError, match="decoder.max_batch_requests"):
         load_config(overrides=["engine.name=transformers", "decoder.drafter=draft_model", "decoder.k=1",
                                "decoder.max_batch_requests=2", "ray.batch_size=4"])
     config = load_config(overrides=["decoder.max_batch_requests=8", "ray.batch_size=32"])
     assert config.decoder.max_batch_requests == 8
+
+
+def test_engine_slots_are_apart_from_the_ray_batch():
+    from pipeline.config import CPU_MAX_NUM_SEQS, concurrent_batches
+
+    # On vLLM the Ray batch only sizes the blocks Ray moves: the engine's slots are its own.
+    config = load_config(overrides=["engine.name=vllm", "engine.max_num_seqs=256", "ray.batch_size=64"])
+    assert config.engine.max_num_seqs == 256
+    assert concurrent_batches(config) == 13  # 3 x 256 slots in 64-row batches, plus one
+    assert concurrent_batches(load_config(overrides=["engine.name=vllm", "ray.batch_size=8"])) == \
+        3 * CPU_MAX_NUM_SEQS // 8 + 1
+    assert concurrent_batches(load_config(overrides=["engine.name=vllm", "ray.max_concurrent_batches=3"])) == 3
+    assert concurrent_batches(load_config(overrides=["engine.name=transformers"])) == 1
+    with pytest.raises(ConfigError, match="ray.max_concurrent_batches: must be 0 \\(auto\\) or 1 with engine.name transformers"):
+        load_config(overrides=["engine.name=transformers", "ray.max_concurrent_batches=4"])
+    with pytest.raises(ConfigError, match="engine.max_num_seqs: must be an integer >= 0"):
+        load_config(overrides=["engine.max_num_seqs=-1"])
+    with pytest.raises(ConfigError, match="engine.max_num_batched_tokens: must be an integer >= 0"):
+        load_config(overrides=["engine.max_num_batched_tokens=-5"])
+    assert load_config(overrides=["engine.name=vllm", "decoder.max_batch_requests=8", "ray.batch_size=2"]).ray.batch_size == 2
+
+
+def test_model_dtype_auto_is_float32_without_a_gpu():
+    from pipeline.model_loading import dtype_name
+
+    config = load_config("configs/default.yaml")
+    assert config.model.dtype == "auto" and dtype_name(config.model) == "float32"  # no GPU in this process
+    assert dtype_name(load_config(overrides=["model.dtype=bfloat16"]).model) == "bfloat16"
 
 
 def test_engine_auto_is_vllm_where_it_is_installed_and_is_recorded_resolved():

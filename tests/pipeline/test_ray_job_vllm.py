@@ -2,8 +2,6 @@
 row back once, bad rows as error rows, statistics columns filled, the engine named on every row."""
 import json
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 import ray
 
@@ -50,4 +48,44 @@ def test_the_job_on_vllm_returns_every_row_once_with_statistics(local_ray, tiny_
         assert sum(row["accepted_length_histogram"]) == row["num_target_calls"] and row["finish_reason"] in ("length", "eos")
         assert sum(count for _, count in row["strategy_rows"]) == row["num_target_calls"]
     assert summary["rows"] == 8 and summary["errored_rows"] == 4
+    assert all(row["prompt_token_ids"] for row in by_id["ok"]) and by_id["empty"][0]["prompt_token_ids"] is None
+    # The engine's steps were counted: 4 requests ran, in at most 16 slots (the CPU default).
+    assert summary["engine_steps"] > 0 and 0 < summary["engine_occupancy"] <= 4 / 16
+    assert summary["engine_idle_seconds"] >= 0 and summary["engine_drain_seconds"] >= 0
     assert json.loads((tmp_path / "out" / "run=v" / "summary.json").read_text())["settings"]["engine"]["name"] == "vllm"
+
+
+def map_worker_pids() -> list[int]:
+    import psutil
+
+    return [p.pid for p in psutil.process_iter(["cmdline"]) if "MapWorker" in " ".join(p.info["cmdline"] or [])]
+
+
+@pytest.mark.slow  # vLLM in a Ray actor, started twice: make test-slow
+def test_a_killed_actor_on_the_streaming_engine_still_writes_every_id_once(local_ray, tiny_model_dir, tmp_path):
+    import os
+    import signal
+    import threading
+    import time
+
+    ids = [f"q{i:02d}" for i in range(24)]
+    config = load_config(REPO / "configs/default.yaml", [
+        "engine.name=vllm", f"model.name={tiny_model_dir}", f"model.cache_dir={tmp_path / 'cache'}",
+        "engine.execution=eager", "engine.cpu_kv_cache_gib=1", "engine.max_model_len=384", "engine.max_num_seqs=4",
+        "decoder.drafter=context_ngram", "decoder.w=4", "decoder.max_new_tokens=200", "ray.batch_size=2",
+        f"input.path={write_jsonl(tmp_path / 'in.jsonl', [{'id': i, 'prompt': f'Count {i}:'} for i in ids])}",
+        f"job.output={tmp_path / 'out'}", "ray.num_cpus_per_actor=0.5"])
+    finished: dict = {}
+    job = threading.Thread(target=lambda: finished.update(summary=run_job(config, "k")))
+    job.start()
+    run_dir = tmp_path / "out" / "run=k"
+    deadline = time.time() + 300
+    while time.time() < deadline and not read_run(run_dir):  # the engine is streaming: some rows are out
+        time.sleep(0.2)
+    pids = map_worker_pids()
+    assert pids and job.is_alive(), "the kill should land mid-run"
+    os.kill(pids[0], signal.SIGKILL)  # the actor's process dies with batches in flight
+    assert len(read_run(run_dir)) < len(ids), "the kill should land mid-run"
+    job.join(timeout=400)
+    assert not job.is_alive() and "summary" in finished, "the job should finish despite the killed actor"
+    assert sorted(row["id"] for row in read_run(run_dir)) == ids, "every id exactly once"

@@ -63,6 +63,10 @@ class TransformersEngine:
             return "tree"
         return decoder.verify
 
+    def steps(self) -> None:
+        """The transformers engine keeps no step accounting (its throughput mode drains each batch)."""
+        return None
+
     def generate(self, requests: Sequence[Request]) -> list[Result | Failed]:
         if self.batched is None:
             return [self.generate_one(request) for request in requests]

@@ -3,7 +3,8 @@
 The engine runs inside the process that builds it (VLLM_ENABLE_V1_MULTIPROCESSING=0): on this
 2-core CPU that is 1.4-1.5x faster than vLLM's separate engine and worker processes and starts in
 seconds, and it lets the proposer take the drafter tables by reference (one read-only copy in
-Ray's object store per node). One engine per Ray actor; tensor parallelism is not offered.
+Ray's object store per node). One engine per Ray actor, kept full across the actor's batches
+(feeder.py); tensor parallelism is not offered.
 
 Statistics: vLLM's per-request speculative metrics (`per_request_spec_decode_metrics`) give the
 accepted-length histogram of the steps that verified a draft; the proposer gives the steps the
@@ -17,13 +18,13 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Sequence
 
 from drafters.registry import DrafterTables, make_drafter
-from pipeline.config import Config, DecoderConfig
+from pipeline.config import CPU_MAX_NUM_SEQS, Config, DecoderConfig
 from pipeline.drafter_kinds import VLLM_METHODS
 from pipeline.engines.base import (
+    EngineSteps,
     Failed,
     Request,
     RequestError,
@@ -31,13 +32,14 @@ from pipeline.engines.base import (
     budget,
     cut_at_stop,
 )
+from pipeline.engines.vllm.feeder import EngineFeeder
 from pipeline.engines.vllm.proposer import (
     Proposal,
     Tracked,
     attach_drafter,
     take_tracked,
 )
-from pipeline.model_loading import load_tokenizer
+from pipeline.model_loading import dtype_name, load_tokenizer
 from pipeline.stats import RequestStats
 
 PROPOSER = "pipeline.engines.vllm.proposer.NgrammysProposer"
@@ -61,6 +63,15 @@ def set_vllm_environment(config: Config) -> None:
     os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
 
 
+def max_num_seqs(config: Config) -> int | None:
+    """engine.max_num_seqs, or for 0: vLLM's own default on a GPU (None), CPU_MAX_NUM_SEQS on a CPU."""
+    import torch
+
+    if config.engine.max_num_seqs:
+        return config.engine.max_num_seqs
+    return None if torch.cuda.is_available() else CPU_MAX_NUM_SEQS
+
+
 def eager(config: Config) -> bool:
     """Whether vLLM runs eagerly (engine.execution; auto: eager on a CPU, compiled on a GPU)."""
     if config.engine.execution == "auto":
@@ -75,21 +86,23 @@ class VllmEngine:
 
     def __init__(self, config: Config, model_dir: str, tables: DrafterTables | None = None):
         set_vllm_environment(config)
-        # Every vLLM call runs on this one thread. On a CPU, vLLM binds the OpenMP threads of the
-        # thread that starts it to cores; Ray Data calls a stage from other threads, whose OpenMP
-        # threads are not bound: measured here, 71 tok/s against 95 on the starting thread.
-        self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vllm-engine")
-        self.thread.submit(self.start, config, model_dir, tables).result()
-
-    def start(self, config: Config, model_dir: str, tables: DrafterTables | None) -> None:
-        from vllm import LLM  # after the environment is set
-
-        decoder = config.decoder
         self.config = config
-        self.tokenizer = load_tokenizer(model_dir, config.model)
+        decoder = config.decoder
         self.drafts = decoder.drafter != "none" and decoder.w > 0
         # Ours run as vLLM's proposer; vLLM's own methods (vllm_ngram, vllm_suffix) run as vLLM has them.
         self.ours = self.drafts and decoder.drafter not in VLLM_METHODS
+        self.tokenizer = load_tokenizer(model_dir, config.model)
+        # One thread runs every vLLM call and keeps the engine fed (feeder.py).
+        self.feeder = EngineFeeder(lambda: self.start(model_dir), self.finished if self.ours else None)
+        self.max_model_len = self.feeder.llm.llm_engine.model_config.max_model_len
+        self.max_w = decoder.w  # vLLM's num_speculative_tokens: fixed from here on
+        if self.ours:
+            self.set_decoder(decoder, tables)
+
+    def start(self, model_dir: str):
+        from vllm import LLM  # after the environment is set
+
+        config, decoder = self.config, self.config.decoder
         speculative = None
         if self.drafts:
             speculative = {"method": VLLM_METHODS.get(decoder.drafter, "custom_class"), "num_speculative_tokens": decoder.w}
@@ -97,30 +110,34 @@ class VllmEngine:
                 speculative["model"] = PROPOSER
             elif decoder.drafter == "vllm_ngram":
                 speculative.update(prompt_lookup_min=decoder.ngram_min_q, prompt_lookup_max=decoder.ngram_max_q)
-        self.llm = LLM(model=model_dir, tokenizer=model_dir, dtype=config.model.dtype, seed=0,
-                       trust_remote_code=config.model.trust_remote_code,
-                       max_model_len=config.engine.max_model_len or None,
-                       max_num_seqs=decoder.max_batch_requests, enforce_eager=eager(config),
-                       gpu_memory_utilization=config.engine.gpu_memory_utilization,
-                       speculative_config=speculative,
-                       per_request_spec_decode_metrics="detailed" if self.drafts else "none")
-        self.max_model_len = self.llm.llm_engine.model_config.max_model_len
-        self.max_w = decoder.w  # vLLM's num_speculative_tokens: fixed from here on
-        if self.ours:
-            self.attach(decoder, tables)
+        return LLM(model=model_dir, tokenizer=model_dir, dtype=dtype_name(config.model), seed=0,
+                   trust_remote_code=config.model.trust_remote_code,
+                   max_model_len=config.engine.max_model_len or None, max_num_seqs=max_num_seqs(config),
+                   max_num_batched_tokens=config.engine.max_num_batched_tokens or None,
+                   enforce_eager=eager(config), gpu_memory_utilization=config.engine.gpu_memory_utilization,
+                   speculative_config=speculative,
+                   per_request_spec_decode_metrics="detailed" if self.drafts else "none")
 
     def set_decoder(self, decoder: DecoderConfig, tables: DrafterTables | None = None) -> None:
-        self.thread.submit(self.attach, decoder, tables).result()
-
-    def attach(self, decoder: DecoderConfig, tables: DrafterTables | None = None) -> None:
         """Hands the proposer the drafter `decoder` describes. vLLM fixes the longest draft when it
         starts: another drafter can be swapped in with drafts of at most that many tokens."""
         assert self.ours and decoder.drafter not in VLLM_METHODS and 1 <= decoder.w <= self.max_w, (
             f"the engine was started for drafts of up to {self.max_w} tokens, not {decoder.w}")
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         drafter = make_drafter(decoder, tables or DrafterTables(), pad, None, len(self.tokenizer))
-        self.llm.collective_rpc(attach_drafter, args=(drafter, decoder.w, decoder.ngram_max_q, decoder.auto_w))
+        self.collective_rpc(attach_drafter, (drafter, decoder.w, decoder.ngram_max_q, decoder.auto_w))
         self.config = dataclasses.replace(self.config, decoder=decoder)
+
+    def collective_rpc(self, function, args: tuple = ()) -> list:
+        """vLLM's LLM.collective_rpc, run on the engine thread between two steps."""
+        llm = self.feeder.llm
+        return self.feeder.call(lambda: llm.collective_rpc(function, args=args))
+
+    def finished(self, outputs: list) -> dict[str, Tracked]:
+        """On the engine thread, as requests end: what the proposer tracked of them (and the
+        drafter learns their outputs)."""
+        generated = {o.request_id: list(o.outputs[0].token_ids) for o in outputs}
+        return self.feeder.llm.collective_rpc(take_tracked, args=(generated,))[0]
 
     def columns(self) -> dict:
         decoder = self.config.decoder
@@ -128,10 +145,28 @@ class VllmEngine:
                 "w": decoder.w if self.drafts else 0, "auto_k": False, "auto_w": decoder.auto_w and self.drafts,
                 "verify": "batch", "lenience": 1.0}
 
-    def generate(self, requests: Sequence[Request]) -> list[Result | Failed]:
-        return self.thread.submit(self.generate_here, requests).result()
+    def steps(self) -> EngineSteps:
+        return self.feeder.steps()
 
-    def generate_here(self, requests: Sequence[Request]) -> list[Result | Failed]:
+    def close(self) -> None:
+        """Stops the engine thread (the engine itself goes with the process)."""
+        self.feeder.close()
+
+    def generate(self, requests: Sequence[Request]) -> list[Result | Failed]:
+        """Any thread may call it, several at once: their requests run together in the one engine."""
+        return self._generate(requests, self.feeder.generate)
+
+    def generate_all_at_once(self, requests: Sequence[Request]) -> list[Result | Failed]:
+        """vLLM's own LLM.generate over all of `requests` in one call, on this engine and its
+        proposer (what continuous batching over a whole corpus gives: the feeding benchmark's ideal)."""
+        llm = self.feeder.llm
+
+        def run(prompts, params):
+            outputs = self.feeder.call(lambda: llm.generate(prompts, params, use_tqdm=False))
+            return outputs, (self.feeder.call(lambda: self.finished(outputs)) if self.ours and outputs else {})
+        return self._generate(requests, run)
+
+    def _generate(self, requests: Sequence[Request], run) -> list[Result | Failed]:
         from vllm import SamplingParams
 
         results: list[Result | Failed | None] = [None] * len(requests)
@@ -149,16 +184,11 @@ class VllmEngine:
                                          top_k=sampling.top_k, top_p=sampling.top_p,
                                          seed=None if sampling.greedy else sampling.seed,
                                          stop=list(request.stop) or None, detokenize=bool(request.stop)))
-        if runnable:
-            started = time.perf_counter()
-            outputs = self.llm.generate(prompts, params, use_tqdm=False)
-            wall = time.perf_counter() - started
-            tracked = {}
-            if self.ours:
-                generated = {o.request_id: list(o.outputs[0].token_ids) for o in outputs}
-                tracked = self.llm.collective_rpc(take_tracked, args=(generated,))[0]
-            for index, output in zip(runnable, outputs):
-                results[index] = self.result(requests[index], output, tracked.get(output.request_id), wall)
+        started = time.perf_counter()
+        outputs, tracked = run(prompts, params)
+        wall = time.perf_counter() - started
+        for index, output in zip(runnable, outputs):
+            results[index] = self.result(requests[index], output, tracked.get(output.request_id), wall)
         return results
 
     def result(self, request: Request, output, tracked: Tracked | None, wall: float) -> Result:
@@ -202,6 +232,7 @@ def request_stats(prompt_length: int, token_ids: list[int], metrics, tracked: Tr
                          num_checked_draft_tokens=checked, sum_acceptance_probability=float(accepted))
     if tracked is not None:
         stats.draft_seconds = tracked.draft_seconds
+        stats.num_drafter_failed_steps = tracked.failed_steps
         attribute_strategies(stats, tracked.proposals, token_ids, steps)
         return stats
     drafted_steps = len(metrics.per_step_drafted) if metrics is not None else 0

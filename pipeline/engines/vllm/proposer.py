@@ -23,6 +23,7 @@ noisy cost fit never makes drafts free. A request whose drafts fail stops drafti
 from __future__ import annotations
 
 import heapq
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -36,6 +37,8 @@ from drafters.adaptive import (
     judge_proposals,
 )
 from drafters.base import PADDING, DraftContext, Drafter, Drafts, common_prefix
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class Tracked:
     limit: int  # the most tokens (prompt + generated) it may reach: a draft never goes past it
     controller: AdaptiveController  # acceptance rates per strategy (costs unused here)
     steps: int = 0  # engine steps that emitted tokens for it (the prefill's included)
+    failed_steps: int = 0  # steps whose drafting failed for it (it went on without a draft)
     draft_seconds: float = 0.0
     proposals: list[Proposal] = field(default_factory=list)  # drafts vLLM verified or will
     pending: list[tuple[int, Drafts]] = field(default_factory=list)  # full candidates to judge
@@ -170,6 +174,8 @@ class NgrammysProposer:
         self.depths: dict[str, DepthAcceptance] = {}  # per strategy, how deep verified drafts held
         self.costs = StepCosts()
         self.last_step: tuple[float, int] | None = None  # (when the last proposal ended, tokens it had fed)
+        self.vocab_size = vllm_config.model_config.get_vocab_size()
+        self.reported: set[str] = set()  # drafting errors already logged (each kind once)
 
     def configure(self, runner, drafter: Drafter | None, w: int, max_q: int, adaptive: bool) -> None:
         """Drafts of at most w tokens (w <= vLLM's num_speculative_tokens) from `drafter`."""
@@ -199,7 +205,7 @@ class NgrammysProposer:
             tracked, new = self.track(request_ids[row], token_ids_cpu[row], int(num_tokens_no_spec[row]), len(sampled))
             fresh |= new  # its prefill ran in this step; so does every request of a new LLM.generate call
             rows.append(row)
-            candidates.append((tracked, self.candidate(tracked)))
+            candidates.append((tracked, self.safe_candidate(request_ids[row], tracked)))
         self.observe_step(started, measurable=not fresh)
         lengths = self.choose_lengths(candidates)
         drafts = [[] for _ in sampled_token_ids]
@@ -240,6 +246,21 @@ class NgrammysProposer:
         tracked.steps += 1
         return tracked, new
 
+    def safe_candidate(self, request_id: str, tracked: Tracked) -> tuple[str, tuple[int, ...], tuple[float, ...] | None]:
+        """The request's candidate; a drafter that fails for it (raises, or gives something that is
+        not a row of token ids) costs it this step's draft and nothing more: the engine and the
+        other requests go on. The row counts the step; the log names each kind of failure once."""
+        try:
+            return self.candidate(tracked)
+        except Exception as error:  # noqa: BLE001 - the drafter is any code; the engine must survive it
+            tracked.failed_steps += 1
+            kind = f"{type(error).__name__}: {error}"
+            if kind not in self.reported:
+                self.reported.add(kind)
+                logger.error("drafting failed for request %s (it goes on without drafts; other requests with the "
+                             "same failure are not logged again): %s", request_id, kind, exc_info=error)
+            return PADDING, (), None
+
     def candidate(self, tracked: Tracked) -> tuple[str, tuple[int, ...], tuple[float, ...] | None]:
         """The drafter's row for the request (strategy, tokens, the drafter's confidence in them
         if it has one); no tokens when it has no guess."""
@@ -247,6 +268,7 @@ class NgrammysProposer:
         if w <= 0:
             return PADDING, (), None
         drafts = self.drafter.propose(tracked.context, 1, w)  # [1, w]
+        check_drafts(drafts, w, self.vocab_size)
         if drafts.strategies[0] == PADDING:
             return PADDING, (), None
         length = w if drafts.lengths is None else drafts.lengths[0]  # a drafter may guess fewer than w
@@ -278,6 +300,21 @@ class NgrammysProposer:
                 if learn is not None:
                     learn(token_ids)
         return taken
+
+
+def check_drafts(drafts, w: int, vocab_size: int) -> None:
+    """Raises unless `drafts` is a Drafts whose first row is w token ids of the vocabulary."""
+    if not isinstance(drafts, Drafts):
+        raise TypeError(f"the drafter returned {type(drafts).__name__}, not Drafts")
+    tokens = drafts.tokens
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point or tokens.dim() != 2 or tokens.shape[0] < 1:
+        raise TypeError(f"the drafter's tokens must be an integer tensor [k, w], got {getattr(tokens, 'dtype', type(tokens))} "
+                        f"{tuple(getattr(tokens, 'shape', ()))}")
+    if tokens.shape[1] > w:
+        raise ValueError(f"the drafter drafted {tokens.shape[1]} tokens; at most {w} were asked for")
+    row = tokens[0]
+    if row.numel() and (int(row.min()) < 0 or int(row.max()) >= vocab_size) and drafts.strategies[0] != PADDING:
+        raise ValueError(f"the drafter's tokens must be ids below the vocabulary's {vocab_size}, got {row.tolist()}")
 
 
 def external_request_id(internal: str) -> str:

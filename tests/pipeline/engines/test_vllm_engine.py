@@ -21,7 +21,7 @@ PROMPTS = ["def fib(n):\n    if n < 2:\n        return n", "Count: one two three
 def config(tiny_model_dir, tmp_path, *overrides):
     return load_config("configs/default.yaml", [
         "engine.name=vllm", f"model.name={tiny_model_dir}", f"model.cache_dir={tmp_path}", "engine.execution=eager",
-        "engine.cpu_kv_cache_gib=1", "engine.max_model_len=384", "decoder.max_batch_requests=4", *overrides])
+        "engine.cpu_kv_cache_gib=1", "engine.max_model_len=384", "engine.max_num_seqs=4", *overrides])
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +97,7 @@ def test_auto_drafts_when_tokens_are_cheap_and_not_when_they_cost_a_step(
         engines, requests, reference, tiny_model_dir, tmp_path, per_token, drafts):
     ours = engines[1]
     swap(ours, tiny_model_dir, tmp_path, "mixed", "decoder.w=auto")
-    ours.llm.collective_rpc(set_costs, args=(0.01, per_token))
+    ours.collective_rpc(set_costs, (0.01, per_token))
     results = ours.generate(requests)
     assert [r.token_ids for r in results] == reference
     verified = sum(r.stats.num_verified_tokens - r.stats.num_target_calls for r in results)
@@ -150,6 +150,83 @@ def test_sampling_reproduces_with_the_seed(engines, requests):
     assert [r.token_ids for r in first] == [r.token_ids for r in second]
     other = ours.generate([dataclasses.replace(hot[0], sampling=SamplingParams(1.0, 0, 0.95, seed=99))])[0]
     assert other.token_ids != first[0].token_ids
+
+
+class FailingFor:
+    """A context n-gram drafter that fails for the contexts starting with `prefix`: it raises, or
+    (`junk`) returns a row that is not token ids."""
+
+    def __init__(self, prefix: list[int], junk: bool = False):
+        from drafters.context_ngram import ContextNgramDrafter
+
+        self.inner, self.prefix, self.junk = ContextNgramDrafter(3, 1, 0), prefix, junk
+
+    def propose(self, context, k, w):
+        if context.tokens[:len(self.prefix)] == self.prefix:
+            if self.junk:
+                return [["not", "tokens"]]
+            raise RuntimeError("a drafter bug for this request")
+        return self.inner.propose(context, k, w)
+
+
+@pytest.mark.parametrize("junk", [False, True])
+def test_a_drafter_failing_for_one_request_costs_it_its_drafts_and_nothing_else(engines, requests, reference, junk):
+    from pipeline.engines.vllm.proposer import attach_drafter
+
+    ours = engines[1]
+    ours.collective_rpc(attach_drafter, (FailingFor(requests[1].prompt_ids, junk), W, 3, False))
+    results = ours.generate(requests)
+    assert [r.token_ids for r in results] == reference  # every row back, the engine never stopped
+    failed = [r.stats.num_drafter_failed_steps for r in results]
+    # every step that drafted for it (not the prefill's, nor the last, where no draft fits the budget)
+    assert results[1].stats.num_target_calls - 2 <= failed[1] > 0
+    assert failed[:1] + failed[2:] == [0, 0, 0]
+    assert results[1].stats.num_verified_tokens == results[1].stats.num_target_calls  # no drafts for it
+    assert sum(r.stats.num_verified_tokens - r.stats.num_target_calls for r in results) > 0  # the others drafted
+
+
+def test_batches_stream_through_one_engine_without_draining(engines, requests, reference):
+    """Two callers at once: a batch whose requests have very different lengths (one of 300
+    tokens, three of 12) fills the 4 slots, then a batch of short requests comes. The short batch
+    takes the slots the long batch's short requests free and comes back while its longest request
+    still runs; the steps count the refilled slots."""
+    import threading
+    import time
+
+    plain = engines[0]
+    before = plain.steps()
+    long_batch = [dataclasses.replace(r, request_id=f"long{i}", max_new_tokens=300 if i == 0 else 12)
+                  for i, r in enumerate(requests)]
+    short_batch = [dataclasses.replace(r, request_id=f"short{i}", max_new_tokens=2) for i, r in enumerate(requests)]
+    finished = {}
+
+    def run(name, batch):
+        results = plain.generate(batch)
+        finished[name] = (results, plain.steps())
+
+    threads = [threading.Thread(target=run, args=("long", long_batch))]
+    threads[0].start()
+    while plain.steps().drain_steps <= before.drain_steps + 2:  # the long batch is running
+        time.sleep(0.001)
+    threads.append(threading.Thread(target=run, args=("short", short_batch)))
+    threads[1].start()
+    for thread in threads:
+        thread.join()
+    long_results, at_long = finished["long"]
+    short_results, at_short = finished["short"]
+    assert [r.token_ids[:48] for r in long_results[:1]] == reference[:1] and len(long_results[0].token_ids) == 300
+    assert [r.token_ids for r in long_results[1:]] == [ids[:12] for ids in reference[1:]]
+    assert [r.token_ids for r in short_results] == [ids[:2] for ids in reference]
+
+    def steps_and_running(snapshot):
+        return (snapshot.steps + snapshot.drain_steps - before.steps - before.drain_steps,
+                snapshot.running + snapshot.drain_running - before.running - before.drain_running)
+
+    steps, running = steps_and_running(at_short)
+    assert steps < 100, f"the short batch waited for the long one to drain ({steps} steps)"
+    assert running >= 4 * 11 + 4 * 2  # the 4 slots full for the first 11 steps, then the short batch's 4
+    steps, running = steps_and_running(at_long)
+    assert at_long.slots == 4 and steps >= 299 and running <= 4 * steps
 
 
 def test_vllm_generates_with_a_model_the_transformers_engine_refuses(tiny_gemma3_dir, tmp_path):

@@ -135,7 +135,7 @@ def test_step_costs_see_decoding_steps_only_not_prefills_or_pauses_between_gener
     from pipeline.engines.vllm.proposer import NgrammysProposer
 
     config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
-                             model_config=SimpleNamespace(max_model_len=64))
+                             model_config=SimpleNamespace(max_model_len=64, get_vocab_size=lambda: 100))
     proposer, runner = NgrammysProposer(config), FakeRunner()
     proposer.configure(runner, ContextNgramDrafter(2), 4, 2, adaptive=True)
     proposer.costs = StepCosts(memory=1.0)

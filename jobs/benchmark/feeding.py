@@ -1,0 +1,155 @@
+"""Feeding mode: how full the engine is kept, our job against vLLM's ideal and ray.data.llm.
+
+    python -m jobs.benchmark --feeding --dataset humaneval --limit 96 --max-new-tokens 256 \
+        --max-num-seqs 16 --batch-size 16 --spec plain,suffix:1:auto --out feeding.json
+
+The same prompts and engine settings (max_num_seqs, dtype, eager, KV cache) three ways, for each
+--spec method (plain and ours; ray.data.llm runs plain only, its own engine having no drafter of ours):
+- `llm_generate`: vLLM's own LLM.generate over all of them at once (continuous batching over the
+  whole set: the ideal), on the engine our job builds, in this process;
+- `job`: our Ray job end to end (pipeline/ray_job.py), Ray batches of --batch-size;
+- `ray_data_llm`: ray.data.llm's processor (build_processor, vLLMEngineProcessorConfig) with the
+  same engine settings and Ray batches, fed the same token ids.
+Tokens/s are over each one's generation span (engine start-up left out): LLM.generate's call;
+the job's first batch's start to its last batch's end; for ray.data.llm, from the first request's
+start (its finish less its time_taken_llm) to the last request's finish. Occupancy is the job's
+measured engine_occupancy (the others do not expose their steps). Outputs are compared with
+LLM.generate's plain ones, prompt by prompt.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from jobs.benchmark.comparison import Method, parse_methods
+from pipeline.config import Config, load_config
+from pipeline.engines.base import Request
+from pipeline.engines.build import build_engine
+from pipeline.prompts import encode_prompt, load_prompts
+
+
+def feeding_config(args, method: Method, output: str = "", input_path: str = "") -> Config:
+    return load_config("configs/default.yaml", [
+        "engine.name=vllm", f"model.name={json.dumps(args.model)}", f"model.dtype={args.dtype}",
+        "engine.cpu_kv_cache_gib=2", f"engine.max_num_seqs={args.max_num_seqs}",
+        f"decoder.max_new_tokens={args.max_new_tokens}", f"ray.batch_size={args.batch_size}",
+        "ray.num_cpus_per_actor=1", *method.overrides(),
+        *([f"job.output={json.dumps(output)}", f"input.path={json.dumps(input_path)}", "input.limit=0"] if output else [])])
+
+
+def feeding_comparison(args) -> dict:
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "token")
+    # Ray first: its workers (ray.data.llm's engine among them) must not inherit the in-process
+    # engine's environment, which building it sets in this process.
+    ray.init(num_cpus=2, include_dashboard=False)
+    methods = parse_methods(args.spec, "vllm")
+    methods = [Method("vllm", "plain")] + [m for m in methods if m.name != "plain"]  # plain first: the reference
+    prompts = load_prompts(args.dataset, args.limit)
+    work = Path(tempfile.mkdtemp(prefix="feeding-"))
+    input_path = work / "prompts.jsonl"
+    input_path.write_text("".join(json.dumps({"id": p.request_id, "prompt": p.prompt}) + "\n" for p in prompts))
+    rows, reference = [], {}
+    try:
+        for method in methods:
+            ideal, outputs, prompt_ids = llm_generate_row(args, method, prompts)
+            reference = reference or outputs
+            ideal["identical_fraction"] = identical(outputs, reference)
+            rows.append(ideal)
+            rows.append(job_row(args, method, str(input_path), str(work / method.name.replace(":", "_")), reference))
+            if method.name == "plain" and not args.no_ray_data_llm:
+                rows.append(ray_data_llm_row(args, prompts, prompt_ids, reference))
+            print(json.dumps(rows[-3:]), flush=True)
+    finally:
+        ray.shutdown()
+    for row in rows:
+        same = [r for r in rows if r["method"] == row["method"] and r["way"] == "llm_generate"]
+        if same:
+            row["vs_llm_generate"] = round(row["tokens_per_second"] / same[0]["tokens_per_second"], 3)
+        plain_rdl = [r for r in rows if r["way"] == "ray_data_llm"]
+        if plain_rdl:
+            row["vs_ray_data_llm"] = round(row["tokens_per_second"] / plain_rdl[0]["tokens_per_second"], 3)
+    return {"dataset": args.dataset, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+            "max_num_seqs": args.max_num_seqs, "batch_size": args.batch_size, "runs": rows}
+
+
+def llm_generate_row(args, method: Method, prompts) -> tuple[dict, dict, dict]:
+    """LLM.generate's row, its outputs and the prompts' token ids, by id."""
+    engine = build_engine(feeding_config(args, method))
+    ids = [encode_prompt(engine.tokenizer, p.prompt, p.request_id) for p in prompts]
+    requests = [Request(p.request_id, prompt_ids, args.max_new_tokens) for p, prompt_ids in zip(prompts, ids)]
+    started = time.perf_counter()
+    results = engine.generate_all_at_once(requests)
+    seconds = time.perf_counter() - started
+    outputs = {r.request_id: r.token_ids for r in results}
+    tokens = sum(map(len, outputs.values()))
+    engine.close()
+    row = {"way": "llm_generate", "method": method.name, "tokens_per_second": round(tokens / seconds, 3),
+           "generated_tokens": tokens, "engine_occupancy": None,
+           "tokens_per_call": round(tokens / sum(r.stats.num_target_calls for r in results), 3)}
+    return row, outputs, dict(zip((p.request_id for p in prompts), ids))
+
+
+def job_row(args, method: Method, input_path: str, output: str, reference: dict) -> dict:
+    import pyarrow.parquet as pq
+
+    from jobs.report import find_parts
+    from pipeline.ray_job import run_job
+
+    summary = run_job(feeding_config(args, method, output, input_path), "feeding")
+    table = pq.read_table(find_parts(summary["run_dir"]), columns=["id", "token_ids"])
+    outputs = dict(zip(table.column("id").to_pylist(), table.column("token_ids").to_pylist()))
+    return {"way": "job", "method": method.name, "tokens_per_second": summary["tokens_per_second_after_startup"],
+            "generated_tokens": summary["generated_tokens"], "engine_occupancy": summary["engine_occupancy"],
+            "engine_steps": summary["engine_steps"], "engine_idle_seconds": summary["engine_idle_seconds"],
+            "engine_drain_seconds": summary["engine_drain_seconds"],
+            "tokens_per_call": summary["mean_tokens_per_call"],
+            "identical_fraction": identical(outputs, reference)}
+
+
+def ray_data_llm_row(args, prompts, prompt_ids: dict, reference: dict) -> dict:
+    import ray
+    from ray.data.llm import build_processor, vLLMEngineProcessorConfig
+
+    from pipeline.model_loading import resolve_model_dir
+
+    config = feeding_config(args, Method("vllm", "plain"))
+    model_dir, _ = resolve_model_dir(config.model)
+    processor = build_processor(
+        vLLMEngineProcessorConfig(
+            model_source=str(model_dir), batch_size=args.batch_size, concurrency=1,
+            engine_kwargs={"max_num_seqs": args.max_num_seqs, "dtype": "float32" if args.dtype == "auto" else args.dtype,
+                           "enforce_eager": True, "seed": 0},
+            chat_template_stage=False, tokenize_stage=False, detokenize_stage=False,
+            placement_group_config={"bundles": [{"CPU": 1}]}, log_engine_metrics=False),
+        preprocess=lambda row: {"id": row["id"], "tokenized_prompt": row["tokenized_prompt"],
+                                "sampling_params": {"temperature": 0.0, "max_tokens": args.max_new_tokens}},
+        postprocess=lambda row: {"id": row["id"], "generated_tokens": row["generated_tokens"],
+                                 "time_taken_llm": row["time_taken_llm"], "finished_at": time.time()})
+    items = [{"id": p.request_id, "tokenized_prompt": prompt_ids[p.request_id]} for p in prompts]
+    out = processor(ray.data.from_items(items)).take_all()
+    span = max(r["finished_at"] for r in out) - min(r["finished_at"] - r["time_taken_llm"] for r in out)
+    outputs = {r["id"]: list(r["generated_tokens"]) for r in out}
+    tokens = sum(map(len, outputs.values()))
+    return {"way": "ray_data_llm", "method": "plain", "tokens_per_second": round(tokens / span, 3),
+            "generated_tokens": tokens, "engine_occupancy": None, "identical_fraction": identical(outputs, reference)}
+
+
+def identical(outputs: dict, reference: dict) -> float:
+    return round(sum(outputs.get(key) == value for key, value in reference.items()) / len(reference), 4)
+
+
+def feeding_markdown(report: dict) -> str:
+    lines = [f"{report['prompts']} prompts x {report['max_new_tokens']} new tokens, max_num_seqs "
+             f"{report['max_num_seqs']}, Ray batches of {report['batch_size']}", "",
+             "| way | method | tokens/s (generation span) | tokens/call | occupancy | identical | vs LLM.generate | vs ray.data.llm |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in report["runs"]:
+        lines.append(f"| {r['way']} | {r['method']} | {r['tokens_per_second']} | {r.get('tokens_per_call', '-')} | "
+                     f"{r.get('engine_occupancy') or '-'} | {r.get('identical_fraction', '-')} | "
+                     f"{r.get('vs_llm_generate', '-')} | {r.get('vs_ray_data_llm', '-')} |")
+    return "\n".join(lines)
