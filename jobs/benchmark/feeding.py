@@ -19,7 +19,6 @@ LLM.generate's plain ones, prompt by prompt.
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -43,8 +42,7 @@ def feeding_config(args, method: Method, output: str = "", input_path: str = "")
 def feeding_comparison(args) -> dict:
     import ray
 
-    os.environ.setdefault("RAY_AUTH_MODE", "token")
-    # Ray first: its workers (ray.data.llm's engine among them) must not inherit the in-process
+    # Ray first (token authentication: jobs/benchmark/__main__.py sets it before Ray is imported):: its workers (ray.data.llm's engine among them) must not inherit the in-process
     # engine's environment, which building it sets in this process.
     ray.init(num_cpus=2, include_dashboard=False)
     methods = parse_methods(args.spec, "vllm")
@@ -60,10 +58,12 @@ def feeding_comparison(args) -> dict:
             reference = reference or outputs
             ideal["identical_fraction"] = identical(outputs, reference)
             rows.append(ideal)
+            print(json.dumps(rows[-1]), flush=True)
             rows.append(job_row(args, method, str(input_path), str(work / method.name.replace(":", "_")), reference))
+            print(json.dumps(rows[-1]), flush=True)
             if method.name == "plain" and not args.no_ray_data_llm:
                 rows.append(ray_data_llm_row(args, prompts, prompt_ids, reference))
-            print(json.dumps(rows[-3:]), flush=True)
+                print(json.dumps(rows[-1]), flush=True)
     finally:
         ray.shutdown()
     for row in rows:
@@ -123,7 +123,10 @@ def ray_data_llm_row(args, prompts, prompt_ids: dict, reference: dict) -> dict:
         vLLMEngineProcessorConfig(
             model_source=str(model_dir), batch_size=args.batch_size, concurrency=1,
             engine_kwargs={"max_num_seqs": args.max_num_seqs, "dtype": "float32" if args.dtype == "auto" else args.dtype,
-                           "enforce_eager": True, "seed": 0},
+                           "enforce_eager": True, "seed": 0,
+                           # on a CPU: the memory vLLM may take (the KV cache is VLLM_CPU_KVCACHE_SPACE's, as ours)
+                           "gpu_memory_utilization": 0.3},
+            runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "2"}},
             chat_template_stage=False, tokenize_stage=False, detokenize_stage=False,
             placement_group_config={"bundles": [{"CPU": 1}]}, log_engine_metrics=False),
         preprocess=lambda row: {"id": row["id"], "tokenized_prompt": row["tokenized_prompt"],

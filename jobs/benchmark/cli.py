@@ -1,0 +1,112 @@
+"""The benchmark's command line (python -m jobs.benchmark): its options, and the mode they pick
+(jobs/benchmark/__init__.py lists the modes)."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import jobs.benchmark
+from jobs.benchmark.comparison import engine_comparison
+from jobs.benchmark.comparison import markdown as comparison_markdown
+from jobs.benchmark.feeding import feeding_comparison, feeding_markdown
+from jobs.benchmark.grid import grid_plots, method_names
+from jobs.benchmark.occupancy import occupancy_comparison
+from jobs.benchmark.pipeline_overhead import pipeline_comparison
+from jobs.benchmark.quality import DEFAULT_METHODS, build_runners, run_dataset
+from jobs.benchmark.throughput import throughput_comparison, throughput_markdown
+from pipeline.config import ModelConfig
+from pipeline.engines.transformers import use_gqa_attention
+from pipeline.model_loading import load_model
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m jobs.benchmark", description=jobs.benchmark.__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dataset", default="humaneval")
+    parser.add_argument("--limit", type=int, default=40)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--out", default="results.json")
+    parser.add_argument("--model", default=ModelConfig().name)
+    parser.add_argument("--methods", default=None, help=f"comma-separated; see above (default {DEFAULT_METHODS}; "
+                                                       "with --grid: methods to run besides the grid's)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--datastore", default="", help="datastore directory for rest:k:w and mixed+rest:k:w")
+    parser.add_argument("--grid", action="store_true", help="sweep k x w for --grid-drafter and draw the heatmaps")
+    parser.add_argument("--grid-drafter", default="mixed")
+    parser.add_argument("--plots", default="", help="directory for the --grid plots (default: next to --out)")
+    parser.add_argument("--throughput", action="store_true",
+                        help="instead: generated tokens/s of batched generation per --batch size, for hf_greedy "
+                             "(generate with left padding), plain and --spec, all with the same batch size")
+    parser.add_argument("--batch", default="1,4,8", help="--throughput batch sizes (requests per call)")
+    parser.add_argument("--spec", default="context_ngram:auto:auto", help="--throughput: our speculative method(s), comma-separated")
+    parser.add_argument("--max-batch-tokens", type=int, default=0, help="--throughput: tokens per call cap (0: none)")
+    parser.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
+                        help="--throughput on vllm: vLLM plain, vllm_ngram (and vllm_suffix where arctic-inference is "
+                             "installed) and --spec on vLLM, beside --reference on the transformers engine")
+    parser.add_argument("--reference", default="context_ngram:auto:auto",
+                        help="--throughput --engine vllm: our transformers engine's method(s) run beside (\"\": none)")
+    parser.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16"),
+                        help="--engine vllm and --feeding: model dtype")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="--engine vllm: runs per batch size, each on --limit prompts no earlier run used; tokens/s is the median")
+    parser.add_argument("--pipeline", action="store_true",
+                        help="instead: the same prompts through the Ray job and in-process, with the "
+                             "decoder of --config, compared in tokens/s after start-up")
+    parser.add_argument("--config", default="configs/default.yaml", help="decoder settings for --pipeline")
+    parser.add_argument("--feeding", action="store_true",
+                        help="instead: the same prompts through vLLM's LLM.generate at once, our job and ray.data.llm, "
+                             "for --spec (plain is always run); engine slots --max-num-seqs, Ray batches --batch-size")
+    parser.add_argument("--max-num-seqs", type=int, default=16, help="--feeding: the engine's slots")
+    parser.add_argument("--batch-size", type=int, default=16, help="--feeding: rows per Ray batch")
+    parser.add_argument("--no-ray-data-llm", action="store_true", help="--feeding: leave ray.data.llm out")
+    parser.add_argument("--occupancy", default="", metavar="RUN_DIR[,RUN_DIR]",
+                        help="instead: simulate the feeding designs' occupancy with these runs' output lengths")
+    parser.add_argument("--slots", type=int, default=256, help="--occupancy: the engine's slots (max_num_seqs)")
+    parser.add_argument("--requests", type=int, default=20000, help="--occupancy: requests drawn from the lengths")
+    return parser.parse_args(argv)
+
+
+def write(report: dict, out: str) -> dict:
+    Path(out).write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    if args.throughput and args.engine == "vllm":
+        report = write(engine_comparison(args), args.out)
+        print(comparison_markdown(report))
+        return report
+    if args.occupancy:
+        report = write(occupancy_comparison(args), args.out)
+        print(json.dumps(report, indent=2))
+        return report
+    if args.feeding:
+        report = write(feeding_comparison(args), args.out)
+        print(feeding_markdown(report))
+        return report
+    if args.pipeline:
+        report = write({"dataset": args.dataset, "model": args.model, "pipeline": pipeline_comparison(args)}, args.out)
+        print(json.dumps(report, indent=2))
+        return report
+    loaded = load_model(ModelConfig(name=args.model))
+    use_gqa_attention(loaded.model)  # the model as the transformers engine runs it; baselines switch back
+    if args.throughput:
+        report = write({"dataset": args.dataset, "model": args.model,
+                        "throughput": throughput_comparison(args, loaded)}, args.out)
+        print(throughput_markdown(report["throughput"]))
+        return report
+    names = method_names(args)
+    runners = build_runners(names, loaded, args)
+    reports = [run_dataset(dataset, names, runners, loaded, args) for dataset in args.dataset.split(",")]
+    if args.grid:
+        plots = Path(args.plots) if args.plots else Path(args.out).parent / "plots"
+        plots.mkdir(parents=True, exist_ok=True)
+        for report in reports:
+            report["grid"] = grid_plots(report, args.grid_drafter, plots)
+            print(f"{report['dataset']}: {json.dumps(report['grid'])}")
+    return write(reports[0] if len(reports) == 1 else {"datasets": reports}, args.out)
