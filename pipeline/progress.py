@@ -25,6 +25,7 @@ class BatchReport:
     node: str  # the Ray node that ran it
     actor: str = ""  # the Ray actor that ran it
     engine_steps: EngineSteps | None = None  # that actor's engine's step accounting so far (None: not kept)
+    peak_rss_mb: float = 0.0  # the actor process's peak resident memory so far
 
 
 COUNTED = ("rows", "errored_rows", "generated_tokens", "target_calls")  # summed over the batches
@@ -33,7 +34,7 @@ COUNTED = ("rows", "errored_rows", "generated_tokens", "target_calls")  # summed
 def empty_totals() -> dict:
     """The totals of an invocation that generated nothing."""
     return {"batches": 0, **{name: 0 for name in COUNTED}, "first_start": float("inf"), "last_finish": 0.0,
-            "nodes": [], **engine_summary([]), "engine_series": []}
+            "nodes": [], **engine_summary([]), "engine_series": [], "actor_peak_rss_mb": None}
 
 
 @ray.remote(num_cpus=0)
@@ -45,6 +46,7 @@ class RunProgress:
         self.nodes: set[str] = set()
         self.stopped: str | None = None
         self.engines: dict[str, EngineSteps] = {}  # each actor's latest
+        self.peak_rss_mb = 0.0  # the largest of the actors'
         self.series: list[tuple[float, float | None]] = []  # (when, the run's occupancy so far)
 
     def report(self, batch: BatchReport) -> str | None:
@@ -54,6 +56,7 @@ class RunProgress:
         self.counts["batches"] += 1
         self.first_start, self.last_finish = min(self.first_start, batch.started), max(self.last_finish, batch.finished)
         self.nodes.add(batch.node)
+        self.peak_rss_mb = max(self.peak_rss_mb, batch.peak_rss_mb)
         if batch.engine_steps is not None:
             self.engines[batch.actor] = batch.engine_steps
             self.series.append((batch.finished, engine_summary(list(self.engines.values()))["engine_occupancy"]))
@@ -68,6 +71,6 @@ class RunProgress:
     def totals(self) -> dict:
         start = self.first_start
         return {**self.counts, "first_start": start, "last_finish": self.last_finish, "nodes": sorted(self.nodes),
-                **engine_summary(list(self.engines.values())),
+                **engine_summary(list(self.engines.values())), "actor_peak_rss_mb": round(self.peak_rss_mb, 1) or None,
                 # The run's occupancy after each batch, by seconds since the first batch started.
                 "engine_series": [[round(when - start, 2), occupancy] for when, occupancy in sorted(self.series)]}

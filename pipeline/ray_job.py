@@ -148,6 +148,16 @@ def prepare_model(config: Config):
     return report, None if tables is None else tables.as_plain_arrays()
 
 
+def actor_pool(config: Config) -> ray.data.ActorPoolStrategy:
+    """The stage's actors; each runs several batches at once where its engine takes them (the
+    vLLM engine runs their requests together and never waits for one batch to drain). Ray Data
+    runs a class's __call__ on one thread unless told it may run it on several."""
+    batches = concurrent_batches(config)
+    return ray.data.ActorPoolStrategy(min_size=config.ray.min_actors, max_size=config.ray.max_actors,
+                                      max_tasks_in_flight_per_actor=batches, max_concurrent_calls_per_actor=batches,
+                                      enable_true_multi_threading=batches > 1)
+
+
 def actor_resources(config: Config) -> dict:
     """What each actor (and the task that prepares the model) asks Ray for."""
     resources = {"num_cpus": config.ray.num_cpus_per_actor, "num_gpus": config.ray.num_gpus_per_actor}
@@ -320,11 +330,7 @@ def run_job(config: Config, run_id: str) -> dict:
         outputs = dataset.map_batches(
             GenerationStage,
             fn_constructor_kwargs={"config": config, "tables": tables, "progress": progress, "run_id": run_id},
-            # Several batches per actor at once where its engine takes them (the vLLM engine runs
-            # their requests together and never waits for one batch to drain).
-            compute=ray.data.ActorPoolStrategy(min_size=config.ray.min_actors, max_size=config.ray.max_actors,
-                                               max_tasks_in_flight_per_actor=concurrent_batches(config)),
-            max_concurrency=concurrent_batches(config),
+            compute=actor_pool(config),
             **actor_resources(config), batch_size=config.ray.batch_size, batch_format="numpy", runtime_env=actor_environment(config),
             # A lost actor (node gone, process killed) is restarted and its batch retried elsewhere.
             max_restarts=-1, max_task_retries=-1)
@@ -415,6 +421,7 @@ def write_run_summary(config: Config, run_id: str, output: str, wall: float, thi
         # seconds an engine waited with nothing to run while input remained, and the final drain.
         **{name: this_time[name] for name in ("engine_occupancy", "engine_steps", "engine_idle_seconds",
                                               "engine_drain_seconds", "engine_series")},
+        "actor_peak_rss_mb": this_time["actor_peak_rss_mb"],  # the largest actor process's peak resident memory
         "driver_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "settings": {section: asdict(getattr(config, section)) for section in ("model", "engine", "decoder", "input", "ray")},
     }

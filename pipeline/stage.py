@@ -8,6 +8,7 @@ setting) gets an `error` naming the row and the cause; the other rows of the bat
 from __future__ import annotations
 
 import math
+import resource
 import threading
 import time
 
@@ -185,7 +186,8 @@ class GenerationStage:
                                 generated_tokens=pc.sum(table.column("num_generated_tokens")).as_py() or 0,
                                 target_calls=pc.sum(table.column("num_target_calls")).as_py() or 0,
                                 started=started, finished=time.time(), node=context.get_node_id(),
-                                actor=context.get_actor_id() or "", engine_steps=steps)
+                                actor=context.get_actor_id() or "", engine_steps=steps,
+                                peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
             accepted = sum(length * count for histogram in table.column("accepted_length_histogram").to_pylist()
                            for length, count in enumerate(histogram or []))
             self.metrics.record({**vars(batch), "accepted_draft_tokens": accepted}, steps, self.reported_steps)

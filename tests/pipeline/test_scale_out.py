@@ -169,3 +169,24 @@ def test_driver_memory_does_not_grow_with_the_corpus(tiny_model_dir, tmp_path, p
         print(f"{rows} rows: driver peak RSS {peaks[rows]} MB, {summary['rows_per_second_after_startup']} rows/s "
               f"after start-up, {summary['wall_seconds']} s in all")
     assert peaks[20_000] <= 1.10 * peaks[2_000], peaks
+
+
+@pytest.mark.scale  # 22,000 rows through vLLM: `make test-scale`, outside `make test`'s 15 minutes
+def test_the_streaming_actor_memory_does_not_grow_with_the_corpus(tiny_model_dir, tmp_path, processes):
+    """The vLLM engine is fed continuously from several batches at once: what it holds is bounded
+    by the batches in flight, not by the corpus."""
+    pytest.importorskip("vllm")
+    peaks = {}
+    for rows in (2_000, 20_000):
+        path = write_jsonl(tmp_path / f"in{rows}.jsonl", [f"r{i}" for i in range(rows)])
+        command = generate_command(tiny_model_dir, tmp_path / "cache", str(path), str(tmp_path / f"out{rows}"),
+                                   "engine.name=vllm", "engine.execution=eager", "engine.cpu_kv_cache_gib=1",
+                                   "engine.max_model_len=384", "engine.max_num_seqs=64", "decoder.drafter=context_ngram",
+                                   "decoder.max_new_tokens=4", "ray.batch_size=256")
+        processes.run(command, cwd=REPO, env=environment(), timeout=1200)
+        summary = json.loads((tmp_path / f"out{rows}" / "run=nightly" / "summary.json").read_text())
+        assert summary["rows"] == rows and summary["engine_occupancy"] > 0
+        peaks[rows] = summary["actor_peak_rss_mb"]
+        print(f"{rows} rows: actor peak RSS {peaks[rows]} MB, occupancy {summary['engine_occupancy']}, "
+              f"{summary['rows_per_second_after_startup']} rows/s after start-up")
+    assert peaks[20_000] <= 1.10 * peaks[2_000], peaks

@@ -188,7 +188,11 @@ class VllmEngine:
         outputs, tracked = run(prompts, params)
         wall = time.perf_counter() - started
         for index, output in zip(runnable, outputs):
-            results[index] = self.result(requests[index], output, tracked.get(output.request_id), wall)
+            if isinstance(output, Exception):  # vLLM refused the request: it fails alone
+                results[index] = Failed(requests[index].request_id,
+                                        f"request {requests[index].request_id!r}: vLLM refused it: {output}")
+            else:
+                results[index] = self.result(requests[index], output, tracked.get(output.request_id), wall)
         return results
 
     def result(self, request: Request, output, tracked: Tracked | None, wall: float) -> Result:

@@ -77,8 +77,8 @@ class EngineFeeder:
         return future.result()
 
     def generate(self, prompts: list, params: list) -> tuple[list, dict]:
-        """The engine's RequestOutput for each prompt, in order, once all have ended, and what
-        on_finished said of them."""
+        """The engine's RequestOutput for each prompt (or the exception with which vLLM refused
+        it), in order, once all have ended, and what on_finished said of them."""
         if not prompts:
             return [], {}
         batch = _Batch([None] * len(prompts), len(prompts))
@@ -147,11 +147,24 @@ class EngineFeeder:
         return True
 
     def _admit(self, llm, admitted: list) -> None:
-        ids = llm.enqueue([prompt for _, _, prompt, _ in admitted], [params for _, _, _, params in admitted],
-                          use_tqdm=False)
+        """Adds the requests to vLLM; one vLLM refuses (VLLMValidationError, ValueError, ...) ends
+        with the refusal as its output, and nothing else."""
+        added, refused = [], []
+        for entry in admitted:
+            batch, index, prompt, params = entry
+            try:
+                added.append((llm.enqueue([prompt], [params], use_tqdm=False)[0], entry))
+            except Exception as error:  # noqa: BLE001 - vLLM's refusals have several types; the engine goes on
+                refused.append((batch, index, error))
+        done = []
         with self.lock:
-            for request_id, (batch, index, _, _) in zip(ids, admitted):
+            for request_id, (batch, index, _, _) in added:
                 self.in_engine[external_request_id(request_id)] = (batch, index)  # as its outputs name it
+            for batch, index, error in refused:
+                batch.outputs[index] = error
+                batch.remaining -= 1
+                if batch.remaining == 0:
+                    done.append(batch)
             # The steps since the last admission were not the final drain: input remained.
             counts = self.counts
             self.counts = replace(counts, steps=counts.steps + counts.drain_steps,
@@ -159,6 +172,8 @@ class EngineFeeder:
                                   idle_seconds=counts.idle_seconds + self.pending_idle)
             self.pending_idle = 0.0
             self.last_admission = time.perf_counter()
+        for batch in done:
+            batch.done.set_result(None)
 
     def _step(self, llm) -> None:
         outputs = llm.llm_engine.step()

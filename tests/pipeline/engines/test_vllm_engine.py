@@ -136,6 +136,9 @@ def test_bad_requests_fail_alone_and_budgets_and_stops_hold(engines, requests, r
     assert isinstance(results[2], Failed) and "encodes to no tokens" in results[2].message
     assert results[1].token_ids == reference[1] and results[3].token_ids == reference[0][:3]
     assert results[3].finish_reason == "length"
+    refused, after = ours.generate([Request("oov", [requests[0].prompt_ids[0], 10 ** 7], 4), requests[2]])
+    assert isinstance(refused, Failed) and "request 'oov': vLLM refused it" in refused.message
+    assert after.token_ids == reference[2][:48]  # the engine goes on
     text = plain.tokenizer.decode(reference[2], skip_special_tokens=True)
     stop = text[len(text) // 2:len(text) // 2 + 3]
     stopped = ours.generate([dataclasses.replace(requests[2], stop=(stop,))])[0]
