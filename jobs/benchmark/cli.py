@@ -62,7 +62,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "for --spec (plain is always run); engine slots --max-num-seqs, Ray batches --batch-size")
     parser.add_argument("--max-num-seqs", type=int, default=16, help="--feeding: the engine's slots")
     parser.add_argument("--batch-size", type=int, default=16, help="--feeding: rows per Ray batch")
-    parser.add_argument("--no-ray-data-llm", action="store_true", help="--feeding: leave ray.data.llm out")
+    parser.add_argument("--ways", default="llm_generate,job,ray_data_llm",
+                        help="--feeding: which of llm_generate, job, ray_data_llm to run (llm_generate always runs: "
+                             "it is the reference)")
     parser.add_argument("--occupancy", default="", metavar="RUN_DIR[,RUN_DIR]",
                         help="instead: simulate the feeding designs' occupancy with these runs' output lengths")
     parser.add_argument("--slots", type=int, default=256, help="--occupancy: the engine's slots (max_num_seqs)")

@@ -45,6 +45,9 @@ def feeding_comparison(args) -> dict:
     # Ray first (token authentication: jobs/benchmark/__main__.py sets it before Ray is imported):: its workers (ray.data.llm's engine among them) must not inherit the in-process
     # engine's environment, which building it sets in this process.
     ray.init(num_cpus=2, include_dashboard=False)
+    ways = set(args.ways.split(","))
+    if not ways <= {"llm_generate", "job", "ray_data_llm"}:
+        raise SystemExit(f"--ways: {args.ways!r}; choose from llm_generate, job, ray_data_llm")
     methods = parse_methods(args.spec, "vllm")
     methods = [Method("vllm", "plain")] + [m for m in methods if m.name != "plain"]  # plain first: the reference
     prompts = load_prompts(args.dataset, args.limit)
@@ -59,9 +62,10 @@ def feeding_comparison(args) -> dict:
             ideal["identical_fraction"] = identical(outputs, reference)
             rows.append(ideal)
             print(json.dumps(rows[-1]), flush=True)
-            rows.append(job_row(args, method, str(input_path), str(work / method.name.replace(":", "_")), reference))
-            print(json.dumps(rows[-1]), flush=True)
-            if method.name == "plain" and not args.no_ray_data_llm:
+            if "job" in ways:
+                rows.append(job_row(args, method, str(input_path), str(work / method.name.replace(":", "_")), reference))
+                print(json.dumps(rows[-1]), flush=True)
+            if method.name == "plain" and "ray_data_llm" in ways:
                 rows.append(ray_data_llm_row(args, prompts, prompt_ids, reference))
                 print(json.dumps(rows[-1]), flush=True)
     finally:
