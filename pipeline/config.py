@@ -339,8 +339,10 @@ def check_vllm_decoder(decoder: DecoderConfig) -> None:
              f"0 with engine.name vllm (vLLM schedules its own tokens); the cap needs {transformers_only}")
 
 
-# engine.max_num_seqs 0 on a CPU: the most requests one vLLM engine runs at once there.
-CPU_MAX_NUM_SEQS = 16
+# engine.max_num_seqs 0 on a CPU: the most requests one vLLM engine runs at once there. The best
+# measured on a 2-core CPU of 8, 16, 32 and 64 (SmolLM2, LLM.generate over 96 HumanEval prompts:
+# 145, 194, 212-216 and 227 tokens/s; docs/benchmarks.md).
+CPU_MAX_NUM_SEQS = 64
 # The largest of vLLM's own GPU defaults (an H100's): what engine.max_num_seqs 0 is sized for on GPU actors.
 GPU_MAX_NUM_SEQS_AT_MOST = 1024
 
