@@ -42,12 +42,13 @@ def feeding_config(args, method: Method, output: str = "", input_path: str = "")
 def feeding_comparison(args) -> dict:
     import ray
 
-    # Ray first (token authentication: jobs/benchmark/__main__.py sets it before Ray is imported):: its workers (ray.data.llm's engine among them) must not inherit the in-process
-    # engine's environment, which building it sets in this process.
-    ray.init(num_cpus=2, include_dashboard=False)
     ways = set(args.ways.split(","))
     if not ways <= {"llm_generate", "job", "ray_data_llm"}:
         raise SystemExit(f"--ways: {args.ways!r}; choose from llm_generate, job, ray_data_llm")
+    # Ray before the in-process engine: Ray's workers (ray.data.llm's engine among them) must not
+    # inherit the environment that building our engine sets in this process. (Token authentication
+    # is on: jobs/benchmark/__main__.py sets it before anything imports Ray.)
+    ray.init(num_cpus=2, include_dashboard=False)
     methods = parse_methods(args.spec, "vllm")
     methods = [Method("vllm", "plain")] + [m for m in methods if m.name != "plain"]  # plain first: the reference
     prompts = load_prompts(args.dataset, args.limit)
