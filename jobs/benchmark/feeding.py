@@ -7,6 +7,9 @@ The same prompts and engine settings (max_num_seqs, dtype, eager, KV cache) thre
 --spec method (plain and ours; ray.data.llm runs plain only, its own engine having no drafter of ours):
 - `llm_generate`: vLLM's own LLM.generate over all of them at once (continuous batching over the
   whole set: the ideal), on the engine our job builds, in this process;
+- `feeder`: our engine's streaming feeder in this process, no Ray: the prompts cut into batches of
+  --batch-size, as many handed to VllmEngine.generate at once from threads as a job's actor would
+  (concurrent_batches); what feeding costs by itself, apart from Ray's;
 - `job`: our Ray job end to end (pipeline/ray_job.py), Ray batches of --batch-size;
 - `ray_data_llm`: ray.data.llm's processor (build_processor, vLLMEngineProcessorConfig) with the
   same engine settings and Ray batches, fed the same token ids.
@@ -25,9 +28,12 @@ from pathlib import Path
 
 from jobs.benchmark.comparison import Method, parse_methods
 from pipeline.config import Config, load_config
-from pipeline.engines.base import Request
+from pipeline.engines.base import Request, engine_summary
 from pipeline.engines.build import build_engine
 from pipeline.prompts import encode_prompt, load_prompts
+
+
+WAYS = ("llm_generate", "feeder", "job", "ray_data_llm")
 
 
 def feeding_config(args, method: Method, output: str = "", input_path: str = "") -> Config:
@@ -43,8 +49,8 @@ def feeding_comparison(args) -> dict:
     import ray
 
     ways = set(args.ways.split(","))
-    if not ways <= {"llm_generate", "job", "ray_data_llm"}:
-        raise SystemExit(f"--ways: {args.ways!r}; choose from llm_generate, job, ray_data_llm")
+    if not ways <= set(WAYS):
+        raise SystemExit(f"--ways: {args.ways!r}; choose from {', '.join(WAYS)}")
     # Ray before the in-process engine: Ray's workers (ray.data.llm's engine among them) must not
     # inherit the environment that building our engine sets in this process. (Token authentication
     # is on: jobs/benchmark/__main__.py sets it before anything imports Ray.)
@@ -63,6 +69,9 @@ def feeding_comparison(args) -> dict:
             ideal["identical_fraction"] = identical(outputs, reference)
             rows.append(ideal)
             print(json.dumps(rows[-1]), flush=True)
+            if "feeder" in ways:
+                rows.append(feeder_row(args, method, prompts, reference))
+                print(json.dumps(rows[-1]), flush=True)
             if "job" in ways:
                 rows.append(job_row(args, method, str(input_path), str(work / method.name.replace(":", "_")), reference))
                 print(json.dumps(rows[-1]), flush=True)
@@ -97,6 +106,30 @@ def llm_generate_row(args, method: Method, prompts) -> tuple[dict, dict, dict]:
            "generated_tokens": tokens, "engine_occupancy": None,
            "tokens_per_call": round(tokens / sum(r.stats.num_target_calls for r in results), 3)}
     return row, outputs, dict(zip((p.request_id for p in prompts), ids))
+
+
+def feeder_row(args, method: Method, prompts, reference: dict) -> dict:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipeline.config import concurrent_batches
+
+    config = feeding_config(args, method)
+    engine = build_engine(config)
+    requests = [Request(p.request_id, encode_prompt(engine.tokenizer, p.prompt, p.request_id), args.max_new_tokens)
+                for p in prompts]
+    batches = [requests[i:i + args.batch_size] for i in range(0, len(requests), args.batch_size)]
+    started = time.perf_counter()
+    with ThreadPoolExecutor(concurrent_batches(config)) as pool:
+        results = [r for batch in pool.map(engine.generate, batches) for r in batch]
+    seconds = time.perf_counter() - started
+    summary = engine_summary([engine.steps()])
+    engine.close()
+    outputs = {r.request_id: r.token_ids for r in results}
+    tokens = sum(map(len, outputs.values()))
+    return {"way": "feeder", "method": method.name, "tokens_per_second": round(tokens / seconds, 3),
+            "generated_tokens": tokens, **summary,
+            "tokens_per_call": round(tokens / sum(r.stats.num_target_calls for r in results), 3),
+            "identical_fraction": identical(outputs, reference)}
 
 
 def job_row(args, method: Method, input_path: str, output: str, reference: dict) -> dict:
