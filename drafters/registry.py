@@ -15,6 +15,7 @@ import numpy as np
 
 from drafters import model_tables
 from drafters.base import Drafter
+from drafters.batch_suffix import BatchSuffixDrafter
 from drafters.bigram import BigramDrafter
 from drafters.context_ngram import ContextNgramDrafter
 from drafters.datastore import Datastore
@@ -93,6 +94,13 @@ def _suffix(parts: DrafterParts) -> Drafter:
                          config.suffix_min_probability, max_match=config.suffix_max_match)
 
 
+def _batch_suffix(parts: DrafterParts) -> Drafter:
+    config = parts.config
+    return BatchSuffixDrafter(config.w, config.ngram_max_q, config.suffix_min_match, config.suffix_max_match,
+                              min_probability=config.suffix_min_probability, capacity=max(config.suffix_max_tokens, 16),
+                              store=_datastore(parts) if config.datastore else None, pad_token=parts.pad_token)
+
+
 def _mixed(parts: DrafterParts) -> Drafter:
     retrieval = _retrieval(parts) if parts.config.datastore else None
     return MixedDrafter(_context_ngram(parts), BigramDrafter(parts.tables.chained, "bigram"), parts.pad_token, retrieval)
@@ -115,6 +123,7 @@ FACTORIES: dict[str, Callable[[DrafterParts], Drafter] | None] = {
     "draft_model": _draft_model,
     "rest": _retrieval,
     "suffix": _suffix,
+    "batch_suffix": _batch_suffix,
     "vllm_ngram": None,
     "vllm_suffix": None,
 }

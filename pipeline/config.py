@@ -93,7 +93,7 @@ class ModelConfig:
 class DecoderConfig:
     # Which drafter proposes drafts; "none" is plain greedy decoding.
     # The names are pipeline/drafter_kinds.py's (vllm_ngram, vllm_suffix: vLLM's own methods).
-    drafter: str = "context_ngram"
+    drafter: str = "batch_suffix"
     # Number of draft rows verified per target call (engine vllm: 1).
     k: int = 1
     # Tokens per draft row; w = 0 means no drafts (plain decoding).
@@ -130,12 +130,14 @@ class DecoderConfig:
     retrieval_min_match: int = 2
     retrieval_max_occurrences: int = 5000
     retrieval_max_nodes: int = 64
-    # drafter "suffix": finished outputs an actor keeps to draft from (tokens; past it the oldest
-    # half is dropped), and the least probability, by its acceptance model, that every token of a
-    # draft so far is accepted: a draft stops where that falls below (the vLLM proposer may stop sooner).
+    # drafters "suffix" and "batch_suffix": outputs an actor keeps to draft from (tokens; past it the
+    # oldest finished ones are dropped), and the least probability, by the acceptance model, that
+    # every token of a draft so far is accepted: a draft stops where that falls below (under `w: auto`
+    # the step budget may stop it sooner). 0.1 is batch_suffix's measured best against vLLM's suffix
+    # decoding (more tokens per step for few more draft tokens: docs/benchmarks.md, the replay).
     suffix_max_tokens: int = 262144
-    suffix_min_probability: float = 0.05
-    # drafter "suffix": occurrences are found by the context's last ngram_max_q tokens, down to
+    suffix_min_probability: float = 0.1
+    # drafters "suffix" and "batch_suffix": occurrences are found by the context's last ngram_max_q tokens, down to
     # suffix_min_match when no longer suffix occurs (1: a one-token match is judged by the
     # acceptance model like any other), then extended backwards up to suffix_max_match tokens;
     # only those that repeat the most of the context are drafted from.

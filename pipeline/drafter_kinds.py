@@ -28,6 +28,9 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
     # The request's context, this actor's finished outputs and (decoder.datastore) earlier runs'
     # outputs, by frequency; the model bigram where none matches (drafters/suffix.py).
     "suffix": DrafterKind(("chained",), datastore=True),
+    # The same sources and acceptance model for every request of a step in one compiled call,
+    # learning from answers in flight, with a step budget under `w: auto` (drafters/batch_suffix.py).
+    "batch_suffix": DrafterKind(datastore=True),
     # vLLM's own learning-free methods, run by vLLM itself: n-gram prompt lookup and suffix
     # decoding (arctic-inference).
     "vllm_ngram": DrafterKind(engines=("vllm",), vllm_method="ngram"),

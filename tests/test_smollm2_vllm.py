@@ -44,11 +44,12 @@ def reference(engines, requests):
 
 @pytest.mark.parametrize("drafter,w,accepted_from", [
     ("context_ngram", "auto", "context_ngram"), ("mixed", "auto", "context_ngram"), ("bigram", "3", "bigram"),
-    ("unigram", "2", None), ("rest", "4", "retrieval"), ("suffix", "auto", "suffix_store")])
+    ("unigram", "2", None), ("rest", "4", "retrieval"), ("suffix", "auto", "suffix_store"),
+    ("batch_suffix", "auto", "suffix_store")])
 def test_each_drafter_on_vllm_is_vllm_plain_greedy(engines, requests, reference, stdlib_datastore, drafter, w,  # noqa: F811
                                                   accepted_from):
     ours = engines[1]
-    datastore = [f"decoder.datastore={stdlib_datastore}"] if drafter in ("rest", "suffix") else []
+    datastore = [f"decoder.datastore={stdlib_datastore}"] if drafter in ("rest", "suffix", "batch_suffix") else []
     decoder = smollm2_config(f"decoder.drafter={drafter}", f"decoder.w={w}", *datastore).decoder
     ours.set_decoder(decoder, model_tables(dataclasses.replace(ours.config, decoder=decoder)))
     results = ours.generate(requests)

@@ -14,6 +14,7 @@ from jobs.benchmark.grid import grid_plots, method_names
 from jobs.benchmark.occupancy import occupancy_comparison
 from jobs.benchmark.pipeline_overhead import pipeline_comparison
 from jobs.benchmark.quality import DEFAULT_METHODS, build_runners, run_dataset
+from jobs.benchmark.replay import replay_comparison
 from jobs.benchmark.throughput import throughput_comparison, throughput_markdown
 from pipeline.config import ModelConfig
 from pipeline.engines.transformers import use_gqa_attention
@@ -41,8 +42,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--throughput", action="store_true",
                         help="instead: generated tokens/s of batched generation per --batch size, for hf_greedy "
                              "(generate with left padding), plain and --spec, all with the same batch size")
-    parser.add_argument("--batch", default="1,4,8", help="--throughput batch sizes (requests per call)")
-    parser.add_argument("--spec", default="context_ngram:auto:auto", help="--throughput: our speculative method(s), comma-separated")
+    parser.add_argument("--batch", default="1,4,8", help="--throughput and --replay: batch sizes (requests per call; running requests)")
+    parser.add_argument("--spec", default="batch_suffix:1:auto",
+                        help="--throughput: our speculative method(s), comma-separated (the default drafter; runs on either engine)")
     parser.add_argument("--max-batch-tokens", type=int, default=0, help="--throughput: tokens per call cap (0: none)")
     parser.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
                         help="--throughput on vllm: vLLM plain, vllm_ngram (and vllm_suffix where arctic-inference is "
@@ -69,6 +71,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="instead: simulate the feeding designs' occupancy with these runs' output lengths")
     parser.add_argument("--slots", type=int, default=256, help="--occupancy: the engine's slots (max_num_seqs)")
     parser.add_argument("--requests", type=int, default=20000, help="--occupancy: requests drawn from the lengths")
+    parser.add_argument("--replay", default="", metavar="RUN_DIR[,RUN_DIR]",
+                        help="instead: replay these greedy runs' outputs through drafters, no model (jobs/benchmark/replay.py)")
+    parser.add_argument("--store", default="", help="--replay: an earlier runs' datastore (jobs.build_datastore)")
+    parser.add_argument("--max-draft", type=int, default=16, help="--replay: draft tokens per request-step, at most")
+    parser.add_argument("--ngram-min", type=int, default=2, help="--replay: vllm_ngram's shortest n-gram")
+    parser.add_argument("--ngram-max", type=int, default=4, help="--replay: vllm_ngram's longest n-gram")
+    parser.add_argument("--project", default="a100-8b", help="--replay: GPU-model for the roofline projection "
+                        "(a100|h100 - 8b|70b; empty: none); adds ours with that step budget")
     return parser.parse_args(argv)
 
 
@@ -82,6 +92,10 @@ def main(argv=None) -> dict:
     if args.throughput and args.engine == "vllm":
         report = write(engine_comparison(args), args.out)
         print(comparison_markdown(report))
+        return report
+    if args.replay:
+        report = write(replay_comparison(args), args.out)
+        print(json.dumps(report, indent=2))
         return report
     if args.occupancy:
         report = write(occupancy_comparison(args), args.out)

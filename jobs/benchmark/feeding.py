@@ -32,7 +32,6 @@ from pipeline.engines.base import Request, engine_summary
 from pipeline.engines.build import build_engine
 from pipeline.prompts import encode_prompt, load_prompts
 
-
 WAYS = ("llm_generate", "feeder", "job", "ray_data_llm")
 
 

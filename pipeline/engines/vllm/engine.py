@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
+from contextlib import contextmanager
 from typing import Sequence
 
 from drafters.registry import DrafterTables, make_drafter
@@ -63,6 +65,24 @@ def set_vllm_environment(config: Config) -> None:
     os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
 
 
+@contextmanager
+def llvmlite_set_aside():
+    """vLLM 0.32's CPU worker, as it starts, scans every loaded module's attributes for Triton
+    kernels to swap, and fails on llvmlite's `ffi.lib` (whose __getattr__ answers `__dict__` with a
+    function wrapper) once numba is loaded in the process, as our batched drafter's compiled code
+    loads it. That one attribute is set aside while the engine starts."""
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    lib = getattr(ffi, "lib", None) if ffi is not None else None
+    if lib is None:
+        yield
+        return
+    del ffi.lib
+    try:
+        yield
+    finally:
+        ffi.lib = lib
+
+
 def max_num_seqs(config: Config) -> int | None:
     """engine.max_num_seqs, or for 0: vLLM's own default on a GPU (None), CPU_MAX_NUM_SEQS on a CPU."""
     import torch
@@ -102,7 +122,7 @@ class VllmEngine:
     def start(self, model_dir: str):
         from vllm import LLM  # after the environment is set
 
-        config, decoder = self.config, self.config.decoder
+        decoder = self.config.decoder
         speculative = None
         if self.drafts:
             speculative = {"method": VLLM_METHODS.get(decoder.drafter, "custom_class"), "num_speculative_tokens": decoder.w}
@@ -110,6 +130,11 @@ class VllmEngine:
                 speculative["model"] = PROPOSER
             elif decoder.drafter == "vllm_ngram":
                 speculative.update(prompt_lookup_min=decoder.ngram_min_q, prompt_lookup_max=decoder.ngram_max_q)
+        with llvmlite_set_aside():
+            return self._llm(LLM, model_dir, speculative)
+
+    def _llm(self, LLM, model_dir: str, speculative: dict | None):
+        config = self.config
         return LLM(model=model_dir, tokenizer=model_dir, dtype=dtype_name(config.model), seed=0,
                    trust_remote_code=config.model.trust_remote_code,
                    max_model_len=config.engine.max_model_len or None, max_num_seqs=max_num_seqs(config),

@@ -37,6 +37,7 @@ from drafters.adaptive import (
     judge_proposals,
 )
 from drafters.base import PADDING, DraftContext, Drafter, Drafts, common_prefix
+from drafters.budget import LinearStepCost, cost_table
 
 logger = logging.getLogger(__name__)
 
@@ -52,10 +53,10 @@ class Proposal:
 @dataclass
 class Tracked:
     """What the proposer knows of one running request."""
-    context: DraftContext  # prompt + generated tokens so far, with its n-gram index
+    context: DraftContext | None  # prompt + generated tokens so far, with its n-gram index (None: a batched drafter's)
     prompt_length: int
     limit: int  # the most tokens (prompt + generated) it may reach: a draft never goes past it
-    controller: AdaptiveController  # acceptance rates per strategy (costs unused here)
+    controller: AdaptiveController | None  # acceptance rates per strategy (costs unused here; None: batched)
     steps: int = 0  # engine steps that emitted tokens for it (the prefill's included)
     failed_steps: int = 0  # steps whose drafting failed for it (it went on without a draft)
     draft_seconds: float = 0.0
@@ -195,6 +196,8 @@ class NgrammysProposer:
         started = time.perf_counter()
         if self.drafter is None:
             return [[] for _ in sampled_token_ids]
+        if hasattr(self.drafter, "step"):  # a batched drafter: one call for every request
+            return self.propose_batch(started, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         request_ids = self.runner.input_batch.req_ids
         fresh = False  # whether the step that just ran did prefill work (then its time is not a decoding step's)
         rows, candidates = [], []
@@ -219,6 +222,74 @@ class NgrammysProposer:
             tracked.draft_seconds += elapsed / len(candidates)
         self.last_step = (time.perf_counter(), len(sampled_token_ids) + sum(map(len, drafts)))
         return drafts
+
+    def propose_batch(self, started: float, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray,
+                      token_ids_cpu: np.ndarray) -> list[list[int]]:
+        """Every decoding request's draft from one call of a batched drafter (drafters/batch_suffix.py),
+        which reads their tokens from vLLM's own token array. With `w: auto` the drafts are cut to the
+        step budget of the step costs measured so far (drafters/budget.py)."""
+        batch = self.runner.input_batch
+        request_ids = batch.req_ids
+        rows = [row for row, sampled in enumerate(sampled_token_ids) if sampled]
+        fresh = len(rows) < len(sampled_token_ids)  # a prefill chunk ran in this step
+        keys = [request_ids[row] for row in rows]
+        tracked = []
+        for key, row in zip(keys, rows):
+            fresh |= key not in self.tracked
+            tracked.append(self.track_light(key, int(batch.num_prompt_tokens[row])))
+        self.forget_absent(batch.req_id_to_index)
+        self.observe_step(started, measurable=not fresh)
+        drafts = [[] for _ in sampled_token_ids]
+        if not rows:
+            return drafts
+        rows_array = np.array(rows, dtype=np.int64)
+        lengths = np.asarray(num_tokens_no_spec[:len(sampled_token_ids)], dtype=np.int64)[rows_array]
+        prompts = np.array([t.prompt_length for t in tracked], dtype=np.int64)
+        limits = np.array([t.limit for t in tracked], dtype=np.int64)
+        budget = cost_table(LinearStepCost(*self.costs.line()), len(rows), self.w) if self.adaptive else None
+        try:
+            out = self.drafter.step(keys, token_ids_cpu, rows_array, lengths, prompts, limits, budget)
+        except Exception as error:  # noqa: BLE001 - the engine must survive its drafter
+            for t in tracked:
+                t.failed_steps += 1
+            self.report_failure(keys[0], error)
+            return drafts
+        strategies = self.drafter.strategies
+        for i, (row, t) in enumerate(zip(rows, tracked)):
+            length = int(out.lengths[i])
+            if length:
+                tokens = tuple(out.tokens[i, :length].tolist())
+                drafts[row] = list(tokens)
+                t.proposals.append(Proposal(int(lengths[i]) - t.prompt_length, tokens, strategies[out.sources[i]]))
+        elapsed = time.perf_counter() - started
+        for t in tracked:
+            t.draft_seconds += elapsed / len(tracked)
+        self.last_step = (time.perf_counter(), len(sampled_token_ids) + sum(map(len, drafts)))
+        return drafts
+
+    def track_light(self, request_id: str, prompt_length: int) -> "Tracked":
+        """What the batched path keeps of a request: its steps, limit and proposals (its tokens are
+        vLLM's and the drafter's)."""
+        tracked = self.tracked.get(request_id)
+        if tracked is None:
+            params = self.runner.requests[request_id].sampling_params
+            limit = min(self.max_model_len, prompt_length + (params.max_tokens or self.max_model_len))
+            tracked = self.tracked[request_id] = Tracked(None, prompt_length, limit, None)
+        tracked.steps += 1
+        return tracked
+
+    def forget_absent(self, present: dict) -> None:
+        """Requests that left the engine's batch (finished, aborted or preempted) free their drafter
+        slot; a preempted one takes a fresh slot when it comes back."""
+        for request_id in self.tracked.keys() - present.keys():
+            self.drafter.finish(request_id)
+
+    def report_failure(self, request_id: str, error: Exception) -> None:
+        kind = f"{type(error).__name__}: {error}"
+        if kind not in self.reported:
+            self.reported.add(kind)
+            logger.error("drafting failed for request %s (it goes on without drafts; other requests with the "
+                         "same failure are not logged again): %s", request_id, kind, exc_info=error)
 
     def observe_step(self, now: float, measurable: bool) -> None:
         """Feeds the step that ran since the last proposal to the cost model, if it was a pure
@@ -254,11 +325,7 @@ class NgrammysProposer:
             return self.candidate(tracked)
         except Exception as error:  # noqa: BLE001 - the drafter is any code; the engine must survive it
             tracked.failed_steps += 1
-            kind = f"{type(error).__name__}: {error}"
-            if kind not in self.reported:
-                self.reported.add(kind)
-                logger.error("drafting failed for request %s (it goes on without drafts; other requests with the "
-                             "same failure are not logged again): %s", request_id, kind, exc_info=error)
+            self.report_failure(request_id, error)
             return PADDING, (), None
 
     def candidate(self, tracked: Tracked) -> tuple[str, tuple[int, ...], tuple[float, ...] | None]:

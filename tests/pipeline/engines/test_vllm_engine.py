@@ -50,7 +50,7 @@ def swap(ours, tiny_model_dir, tmp_path, drafter, *overrides):
     ours.set_decoder(decoder, model_tables(dataclasses.replace(ours.config, decoder=decoder)))
 
 
-DRAFTERS = ["context_ngram", "unigram", "bigram", "extended_bigram", "mixed", "suffix"]
+DRAFTERS = ["context_ngram", "unigram", "bigram", "extended_bigram", "mixed", "suffix", "batch_suffix"]
 
 
 # Every drafter at a fixed w, and at w: auto all but extended_bigram, whose table at auto's width (16)

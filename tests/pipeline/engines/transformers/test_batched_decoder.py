@@ -44,7 +44,7 @@ def run(batched: BatchedDecoder, batch: list[Request]) -> dict[str, list[int]]:
 
 
 @pytest.mark.parametrize("drafter,k,w,batch_size", [
-    ("none", 1, 0, 3), ("context_ngram", 3, 4, 3), ("mixed", 4, 3, 4), ("context_ngram", 2, 2, 6)])
+    ("none", 1, 0, 3), ("context_ngram", 3, 4, 3), ("mixed", 4, 3, 4), ("context_ngram", 2, 2, 6), ("batch_suffix", 1, 4, 3)])
 def test_batched_greedy_is_each_request_alone(tiny_model, tables, drafter, k, w, batch_size):
     decoder = (SpeculativeDecoder(tiny_model, None, None, 1, 0) if drafter == "none"
                else decoder_for(tiny_model, tables, drafter, k, w, min_q=1))

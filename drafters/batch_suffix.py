@@ -1,0 +1,199 @@
+"""Batched suffix drafter (`decoder.drafter: batch_suffix`): the suffix drafter's three sources and
+acceptance model, for every running request of an engine step in one compiled call.
+
+What it drafts from, per request (each source on its own, as drafters/suffix.py explains):
+- `context`: the request's own tokens: the longest earlier match of its suffix (suffix_min_match to
+  suffix_max_match tokens), scanned afresh each step (no per-request index to keep);
+- `outputs`: every other request's generated tokens, finished or still running (as SuffixDecoding
+  learns from answers in flight), in a bounded arena indexed by q-gram (q = suffix_min_match to
+  ngram_max_q); past its capacity the oldest finished outputs are forgotten;
+- `store`: earlier runs' outputs (decoder.datastore), by binary search in their suffix array; a match
+  of at least `store_min_match` tokens (default ngram_max_q): in a store of millions of tokens a
+  shorter one has thousands of occurrences and says little, and reading them cost the drafter more
+  than all its other work (a replay with a 1.1M-token store: 21 us per request-step with 1-token
+  matches, against 10 without the store).
+Each source's majority path is scored by the acceptance model (its features, prior and online fit
+are drafters/suffix.py's and drafters/acceptance.py's), cut where the probability that all its
+tokens so far are accepted falls below suffix_min_probability; the best candidate is the draft, its
+probabilities the draft's confidence. Every candidate is judged later against what the request
+emits, and the model refits as it goes.
+
+A draft budget: given the engine step's cost as a function of the tokens it feeds (`step_cost`,
+from drafters/budget.py), the batch's draft tokens are cut to those that raise the expected tokens
+per second, least likely first; at large batch on a GPU most requests then draft nothing.
+
+The engine hands over a step's requests as rows of a token array it already holds (vLLM's
+`token_ids_cpu`); the drafter keeps, per request, a slot: how much of it has been taken in, its
+arena segment and its candidates awaiting judgement. All of it is fixed-size numpy arrays: memory
+is bounded and reported (`memory_bytes`). The compiled code is drafters/suffix_kernels.py.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from drafters import suffix_kernels as kernels
+from drafters.base import PADDING, DraftContext, Drafts
+from drafters.datastore import Datastore
+from drafters.suffix import PRIOR
+
+_NONE, _ZERO_OFFSETS, _NO_COST = np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0)
+
+
+def _int64(values) -> np.ndarray:
+    return values if isinstance(values, np.ndarray) and values.dtype == np.int64 else np.asarray(values, dtype=np.int64)
+
+
+STRATEGIES = tuple(f"suffix_{source}" for source in kernels.SOURCES)
+PENDING = 16  # candidates awaiting judgement per request (more are not judged)
+
+
+@dataclass(frozen=True)
+class BatchDrafts:
+    """One step's drafts: request b drafts tokens[b, :lengths[b]] (strategy STRATEGIES[sources[b]]
+    when it drafts), confidence[b, j] the probability that its first j + 1 tokens are accepted."""
+    tokens: np.ndarray  # [B, w] int64
+    lengths: np.ndarray  # [B] int64
+    confidence: np.ndarray  # [B, w] float64
+    sources: np.ndarray  # [B] int64, -1: no draft
+
+
+class BatchSuffixDrafter:
+    strategies = STRATEGIES  # by BatchDrafts.sources
+
+    def __init__(self, w: int, max_q: int, min_q: int, max_match: int = 24, max_occurrences: int = 16,
+                 min_probability: float = 0.05, capacity: int = 1 << 18, store: Datastore | None = None,
+                 top1: np.ndarray | None = None, prior: np.ndarray = PRIOR, prior_strength: float = 200.0,
+                 refit_every: int = 1024, newton_steps: int = 1, ring: int = 4096, segment_cap: int = 4096,
+                 pad_token: int = 0, store_min_match: int = 0):
+        assert 1 <= min_q <= max_q <= max_match, f"need 1 <= min_q ({min_q}) <= max_q ({max_q}) <= max_match ({max_match})"
+        assert w >= 1 and capacity >= 16, f"need w >= 1 and capacity >= 16, got {w}, {capacity}"
+        self.w, self.pad_token = w, pad_token
+        self.settings = np.array([min_q, max_q, max_match, max_occurrences, refit_every, newton_steps,
+                                  min(segment_cap, capacity // 4), store_min_match or max_q], dtype=np.int64)
+        self.probability_settings = np.array([min_probability, prior_strength])
+        self.logs = kernels.log_table(max_match + w + max_occurrences + 2)
+        self.arena = np.full(capacity + 1, -1, dtype=np.int32)
+        table = 1 << int(np.ceil(np.log2(2 * capacity)))
+        self.heads = np.full((max_q - min_q + 1, table), -1, dtype=np.int32)
+        self.prev = np.full((max_q - min_q + 1, capacity + 1), -1, dtype=np.int32)
+        self.docs = np.zeros((capacity // 2 + 1, 2), dtype=np.int64)
+        self.counters = np.zeros(kernels.COUNTERS, dtype=np.int64)
+        self.counters[kernels.USED] = 1  # position 0 is a -1 sentinel
+        self.prior = np.asarray(prior, dtype=np.float64).copy()
+        self.weights = self.prior.copy()
+        self.ring_x = np.zeros((ring, kernels.NUM_FEATURES))
+        self.ring_y = np.zeros(ring)
+        self.store_tokens = np.asarray(store.tokens) if store is not None else np.zeros(0, np.uint32)
+        self.suffix_array = np.asarray(store.suffix_array) if store is not None else np.zeros(0, np.int32)
+        self.top1 = np.asarray(top1, dtype=np.int32) if top1 is not None else np.zeros(0, np.int32)
+        self.slot_of: dict[object, int] = {}
+        self.free: list[int] = []
+        self.finished: list[tuple[int, list[int]]] = []
+        self._allocate_slots(64)
+        self._out: BatchDrafts | None = None
+        # The transformers engine drafts one DraftContext at a time (propose): each holds a slot for its
+        # life (by id; freed when the context is collected), its tokens when first seen its prompt.
+        self._prompt_of: dict[int, int] = {}
+
+    def _allocate_slots(self, count: int) -> None:
+        old = getattr(self, "slots", None)
+        held = 0 if old is None else old.shape[0]
+        slots = np.zeros((count, kernels.SLOT_FIELDS), dtype=np.int64)
+        pending = (np.zeros(count, np.int64), np.zeros((count, PENDING), np.int64), np.zeros((count, PENDING), np.int64),
+                   np.zeros((count, PENDING, self.w), np.int64), np.zeros((count, PENDING, self.w, kernels.NUM_FEATURES)))
+        if old is not None:
+            slots[:held] = old
+            for new, kept in zip(pending, self.pending):
+                new[:held] = kept
+        self.slots, self.pending = slots, pending
+        self.free += list(range(count - 1, held - 1, -1))
+
+    def slot(self, key) -> int:
+        slot = self.slot_of.get(key)
+        if slot is None:
+            if not self.free:
+                self._allocate_slots(2 * self.slots.shape[0])
+            slot = self.slot_of[key] = self.free.pop()
+        return slot
+
+    def finish(self, key, generated: list[int] | None = None) -> None:
+        """A request ended: its slot is freed at the next step, its generated tokens (all of them: the
+        drafter may not have seen the last step's) stay among the outputs."""
+        slot = self.slot_of.pop(key, None)
+        if slot is not None:
+            self.finished.append((slot, list(generated or ())))
+
+    def step(self, keys, tokens: np.ndarray, rows: np.ndarray, lengths: np.ndarray, prompt_lengths: np.ndarray,
+             limits: np.ndarray, step_cost: np.ndarray | None = None) -> BatchDrafts:
+        """Drafts for one engine step. Request i (named keys[i]) is tokens[rows[i], :lengths[i]], its
+        first prompt_lengths[i] the prompt; it may reach limits[i] tokens. step_cost[n]: the step's
+        seconds when it feeds n tokens (None: no budget; only the confidence cut). The arrays
+        returned are this drafter's buffers: read them before the next step."""
+        batch = len(keys)
+        request_slots = np.array([self.slot(key) for key in keys], dtype=np.int64)
+        finished, flat, offsets = self._take_finished()
+        if self._out is None or self._out.tokens.shape[0] < batch:
+            size = max(batch, 2 * (0 if self._out is None else self._out.tokens.shape[0]))
+            self._out = BatchDrafts(np.zeros((size, self.w), np.int64), np.zeros(size, np.int64), np.zeros((size, self.w)),
+                                    np.zeros(size, np.int64))
+        out = BatchDrafts(*(array[:batch] for array in (self._out.tokens, self._out.lengths, self._out.confidence,
+                                                         self._out.sources)))
+        kernels.step(self.arena, self.heads, self.prev, self.slots, self.docs, self.counters, *self.pending,
+                     self.weights, self.prior, self.ring_x, self.ring_y, self.store_tokens, self.suffix_array,
+                     self.top1, self.settings, self.probability_settings, self.logs, finished, flat, offsets,
+                     request_slots, tokens, _int64(rows), _int64(lengths), _int64(prompt_lengths), _int64(limits),
+                     _NO_COST if step_cost is None else np.asarray(step_cost, dtype=np.float64),
+                     out.tokens, out.lengths, out.confidence, out.sources)
+        return out
+
+    def _take_finished(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(slots, their generated tokens joined, offsets) of the requests finished since the last step."""
+        if not self.finished:
+            return _NONE, _NONE, _ZERO_OFFSETS
+        finished = np.array([slot for slot, _ in self.finished], dtype=np.int64)
+        offsets = np.zeros(len(self.finished) + 1, dtype=np.int64)
+        offsets[1:] = np.cumsum([len(generated) for _, generated in self.finished])
+        flat = np.array([t for _, generated in self.finished for t in generated], dtype=np.int64)
+        self.free += [slot for slot, _ in self.finished]
+        self.finished = []
+        return finished, flat, offsets
+
+    @property
+    def compiled_calls(self) -> int:
+        """Calls into the compiled step so far (one per engine step)."""
+        return int(self.counters[kernels.CALLS])
+
+    def memory_bytes(self) -> int:
+        """The drafter's own arrays (the store, shared read-only, left out)."""
+        arrays = (self.arena, self.heads, self.prev, self.docs, self.slots, *self.pending, self.ring_x, self.ring_y)
+        return sum(array.nbytes for array in arrays)
+
+    # -- one request at a time (the Drafter protocol, for the transformers engine) -----------------
+
+    def propose(self, context: DraftContext, k: int, w: int) -> Drafts:
+        """One context's draft (its tokens when first seen taken as its prompt), in k rows of w
+        tokens: the draft, then padding rows."""
+        key = id(context)
+        if key not in self._prompt_of:
+            self._prompt_of[key] = len(context)
+            weakref.finalize(context, self._forget, key)
+        n = len(context)
+        drafts = self.step([key], np.asarray(context.tokens, dtype=np.int64)[None, :], np.zeros(1), np.array([n]),
+                           np.array([self._prompt_of[key]]), np.array([n + min(w, self.w) + 1]))
+        length = int(drafts.lengths[0])
+        rows = [drafts.tokens[0, :length].tolist() + [self.pad_token] * (w - length)] + [[self.pad_token] * w] * (k - 1)
+        strategy = STRATEGIES[drafts.sources[0]] if length else PADDING
+        return Drafts(tokens=torch.tensor(rows, dtype=torch.long).reshape(k, w), strategies=(strategy,) + (PADDING,) * (k - 1),
+                      lengths=(length,) + (0,) * (k - 1),
+                      confidence=(tuple(drafts.confidence[0, :length].tolist()),) + ((),) * (k - 1))
+
+    def _forget(self, key: int) -> None:
+        self._prompt_of.pop(key, None)
+        self.finish(key)
+
+    def learn(self, tokens: list[int]) -> None:
+        """Finished outputs are already in the arena (taken in as they were generated)."""

@@ -1,0 +1,63 @@
+"""A step's cost as a function of the tokens it feeds the model: what the draft budget weighs.
+
+A step that feeds n tokens (one per running request plus their drafts) takes `seconds(n)`; the
+budget (drafters/suffix_kernels.py `_budget`) takes a draft token while its probability of being
+accepted P beats what it costs: P > T (c(n + 1) - c(n)) / c(n), T the step's expected tokens so far.
+- `LinearStepCost`: c(n) = a + b n, fitted online from the engine's own steps (the vLLM proposer's
+  StepCosts): on this CPU each token fed costs ~5 % of a step, so only likely tokens pay;
+- `RooflineStepCost`: a GPU step from its spec sheet: c(n) = max(bytes / bandwidth, flops(n) / peak)
+  with bytes the weights plus the batch's KV cache and flops(n) = 2 x parameters x n. Tokens are
+  free until the step turns compute-bound, then cost their FLOPs. A projection, not a measurement.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class LinearStepCost:
+    a: float  # seconds of a step whatever it feeds
+    b: float  # seconds per token fed
+
+    def seconds(self, fed: np.ndarray) -> np.ndarray:
+        return self.a + self.b * np.asarray(fed, dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class Gpu:
+    name: str
+    bandwidth: float  # bytes/s of its memory
+    flops: float  # dense bf16 FLOP/s
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    parameters: float
+    kv_bytes_per_token: float  # all layers, K and V, bf16
+
+
+GPUS = {"a100": Gpu("A100 80GB SXM", 2.039e12, 312e12), "h100": Gpu("H100 SXM", 3.35e12, 989e12)}
+# Llama-3-8B: 32 layers x 8 KV heads x 128 dims x (K, V) x 2 bytes; Llama-3-70B: 80 layers.
+MODELS = {"8b": Model("8B (Llama-3-8B shape)", 8.03e9, 32 * 8 * 128 * 2 * 2),
+          "70b": Model("70B (Llama-3-70B shape)", 70.6e9, 80 * 8 * 128 * 2 * 2)}
+
+
+@dataclass(frozen=True)
+class RooflineStepCost:
+    gpu: Gpu
+    model: Model
+    batch: int  # running requests
+    context: float  # their mean tokens (prompt + generated so far): the KV cache each step reads
+
+    def seconds(self, fed: np.ndarray) -> np.ndarray:
+        memory = (2 * self.model.parameters + self.batch * self.context * self.model.kv_bytes_per_token) / self.gpu.bandwidth
+        compute = 2 * self.model.parameters * np.asarray(fed, dtype=np.float64) / self.gpu.flops
+        return np.maximum(memory, compute)
+
+
+def cost_table(cost, batch: int, max_draft: int) -> np.ndarray:
+    """[batch (max_draft + 1) + 1]: cost.seconds(n) for every n a step of `batch` requests can feed."""
+    return cost.seconds(np.arange(batch * (max_draft + 1) + 1))

@@ -1,0 +1,614 @@
+"""The batched suffix drafter's compiled code (numba): one call drafts for every request of a step.
+
+Everything a step does for its requests runs inside `step`, in request order: finish the requests
+that ended (their last tokens join the outputs), take each request's new tokens (a request's
+generated tokens join the outputs index at once: answers in flight are drafted from, as SuffixDecoding's
+global tree holds them), judge its earlier candidates against them (the acceptance model learns
+and refits), draft from the three sources, and finally cut the batch's drafts to the step's budget.
+drafters/batch_suffix.py holds the state and says what each source is; the arrays are described there.
+
+Layout of the state arrays (see BatchSuffixDrafter):
+- arena [C + 1] int32: generated tokens of requests, each request a segment reserved when it starts;
+  -1 at position 0, after every segment's written tokens and in unwritten space (nothing crosses it);
+- heads [NQ, H] int32, prev [NQ, C + 1] int32: per q in min_q..max_q an open-addressing hash table
+  from a q-gram to the arena position just after its latest occurrence, and from each such position
+  to the one before it (-1: none): the occurrences of a q-gram, newest first;
+- slots [S, SLOT_FIELDS] int64: per request slot its segment (start, reserved, written), the tokens
+  of its context taken so far, its prompt's length and whether it is in use;
+- docs [C + 1, 2] int64: the finished segments (start, tokens), oldest first; counters [COUNTERS];
+- pending_* : per slot, the candidates awaiting judgement (position, length, tokens, features);
+- weights, prior [F]; ring_x [R, F], ring_y [R]: the acceptance model and its judged tokens.
+"""
+from __future__ import annotations
+
+import math
+
+import numba as nb
+import numpy as np
+
+NUM_FEATURES = 12
+SOURCES = ("context", "outputs", "store")
+# slots[s, :]
+START, RESERVED, WRITTEN, SEEN, PROMPT, ACTIVE, STORE_MATCH = range(7)
+SLOT_FIELDS = 7
+# counters[:]
+USED, DOCS, JUDGED, SINCE_FIT, CALLS = range(5)
+COUNTERS = 5
+SEPARATOR = 4294967295  # drafters/datastore.py's document separator (uint32 max)
+LOGIT_CLIP = math.log((1 - 1e-3) / 1e-3)
+
+
+def log_table(size: int) -> np.ndarray:
+    """[size] log(k) (log 0 unused)."""
+    return np.log(np.maximum(np.arange(size, dtype=np.float64), 1.0))
+
+
+@nb.njit(cache=True)
+def _hash(values, end, q, mask):
+    h = 2166136261
+    for i in range(end - q, end):
+        h = ((h ^ (values[i] & 0xFFFFFFFF)) * 16777619) & 0xFFFFFFFF
+    return h & mask
+
+
+@nb.njit(cache=True)
+def _same_gram(arena, position, values, end, q):
+    for i in range(q):
+        if arena[position - q + i] != values[end - q + i]:
+            return False
+    return True
+
+
+@nb.njit(cache=True)
+def _insert(arena, heads, prev, qi, q, end):
+    """Indexes the q-gram that ends just before arena position `end`."""
+    mask = heads.shape[1] - 1
+    h = _hash(arena, end, q, mask)
+    while True:
+        head = heads[qi, h]
+        if head < 0:
+            heads[qi, h] = end
+            prev[qi, end] = -1
+            return
+        if _same_gram(arena, head, arena, end, q):
+            heads[qi, h] = end
+            prev[qi, end] = head
+            return
+        h = (h + 1) & mask
+
+
+@nb.njit(cache=True)
+def _lookup(arena, heads, qi, q, values, end):
+    """The newest arena position after an occurrence of values[end - q:end]; -1: none."""
+    mask = heads.shape[1] - 1
+    h = _hash(values, end, q, mask)
+    while True:
+        head = heads[qi, h]
+        if head < 0:
+            return -1
+        if _same_gram(arena, head, values, end, q):
+            return head
+        h = (h + 1) & mask
+
+
+@nb.njit(cache=True)
+def _append(arena, heads, prev, slots, s, token, min_q, max_q):
+    """One generated token of slot s into its segment and the index; a full segment takes no more."""
+    start, reserved, written = slots[s, START], slots[s, RESERVED], slots[s, WRITTEN]
+    if written >= reserved - 1:  # the last reserved place stays -1
+        return
+    end = start + written + 1
+    arena[end - 1] = token
+    slots[s, WRITTEN] = written + 1
+    for q in range(min_q, max_q + 1):
+        if q > written + 1:
+            break
+        _insert(arena, heads, prev, q - min_q, q, end)
+
+
+@nb.njit(cache=True)
+def _rebuild(arena, heads, prev, slots, docs, counters, min_q, max_q):
+    """Compaction: the newest finished segments up to half the arena, then every segment in use,
+    copied to the front and indexed again (older outputs are forgotten)."""
+    capacity = arena.shape[0] - 1
+    old = arena.copy()
+    in_flight = 0
+    for s in range(slots.shape[0]):
+        if slots[s, ACTIVE]:
+            in_flight += slots[s, RESERVED]
+    room = min(capacity // 2, capacity - 1 - in_flight)
+    keep_from, size = counters[DOCS], 0
+    while keep_from > 0 and size + docs[keep_from - 1, 1] + 1 <= room:
+        keep_from -= 1
+        size += docs[keep_from, 1] + 1
+    arena[:] = -1
+    heads[:] = -1
+    prev[:] = -1
+    used = 1
+    kept = 0
+    for d in range(keep_from, counters[DOCS]):
+        start, length = docs[d, 0], docs[d, 1]
+        arena[used:used + length] = old[start:start + length]
+        docs[kept, 0], docs[kept, 1] = used, length
+        kept += 1
+        for end in range(used + 1, used + length + 1):
+            for q in range(min_q, min(max_q, end - used) + 1):
+                _insert(arena, heads, prev, q - min_q, q, end)
+        used += length + 1
+    counters[DOCS] = kept
+    for s in range(slots.shape[0]):
+        if slots[s, ACTIVE]:
+            start, written = slots[s, START], slots[s, WRITTEN]
+            arena[used:used + written] = old[start:start + written]
+            slots[s, START] = used
+            for end in range(used + 1, used + written + 1):
+                for q in range(min_q, min(max_q, end - used) + 1):
+                    _insert(arena, heads, prev, q - min_q, q, end)
+            used += slots[s, RESERVED]
+    counters[USED] = used
+
+
+@nb.njit(cache=True)
+def _reserve(arena, heads, prev, slots, docs, counters, s, size, min_q, max_q):
+    capacity = arena.shape[0] - 1
+    if counters[USED] + size > capacity:
+        _rebuild(arena, heads, prev, slots, docs, counters, min_q, max_q)
+    if counters[USED] + size > capacity:  # the requests in flight hold it all: this one is not indexed
+        size = 0
+    slots[s, START], slots[s, RESERVED], slots[s, WRITTEN] = counters[USED], size, 0
+    counters[USED] += size
+
+
+@nb.njit(cache=True)
+def _finish(slots, docs, counters, pending_count, s):
+    if slots[s, ACTIVE] and slots[s, WRITTEN] > 0:
+        docs[counters[DOCS], 0], docs[counters[DOCS], 1] = slots[s, START], slots[s, WRITTEN]
+        counters[DOCS] += 1
+    slots[s, ACTIVE] = 0
+    pending_count[s] = 0
+
+
+# -- the three sources ---------------------------------------------------------------------
+
+@nb.njit(cache=True)
+def _context_rows(values, n, w, min_q, max_match, max_occurrences, rows, row_lengths):
+    """The request's own tokens: the longest earlier match of its suffix (min_q..max_match tokens)
+    and the w tokens after each of its newest max_occurrences occurrences (past the context's end
+    the match repeats periodically). Returns (match length, rows)."""
+    best, found = 0, 0
+    for end in range(n - 1, 0, -1):
+        length = 0
+        while length < max_match and length < end and values[end - 1 - length] == values[n - 1 - length]:
+            length += 1
+        if length < min_q or length < best:
+            continue
+        if length > best:
+            best, found = length, 0
+        if found < max_occurrences:
+            period = n - end
+            for j in range(w):
+                rows[found, j] = values[end + j] if end + j < n else rows[found, j - period]
+            row_lengths[found] = w
+            found += 1
+    return best, found
+
+
+@nb.njit(cache=True)
+def _output_rows(arena, heads, prev, values, n, w, own_start, own_end, min_q, max_q, max_match,
+                 max_occurrences, rows, row_lengths, ends):
+    """Other requests' generated tokens (finished or in flight): for the longest q (max_q down to
+    min_q) whose last-q-token suffix occurs outside the request's own segment, its newest
+    max_occurrences occurrences, each extended backwards up to max_match; the tokens after those
+    that match the longest (cut at a segment's end). Returns (match length, rows)."""
+    for q in range(min(max_q, n), min_q - 1, -1):
+        found = 0
+        position = _lookup(arena, heads, q - min_q, q, values, n)
+        while position >= 0 and found < max_occurrences:
+            if position < own_start or position >= own_end:
+                ends[found] = position
+                found += 1
+            position = prev[q - min_q, position]
+        if found == 0:
+            continue
+        best, count = q, 0
+        for i in range(found):
+            end, length = ends[i], q
+            while length < max_match and length < n and arena[end - length - 1] == values[n - length - 1]:
+                length += 1
+            if length > best:
+                best, count = length, 0
+            if length == best:
+                ends[count] = end
+                count += 1
+        kept = 0
+        for i in range(count):
+            size = 0
+            while size < w and arena[ends[i] + size] >= 0:
+                rows[kept, size] = arena[ends[i] + size]
+                size += 1
+            if size:
+                row_lengths[kept] = size
+                kept += 1
+        if kept:
+            return best, kept
+    return 0, 0
+
+
+@nb.njit(cache=True)
+def _compare(store, start, values, lo, hi):
+    """-1, 0, 1: the store's tokens from `start` against values[lo:hi], as far as the pattern goes
+    (a suffix that runs out of tokens first is smaller)."""
+    size = store.shape[0]
+    for i in range(hi - lo):
+        if start + i >= size:
+            return -1
+        token = np.int64(store[start + i])
+        if token != values[lo + i]:
+            return -1 if token < values[lo + i] else 1
+    return 0
+
+
+@nb.njit(cache=True)
+def _bound(store, suffix_array, values, lo, hi, upper, first):
+    """First suffix-array index from `first` whose suffix is >= (upper: >) values[lo:hi]."""
+    last = suffix_array.shape[0]
+    while first < last:
+        middle = (first + last) // 2
+        order = _compare(store, suffix_array[middle], values, lo, hi)
+        if order < 0 or (upper and order == 0):
+            first = middle + 1
+        else:
+            last = middle
+    return first
+
+
+@nb.njit(cache=True)
+def _first_occurrence(store, suffix_array, values, n, length):
+    """The suffix-array index of the first occurrence of the context's last `length` tokens; -1: none."""
+    index = _bound(store, suffix_array, values, n - length, n, False, 0)
+    if index < suffix_array.shape[0] and _compare(store, suffix_array[index], values, n - length, n) == 0:
+        return index
+    return -1
+
+
+@nb.njit(cache=True)
+def _store_rows(store, suffix_array, values, n, w, min_q, max_match, max_occurrences, rows, row_lengths, bound):
+    """Earlier runs' outputs (drafters/datastore.py): the longest suffix (min_q..max_match tokens)
+    that occurs, and the w tokens after max_occurrences of its occurrences spread evenly over its
+    suffix-array range (cut at a document's end). `bound`: a length the match cannot pass (if the
+    last L tokens occur, the L - k before the k newest did: the last step's match plus the tokens
+    since bounds this one). The bound itself is tried first (a match that goes on), then a binary
+    search over the lengths below it (if the last L tokens occur, so do the last L - 1)."""
+    if store.shape[0] == 0:
+        return 0, 0
+    longest = min(max_match, n, bound)
+    if longest < min_q:
+        return 0, 0
+    lo = _first_occurrence(store, suffix_array, values, n, longest)
+    shortest = longest
+    if lo < 0:
+        shortest, longest = min_q - 1, longest - 1  # invariant: `shortest` occurs (or is min_q - 1)
+        while shortest < longest:
+            middle = (shortest + longest + 1) // 2
+            index = _first_occurrence(store, suffix_array, values, n, middle)
+            if index >= 0:
+                shortest, lo = middle, index
+            else:
+                longest = middle - 1
+        if shortest < min_q:  # (a length that occurs set lo with it)
+            return 0, 0
+    hi = _bound(store, suffix_array, values, n - shortest, n, True, lo)
+    count = min(hi - lo, max_occurrences)
+    kept = 0
+    for i in range(count):
+        start = suffix_array[lo + (i * (hi - lo)) // count] + shortest
+        size = 0
+        while size < w and start + size < store.shape[0] and store[start + size] != SEPARATOR:
+            rows[kept, size] = store[start + size]
+            size += 1
+        if size:
+            row_lengths[kept] = size
+            kept += 1
+    return shortest, kept
+
+
+@nb.njit(cache=True)
+def _majority_path(rows, row_lengths, count, w, path, shares, counts, scratch, alive):
+    """drafters/suffix.py's majority_path over rows[:count]: at each depth the most frequent next
+    token (ties: the smallest id) of the rows that follow the path so far, how many have it
+    (counts) and of how many (shares: the share's denominator; the first depth counts one unseen
+    row too). Returns the path's length."""
+    for i in range(count):
+        alive[i] = True
+    for depth in range(w):
+        members, tallied = 0, 0
+        for i in range(count):
+            if alive[i]:
+                members += 1
+                if row_lengths[i] > depth:
+                    scratch[tallied] = rows[i, depth]
+                    tallied += 1
+        if tallied == 0:
+            return depth
+        token, best = scratch[0], tallied
+        for i in range(1, tallied):
+            if scratch[i] != token:
+                best = 0
+                break
+        if best == 0:  # more than one next token: count them
+            ordered = np.sort(scratch[:tallied])
+            run = 0
+            for i in range(tallied):
+                run = run + 1 if i and ordered[i] == ordered[i - 1] else 1
+                if run > best:
+                    best, token = run, ordered[i]
+        path[depth] = token
+        shares[depth] = members + (depth == 0)  # the share's denominator
+        counts[depth] = best
+        for i in range(count):
+            alive[i] = alive[i] and row_lengths[i] > depth and rows[i, depth] == token
+    return w
+
+
+@nb.njit(cache=True)
+def _features(source, match, counts, members, size, logs, out):
+    """drafters/suffix.py's token_features for one path; logs[k] = log(k) (the shares are counts
+    over members, so every logarithm is of an integer: a table lookup)."""
+    for j in range(size):
+        depth = j + 1
+        if counts[j] >= members[j]:  # a share of 1, clipped to 1 - 1e-3 as token_features clips it
+            logit = LOGIT_CLIP
+        else:
+            logit = logs[counts[j]] - logs[members[j] - counts[j]]
+        out[j, 0] = 1.0
+        out[j, 1] = logit
+        out[j, 2] = logs[match]
+        out[j, 3] = logs[depth]
+        out[j, 4] = logs[match + depth - 1]
+        out[j, 5] = logs[counts[j]]
+        for k in range(3):
+            out[j, 6 + k] = 1.0 if source == k else 0.0
+        out[j, 9] = 1.0 if depth == 1 else 0.0
+        out[j, 10] = 0.0
+        out[j, 11] = 0.0
+
+
+@nb.njit(cache=True)
+def _sigmoid(z):
+    return 1.0 / (1.0 + math.exp(-min(max(z, -30.0), 30.0)))
+
+
+# -- the acceptance model -----------------------------------------------------------------------
+
+@nb.njit(cache=True)
+def _solve(matrix, vector):
+    """matrix^-1 vector by Gaussian elimination with partial pivoting (F x F, F small)."""
+    size = vector.shape[0]
+    a = matrix.copy()
+    b = vector.copy()
+    for column in range(size):
+        pivot = column + np.argmax(np.abs(a[column:, column]))
+        if pivot != column:
+            for k in range(size):
+                a[column, k], a[pivot, k] = a[pivot, k], a[column, k]
+            b[column], b[pivot] = b[pivot], b[column]
+        for row in range(column + 1, size):
+            factor = a[row, column] / a[column, column]
+            for k in range(column, size):
+                a[row, k] -= factor * a[column, k]
+            b[row] -= factor * b[column]
+    x = np.zeros(size)
+    for row in range(size - 1, -1, -1):
+        total = b[row]
+        for k in range(row + 1, size):
+            total -= a[row, k] * x[k]
+        x[row] = total / a[row, row]
+    return x
+
+
+@nb.njit(cache=True)
+def _fit(weights, prior, ring_x, ring_y, held, prior_strength, newton_steps):
+    """drafters/acceptance.py's fit: Newton steps on the logistic loss plus (λ/2)|w - prior|²."""
+    features = weights.shape[0]
+    for _ in range(newton_steps):
+        gradient = prior_strength * (weights - prior)
+        hessian = prior_strength * np.eye(features)
+        for i in range(held):
+            z = 0.0
+            for k in range(features):
+                z += ring_x[i, k] * weights[k]
+            p = _sigmoid(z)
+            for k in range(features):
+                gradient[k] += ring_x[i, k] * (p - ring_y[i])
+                for m in range(features):
+                    hessian[k, m] += ring_x[i, k] * ring_x[i, m] * p * (1 - p)
+        weights -= _solve(hessian, gradient)
+
+
+@nb.njit(cache=True)
+def _judge(values, n, s, pending_count, pending_position, pending_length, pending_tokens, pending_features,
+           ring_x, ring_y, counters):
+    """Judges slot s's waiting candidates whose fate the context now shows: each token up to the
+    first wrong one, accepted or not, into the model's ring. Returns the tokens judged."""
+    capacity, judged_now, still = ring_y.shape[0], 0, 0
+    for p in range(pending_count[s]):
+        position, size = pending_position[s, p], pending_length[s, p]
+        available = min(size, n - position)
+        right = 0
+        while right < available and pending_tokens[s, p, right] == values[position + right]:
+            right += 1
+        if right == available and available < size:  # right so far, the rest not emitted yet
+            if still != p:
+                pending_position[s, still], pending_length[s, still] = position, size
+                pending_tokens[s, still, :] = pending_tokens[s, p, :]
+                pending_features[s, still, :, :] = pending_features[s, p, :, :]
+            still += 1
+            continue
+        judged = min(right + 1, size)
+        for j in range(judged):
+            slot = counters[JUDGED] % capacity
+            ring_x[slot, :] = pending_features[s, p, j, :]
+            ring_y[slot] = 1.0 if j < right else 0.0
+            counters[JUDGED] += 1
+        judged_now += judged
+    pending_count[s] = still
+    counters[SINCE_FIT] += judged_now
+    return judged_now
+
+
+@nb.njit(cache=True)
+def step(arena, heads, prev, slots, docs, counters,
+         pending_count, pending_position, pending_length, pending_tokens, pending_features,
+         weights, prior, ring_x, ring_y, store, suffix_array, top1, settings, probability_settings, logs,
+         finished, finished_tokens, finished_offsets,
+         request_slots, tokens, rows, lengths, prompt_lengths, limits, step_cost,
+         out_tokens, out_lengths, out_confidence, out_sources):
+    """One engine step for a batch of requests; see the module's docstring. settings: [min_q,
+    max_q, max_match, max_occurrences, refit_every, newton_steps, segment_cap, store_min_match];
+    probability_settings: [min_probability, prior_strength]; logs: log_table(max_match + max_w +
+    max_occurrences + 2). Request b is tokens[rows[b], :lengths[b]]
+    (its prompt the first prompt_lengths[b]), in slot request_slots[b], never to pass limits[b]
+    tokens; step_cost[n] (empty: no budget) the step's seconds when it feeds n tokens. settings[7]:
+    the store's shortest match.
+    Writes each request's draft (out_lengths[b] tokens, -1: none) and returns the draft tokens."""
+    min_q, max_q, max_match, max_occurrences = settings[0], settings[1], settings[2], settings[3]
+    refit_every, newton_steps, segment_cap, store_min_match = settings[4], settings[5], settings[6], settings[7]
+    min_probability, prior_strength = probability_settings[0], probability_settings[1]
+    max_w = out_tokens.shape[1]
+    counters[CALLS] += 1
+    for i in range(finished.shape[0]):  # requests that ended: their last tokens, then the segment is an output
+        s = finished[i]
+        if slots[s, ACTIVE]:
+            taken = slots[s, SEEN] - slots[s, PROMPT]
+            for j in range(finished_offsets[i] + max(taken, 0), finished_offsets[i + 1]):
+                _append(arena, heads, prev, slots, s, finished_tokens[j], min_q, max_q)
+        _finish(slots, docs, counters, pending_count, s)
+    occurrences = max(max_occurrences, 1)
+    candidate_rows = np.zeros((occurrences, max_w), np.int64)
+    candidate_lengths = np.zeros(occurrences, np.int64)
+    ends = np.zeros(occurrences, np.int64)
+    scratch = np.zeros(occurrences, np.int64)
+    alive = np.zeros(occurrences, np.bool_)
+    paths = np.zeros((3, max_w), np.int64)
+    path_lengths = np.zeros(3, np.int64)
+    members = np.zeros(max_w, np.int64)
+    counts = np.zeros(max_w, np.int64)
+    features = np.zeros((3, max_w, NUM_FEATURES))
+    confidence = np.zeros((3, max_w))
+    for b in range(request_slots.shape[0]):
+        s, n = request_slots[b], lengths[b]
+        values = tokens[rows[b]]
+        out_lengths[b], out_sources[b] = 0, -1
+        if slots[s, ACTIVE] and n < slots[s, SEEN]:  # its tokens were rewound: start it again
+            _finish(slots, docs, counters, pending_count, s)
+        if not slots[s, ACTIVE]:
+            slots[s, ACTIVE], slots[s, SEEN], slots[s, PROMPT] = 1, 0, prompt_lengths[b]
+            slots[s, STORE_MATCH] = max_match  # no earlier match known: no bound
+            size = min(max(limits[b] - prompt_lengths[b], 0) + 1, segment_cap)
+            _reserve(arena, heads, prev, slots, docs, counters, s, size, min_q, max_q)
+        store_bound = max(slots[s, STORE_MATCH], store_min_match - 1) + n - slots[s, SEEN]
+        for position in range(max(slots[s, SEEN], slots[s, PROMPT]), n):  # its new generated tokens
+            _append(arena, heads, prev, slots, s, values[position], min_q, max_q)
+        slots[s, SEEN] = n
+        if _judge(values, n, s, pending_count, pending_position, pending_length, pending_tokens,
+                  pending_features, ring_x, ring_y, counters) and counters[SINCE_FIT] >= refit_every:
+            _fit(weights, prior, ring_x, ring_y, min(counters[JUDGED], ring_y.shape[0]), prior_strength, newton_steps)
+            counters[SINCE_FIT] = 0
+        w = min(max_w, limits[b] - n - 1)
+        if w <= 0 or n == 0:
+            slots[s, STORE_MATCH] = max_match  # not looked up: no bound next time
+            continue
+        own_start = slots[s, START]
+        own_end = own_start + slots[s, RESERVED]
+        for source in range(3):
+            if source == 0:
+                match, found = _context_rows(values, n, w, min_q, max_match, max_occurrences,
+                                             candidate_rows, candidate_lengths)
+            elif source == 1:
+                match, found = _output_rows(arena, heads, prev, values, n, w, own_start, own_end, min_q, max_q,
+                                            max_match, max_occurrences, candidate_rows, candidate_lengths, ends)
+            else:
+                match, found = _store_rows(store, suffix_array, values, n, w, store_min_match, max_match, max_occurrences,
+                                           candidate_rows, candidate_lengths, store_bound)
+                slots[s, STORE_MATCH] = match
+            size = _majority_path(candidate_rows, candidate_lengths, found, w, paths[source], members, counts,
+                                  scratch, alive) if found else 0
+            path_lengths[source] = size
+            if size:
+                _features(source, match, counts, members, size, logs, features[source])
+        for source in range(3):  # agreed: another source drafts the same prefix up to this token
+            for other in range(3):
+                if other != source:
+                    j = 0
+                    while j < min(path_lengths[source], path_lengths[other]) and paths[source, j] == paths[other, j]:
+                        features[source, j, 10] = 1.0
+                        j += 1
+        best_source, best_score = -1, 0.0
+        for source in range(3):
+            size = path_lengths[source]
+            if size == 0:
+                continue
+            if top1.shape[0]:  # the model bigram's top choice after the token before
+                for j in range(size):
+                    before = values[n - 1] if j == 0 else paths[source, j - 1]
+                    features[source, j, 11] = 1.0 if top1[before] == paths[source, j] else 0.0
+            probability, score, kept = 1.0, 0.0, 0
+            for j in range(size):
+                z = 0.0
+                for k in range(NUM_FEATURES):
+                    z += features[source, j, k] * weights[k]
+                probability *= _sigmoid(z)
+                confidence[source, j] = probability
+                score += probability
+                if probability >= min_probability:
+                    kept += 1
+            if kept and (best_source < 0 or score > best_score):
+                best_source, best_score = source, score
+            if pending_count[s] < pending_position.shape[1]:  # every candidate is judged later
+                p = pending_count[s]
+                pending_position[s, p], pending_length[s, p] = n, size
+                pending_tokens[s, p, :size] = paths[source, :size]
+                pending_features[s, p, :size, :] = features[source, :size, :]
+                pending_count[s] = p + 1
+        if best_source >= 0:
+            for j in range(path_lengths[best_source]):
+                if confidence[best_source, j] < min_probability:
+                    break
+                out_tokens[b, j] = paths[best_source, j]
+                out_confidence[b, j] = confidence[best_source, j]
+                out_lengths[b] = j + 1
+            out_sources[b] = best_source
+    if step_cost.shape[0]:
+        return _budget(out_lengths, out_confidence, step_cost)
+    return out_lengths.sum()
+
+
+@nb.njit(cache=True)
+def _budget(out_lengths, out_confidence, step_cost):
+    """Cuts the batch's drafts to what pays: a step feeding n tokens costs step_cost[n] and emits
+    B + Σ P(draft token accepted) tokens in expectation; draft tokens are taken most likely first
+    (a request's are non-increasing, so each stays a prefix) while one more raises the expected
+    tokens per second: P > T (cost[n + 1] - cost[n]) / cost[n], T and n the totals so far."""
+    batch, max_w = out_confidence.shape
+    total = out_lengths.sum()
+    gains = np.empty(total)
+    owners = np.empty(total, np.int64)
+    i = 0
+    for b in range(batch):
+        for j in range(out_lengths[b]):
+            gains[i], owners[i] = out_confidence[b, j], b
+            i += 1
+    order = np.argsort(-gains, kind="mergesort")
+    taken = np.zeros(batch, np.int64)
+    expected, fed = float(batch), batch
+    for i in order:
+        if fed + 1 >= step_cost.shape[0]:
+            break
+        if gains[i] * step_cost[fed] <= expected * (step_cost[fed + 1] - step_cost[fed]):
+            break
+        taken[owners[i]] += 1
+        expected += gains[i]
+        fed += 1
+    for b in range(batch):
+        out_lengths[b] = taken[b]
+    return taken.sum()

@@ -1,0 +1,300 @@
+"""Replay mode: a finished greedy run's outputs through drafters, no model.
+
+    python -m jobs.benchmark --replay RUN_DIR[,RUN_DIR] --batch 1,16,64,256 --out R.json \
+        [--store DATASTORE_DIR] [--max-draft 16] [--methods ours,vllm_suffix,vllm_ngram] [--project a100-8b]
+
+Greedy verification accepts exactly a draft's common prefix with the greedy output, so a recorded
+greedy output (the run's `prompt_token_ids` and `generated_tokens`) says what any draft would have
+gained. B slots run at once, refilled in the run's order as requests end; a request's first step
+is its prefill (one token, no draft), each later step verifies its draft and emits the accepted
+tokens plus one. Every method drafts at most --max-draft tokens per request-step:
+- `ours`: drafters/batch_suffix.py with the config's defaults, one compiled call per step for every
+  running request (with --store, an earlier runs' datastore); no step budget (its confidence cut only);
+- `ours_budget_<gpu>_<model>` (--project): the same with the step budget of that roofline step cost;
+- `vllm_suffix`: arctic-inference's SuffixDecodingCache as vLLM's `suffix` method calls it (tree
+  depth 24, min token probability 0.1, spec factor 1.0), per request; with --store, the store's
+  documents are first added to its global tree as finished responses (if installed:
+  `make install-suffix`);
+- `vllm_ngram`: vLLM's numba n-gram lookup (`batch_propose_numba`, as its `ngram` method calls it)
+  per step over every running request, n-grams of --ngram-min to --ngram-max tokens.
+Time is the drafter's own, everything it does over the request-steps it serves (starting and
+finishing requests, taking in emitted tokens, drafting); memory is the resident growth of a fresh
+process running that replay (forked, so code already loaded is not counted).
+"""
+from __future__ import annotations
+
+import gc
+import json
+import multiprocessing
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from drafters.budget import GPUS, MODELS, RooflineStepCost, cost_table
+
+
+@dataclass(frozen=True)
+class Answer:
+    prompt: np.ndarray  # [P] int64
+    output: np.ndarray  # [G] int64, the greedy output
+    max_tokens: int  # what the run allowed it (its output, where the run's cap cut it)
+
+
+def load_answers(run_dirs: str, max_tokens: int) -> list[Answer]:
+    import pyarrow.parquet as pq
+
+    from jobs.report import find_parts
+
+    answers = []
+    for run_dir in run_dirs.split(","):
+        table = pq.read_table(find_parts(run_dir), columns=["prompt_token_ids", "generated_tokens", "finish_reason"])
+        columns = (table.column(name).to_pylist() for name in ("prompt_token_ids", "generated_tokens", "finish_reason"))
+        for prompt, output, finish in zip(*columns):
+            if prompt and output:  # a request cut by its token budget had exactly that many
+                answers.append(Answer(np.array(prompt, np.int64), np.array(output, np.int64),
+                                      len(output) if finish == "length" else max(max_tokens, len(output))))
+    if not answers:
+        raise SystemExit(f"--replay {run_dirs}: no rows with prompt_token_ids and generated_tokens")
+    return answers
+
+
+class Ours:
+    """drafters/batch_suffix.py: one call per step for every running request."""
+
+    def __init__(self, args, store, answers, cost=None):
+        from drafters.registry import DrafterTables, make_drafter
+        from pipeline.config import DecoderConfig
+
+        # as a job builds it: the config's defaults, drafts of up to --max-draft tokens
+        config = DecoderConfig(drafter="batch_suffix", w=args.max_draft, datastore="store" if store is not None else "")
+        self.drafter = make_drafter(config, DrafterTables(datastore=store), 0)
+        self.cost = cost
+
+    def draft(self, batch: list[int], rows: np.ndarray, lengths: np.ndarray, prompts: np.ndarray,
+              limits: np.ndarray, tokens: np.ndarray) -> list[np.ndarray]:
+        table = None if self.cost is None else cost_table(self.cost(len(batch), lengths), len(batch), self.drafter.w)
+        out = self.drafter.step(batch, tokens, rows, lengths, prompts, limits, table)
+        return [out.tokens[i, :out.lengths[i]] for i in range(len(batch))]
+
+    def finish(self, key: int, output: np.ndarray) -> None:
+        self.drafter.finish(key, output.tolist())
+
+
+class ArcticSuffix:
+    """vLLM's `suffix` method: arctic-inference's cache, called as vLLM's SuffixDecodingProposer does."""
+
+    def __init__(self, args, store, answers, cost=None):
+        from arctic_inference.suffix_decoding import SuffixDecodingCache
+
+        documents = store_documents(store)
+        self.cache = SuffixDecodingCache(max_tree_depth=24, max_cached_requests=len(documents) + len(answers) + 1)
+        for number, document in enumerate(documents):  # earlier runs' outputs: finished responses in its tree
+            self.cache.start_request(f"store-{number}", np.zeros(0, np.int32))
+            self.cache.add_active_response(f"store-{number}", document.tolist())
+            self.cache.stop_request(f"store-{number}")
+        self.max_draft, self.seen = args.max_draft, {}
+
+    def draft(self, batch, rows, lengths, prompts, limits, tokens):
+        drafts = []
+        for key, row, n, prompt, limit in zip(batch, rows, lengths, prompts, limits):
+            if key not in self.seen:
+                self.cache.start_request(key, tokens[row, :prompt])
+                self.seen[key] = prompt
+            self.cache.add_active_response(key, tokens[row, self.seen[key]:n].tolist())
+            self.seen[key] = n
+            draft = self.cache.speculate(key, tokens[row, max(0, n - 24):n], max_spec_tokens=min(self.max_draft, limit - n - 1),
+                                         max_spec_factor=1.0, min_token_prob=0.1)
+            drafts.append(np.array(draft.token_ids, np.int64))
+        return drafts
+
+    def finish(self, key, output):
+        self.cache.stop_request(key)
+        self.seen.pop(key, None)
+
+
+class VllmNgram:
+    """vLLM's `ngram` method: its numba batch lookup over the running requests' token rows."""
+
+    def __init__(self, args, store, answers, cost=None):
+        from vllm.v1.spec_decode.ngram_proposer import batch_propose_numba
+
+        self.propose, self.args = batch_propose_numba, args
+
+    def draft(self, batch, rows, lengths, prompts, limits, tokens):
+        args = self.args
+        drafts = np.zeros((tokens.shape[0], args.max_draft), np.int32)
+        counts = np.zeros(tokens.shape[0], np.int32)
+        numbers = np.zeros(tokens.shape[0], np.int32)
+        numbers[rows] = lengths
+        self.propose(list(rows), numbers, tokens, args.ngram_min, args.ngram_max, tokens.shape[1], args.max_draft, drafts, counts)
+        room = limits - lengths - 1
+        return [drafts[row, :max(min(counts[row], limit), 0)].astype(np.int64) for row, limit in zip(rows, room)]
+
+    def finish(self, key, output):
+        pass
+
+
+METHODS = {"ours": Ours, "vllm_suffix": ArcticSuffix, "vllm_ngram": VllmNgram}
+
+
+def store_documents(store) -> list[np.ndarray]:
+    if store is None:
+        return []
+    from drafters.datastore import SEPARATOR
+
+    tokens = np.asarray(store.tokens)
+    cuts = np.flatnonzero(tokens == SEPARATOR)
+    pieces = (piece[piece != SEPARATOR] for piece in np.split(tokens, cuts))
+    return [piece.astype(np.int64) for piece in pieces if len(piece)]
+
+
+def resident_mb() -> float:
+    with open("/proc/self/statm") as handle:
+        return int(handle.read().split()[1]) * 4096 / 2**20
+
+
+def replay(args, method: str, batch: int, answers: list[Answer], store, projection: str = "") -> dict:
+    """One method at one batch size over every answer (see the module's docstring)."""
+    gc.collect()
+    before = resident_mb()
+    cost = None
+    if projection:
+        gpu, model = (part.lower() for part in projection.split("-"))
+        cost = lambda running, lengths: RooflineStepCost(GPUS[gpu], MODELS[model], running, float(np.mean(lengths)))  # noqa: E731
+    drafter = METHODS[method](args, store, answers, cost) if not projection else Ours(args, store, answers, cost)
+    longest = max(len(a.prompt) + len(a.output) for a in answers) + 1
+    tokens = np.zeros((batch, longest), np.int32)
+    waiting = list(range(len(answers)))[::-1]
+    active: dict[int, list] = {}  # answer -> [row, emitted, draft]
+    free_rows = list(range(batch))[::-1]
+    steps = emitted_total = drafted = 0
+    seconds, calls, per_step = 0.0, 0, []  # per_step: each step's drafter seconds per request it served
+    while waiting or active:
+        step_seconds = 0.0
+        while waiting and free_rows:  # a free slot takes the next request: its prefill step emits one token
+            key, row = waiting.pop(), free_rows.pop()
+            answer = answers[key]
+            tokens[row, :len(answer.prompt) + len(answer.output)] = np.concatenate([answer.prompt, answer.output])
+            active[key] = [row, 0, None]
+        for key, state in list(active.items()):
+            output = answers[key].output
+            draft = state[2] if state[2] is not None else np.zeros(0, np.int64)
+            accepted = 0
+            while accepted < len(draft) and state[1] + accepted < len(output) - 1 and draft[accepted] == output[state[1] + accepted]:
+                accepted += 1
+            state[1] += accepted + 1
+            steps, emitted_total, drafted = steps + 1, emitted_total + accepted + 1, drafted + len(draft)
+            if state[1] >= len(output):
+                started = time.perf_counter()
+                drafter.finish(key, output)
+                step_seconds += time.perf_counter() - started
+                free_rows.append(state[0])
+                del active[key]
+        if not active:
+            seconds += step_seconds
+            continue
+        keys = list(active)
+        rows = np.array([active[k][0] for k in keys], np.int64)
+        prompts = np.array([len(answers[k].prompt) for k in keys], np.int64)
+        lengths = prompts + np.array([active[k][1] for k in keys], np.int64)
+        limits = prompts + np.array([answers[k].max_tokens for k in keys], np.int64)
+        started = time.perf_counter()
+        drafts = drafter.draft(keys, rows, lengths, prompts, limits, tokens)
+        step_seconds += time.perf_counter() - started
+        seconds += step_seconds
+        calls += len(keys)
+        per_step.append(step_seconds / len(keys))
+        for key, draft in zip(keys, drafts):
+            active[key][2] = draft
+    return {"method": f"ours_budget_{projection.replace('-', '_')}" if projection else method, "batch": batch,
+            "tokens_per_step": round(emitted_total / steps, 4), "draft_tokens_per_step": round(drafted / steps, 4),
+            "us_per_request_step_mean": round(1e6 * seconds / max(calls, 1), 2),
+            "us_per_request_step_p99": round(1e6 * float(np.percentile(per_step, 99)), 2) if per_step else 0.0,
+            "memory_mb": round(resident_mb() - before, 1), "request_steps": steps}
+
+
+def _replay_in_child(job):
+    return replay(*job)
+
+
+def available(method: str) -> bool:
+    if method != "vllm_suffix":
+        return True
+    try:
+        import arctic_inference.suffix_decoding  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def replay_comparison(args) -> dict:
+    """Every method at every batch size, methods taking turns within a batch size, each in a fresh
+    forked process (its memory its own); then the projection."""
+    import os
+
+    os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")  # as the vLLM engine sets it
+    from drafters.datastore import Datastore
+
+    answers = load_answers(args.replay, args.max_new_tokens)
+    store = Datastore.open(args.store) if args.store else None
+    methods = [m for m in (args.methods or ",".join(METHODS)).split(",") if m]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise SystemExit(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
+    skipped = [m for m in methods if not available(m)]
+    methods = [m for m in methods if m not in skipped]
+    jobs = []
+    for batch in (int(b) for b in args.batch.split(",")):
+        jobs += [(args, method, batch, answers, store) for method in methods]
+        if args.project:
+            jobs.append((args, "ours", batch, answers, store, args.project))
+    _warm_up(args, answers, store, methods)
+    rows = []
+    context = multiprocessing.get_context("fork")
+    for job in jobs:
+        with context.Pool(1) as pool:
+            rows.append(pool.apply(_replay_in_child, (job,)))
+        print(json.dumps(rows[-1]), flush=True)
+    report = {"replay": rows, "answers": len(answers), "generated_tokens": int(sum(len(a.output) for a in answers)),
+              "store_tokens": int(len(store)) if store is not None else 0, "max_draft": args.max_draft,
+              "skipped": skipped}
+    if args.project:
+        report["projection"] = projection(rows, answers, args.project)
+    return report
+
+
+def _warm_up(args, answers, store, methods) -> None:
+    """Compiles the numba methods' code once in this process, so no child pays for it (arctic's is
+    C++: warming it would only leave its freed tree's memory for a child to reuse unseen)."""
+    few = answers[:4]
+    for method in methods:
+        if method != "vllm_suffix":
+            replay(args, method, 2, few, store)
+
+
+def projection(rows: list[dict], answers: list[Answer], name: str) -> dict:
+    """Projected tokens/s per method and batch on a GPU step from its roofline (drafters/budget.py):
+
+        tokens/s = B tau / (c(B (1 + d)) + B t)
+
+    tau the tokens per request-step, d the draft tokens per request-step, t the drafter's seconds per
+    request-step (vLLM runs a `custom_class` or `suffix` proposer between steps, on the CPU, so its
+    time adds to the step's), c the step's seconds for the tokens fed with the batch's mean context
+    (the answers' prompt plus half their output). Plain decoding: tau 1, d 0, t 0."""
+    gpu, model = (part.lower() for part in name.split("-"))
+    context = float(np.mean([len(a.prompt) + len(a.output) / 2 for a in answers]))
+    projected = []
+    for batch in sorted({row["batch"] for row in rows}):
+        cost = RooflineStepCost(GPUS[gpu], MODELS[model], batch, context)
+        plain = batch / float(cost.seconds(batch))
+        projected.append({"method": "plain", "batch": batch, "tokens_per_second": round(plain, 1), "vs_plain": 1.0})
+        for row in (r for r in rows if r["batch"] == batch):
+            fed = batch * (1 + row["draft_tokens_per_step"])
+            seconds = float(cost.seconds(fed)) + batch * row["us_per_request_step_mean"] * 1e-6
+            speed = batch * row["tokens_per_step"] / seconds
+            projected.append({"method": row["method"], "batch": batch, "tokens_per_second": round(speed, 1),
+                              "vs_plain": round(speed / plain, 3)})
+    return {"gpu": GPUS[gpu].name, "model": MODELS[model].name, "mean_context": round(context, 1),
+            "formula": "tokens/s = B tau / (c(B (1 + d)) + B t); c(n) = max((2 P + B ctx kv) / bandwidth, 2 P n / flops)",
+            "rows": projected}

@@ -1,0 +1,252 @@
+"""The batched suffix drafter's compiled step against a plain Python reference of the same rules
+(drafters/batch_suffix.py's docstring), on random and real token streams, and its budget."""
+from collections import Counter, defaultdict
+
+import numpy as np
+import pytest
+
+from drafters.acceptance import AcceptanceModel
+from drafters.base import common_prefix
+from drafters.batch_suffix import BatchSuffixDrafter
+from drafters.budget import GPUS, MODELS, LinearStepCost, RooflineStepCost, cost_table
+from drafters.datastore import (
+    SEPARATOR,
+    Datastore,
+    build_datastore,
+    continuations,
+    find_longest_suffix_match,
+)
+from drafters.suffix import PRIOR, majority_path, token_features
+
+W, MAX_Q, MIN_Q, MAX_MATCH, OCCURRENCES, MIN_PROBABILITY = 6, 3, 1, 12, 8, 0.05
+
+
+class Reference:
+    """The drafter's rules, one request at a time, in plain Python (no learning: weights fixed)."""
+
+    def __init__(self, store: Datastore | None, top1: np.ndarray | None):
+        self.store, self.top1 = store, top1
+        self.model = AcceptanceModel(PRIOR)
+        self.generated: dict[object, list[int]] = {}  # every request's generated tokens, in flight or finished
+        self.grams: dict[tuple, list[tuple[object, int]]] = defaultdict(list)  # q-gram -> (request, end), oldest first
+
+    def take(self, key, tokens: list[int], prompt: int) -> None:
+        output = self.generated.setdefault(key, [])
+        for token in tokens[prompt + len(output):]:
+            output.append(token)
+            for q in range(MIN_Q, min(MAX_Q, len(output)) + 1):
+                self.grams[tuple(output[-q:])].append((key, len(output)))
+
+    def context_rows(self, tokens, w):
+        n, best, rows = len(tokens), 0, []
+        for end in range(n - 1, 0, -1):
+            length = 0
+            while length < MAX_MATCH and length < end and tokens[end - 1 - length] == tokens[n - 1 - length]:
+                length += 1
+            if length < MIN_Q or length < best:
+                continue
+            if length > best:
+                best, rows = length, []
+            if len(rows) < OCCURRENCES:
+                row = []
+                for j in range(w):
+                    row.append(tokens[end + j] if end + j < n else row[j - (n - end)])
+                rows.append(tuple(row))
+        return best, rows
+
+    def output_rows(self, key, tokens, w):
+        n = len(tokens)
+        for q in range(min(MAX_Q, n), MIN_Q - 1, -1):
+            ends = [(k, e) for k, e in reversed(self.grams.get(tuple(tokens[-q:]), [])) if k != key][:OCCURRENCES]
+            if not ends:
+                continue
+            best, kept = q, []
+            for other, end in ends:
+                output, length = self.generated[other], q
+                while length < MAX_MATCH and length < n and end - length - 1 >= 0 and output[end - length - 1] == tokens[n - length - 1]:
+                    length += 1
+                if length > best:
+                    best, kept = length, []
+                if length == best:
+                    kept.append((other, end))
+            rows = [tuple(self.generated[other][end:end + w]) for other, end in kept]
+            rows = [row for row in rows if row]
+            if rows:
+                return best, rows
+        return 0, []
+
+    def store_rows(self, tokens, w):
+        if self.store is None:
+            return 0, []
+        match, lo, hi = find_longest_suffix_match(np.asarray(self.store.tokens), np.asarray(self.store.suffix_array),
+                                                  tokens, MAX_MATCH, MAX_Q)  # the store's shortest match: max_q
+        if not match:
+            return 0, []
+        rows = continuations(np.asarray(self.store.tokens), np.asarray(self.store.suffix_array), lo, hi, match, w, OCCURRENCES)
+        return match, [tuple(t for t in row if t != SEPARATOR) for row in rows.tolist() if row[0] != SEPARATOR]
+
+    def draft(self, key, tokens: list[int], prompt: int, limit: int) -> tuple[list[int], str | None]:
+        self.take(key, tokens, prompt)
+        w = min(W, limit - len(tokens) - 1)
+        if w <= 0:
+            return [], None
+        found = []
+        for source, (match, rows) in zip(("context", "outputs", "store"),
+                                         (self.context_rows(tokens, w), self.output_rows(key, tokens, w), self.store_rows(tokens, w))):
+            path, shares, counts = majority_path(Counter(rows), w)
+            if path:
+                found.append((source, path, token_features([(source, match, shares, counts)])))
+        for source, path, features in found:
+            for other_source, other, _ in found:
+                if other_source != source:
+                    features[:common_prefix(path, other), 10] = 1.0
+            if self.top1 is not None:
+                before = [tokens[-1], *path[:-1]]
+                features[:, 11] = [self.top1[b] == t for b, t in zip(before, path)]
+        best, best_score = None, 0.0
+        for source, path, features in found:
+            confidence = self.model.cumulative(features)
+            kept = int(np.sum(confidence >= MIN_PROBABILITY))
+            if kept and (best is None or confidence.sum() > best_score):
+                best, best_score = (path[:kept], source), confidence.sum()
+        return best if best is not None else ([], None)
+
+
+def compiled(store=None, top1=None):
+    return BatchSuffixDrafter(W, MAX_Q, MIN_Q, MAX_MATCH, OCCURRENCES, MIN_PROBABILITY, capacity=1 << 14, store=store,
+                              top1=top1, refit_every=1 << 40)
+
+
+def run_both(streams, prompts, store=None, top1=None, batch=3):
+    """Replays streams (prompt + output each) `batch` at a time, each step emitting 1-3 tokens per
+    request; returns every step's drafts from both."""
+    drafter, reference = compiled(store, top1), Reference(store, top1)
+    tokens = np.zeros((len(streams), max(map(len, streams))), np.int64)
+    for i, stream in enumerate(streams):
+        tokens[i, :len(stream)] = stream
+    rng = np.random.default_rng(1)
+    seen, drafted_any = [], 0
+    for start in range(0, len(streams), batch):
+        group = list(range(start, min(start + batch, len(streams))))
+        lengths = {i: prompts[i] + 1 for i in group}
+        while group:
+            rows = np.array(group)
+            n = np.array([lengths[i] for i in group])
+            limits = np.array([len(streams[i]) + 4 for i in group])
+            out = drafter.step(group, tokens, rows, n, np.array([prompts[i] for i in group]), limits)
+            for b, i in enumerate(group):
+                ours = out.tokens[b, :out.lengths[b]].tolist()
+                theirs, source = reference.draft(i, list(streams[i][:lengths[i]]), prompts[i], int(limits[b]))
+                seen.append((ours, theirs))
+                assert ours == theirs, f"request {i} at {lengths[i]} tokens: compiled {ours}, reference {theirs}"
+                assert (source is None) == (out.sources[b] < 0)
+                drafted_any += bool(ours)
+            for i in list(group):
+                lengths[i] += int(rng.integers(1, 4))
+                if lengths[i] >= len(streams[i]):
+                    drafter.finish(i, list(streams[i][prompts[i]:]))
+                    reference.take(i, list(streams[i]), prompts[i])
+                    group.remove(i)
+    return seen, drafted_any
+
+
+def test_random_streams_draft_as_the_reference():
+    rng = np.random.default_rng(0)
+    # Few symbols: matches of every length, repeats across requests
+    streams = [rng.integers(0, 6, int(rng.integers(30, 90))).tolist() for _ in range(9)]
+    prompts = [int(rng.integers(3, 20)) for _ in streams]
+    seen, drafted = run_both(streams, prompts)
+    assert drafted > len(seen) // 2
+
+
+def test_real_streams_with_a_store_and_a_bigram_draft_as_the_reference(tmp_path):
+    text = (open(__file__).read() + open(__import__("drafters.suffix").suffix.__file__).read())
+    words = text.split()
+    vocab = {w: i for i, w in enumerate(dict.fromkeys(words))}
+    ids = [vocab[w] for w in words]
+    streams = [ids[i:i + 120] for i in range(0, 1800, 200)]
+    prompts = [40] * len(streams)
+    build_datastore([ids[2000:2600], ids[2600:3400]], tmp_path / "store", {})
+    store = Datastore.open(tmp_path / "store")
+    top1 = np.random.default_rng(2).integers(0, len(vocab), len(vocab)).astype(np.int32)
+    top1[np.array(ids[:-1])] = np.array(ids[1:])  # the "bigram" is right often
+    seen, drafted = run_both(streams, prompts, store, top1, batch=4)
+    assert drafted > 0
+
+
+def test_answers_in_flight_are_drafted_from():
+    """A request drafts another's answer while that one is still being generated."""
+    drafter = compiled()
+    answer = list(range(100, 140))
+    tokens = np.array([[1, 2, 3] + answer, [7, 8, 9] + answer])
+    # request 0 has generated 30 tokens of the answer; request 1 has just begun it
+    drafter.step([0], tokens, np.array([0]), np.array([33]), np.array([3]), np.array([60]))
+    out = drafter.step([1], tokens, np.array([1]), np.array([6]), np.array([3]), np.array([60]))
+    length = int(out.lengths[0])
+    assert length >= 1 and out.tokens[0, :length].tolist() == answer[3:3 + length]
+    assert drafter.strategies[out.sources[0]] == "suffix_outputs"
+
+
+def test_one_compiled_call_drafts_for_256_requests():
+    drafter = compiled()
+    rng = np.random.default_rng(3)
+    tokens = rng.integers(0, 50, (256, 200))
+    calls = drafter.compiled_calls
+    out = drafter.step(list(range(256)), tokens, np.arange(256), np.full(256, 150), np.full(256, 100), np.full(256, 199))
+    assert drafter.compiled_calls == calls + 1 and out.lengths.shape == (256,)
+
+
+def test_memory_is_bounded_past_the_capacity():
+    drafter = BatchSuffixDrafter(W, MAX_Q, MIN_Q, capacity=4096)
+    size = drafter.memory_bytes()
+    rng = np.random.default_rng(4)
+    for key in range(200):  # 200 x 100 generated tokens: five times the arena
+        stream = rng.integers(0, 30, 130)
+        drafter.step([key], stream[None, :], np.zeros(1), np.array([130]), np.array([30]), np.array([140]))
+        drafter.finish(key, stream[30:].tolist())
+    assert drafter.memory_bytes() == size
+    out = drafter.step(["new"], stream[None, :], np.zeros(1), np.array([60]), np.array([30]), np.array([140]))
+    assert out.lengths[0] > 0  # still drafts after the old outputs were dropped
+
+
+# -- the budget -------------------------------------------------------------------------------
+
+def budgeted(cost, batch=64):
+    """A batch's drafts from one step, cut by `cost`; returns (tokens kept, tokens before the cut)."""
+    rng = np.random.default_rng(5)
+    base = rng.integers(0, 8, 60)
+    tokens = np.tile(base, (batch, 3))  # every request repeats itself: long, likely drafts
+    drafter = compiled()
+    args = (list(range(batch)), tokens, np.arange(batch), np.full(batch, 150), np.full(batch, 60), np.full(batch, 179))
+    uncut = int(drafter.step(*args).lengths.sum())
+    drafter = compiled()
+    kept = int(drafter.step(*args, step_cost=cost_table(cost, batch, W)).lengths.sum())
+    return kept, uncut
+
+
+def test_the_budget_cuts_drafts_when_tokens_are_dear_and_keeps_them_when_cheap():
+    kept_cheap, uncut = budgeted(LinearStepCost(a=1.0, b=1e-4))
+    kept_dear, _ = budgeted(LinearStepCost(a=1.0, b=0.5))
+    assert uncut > 64 and kept_cheap == uncut
+    assert kept_dear < uncut // 4
+
+
+def test_on_a_gpu_roofline_drafts_are_kept_while_the_step_is_memory_bound():
+    small, uncut = budgeted(RooflineStepCost(GPUS["a100"], MODELS["8b"], 4, 500.0), batch=4)
+    large, large_uncut = budgeted(RooflineStepCost(GPUS["a100"], MODELS["8b"], 256, 500.0), batch=256)
+    assert small == uncut  # 4 requests x 7 tokens: far from compute-bound, every draft token is free
+    assert large < large_uncut  # 256 requests: the step is compute-bound, only likely tokens pay
+
+
+@pytest.mark.parametrize("batch", [1, 16])
+def test_budget_keeps_the_most_likely_tokens_as_prefixes(batch):
+    drafter = compiled()
+    rng = np.random.default_rng(6)
+    tokens = np.tile(rng.integers(0, 5, 40), (batch, 4))
+    args = (list(range(batch)), tokens, np.arange(batch), np.full(batch, 120), np.full(batch, 40), np.full(batch, 159))
+    full = drafter.step(*args)
+    full_tokens, full_lengths = full.tokens.copy(), full.lengths.copy()
+    cut = compiled().step(*args, step_cost=cost_table(LinearStepCost(1.0, 0.05), batch, W))
+    for b in range(batch):
+        assert cut.lengths[b] <= full_lengths[b]
+        assert cut.tokens[b, :cut.lengths[b]].tolist() == full_tokens[b, :cut.lengths[b]].tolist()
