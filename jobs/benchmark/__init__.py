@@ -14,7 +14,10 @@ builds it, so the benchmark measures what users run:
 - --feeding (feeding.py): how full the engine is kept: our job end to end against vLLM's own
   LLM.generate over all prompts at once and against ray.data.llm's processor;
 - --occupancy RUN_DIR (occupancy.py): the slots each feeding design keeps busy at any engine size,
-  simulated with a run's real output lengths.
+  simulated with a run's real output lengths;
+- --replay RUN_DIR (replay.py): a greedy run's outputs through our drafter, vLLM's suffix and n-gram
+  drafters at any batch size, no model (tokens and draft tokens per step, drafting time, memory),
+  and a roofline projection of tokens/s on a named GPU.
 Speed-ups are ratios within one run, the methods taking turns so that drifts fall on all alike.
 """
 from __future__ import annotations

@@ -281,7 +281,8 @@ def projection(rows: list[dict], answers: list[Answer], name: str) -> dict:
     tau the tokens per request-step, d the draft tokens per request-step, t the drafter's seconds per
     request-step (vLLM runs a `custom_class` or `suffix` proposer between steps, on the CPU, so its
     time adds to the step's), c the step's seconds for the tokens fed with the batch's mean context
-    (the answers' prompt plus half their output). Plain decoding: tau 1, d 0, t 0."""
+    (the answers' prompt plus half their output). Plain decoding: tau 1, d 0, t 0. Each row also
+    gives the ratio with t = 0, what overlapping the drafting with the step (async scheduling) would give."""
     gpu, model = (part.lower() for part in name.split("-"))
     context = float(np.mean([len(a.prompt) + len(a.output) / 2 for a in answers]))
     projected = []
@@ -291,10 +292,11 @@ def projection(rows: list[dict], answers: list[Answer], name: str) -> dict:
         projected.append({"method": "plain", "batch": batch, "tokens_per_second": round(plain, 1), "vs_plain": 1.0})
         for row in (r for r in rows if r["batch"] == batch):
             fed = batch * (1 + row["draft_tokens_per_step"])
-            seconds = float(cost.seconds(fed)) + batch * row["us_per_request_step_mean"] * 1e-6
-            speed = batch * row["tokens_per_step"] / seconds
+            step = float(cost.seconds(fed))
+            speed = batch * row["tokens_per_step"] / (step + batch * row["us_per_request_step_mean"] * 1e-6)
+            hidden = batch * row["tokens_per_step"] / step  # were the drafting overlapped with the step (t = 0)
             projected.append({"method": row["method"], "batch": batch, "tokens_per_second": round(speed, 1),
-                              "vs_plain": round(speed / plain, 3)})
+                              "vs_plain": round(speed / plain, 3), "vs_plain_drafting_hidden": round(hidden / plain, 3)})
     return {"gpu": GPUS[gpu].name, "model": MODELS[model].name, "mean_context": round(context, 1),
             "formula": "tokens/s = B tau / (c(B (1 + d)) + B t); c(n) = max((2 P + B ctx kv) / bandwidth, 2 P n / flops)",
             "rows": projected}
