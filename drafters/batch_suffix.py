@@ -90,6 +90,9 @@ class BatchSuffixDrafter:
         self.store_tokens = np.asarray(store.tokens) if store is not None else np.zeros(0, np.uint32)
         self.suffix_array = np.asarray(store.suffix_array) if store is not None else np.zeros(0, np.int32)
         self.top1 = np.asarray(top1, dtype=np.int32) if top1 is not None else np.zeros(0, np.int32)
+        # the store's q-grams (q its shortest match) as a bitmap of their hashes, ~8 bits per store token
+        bits = max(10, int(np.ceil(np.log2(max(len(self.store_tokens), 1) * 8))))
+        self.store_grams = kernels.store_grams(self.store_tokens, int(self.settings[7]), bits)
         self.slot_of: dict[object, int] = {}
         self.free: list[int] = []
         self.finished: list[tuple[int, list[int]]] = []
@@ -144,7 +147,7 @@ class BatchSuffixDrafter:
                                                          self._out.sources)))
         kernels.step(self.arena, self.heads, self.prev, self.slots, self.docs, self.counters, *self.pending,
                      self.weights, self.prior, self.ring_x, self.ring_y, self.store_tokens, self.suffix_array,
-                     self.top1, self.settings, self.probability_settings, self.logs, finished, flat, offsets,
+                     self.store_grams, self.top1, self.settings, self.probability_settings, self.logs, finished, flat, offsets,
                      request_slots, tokens, _int64(rows), _int64(lengths), _int64(prompt_lengths), _int64(limits),
                      _NO_COST if step_cost is None else np.asarray(step_cost, dtype=np.float64),
                      out.tokens, out.lengths, out.confidence, out.sources)
@@ -169,7 +172,8 @@ class BatchSuffixDrafter:
 
     def memory_bytes(self) -> int:
         """The drafter's own arrays (the store, shared read-only, left out)."""
-        arrays = (self.arena, self.heads, self.prev, self.docs, self.slots, *self.pending, self.ring_x, self.ring_y)
+        arrays = (self.arena, self.heads, self.prev, self.docs, self.slots, *self.pending, self.ring_x, self.ring_y,
+                  self.store_grams)
         return sum(array.nbytes for array in arrays)
 
     # -- one request at a time (the Drafter protocol, for the transformers engine) -----------------

@@ -263,6 +263,27 @@ def _bound(store, suffix_array, values, lo, hi, upper, first):
 
 
 @nb.njit(cache=True)
+def store_grams(store, q, bits):
+    """[2**bits / 8] uint8: a bitmap of the hashes of every q-gram of the store (none spanning a
+    document separator): a q-gram whose bit is clear does not occur, so no lookup is needed."""
+    bitmap = np.zeros((1 << bits) // 8, np.uint8)
+    mask = (1 << bits) - 1
+    run = 0
+    for end in range(1, store.shape[0] + 1):
+        run = 0 if store[end - 1] == SEPARATOR else run + 1
+        if run >= q:
+            h = _hash(store, end, q, mask)
+            bitmap[h >> 3] |= np.uint8(1 << (h & 7))
+    return bitmap
+
+
+@nb.njit(cache=True)
+def _may_occur(bitmap, values, n, q):
+    h = _hash(values, n, q, bitmap.shape[0] * 8 - 1)
+    return (bitmap[h >> 3] >> (h & 7)) & 1
+
+
+@nb.njit(cache=True)
 def _first_occurrence(store, suffix_array, values, n, length):
     """The suffix-array index of the first occurrence of the context's last `length` tokens; -1: none."""
     index = _bound(store, suffix_array, values, n - length, n, False, 0)
@@ -272,17 +293,19 @@ def _first_occurrence(store, suffix_array, values, n, length):
 
 
 @nb.njit(cache=True)
-def _store_rows(store, suffix_array, values, n, w, min_q, max_match, max_occurrences, rows, row_lengths, bound):
+def _store_rows(store, suffix_array, grams, values, n, w, min_q, max_match, max_occurrences, rows, row_lengths, bound):
     """Earlier runs' outputs (drafters/datastore.py): the longest suffix (min_q..max_match tokens)
     that occurs, and the w tokens after max_occurrences of its occurrences spread evenly over its
     suffix-array range (cut at a document's end). `bound`: a length the match cannot pass (if the
     last L tokens occur, the L - k before the k newest did: the last step's match plus the tokens
-    since bounds this one). The bound itself is tried first (a match that goes on), then a binary
+    since bounds this one), and a match needs the last min_q tokens among the store's q-grams
+    (`grams`, a bitmap of their hashes: most contexts end in one the store lacks, and then no
+    search runs). The bound itself is tried first (a match that goes on), then a binary
     search over the lengths below it (if the last L tokens occur, so do the last L - 1)."""
     if store.shape[0] == 0:
         return 0, 0
     longest = min(max_match, n, bound)
-    if longest < min_q:
+    if longest < min_q or not _may_occur(grams, values, n, min_q):  # (grams: store_grams(store, min_q))
         return 0, 0
     lo = _first_occurrence(store, suffix_array, values, n, longest)
     shortest = longest
@@ -459,7 +482,8 @@ def _judge(values, n, s, pending_count, pending_position, pending_length, pendin
 @nb.njit(cache=True)
 def step(arena, heads, prev, slots, docs, counters,
          pending_count, pending_position, pending_length, pending_tokens, pending_features,
-         weights, prior, ring_x, ring_y, store, suffix_array, top1, settings, probability_settings, logs,
+         weights, prior, ring_x, ring_y, store, suffix_array, store_grams_bitmap, top1, settings,
+         probability_settings, logs,
          finished, finished_tokens, finished_offsets,
          request_slots, tokens, rows, lengths, prompt_lengths, limits, step_cost,
          out_tokens, out_lengths, out_confidence, out_sources):
@@ -469,7 +493,7 @@ def step(arena, heads, prev, slots, docs, counters,
     max_occurrences + 2). Request b is tokens[rows[b], :lengths[b]]
     (its prompt the first prompt_lengths[b]), in slot request_slots[b], never to pass limits[b]
     tokens; step_cost[n] (empty: no budget) the step's seconds when it feeds n tokens. settings[7]:
-    the store's shortest match.
+    the store's shortest match; store_grams_bitmap: store_grams(store, settings[7], bits).
     Writes each request's draft (out_lengths[b] tokens, -1: none) and returns the draft tokens."""
     min_q, max_q, max_match, max_occurrences = settings[0], settings[1], settings[2], settings[3]
     refit_every, newton_steps, segment_cap, store_min_match = settings[4], settings[5], settings[6], settings[7]
@@ -528,7 +552,7 @@ def step(arena, heads, prev, slots, docs, counters,
                 match, found = _output_rows(arena, heads, prev, values, n, w, own_start, own_end, min_q, max_q,
                                             max_match, max_occurrences, candidate_rows, candidate_lengths, ends)
             else:
-                match, found = _store_rows(store, suffix_array, values, n, w, store_min_match, max_match, max_occurrences,
+                match, found = _store_rows(store, suffix_array, store_grams_bitmap, values, n, w, store_min_match, max_match, max_occurrences,
                                            candidate_rows, candidate_lengths, store_bound)
                 slots[s, STORE_MATCH] = match
             size = _majority_path(candidate_rows, candidate_lengths, found, w, paths[source], members, counts,
