@@ -153,3 +153,57 @@ def test_step_costs_see_decoding_steps_only_not_prefills_or_pauses_between_gener
     step("b-00000000", 11, 1)
     weight, _, seconds, _, _ = proposer.costs.sums
     assert weight == 2 and seconds < 0.3
+
+
+def fake_proposer(drafter, w: int, requests: int, adaptive: bool):
+    """NgrammysProposer as vLLM builds it, with a runner holding `requests` running requests."""
+    import numpy as np
+
+    from pipeline.engines.vllm.proposer import NgrammysProposer
+
+    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=w),
+                             model_config=SimpleNamespace(max_model_len=512, get_vocab_size=lambda: 64))
+    proposer = NgrammysProposer(config)
+    ids = [f"r{i}-abcdefgh" for i in range(requests)]
+    batch = SimpleNamespace(req_ids=ids, req_id_to_index={key: i for i, key in enumerate(ids)},
+                            num_prompt_tokens=np.full(requests, 40))
+    runner = SimpleNamespace(input_batch=batch, requests={key: SimpleNamespace(
+        sampling_params=SimpleNamespace(max_tokens=100)) for key in ids})
+    proposer.configure(runner, drafter, w, 3, adaptive)
+    return proposer
+
+
+def test_a_proposer_call_for_256_requests_is_one_compiled_call():
+    import numpy as np
+
+    from drafters.batch_suffix import BatchSuffixDrafter
+
+    drafter = BatchSuffixDrafter(4, 3, 1)
+    proposer = fake_proposer(drafter, 4, 256, adaptive=True)
+    rng = np.random.default_rng(0)
+    tokens = np.tile(rng.integers(0, 8, 30), (256, 4)).astype(np.int32)  # [256, 120] repeating: drafts
+    calls = drafter.compiled_calls
+    drafts = proposer.propose([[5]] * 256, np.full(256, 90), tokens)
+    assert drafter.compiled_calls == calls + 1
+    assert len(drafts) == 256 and any(drafts)
+    for row, draft in enumerate(drafts):  # each draft is the request's own continuation here
+        assert draft == tokens[row, 90:90 + len(draft)].tolist()
+    assert all(t.steps == 1 for t in proposer.tracked.values())
+
+
+def test_a_batched_drafter_that_raises_costs_the_step_its_drafts_and_nothing_else():
+    import numpy as np
+
+    class Failing:
+        strategies = ("x",)
+
+        def step(self, *args):
+            raise RuntimeError("broken")
+
+        def finish(self, key, generated=None):
+            pass
+
+    proposer = fake_proposer(Failing(), 4, 3, adaptive=False)
+    drafts = proposer.propose([[5], [6], []], np.full(3, 50), np.zeros((3, 60), np.int32))
+    assert drafts == [[], [], []]
+    assert sorted(t.failed_steps for t in proposer.tracked.values()) == [1, 1]
