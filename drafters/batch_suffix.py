@@ -87,6 +87,7 @@ class BatchSuffixDrafter:
         self.weights = self.prior.copy()
         self.ring_x = np.zeros((ring, kernels.NUM_FEATURES))
         self.ring_y = np.zeros(ring)
+        self.calibration = np.zeros((2, kernels.CALIBRATION_BINS))  # per bin: drafts held to that token, tokens judged
         self.store_tokens = np.asarray(store.tokens) if store is not None else np.zeros(0, np.uint32)
         self.suffix_array = np.asarray(store.suffix_array) if store is not None else np.zeros(0, np.int32)
         self.top1 = np.asarray(top1, dtype=np.int32) if top1 is not None else np.zeros(0, np.int32)
@@ -107,7 +108,8 @@ class BatchSuffixDrafter:
         held = 0 if old is None else old.shape[0]
         slots = np.zeros((count, kernels.SLOT_FIELDS), dtype=np.int64)
         pending = (np.zeros(count, np.int64), np.zeros((count, PENDING), np.int64), np.zeros((count, PENDING), np.int64),
-                   np.zeros((count, PENDING, self.w), np.int64), np.zeros((count, PENDING, self.w, kernels.NUM_FEATURES)))
+                   np.zeros((count, PENDING, self.w), np.int64),
+                   np.zeros((count, PENDING, self.w, kernels.NUM_FEATURES + 1)))  # features, then the probability given
         if old is not None:
             slots[:held] = old
             for new, kept in zip(pending, self.pending):
@@ -146,7 +148,7 @@ class BatchSuffixDrafter:
         out = BatchDrafts(*(array[:batch] for array in (self._out.tokens, self._out.lengths, self._out.confidence,
                                                          self._out.sources)))
         kernels.step(self.arena, self.heads, self.prev, self.slots, self.docs, self.counters, *self.pending,
-                     self.weights, self.prior, self.ring_x, self.ring_y, self.store_tokens, self.suffix_array,
+                     self.weights, self.prior, self.ring_x, self.ring_y, self.calibration, self.store_tokens, self.suffix_array,
                      self.store_grams, self.top1, self.settings, self.probability_settings, self.logs, finished, flat, offsets,
                      request_slots, tokens, _int64(rows), _int64(lengths), _int64(prompt_lengths), _int64(limits),
                      _NO_COST if step_cost is None else np.asarray(step_cost, dtype=np.float64),

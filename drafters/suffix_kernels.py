@@ -36,6 +36,9 @@ USED, DOCS, JUDGED, SINCE_FIT, CALLS = range(5)
 COUNTERS = 5
 SEPARATOR = 4294967295  # drafters/datastore.py's document separator (uint32 max)
 LOGIT_CLIP = math.log((1 - 1e-3) / 1e-3)
+# The budget's calibration: judged draft tokens by the probability the model gave them (that the draft
+# so far is accepted), in bins; a bin's rate, shrunk towards the model's own by CALIBRATION_PRIOR tokens.
+CALIBRATION_BINS, CALIBRATION_PRIOR = 20, 20.0
 
 
 def log_table(size: int) -> np.ndarray:
@@ -450,9 +453,10 @@ def _fit(weights, prior, ring_x, ring_y, held, prior_strength, newton_steps):
 
 @nb.njit(cache=True)
 def _judge(values, n, s, pending_count, pending_position, pending_length, pending_tokens, pending_features,
-           ring_x, ring_y, counters):
+           ring_x, ring_y, counters, calibration):
     """Judges slot s's waiting candidates whose fate the context now shows: each token up to the
-    first wrong one, accepted or not, into the model's ring. Returns the tokens judged."""
+    first wrong one, accepted or not, into the model's ring; every token's cumulative outcome against
+    the probability it was given (the last feature column) into the calibration. Returns the tokens judged."""
     capacity, judged_now, still = ring_y.shape[0], 0, 0
     for p in range(pending_count[s]):
         position, size = pending_position[s, p], pending_length[s, p]
@@ -467,10 +471,15 @@ def _judge(values, n, s, pending_count, pending_position, pending_length, pendin
                 pending_features[s, still, :, :] = pending_features[s, p, :, :]
             still += 1
             continue
+        for j in range(size):  # the draft's first j + 1 tokens were all accepted, or not
+            probability = pending_features[s, p, j, NUM_FEATURES]
+            index = min(int(probability * CALIBRATION_BINS), CALIBRATION_BINS - 1)
+            calibration[0, index] += 1.0 if j < right else 0.0
+            calibration[1, index] += 1.0
         judged = min(right + 1, size)
         for j in range(judged):
             slot = counters[JUDGED] % capacity
-            ring_x[slot, :] = pending_features[s, p, j, :]
+            ring_x[slot, :] = pending_features[s, p, j, :NUM_FEATURES]
             ring_y[slot] = 1.0 if j < right else 0.0
             counters[JUDGED] += 1
         judged_now += judged
@@ -482,7 +491,7 @@ def _judge(values, n, s, pending_count, pending_position, pending_length, pendin
 @nb.njit(cache=True)
 def step(arena, heads, prev, slots, docs, counters,
          pending_count, pending_position, pending_length, pending_tokens, pending_features,
-         weights, prior, ring_x, ring_y, store, suffix_array, store_grams_bitmap, top1, settings,
+         weights, prior, ring_x, ring_y, calibration, store, suffix_array, store_grams_bitmap, top1, settings,
          probability_settings, logs,
          finished, finished_tokens, finished_offsets,
          request_slots, tokens, rows, lengths, prompt_lengths, limits, step_cost,
@@ -517,7 +526,7 @@ def step(arena, heads, prev, slots, docs, counters,
     path_lengths = np.zeros(3, np.int64)
     members = np.zeros(max_w, np.int64)
     counts = np.zeros(max_w, np.int64)
-    features = np.zeros((3, max_w, NUM_FEATURES))
+    features = np.zeros((3, max_w, NUM_FEATURES + 1))  # the last column: the probability given
     confidence = np.zeros((3, max_w))
     for b in range(request_slots.shape[0]):
         s, n = request_slots[b], lengths[b]
@@ -535,7 +544,7 @@ def step(arena, heads, prev, slots, docs, counters,
             _append(arena, heads, prev, slots, s, values[position], min_q, max_q)
         slots[s, SEEN] = n
         if _judge(values, n, s, pending_count, pending_position, pending_length, pending_tokens,
-                  pending_features, ring_x, ring_y, counters) and counters[SINCE_FIT] >= refit_every:
+                  pending_features, ring_x, ring_y, counters, calibration) and counters[SINCE_FIT] >= refit_every:
             _fit(weights, prior, ring_x, ring_y, min(counters[JUDGED], ring_y.shape[0]), prior_strength, newton_steps)
             counters[SINCE_FIT] = 0
         w = min(max_w, limits[b] - n - 1)
@@ -583,6 +592,7 @@ def step(arena, heads, prev, slots, docs, counters,
                     z += features[source, j, k] * weights[k]
                 probability *= _sigmoid(z)
                 confidence[source, j] = probability
+                features[source, j, NUM_FEATURES] = probability
                 score += probability
                 if probability >= min_probability:
                     kept += 1
@@ -603,24 +613,30 @@ def step(arena, heads, prev, slots, docs, counters,
                 out_lengths[b] = j + 1
             out_sources[b] = best_source
     if step_cost.shape[0]:
-        return _budget(out_lengths, out_confidence, step_cost)
+        return _budget(out_lengths, out_confidence, step_cost, calibration)
     return out_lengths.sum()
 
 
 @nb.njit(cache=True)
-def _budget(out_lengths, out_confidence, step_cost):
+def _budget(out_lengths, out_confidence, step_cost, calibration):
     """Cuts the batch's drafts to what pays: a step feeding n tokens costs step_cost[n] and emits
     B + Σ P(draft token accepted) tokens in expectation; draft tokens are taken most likely first
     (a request's are non-increasing, so each stays a prefix) while one more raises the expected
-    tokens per second: P > T (cost[n + 1] - cost[n]) / cost[n], T and n the totals so far."""
+    tokens per second: P > T (cost[n + 1] - cost[n]) / cost[n], T and n the totals so far.
+    P is the model's probability as calibrated by what the judged tokens of its bin did."""
     batch, max_w = out_confidence.shape
     total = out_lengths.sum()
     gains = np.empty(total)
     owners = np.empty(total, np.int64)
     i = 0
     for b in range(batch):
+        gain = 1.0
         for j in range(out_lengths[b]):
-            gains[i], owners[i] = out_confidence[b, j], b
+            p = out_confidence[b, j]
+            index = min(int(p * CALIBRATION_BINS), CALIBRATION_BINS - 1)
+            calibrated = (calibration[0, index] + CALIBRATION_PRIOR * p) / (calibration[1, index] + CALIBRATION_PRIOR)
+            gain = min(gain, calibrated)  # non-increasing along the draft: each cut keeps a prefix
+            gains[i], owners[i] = gain, b
             i += 1
     order = np.argsort(-gains, kind="mergesort")
     taken = np.zeros(batch, np.int64)

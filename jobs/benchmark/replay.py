@@ -1,7 +1,7 @@
 """Replay mode: a finished greedy run's outputs through drafters, no model.
 
     python -m jobs.benchmark --replay RUN_DIR[,RUN_DIR] --batch 1,16,64,256 --out R.json \
-        [--store DATASTORE_DIR] [--max-draft 16] [--methods ours,vllm_suffix,vllm_ngram] [--project a100-8b]
+        [--store DATASTORE_DIR] [--max-draft 16] [--methods ours,vllm_suffix,vllm_ngram,plain] [--project a100-8b]
 
 Greedy verification accepts exactly a draft's common prefix with the greedy output, so a recorded
 greedy output (the run's `prompt_token_ids` and `generated_tokens`) says what any draft would have
@@ -16,7 +16,9 @@ tokens plus one. Every method drafts at most --max-draft tokens per request-step
   documents are first added to its global tree as finished responses (if installed:
   `make install-suffix`);
 - `vllm_ngram`: vLLM's numba n-gram lookup (`batch_propose_numba`, as its `ngram` method calls it)
-  per step over every running request, n-grams of --ngram-min to --ngram-max tokens.
+  per step over every running request, n-grams of --ngram-min to --ngram-max tokens;
+- `plain`: no drafts (the projection's reference).
+With --project every row also has its projected tokens/s on that GPU (see `projection`).
 Time is the drafter's own, everything it does over the request-steps it serves (starting and
 finishing requests, taking in emitted tokens, drafting); memory is the resident growth of a fresh
 process running that replay (forked, so code already loaded is not counted).
@@ -139,7 +141,20 @@ class VllmNgram:
         pass
 
 
-METHODS = {"ours": Ours, "vllm_suffix": ArcticSuffix, "vllm_ngram": VllmNgram}
+class Plain:
+    """No drafts: every request-step emits one token (the projection's reference)."""
+
+    def __init__(self, args, store, answers, cost=None):
+        pass
+
+    def draft(self, batch, rows, lengths, prompts, limits, tokens):
+        return [np.zeros(0, np.int64)] * len(batch)
+
+    def finish(self, key, output):
+        pass
+
+
+METHODS = {"ours": Ours, "vllm_suffix": ArcticSuffix, "vllm_ngram": VllmNgram, "plain": Plain}
 
 
 def store_documents(store) -> list[np.ndarray]:
@@ -158,64 +173,89 @@ def resident_mb() -> float:
         return int(handle.read().split()[1]) * 4096 / 2**20
 
 
-def replay(args, method: str, batch: int, answers: list[Answer], store, projection: str = "") -> dict:
-    """One method at one batch size over every answer (see the module's docstring)."""
+class StepClock:
+    """The replayed steps' projected GPU seconds (--project): each step's roofline cost for the tokens
+    it fed and its requests' own context (drafters/budget.py), summed."""
+
+    def __init__(self, projection: str):
+        gpu, model = (part.lower() for part in projection.split("-"))
+        self.gpu, self.model, self.seconds = GPUS[gpu], MODELS[model], 0.0
+
+    def cost(self, running: int, lengths: np.ndarray) -> RooflineStepCost:
+        return RooflineStepCost(self.gpu, self.model, running, float(np.mean(lengths)))
+
+    def step(self, running: int, fed: int, context: int) -> None:
+        self.seconds += float(self.cost(running, np.array([context / running])).seconds(fed))
+
+
+def replay(args, method: str, batch: int, answers: list[Answer], store, budget: str = "") -> dict:
+    """One method at one batch size over every answer (see the module's docstring); `budget`: ours
+    with that GPU-model's roofline step budget."""
     gc.collect()
     before = resident_mb()
-    cost = None
-    if projection:
-        gpu, model = (part.lower() for part in projection.split("-"))
-        cost = lambda running, lengths: RooflineStepCost(GPUS[gpu], MODELS[model], running, float(np.mean(lengths)))  # noqa: E731
-    drafter = METHODS[method](args, store, answers, cost) if not projection else Ours(args, store, answers, cost)
+    clock = StepClock(budget or args.project) if (budget or args.project) else None
+    drafter = Ours(args, store, answers, clock.cost) if budget else METHODS[method](args, store, answers)
     longest = max(len(a.prompt) + len(a.output) for a in answers) + 1
     tokens = np.zeros((batch, longest), np.int32)
-    waiting = list(range(len(answers)))[::-1]
+    waiting, free_rows = list(range(len(answers)))[::-1], list(range(batch))[::-1]
     active: dict[int, list] = {}  # answer -> [row, emitted, draft]
-    free_rows = list(range(batch))[::-1]
-    steps = emitted_total = drafted = 0
+    totals = {"steps": 0, "emitted": 0, "drafted": 0}
     seconds, calls, per_step = 0.0, 0, []  # per_step: each step's drafter seconds per request it served
     while waiting or active:
-        step_seconds = 0.0
         while waiting and free_rows:  # a free slot takes the next request: its prefill step emits one token
             key, row = waiting.pop(), free_rows.pop()
-            answer = answers[key]
-            tokens[row, :len(answer.prompt) + len(answer.output)] = np.concatenate([answer.prompt, answer.output])
+            tokens[row, :len(answers[key].prompt) + len(answers[key].output)] = np.concatenate(
+                [answers[key].prompt, answers[key].output])
             active[key] = [row, 0, None]
-        for key, state in list(active.items()):
-            output = answers[key].output
-            draft = state[2] if state[2] is not None else np.zeros(0, np.int64)
-            accepted = 0
-            while accepted < len(draft) and state[1] + accepted < len(output) - 1 and draft[accepted] == output[state[1] + accepted]:
-                accepted += 1
-            state[1] += accepted + 1
-            steps, emitted_total, drafted = steps + 1, emitted_total + accepted + 1, drafted + len(draft)
-            if state[1] >= len(output):
-                started = time.perf_counter()
-                drafter.finish(key, output)
-                step_seconds += time.perf_counter() - started
-                free_rows.append(state[0])
-                del active[key]
-        if not active:
-            seconds += step_seconds
-            continue
-        keys = list(active)
-        rows = np.array([active[k][0] for k in keys], np.int64)
-        prompts = np.array([len(answers[k].prompt) for k in keys], np.int64)
-        lengths = prompts + np.array([active[k][1] for k in keys], np.int64)
-        limits = prompts + np.array([answers[k].max_tokens for k in keys], np.int64)
-        started = time.perf_counter()
-        drafts = drafter.draft(keys, rows, lengths, prompts, limits, tokens)
-        step_seconds += time.perf_counter() - started
+        step_seconds = verify(active, answers, drafter, free_rows, totals, clock)
+        if active:
+            keys = list(active)
+            prompts = np.array([len(answers[k].prompt) for k in keys], np.int64)
+            lengths = prompts + np.array([active[k][1] for k in keys], np.int64)
+            limits = prompts + np.array([answers[k].max_tokens for k in keys], np.int64)
+            started = time.perf_counter()
+            drafts = drafter.draft(keys, np.array([active[k][0] for k in keys], np.int64), lengths, prompts, limits, tokens)
+            step_seconds += time.perf_counter() - started
+            calls += len(keys)
+            per_step.append(step_seconds / len(keys))
+            for key, draft in zip(keys, drafts):
+                active[key][2] = draft
         seconds += step_seconds
-        calls += len(keys)
-        per_step.append(step_seconds / len(keys))
-        for key, draft in zip(keys, drafts):
-            active[key][2] = draft
-    return {"method": f"ours_budget_{projection.replace('-', '_')}" if projection else method, "batch": batch,
-            "tokens_per_step": round(emitted_total / steps, 4), "draft_tokens_per_step": round(drafted / steps, 4),
-            "us_per_request_step_mean": round(1e6 * seconds / max(calls, 1), 2),
-            "us_per_request_step_p99": round(1e6 * float(np.percentile(per_step, 99)), 2) if per_step else 0.0,
-            "memory_mb": round(resident_mb() - before, 1), "request_steps": steps}
+    steps = totals["steps"]
+    row = {"method": f"ours_budget_{budget.replace('-', '_')}" if budget else method, "batch": batch,
+           "tokens_per_step": round(totals["emitted"] / steps, 4), "draft_tokens_per_step": round(totals["drafted"] / steps, 4),
+           "us_per_request_step_mean": round(1e6 * seconds / max(calls, 1), 2),
+           "us_per_request_step_p99": round(1e6 * float(np.percentile(per_step, 99)), 2) if per_step else 0.0,
+           "memory_mb": round(resident_mb() - before, 1), "request_steps": steps}
+    if clock is not None:  # the drafter runs between steps (vLLM's proposer is synchronous): its time adds
+        row["projected_tokens_per_second"] = round(totals["emitted"] / (clock.seconds + seconds), 1)
+        row["projected_tokens_per_second_drafting_hidden"] = round(totals["emitted"] / clock.seconds, 1)
+    return row
+
+
+def verify(active: dict, answers: list[Answer], drafter, free_rows: list, totals: dict, clock) -> float:
+    """One step for the running requests: each verifies its draft against its recorded output and
+    emits the accepted tokens plus one; those that end are finished (returns the drafter's seconds for that)."""
+    seconds, fed, context, running = 0.0, 0, 0, len(active)
+    for key, state in list(active.items()):
+        output = answers[key].output
+        draft = state[2] if state[2] is not None else np.zeros(0, np.int64)
+        accepted = 0
+        while accepted < len(draft) and state[1] + accepted < len(output) - 1 and draft[accepted] == output[state[1] + accepted]:
+            accepted += 1
+        fed, context = fed + 1 + len(draft), context + len(answers[key].prompt) + state[1]
+        state[1] += accepted + 1
+        totals["steps"], totals["emitted"], totals["drafted"] = (
+            totals["steps"] + 1, totals["emitted"] + accepted + 1, totals["drafted"] + len(draft))
+        if state[1] >= len(output):
+            started = time.perf_counter()
+            drafter.finish(key, output)
+            seconds += time.perf_counter() - started
+            free_rows.append(state[0])
+            del active[key]
+    if clock is not None and running:
+        clock.step(running, fed, context)
+    return seconds
 
 
 def _replay_in_child(job):
@@ -252,7 +292,7 @@ def replay_comparison(args) -> dict:
     for batch in (int(b) for b in args.batch.split(",")):
         jobs += [(args, method, batch, answers, store) for method in methods]
         if args.project:
-            jobs.append((args, "ours", batch, answers, store, args.project))
+            jobs.append((args, "ours", batch, answers, store, args.project))  # ours with that GPU's budget
     _warm_up(args, answers, store, methods)
     rows = []
     context = multiprocessing.get_context("fork")
@@ -264,7 +304,7 @@ def replay_comparison(args) -> dict:
               "store_tokens": int(len(store)) if store is not None else 0, "max_draft": args.max_draft,
               "skipped": skipped}
     if args.project:
-        report["projection"] = projection(rows, answers, args.project)
+        report["projection"] = projection(rows, args.project)
     return report
 
 
@@ -277,30 +317,28 @@ def _warm_up(args, answers, store, methods) -> None:
             replay(args, method, 2, few, store)
 
 
-def projection(rows: list[dict], answers: list[Answer], name: str) -> dict:
-    """Projected tokens/s per method and batch on a GPU step from its roofline (drafters/budget.py):
+def projection(rows: list[dict], name: str) -> dict:
+    """Each row's projected tokens/s against plain decoding's at its batch size. A replayed step t
+    that feeds n_t tokens (one per running request plus their drafts) over requests of mean context
+    ctx_t takes c(n_t, ctx_t) on the GPU (drafters/budget.py's roofline), and the drafter's own
+    seconds d_t after it (vLLM runs a `custom_class` or `suffix` proposer between steps, on the CPU):
 
-        tokens/s = B tau / (c(B (1 + d)) + B t)
+        tokens/s = Σ tokens / Σ_t (c(n_t, ctx_t) + d_t)
 
-    tau the tokens per request-step, d the draft tokens per request-step, t the drafter's seconds per
-    request-step (vLLM runs a `custom_class` or `suffix` proposer between steps, on the CPU, so its
-    time adds to the step's), c the step's seconds for the tokens fed with the batch's mean context
-    (the answers' prompt plus half their output). Plain decoding: tau 1, d 0, t 0. Each row also
-    gives the ratio with t = 0, what overlapping the drafting with the step (async scheduling) would give."""
+    with d_t = 0 the ratio `vs_plain_drafting_hidden` (what overlapping the drafting with the step,
+    async scheduling, would give)."""
     gpu, model = (part.lower() for part in name.split("-"))
-    context = float(np.mean([len(a.prompt) + len(a.output) / 2 for a in answers]))
     projected = []
     for batch in sorted({row["batch"] for row in rows}):
-        cost = RooflineStepCost(GPUS[gpu], MODELS[model], batch, context)
-        plain = batch / float(cost.seconds(batch))
-        projected.append({"method": "plain", "batch": batch, "tokens_per_second": round(plain, 1), "vs_plain": 1.0})
+        plain = next((r for r in rows if r["batch"] == batch and r["method"] == "plain"), None)
         for row in (r for r in rows if r["batch"] == batch):
-            fed = batch * (1 + row["draft_tokens_per_step"])
-            step = float(cost.seconds(fed))
-            speed = batch * row["tokens_per_step"] / (step + batch * row["us_per_request_step_mean"] * 1e-6)
-            hidden = batch * row["tokens_per_step"] / step  # were the drafting overlapped with the step (t = 0)
-            projected.append({"method": row["method"], "batch": batch, "tokens_per_second": round(speed, 1),
-                              "vs_plain": round(speed / plain, 3), "vs_plain_drafting_hidden": round(hidden / plain, 3)})
-    return {"gpu": GPUS[gpu].name, "model": MODELS[model].name, "mean_context": round(context, 1),
-            "formula": "tokens/s = B tau / (c(B (1 + d)) + B t); c(n) = max((2 P + B ctx kv) / bandwidth, 2 P n / flops)",
+            entry = {"method": row["method"], "batch": batch, "tokens_per_second": row["projected_tokens_per_second"]}
+            if plain is not None:
+                entry["vs_plain"] = round(row["projected_tokens_per_second"] / plain["projected_tokens_per_second"], 3)
+                entry["vs_plain_drafting_hidden"] = round(
+                    row["projected_tokens_per_second_drafting_hidden"] / plain["projected_tokens_per_second"], 3)
+            projected.append(entry)
+    return {"gpu": GPUS[gpu].name, "model": MODELS[model].name,
+            "formula": "tokens/s = sum tokens / sum_t (c(n_t, ctx_t) + d_t); "
+                       "c(n, ctx) = max((2 P + B ctx kv) / bandwidth, 2 P n / flops)",
             "rows": projected}

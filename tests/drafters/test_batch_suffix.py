@@ -250,3 +250,28 @@ def test_budget_keeps_the_most_likely_tokens_as_prefixes(batch):
     for b in range(batch):
         assert cut.lengths[b] <= full_lengths[b]
         assert cut.tokens[b, :cut.lengths[b]].tolist() == full_tokens[b, :cut.lengths[b]].tolist()
+
+
+def test_the_budget_trusts_the_model_only_as_far_as_its_judged_tokens_bear_it_out():
+    from drafters import suffix_kernels as kernels
+
+    batch, w = 8, 4
+    confidence = np.tile([0.9, 0.88, 0.86, 0.84], (batch, 1))
+    cost = cost_table(LinearStepCost(a=1.0, b=0.05), batch, w)  # a token pays above ~0.4 here
+    fresh = np.zeros((2, kernels.CALIBRATION_BINS))
+    lengths = np.full(batch, w)
+    assert kernels._budget(lengths, confidence, cost, fresh) == batch * w  # no evidence: the model's word
+    overconfident = fresh.copy()
+    overconfident[:, 16:19] = [[5.0] * 3, [100.0] * 3]  # tokens rated 0.8-0.95 held 5 times in 100
+    lengths = np.full(batch, w)
+    assert kernels._budget(lengths, confidence, cost, overconfident) == 0
+
+
+def test_judged_drafts_fill_the_calibration():
+    drafter = compiled()
+    rng = np.random.default_rng(7)
+    for step in range(40):  # contexts that repeat, continued by tokens that do not: drafts fail
+        tokens = np.concatenate([np.tile([1, 2, 3, 4], 10), rng.integers(5, 60, step + 1)])[None, :]
+        drafter.step(["r"], tokens, np.zeros(1), np.array([tokens.shape[1]]), np.array([40]), np.array([200]))
+    hits, judged = drafter.calibration
+    assert judged.sum() > 0 and hits.sum() < judged.sum()
