@@ -20,7 +20,13 @@ emits, and the model refits as it goes.
 
 A draft budget: given the engine step's cost as a function of the tokens it feeds (`step_cost`,
 from drafters/budget.py), the batch's draft tokens are cut to those that raise the expected tokens
-per second, least likely first; at large batch on a GPU most requests then draft nothing.
+per second, least likely first; at large batch on a GPU most requests then draft nothing. The
+probabilities it weighs are the model's as calibrated by its judged tokens (how often tokens it
+rated alike were accepted, per bin of rating).
+
+`top1` (a [V] table of the model bigram's top next token) turns on the acceptance model's
+`bigram_top1` feature; the job builds none for this drafter (its table costs a model pass over the
+vocabulary at start), so the feature stays 0 there.
 
 The engine hands over a step's requests as rows of a token array it already holds (vLLM's
 `token_ids_cpu`); the drafter keeps, per request, a slot: how much of it has been taken in, its
@@ -65,7 +71,7 @@ class BatchSuffixDrafter:
     strategies = STRATEGIES  # by BatchDrafts.sources
 
     def __init__(self, w: int, max_q: int, min_q: int, max_match: int = 24, max_occurrences: int = 16,
-                 min_probability: float = 0.05, capacity: int = 1 << 18, store: Datastore | None = None,
+                 min_probability: float = 0.1, capacity: int = 1 << 18, store: Datastore | None = None,
                  top1: np.ndarray | None = None, prior: np.ndarray = PRIOR, prior_strength: float = 200.0,
                  refit_every: int = 1024, newton_steps: int = 1, ring: int = 4096, segment_cap: int = 4096,
                  pad_token: int = 0, store_min_match: int = 0):
