@@ -302,6 +302,19 @@ def new_run_id() -> str:
 
 
 def run_job(config: Config, run_id: str) -> dict:
+    context = ray.data.DataContext.get_current()
+    # Ray 2.60's Parquet reader (datasource v2, its default) starts FooterReader actors for every
+    # read: a process each, asking a whole CPU, SPREAD over nodes. Beside an actor pool on a small
+    # node they wait for a CPU, or die starting (seen in CI). The run reads Parquet several times
+    # (input, checkpoints, totals); its task-based reader (v1) reads the same rows with no actors.
+    in_use, context.use_datasource_v2 = context.use_datasource_v2, False
+    try:
+        return run_with_task_readers(config, run_id)
+    finally:
+        context.use_datasource_v2 = in_use
+
+
+def run_with_task_readers(config: Config, run_id: str) -> dict:
     started, started_at = time.perf_counter(), time.time()
     config = with_checked_datastore(config)
     output = run_dir(config, run_id)
