@@ -56,6 +56,9 @@ class EngineConfig:
     max_num_seqs: int = 0
     # vLLM: the most tokens one engine step may feed the model; 0: vLLM's own default.
     max_num_batched_tokens: int = 0
+    # vLLM: keep its per-request timing record (RequestStateStats: queued, scheduled, first and
+    # last token), as ray.data.llm's `metrics` column; vLLM's own statistics are then on too.
+    request_metrics: bool = False
 
     def __post_init__(self):
         if self.name == "auto":

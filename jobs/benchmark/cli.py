@@ -65,7 +65,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max-num-seqs", type=int, default=16, help="--feeding: the engine's slots")
     parser.add_argument("--batch-size", type=int, default=16, help="--feeding: rows per Ray batch")
     parser.add_argument("--ways", default="llm_generate,job,ray_data_llm",
-                        help="--feeding: which of llm_generate, feeder, job, ray_data_llm to run (llm_generate always runs: "
+                        help="--feeding: which of llm_generate, feeder, job, ray_data_llm, processor to run (llm_generate always runs: "
                              "it is the reference)")
     parser.add_argument("--occupancy", default="", metavar="RUN_DIR[,RUN_DIR]",
                         help="instead: simulate the feeding designs' occupancy with these runs' output lengths")

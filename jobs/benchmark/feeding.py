@@ -4,7 +4,7 @@
         --max-num-seqs 16 --batch-size 16 --spec plain,suffix:1:auto --out feeding.json
 
 The same prompts and engine settings (max_num_seqs, dtype, eager, KV cache) three ways, for each
---spec method (plain and ours; ray.data.llm runs plain only, its own engine having no drafter of ours):
+--spec method:
 - `llm_generate`: vLLM's own LLM.generate over all of them at once (continuous batching over the
   whole set: the ideal), on the engine our job builds, in this process;
 - `feeder`: our engine's streaming feeder in this process, no Ray: the prompts cut into batches of
@@ -12,10 +12,12 @@ The same prompts and engine settings (max_num_seqs, dtype, eager, KV cache) thre
   (concurrent_batches); what feeding costs by itself, apart from Ray's;
 - `job`: our Ray job end to end (pipeline/ray_job.py), Ray batches of --batch-size;
 - `ray_data_llm`: ray.data.llm's processor (build_processor, vLLMEngineProcessorConfig) with the
-  same engine settings and Ray batches, fed the same token ids.
+  same engine settings and Ray batches, fed the same token ids: plain, and vLLM's own methods
+  (`vllm_suffix`, `vllm_ngram`) as its users configure them (`engine_kwargs.speculative_config`);
+- `processor`: the same program through ours (pipeline.llm), the method as `decoder` (plain and ours).
 Tokens/s are over each one's generation span (engine start-up left out): LLM.generate's call;
-the job's first batch's start to its last batch's end; for ray.data.llm, from the first request's
-start (its finish less its time_taken_llm) to the last request's finish. Occupancy is the job's
+the job's first batch's start to its last batch's end; for the two processors, from the first
+request's start (its finish less its time_taken_llm) to the last request's finish. Occupancy is the job's
 measured engine_occupancy (the others do not expose their steps). Outputs are compared with
 LLM.generate's plain ones, prompt by prompt.
 """
@@ -28,11 +30,12 @@ from pathlib import Path
 
 from jobs.benchmark.comparison import Method, parse_methods
 from pipeline.config import Config, load_config
+from pipeline.drafter_kinds import VLLM_METHODS
 from pipeline.engines.base import Request, engine_summary
 from pipeline.engines.build import build_engine
 from pipeline.prompts import encode_prompt, load_prompts
 
-WAYS = ("llm_generate", "feeder", "job", "ray_data_llm")
+WAYS = ("llm_generate", "feeder", "job", "ray_data_llm", "processor")
 
 
 def feeding_config(args, method: Method, output: str = "", input_path: str = "") -> Config:
@@ -74,8 +77,12 @@ def feeding_comparison(args) -> dict:
             if "job" in ways:
                 rows.append(job_row(args, method, str(input_path), str(work / method.name.replace(":", "_")), reference))
                 print(json.dumps(rows[-1]), flush=True)
-            if method.name == "plain" and "ray_data_llm" in ways:
-                rows.append(ray_data_llm_row(args, prompts, prompt_ids, reference))
+            vllms_own = method.name.split(":")[0] in VLLM_METHODS
+            if "ray_data_llm" in ways and (method.name == "plain" or vllms_own):
+                rows.append(ray_data_llm_row(args, method, prompts, prompt_ids, reference))
+                print(json.dumps(rows[-1]), flush=True)
+            if "processor" in ways and not vllms_own:
+                rows.append(processor_row(args, method, prompts, prompt_ids, reference))
                 print(json.dumps(rows[-1]), flush=True)
     finally:
         ray.shutdown()
@@ -83,9 +90,9 @@ def feeding_comparison(args) -> dict:
         same = [r for r in rows if r["method"] == row["method"] and r["way"] == "llm_generate"]
         if same:
             row["vs_llm_generate"] = round(row["tokens_per_second"] / same[0]["tokens_per_second"], 3)
-        plain_rdl = [r for r in rows if r["way"] == "ray_data_llm"]
-        if plain_rdl:
-            row["vs_ray_data_llm"] = round(row["tokens_per_second"] / plain_rdl[0]["tokens_per_second"], 3)
+        fastest_rdl = max((r["tokens_per_second"] for r in rows if r["way"] == "ray_data_llm"), default=None)
+        if fastest_rdl:  # against ray.data.llm's fastest method in this run
+            row["vs_ray_data_llm"] = round(row["tokens_per_second"] / fastest_rdl, 3)
     return {"dataset": args.dataset, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
             "max_num_seqs": args.max_num_seqs, "batch_size": args.batch_size, "runs": rows}
 
@@ -148,24 +155,29 @@ def job_row(args, method: Method, input_path: str, output: str, reference: dict)
             "identical_fraction": identical(outputs, reference)}
 
 
-def ray_data_llm_row(args, prompts, prompt_ids: dict, reference: dict) -> dict:
+def processor_run(llm, args, method: Method, prompts, prompt_ids: dict, **ours) -> tuple[dict, float]:
+    """The same program through `llm` (ray.data.llm or pipeline.llm): the same engine settings, Ray
+    batches and token ids. Its outputs by id, and its generation span: from the first request's
+    start (its finish less its time_taken_llm) to the last request's finish."""
     import ray
-    from ray.data.llm import build_processor, vLLMEngineProcessorConfig
 
     from pipeline.model_loading import resolve_model_dir
 
-    config = feeding_config(args, Method("vllm", "plain"))
+    config = feeding_config(args, method)
     model_dir, _ = resolve_model_dir(config.model)
-    processor = build_processor(
-        vLLMEngineProcessorConfig(
-            model_source=str(model_dir), batch_size=args.batch_size, concurrency=1,
-            engine_kwargs={"max_num_seqs": args.max_num_seqs, "dtype": "float32" if args.dtype == "auto" else args.dtype,
-                           "enforce_eager": True, "seed": 0,
-                           # on a CPU: the memory vLLM may take (the KV cache is VLLM_CPU_KVCACHE_SPACE's, as ours)
-                           "gpu_memory_utilization": 0.3},
+    engine_kwargs = {"max_num_seqs": args.max_num_seqs, "dtype": "float32" if args.dtype == "auto" else args.dtype,
+                     "enforce_eager": True, "seed": 0,
+                     # on a CPU: the memory vLLM may take (the KV cache is VLLM_CPU_KVCACHE_SPACE's, as ours)
+                     "gpu_memory_utilization": 0.3}
+    decoder = config.decoder
+    if decoder.drafter in VLLM_METHODS:  # vLLM's own method, as a ray.data.llm user configures it
+        engine_kwargs["speculative_config"] = {"method": VLLM_METHODS[decoder.drafter], "num_speculative_tokens": decoder.w}
+    processor = llm.build_processor(
+        llm.vLLMEngineProcessorConfig(
+            model_source=str(model_dir), batch_size=args.batch_size, concurrency=1, engine_kwargs=engine_kwargs,
             runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "2"}},
             chat_template_stage=False, tokenize_stage=False, detokenize_stage=False,
-            placement_group_config={"bundles": [{"CPU": 1}]}, log_engine_metrics=False),
+            placement_group_config={"bundles": [{"CPU": 1}]}, log_engine_metrics=False, **ours),
         preprocess=lambda row: {"id": row["id"], "tokenized_prompt": row["tokenized_prompt"],
                                 "sampling_params": {"temperature": 0.0, "max_tokens": args.max_new_tokens}},
         postprocess=lambda row: {"id": row["id"], "generated_tokens": row["generated_tokens"],
@@ -173,9 +185,28 @@ def ray_data_llm_row(args, prompts, prompt_ids: dict, reference: dict) -> dict:
     items = [{"id": p.request_id, "tokenized_prompt": prompt_ids[p.request_id]} for p in prompts]
     out = processor(ray.data.from_items(items)).take_all()
     span = max(r["finished_at"] for r in out) - min(r["finished_at"] - r["time_taken_llm"] for r in out)
-    outputs = {r["id"]: list(r["generated_tokens"]) for r in out}
+    return {r["id"]: list(r["generated_tokens"]) for r in out}, span
+
+
+def ray_data_llm_row(args, method: Method, prompts, prompt_ids: dict, reference: dict) -> dict:
+    import ray.data.llm
+
+    outputs, span = processor_run(ray.data.llm, args, method, prompts, prompt_ids)
     tokens = sum(map(len, outputs.values()))
-    return {"way": "ray_data_llm", "method": "plain", "tokens_per_second": round(tokens / span, 3),
+    return {"way": "ray_data_llm", "method": method.name, "tokens_per_second": round(tokens / span, 3),
+            "generated_tokens": tokens, "engine_occupancy": None, "identical_fraction": identical(outputs, reference)}
+
+
+def processor_row(args, method: Method, prompts, prompt_ids: dict, reference: dict) -> dict:
+    import pipeline.llm
+
+    # Our processor takes the engine's settings as ray.data.llm does, and the method's as `decoder`.
+    decoder = feeding_config(args, method).decoder
+    settings = {name: getattr(decoder, name) for name in ("drafter", "w", "k", "auto_w", "auto_k")}
+    outputs, span = processor_run(pipeline.llm, args, Method("vllm", "plain"), prompts, prompt_ids,
+                                  decoder=settings, engine="vllm")
+    tokens = sum(map(len, outputs.values()))
+    return {"way": "processor", "method": method.name, "tokens_per_second": round(tokens / span, 3),
             "generated_tokens": tokens, "engine_occupancy": None, "identical_fraction": identical(outputs, reference)}
 
 

@@ -7,8 +7,8 @@ implement the same three members below.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Protocol, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Protocol, Sequence
 
 from pipeline.prompts import RequestError
 from pipeline.sampling import GREEDY, SamplingParams
@@ -25,6 +25,9 @@ class Request:
     max_new_tokens: int
     stop: tuple[str, ...] = ()
     sampling: SamplingParams = GREEDY
+    # vLLM's StructuredOutputsParams fields ({"json": schema}, {"regex": ...}, ...): output held to
+    # them (vLLM engine only; drafts that leave the grammar are cut by vLLM before they are checked).
+    structured_outputs: Mapping[str, Any] | None = field(default=None, hash=False)
 
 
 @dataclass
@@ -34,6 +37,7 @@ class Result:
     text: str  # decoded generated text, cut before a stop string
     finish_reason: str  # one of FINISH_REASONS
     stats: RequestStats
+    engine_metrics: dict | None = None  # the engine's own per-request record (vLLM's RequestStateStats), if any
 
 
 @dataclass(frozen=True)

@@ -68,12 +68,21 @@ class TransformersEngine:
         return None
 
     def generate(self, requests: Sequence[Request]) -> list[Result | Failed]:
-        if self.batched is None:
-            return [self.generate_one(request) for request in requests]
         # Results come back as requests finish; ids may repeat, so they are matched by object.
         index_of = {id(request): index for index, request in enumerate(requests)}
         results: list[Result | Failed | None] = [None] * len(requests)
-        for request, result in self.batched.generate_many(requests):
+        runnable = []
+        for request in requests:
+            if request.structured_outputs:
+                results[index_of[id(request)]] = Failed(request.request_id, f"request {request.request_id!r}: "
+                                                        "structured outputs run on the vLLM engine (engine.name vllm)")
+            else:
+                runnable.append(request)
+        if self.batched is None:
+            finished = ((request, self.generate_one(request)) for request in runnable)
+        else:
+            finished = self.batched.generate_many(runnable) if runnable else ()
+        for request, result in finished:
             results[index_of[id(request)]] = result
         return results
 

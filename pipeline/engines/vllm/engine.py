@@ -101,6 +101,24 @@ def eager(config: Config) -> bool:
     return config.engine.execution == "eager"
 
 
+def vllm_params(request: Request, max_tokens: int):
+    """The request's settings as vLLM's SamplingParams; RequestError names what vLLM refuses."""
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMError
+    from vllm.sampling_params import StructuredOutputsParams
+
+    sampling, structured = request.sampling, None
+    if request.structured_outputs:
+        try:
+            structured = StructuredOutputsParams(**request.structured_outputs)
+        except (TypeError, ValueError, VLLMError) as error:
+            raise RequestError(f"request {request.request_id!r}: structured_outputs: {error}") from error
+    return SamplingParams(max_tokens=max_tokens, temperature=sampling.temperature, top_k=sampling.top_k,
+                          top_p=sampling.top_p, seed=None if sampling.greedy else sampling.seed,
+                          stop=list(request.stop) or None, detokenize=bool(request.stop),
+                          structured_outputs=structured)
+
+
 class VllmEngine:
     name = "vllm"
 
@@ -141,7 +159,8 @@ class VllmEngine:
                    max_num_batched_tokens=config.engine.max_num_batched_tokens or None,
                    enforce_eager=eager(config), gpu_memory_utilization=config.engine.gpu_memory_utilization,
                    speculative_config=speculative,
-                   per_request_spec_decode_metrics="detailed" if self.drafts else "none")
+                   per_request_spec_decode_metrics="detailed" if self.drafts else "none",
+                   disable_log_stats=not config.engine.request_metrics)
 
     def set_decoder(self, decoder: DecoderConfig, tables: DrafterTables | None = None) -> None:
         """Hands the proposer the drafter `decoder` describes. vLLM fixes the longest draft when it
@@ -192,23 +211,16 @@ class VllmEngine:
         return self._generate(requests, run)
 
     def _generate(self, requests: Sequence[Request], run) -> list[Result | Failed]:
-        from vllm import SamplingParams
-
         results: list[Result | Failed | None] = [None] * len(requests)
         runnable, prompts, params = [], [], []
         for index, request in enumerate(requests):
             try:
-                max_tokens = budget(request, self.max_model_len)
+                params.append(vllm_params(request, budget(request, self.max_model_len)))
             except RequestError as error:
                 results[index] = Failed(request.request_id, str(error))
                 continue
-            sampling = request.sampling
             runnable.append(index)
             prompts.append({"prompt_token_ids": list(request.prompt_ids)})
-            params.append(SamplingParams(max_tokens=max_tokens, temperature=sampling.temperature,
-                                         top_k=sampling.top_k, top_p=sampling.top_p,
-                                         seed=None if sampling.greedy else sampling.seed,
-                                         stop=list(request.stop) or None, detokenize=bool(request.stop)))
         started = time.perf_counter()
         outputs, tracked = run(prompts, params)
         wall = time.perf_counter() - started
@@ -234,7 +246,8 @@ class VllmEngine:
         stats.finish_reason = finish
         metrics = output.metrics
         stats.total_seconds = (metrics.last_token_ts - metrics.scheduled_ts) if metrics is not None else wall
-        return Result(request.request_id, token_ids, text, finish, stats)
+        record = dataclasses.asdict(metrics) if dataclasses.is_dataclass(metrics) else None
+        return Result(request.request_id, token_ids, text, finish, stats, record)
 
 
 def request_stats(prompt_length: int, token_ids: list[int], metrics, tracked: Tracked | None, w: int,

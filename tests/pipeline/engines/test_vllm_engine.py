@@ -236,3 +236,12 @@ def test_vllm_generates_with_a_model_the_transformers_engine_refuses(tiny_gemma3
     engine = build_engine(config(tiny_gemma3_dir, tmp_path, "decoder.drafter=context_ngram", "decoder.w=3"))
     result = engine.generate([Request("g", engine.tokenizer("Hello there")["input_ids"], 8)])[0]
     assert isinstance(result, Result) and len(result.token_ids) == 8 and result.stats.num_target_calls >= 1
+
+
+
+def test_structured_outputs_vllm_refuses_fail_their_request_alone(engines, requests, reference):
+    """(Valid structured output with our drafts: tests/test_smollm2_vllm.py, on a model that ends its JSON.)"""
+    bad = Request("bad", requests[0].prompt_ids, 8, structured_outputs={"json": {"type": "object"}, "regex": "a+"})
+    failed, ran = engines[1].generate([bad, requests[1]])
+    assert isinstance(failed, Failed) and "structured_outputs" in failed.message
+    assert ran.token_ids == reference[1]

@@ -1,0 +1,426 @@
+"""ray.data.llm's processor API on our engine and drafter. A program written for ray.data.llm runs
+with one import changed:
+
+    from pipeline.llm import build_processor, vLLMEngineProcessorConfig   # was: from ray.data.llm
+
+`build_processor(config, preprocess, postprocess)` returns a `Processor`; `processor(ds)` is a lazy
+Dataset: the preprocess, one stage of actors each holding our engine (speculative decoding with the
+config's drafter), and the postprocess. A row carries `messages` (chat-templated), `prompt` (text,
+tokenized as it is) or `tokenized_prompt`, and `sampling_params` (vLLM's names); it comes back with
+its own columns, ray.data.llm's (`generated_text`, `generated_tokens`, ...) and ours (the request's
+acceptance statistics, `finish_reason`, the drafter that ran).
+
+Where ours differs, on purpose: a row that cannot be generated comes back with
+`__inference_error__` naming the row and the field (`should_continue_on_error` defaults to True;
+False raises on the first such row, as ray.data.llm does); `sampling_params` keys vLLM has but our
+engines do not run (logprobs, penalties, n > 1, ...) are such an error, never ignored.
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import secrets
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import pyarrow as pa
+
+from pipeline.config import Config, ConfigError, build
+from pipeline.engines.base import Failed, Request, RequestError, Result
+from pipeline.output import SCHEMA
+from pipeline.ray_job import (
+    actor_environment,
+    actor_pool,
+    actor_resources,
+    prepared_tables,
+)
+from pipeline.sampling import SamplingParams, request_seed
+from pipeline.stage import GenerationStage
+
+INFERENCE_ERROR = "__inference_error__"
+
+# What ray.data.llm's vLLM stage adds to a row (ray/llm/_internal/batch/stages/vllm_engine_stage.py:
+# vLLMOutputData, then request_id, batch_uuid, time_taken_llm, params).
+RAY_LLM_COLUMNS = pa.schema([
+    ("prompt", pa.string()),
+    ("prompt_token_ids", pa.list_(pa.int64())),
+    ("num_input_tokens", pa.int64()),
+    ("generated_tokens", pa.list_(pa.int64())),
+    ("generated_text", pa.string()),
+    ("num_generated_tokens", pa.int64()),
+    ("embeddings", pa.null()),
+    ("metrics", pa.null()),  # the engine's per-request record (vLLM's RequestStateStats): its type is the data's
+    ("logprobs", pa.null()),
+    ("prompt_logprobs", pa.null()),
+    ("request_id", pa.int64()),
+    ("batch_uuid", pa.string()),
+    ("time_taken_llm", pa.float64()),
+    ("params", pa.string()),
+])
+# Ours: the output table's columns that ray.data.llm lacks (its id/text/token_ids/error are the job's names).
+STATISTICS = [f for f in SCHEMA if f.name not in {*RAY_LLM_COLUMNS.names, "id", "text", "token_ids", "error"}]
+GENERATED = pa.schema([*RAY_LLM_COLUMNS, *STATISTICS, (INFERENCE_ERROR, pa.string())])
+
+# engine_kwargs (vLLM's names) -> (our config section, key); a value maps through as it is.
+ENGINE_KWARGS = {"max_num_seqs": ("engine", "max_num_seqs"),
+                 "max_num_batched_tokens": ("engine", "max_num_batched_tokens"),
+                 "max_model_len": ("engine", "max_model_len"),
+                 "gpu_memory_utilization": ("engine", "gpu_memory_utilization"),
+                 "dtype": ("model", "dtype"),
+                 "trust_remote_code": ("model", "trust_remote_code")}
+# engine_kwargs that map through a conversion.
+ENGINE_KWARGS_CONVERTED = {"enforce_eager": ("engine", "execution", lambda eager: "eager" if eager else "compiled"),
+                           "seed": ("decoder", "seed", int)}  # sampled rows without a seed derive theirs from it
+# engine_kwargs accepted only at the value our engine runs with (vLLM's defaults).
+ENGINE_KWARGS_FIXED = {"enable_chunked_prefill": True, "tensor_parallel_size": 1, "pipeline_parallel_size": 1}
+
+# sampling_params keys our engines run; any other key of vLLM's is refused by name.
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "structured_outputs")
+# vLLM's StructuredOutputsParams: one constraint, and options.
+CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+CONSTRAINT_OPTIONS = ("disable_any_whitespace", "disable_additional_properties", "whitespace_pattern")
+VLLM_DEFAULTS = {"max_tokens": 16, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
+
+
+@dataclass(frozen=True)
+class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so one import changes
+    """ray.data.llm's keywords with its meanings, plus ours (after `task_type`)."""
+    model_source: str
+    batch_size: int = 32
+    concurrency: int | tuple[int, int] = 1
+    accelerator_type: str | None = None
+    engine_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    runtime_env: Mapping[str, Any] | None = None
+    max_pending_requests: int | None = None
+    max_concurrent_batches: int = 8
+    should_continue_on_error: bool = True
+    chat_template_stage: bool = True
+    tokenize_stage: bool = True
+    detokenize_stage: bool = True
+    placement_group_config: Mapping[str, Any] | None = None
+    log_engine_metrics: bool = True  # accepted; our engine's steps are in the live metrics either way
+    task_type: str = "generate"
+    # Ours: decoder.* settings as in a job's config (our default drafter when empty), and the engine.
+    decoder: Mapping[str, Any] = field(default_factory=dict)
+    engine: str = "vllm"
+
+    def __post_init__(self):
+        check(isinstance(self.model_source, str) and self.model_source, "model_source", "a model directory, "
+              "a .gguf file or 'smollm2-135m-instruct'")
+        check(isinstance(self.batch_size, int) and self.batch_size >= 1, "batch_size", "an integer >= 1")
+        check(self.task_type == "generate", "task_type", "'generate' (embed, classify and score are not ours)")
+        check(self.max_concurrent_batches >= 1, "max_concurrent_batches", "an integer >= 1")
+        check(self.max_pending_requests is None or self.max_pending_requests >= 1, "max_pending_requests",
+              "an integer >= 1 or None")
+        check(self.tokenize_stage and self.detokenize_stage, "tokenize_stage / detokenize_stage",
+              "True (our engine tokenizes and detokenizes itself)")
+        check(self.engine in ("vllm", "transformers"), "engine", "'vllm' or 'transformers'")
+        self.actors()
+        for key, value in self.engine_kwargs.items():
+            if key in ENGINE_KWARGS_FIXED:
+                check(value == ENGINE_KWARGS_FIXED[key], f"engine_kwargs.{key}",
+                      f"{ENGINE_KWARGS_FIXED[key]!r} (the only value this engine runs)")
+            else:
+                known = [*ENGINE_KWARGS, *ENGINE_KWARGS_CONVERTED, *ENGINE_KWARGS_FIXED]
+                check(key in known, f"engine_kwargs.{key}", f"one of {sorted(known)} (the drafter is `decoder`)")
+        self.pipeline_config()  # its own checks, naming decoder.* and engine.* fields
+
+    def actors(self) -> tuple[int, int]:
+        concurrency = self.concurrency
+        if isinstance(concurrency, int) and concurrency >= 1:
+            return concurrency, concurrency
+        check(isinstance(concurrency, (tuple, list)) and len(concurrency) == 2
+              and all(isinstance(n, int) for n in concurrency) and 1 <= concurrency[0] <= concurrency[1],
+              "concurrency", "an integer >= 1 or (min, max) with 1 <= min <= max")
+        return tuple(concurrency)
+
+    def resources(self) -> dict[str, float]:
+        """One actor's resources: the placement group's bundles summed (ray.data.llm places one per
+        replica; a single-process engine needs them on one node), a CPU where they name none."""
+        bundles = (self.placement_group_config or {}).get("bundles") or [{"GPU": 1}]
+        check(all(isinstance(bundle, dict) for bundle in bundles), "placement_group_config.bundles",
+              "a list of resource mappings, e.g. [{'CPU': 1}] or [{'GPU': 1}]")
+        return {"CPU": sum(bundle.get("CPU", 0) for bundle in bundles) or 1.0,
+                "GPU": sum(bundle.get("GPU", 0) for bundle in bundles)}
+
+    def pipeline_config(self) -> Config:
+        resources = self.resources()
+        # On a CPU the engine's threads are the CPUs the actor reserved (Ray starts it with one otherwise).
+        threads = 0 if resources["GPU"] else max(1, int(resources["CPU"]))
+        sections: dict[str, dict] = {"model": {"name": self.model_source, "num_threads": threads},
+                                     "engine": {"name": self.engine, "request_metrics": self.engine == "vllm"},
+                                     "decoder": dict(self.decoder), "ray": {}}
+        for key, value in self.engine_kwargs.items():
+            if key in ENGINE_KWARGS:
+                section, name = ENGINE_KWARGS[key]
+                sections[section][name] = value
+            elif key in ENGINE_KWARGS_CONVERTED:
+                section, name, convert = ENGINE_KWARGS_CONVERTED[key]
+                sections[section][name] = convert(value)
+        low, high = self.actors()
+        batches = self.max_concurrent_batches if self.engine == "vllm" else 1  # transformers: one at a time
+        if self.max_pending_requests:
+            batches = max(1, min(batches, math.ceil(self.max_pending_requests / self.batch_size)))
+        sections["ray"] = {"min_actors": low, "max_actors": high, "batch_size": self.batch_size,
+                           "max_concurrent_batches": batches, "num_cpus_per_actor": resources["CPU"],
+                           "num_gpus_per_actor": resources["GPU"], "accelerator_type": self.accelerator_type or ""}
+        return build(Config, sections)
+
+
+def check(ok: bool, name: str, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"vLLMEngineProcessorConfig.{name}: must be {allowed}")
+
+
+# --- One row: its prompt and sampling params ----------------------------------------------------
+
+def without_nulls(value: Any) -> Any:
+    """A mapping as an Arrow struct column gives it back: with every key any row had, None where
+    this row had none."""
+    if isinstance(value, dict):
+        return {key: without_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [without_nulls(item) for item in value]
+    return value
+
+
+def structured_outputs_of(value: Any, name: str) -> dict:
+    """`sampling_params.structured_outputs` checked here, so that a bad one names its row and key."""
+    import jsonschema
+
+    where = f"{name}: sampling_params.structured_outputs"
+    if not isinstance(value, dict):
+        raise RequestError(f"{where} must be a mapping such as {{'json': schema}}, got {type(value).__name__}")
+    value = without_nulls(value)
+    unknown = sorted(set(value) - {*CONSTRAINTS, *CONSTRAINT_OPTIONS})
+    given = [key for key in CONSTRAINTS if key in value]
+    if unknown or len(given) != 1:
+        raise RequestError(f"{where} must set one of {', '.join(CONSTRAINTS)} (and options "
+                           f"{', '.join(CONSTRAINT_OPTIONS)}); got {sorted(value)}")
+    schema = value.get("json")
+    if isinstance(schema, str):
+        try:
+            schema = json.loads(schema)
+        except ValueError as error:
+            raise RequestError(f"{where}.json is not JSON: {error}") from error
+    if "json" in value:
+        try:
+            jsonschema.validators.validator_for(schema).check_schema(schema)
+        except (jsonschema.SchemaError, TypeError, AttributeError) as error:
+            message = error.message if isinstance(error, jsonschema.SchemaError) else str(error)
+            raise RequestError(f"{where}.json is not a JSON schema: {message}") from error
+        value["json"] = schema
+    if "choice" in value and not (isinstance(value["choice"], list) and value["choice"]
+                                  and all(isinstance(c, str) for c in value["choice"])):
+        raise RequestError(f"{where}.choice must be a non-empty list of strings")
+    return value
+
+
+@dataclass(frozen=True)
+class RowSettings:
+    sampling: SamplingParams
+    max_tokens: int
+    stop: tuple[str, ...]
+    structured_outputs: dict | None
+
+
+def sampling_of(params: Any, name: str, seed: int | None = None) -> RowSettings:
+    """vLLM's `sampling_params` (its defaults where a key is absent or None) as our settings."""
+    if not isinstance(params, (dict, type(None))):
+        raise RequestError(f"{name}: sampling_params must be a mapping, got {type(params).__name__}")
+    # Arrow gives a struct column every key any row has: None is "not set", as in vLLM.
+    params = {key: value for key, value in (params or {}).items() if value is not None}
+    unknown = sorted(set(params) - set(SAMPLING_KEYS))
+    if unknown:
+        raise RequestError(f"{name}: sampling_params.{unknown[0]} is not supported here (supported: "
+                           f"{', '.join(SAMPLING_KEYS)})")
+    values = {**VLLM_DEFAULTS, **params}
+
+    def number(key: str, kind: type, ok: Callable, allowed: str):
+        value = values[key]
+        usable = (isinstance(value, (int, float)) and not isinstance(value, bool)
+                  and (kind is float or value == int(value)) and ok(value))
+        if not usable:
+            raise RequestError(f"{name}: sampling_params.{key} must be {allowed}, got {value!r}")
+        return kind(value)
+
+    if values.get("n", 1) != 1:
+        raise RequestError(f"{name}: sampling_params.n must be 1 (one completion per row), got {values['n']!r}")
+    stop = values.get("stop") or ()
+    stop = (stop,) if isinstance(stop, str) else tuple(stop)
+    if not all(isinstance(text, str) and text for text in stop):
+        raise RequestError(f"{name}: sampling_params.stop must be a string or a list of non-empty strings")
+    top_k = number("top_k", int, lambda v: v >= -1, "an integer >= -1 (0 or -1: no cut)")
+    sampling = SamplingParams(
+        temperature=number("temperature", float, lambda v: v >= 0, "a number >= 0"),
+        top_k=max(top_k, 0), top_p=number("top_p", float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+        seed=number("seed", int, lambda v: v >= 0, "an integer >= 0") if "seed" in values
+        else (seed if seed is not None else secrets.randbits(63)))  # vLLM: no seed, a fresh one
+    structured = values.get("structured_outputs")
+    return RowSettings(sampling, number("max_tokens", int, lambda v: v >= 1, "an integer >= 1"), stop,
+                       None if structured is None else structured_outputs_of(structured, name))
+
+
+class ProcessorStage:
+    """The actor's callable: the engine (built once), rows in, rows out with ray.data.llm's columns
+    and ours appended to their own."""
+
+    def __init__(self, config: Config, tables=None, chat_template: bool = True, continue_on_error: bool = True,
+                 seed: int | None = None):
+        self.stage = GenerationStage(config, tables)
+        self.seed = seed  # engine_kwargs' seed: a row without one samples with one derived from it
+        self.chat_template = chat_template
+        self.continue_on_error = continue_on_error
+        self.request_ids = itertools.count()
+
+    def prompt(self, row: dict, name: str) -> tuple[str, list[int]]:
+        """The text prompt and its ids, as ray.data.llm's chat-template and tokenize stages make them."""
+        tokenizer = self.stage.engine.tokenizer
+        if row.get("tokenized_prompt") is not None:
+            ids = [int(t) for t in row["tokenized_prompt"]]
+            return row.get("prompt") or "", ids
+        if self.chat_template and row.get("messages") is not None:
+            messages = row["messages"]
+            if not (isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages)):
+                raise RequestError(f"{name}: messages must be a non-empty list of chat messages")
+            last_is_user = messages[-1].get("role") == "user"
+            try:
+                prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=last_is_user,
+                                                       continue_final_message=not last_is_user)
+            except Exception as error:  # a template's own errors are of any type
+                raise RequestError(f"{name}: messages cannot be chat-templated: {error}") from error
+        elif isinstance(row.get("prompt"), str):
+            prompt = row["prompt"]
+        else:
+            need = "messages, prompt or tokenized_prompt" if self.chat_template else "prompt or tokenized_prompt"
+            raise RequestError(f"{name}: the row has no {need}")
+        ids = list(tokenizer(prompt)["input_ids"])
+        if not ids:
+            raise RequestError(f"{name}: the prompt is empty")
+        return prompt, ids
+
+    def request(self, row: dict, request_id: int) -> tuple[Request, str]:
+        name = f"row (request_id {request_id})"
+        seed = request_seed(self.seed, name) if self.seed is not None else None
+        settings = sampling_of(row.get("sampling_params"), name, seed)
+        with self.stage.tokenizer_lock:
+            prompt, ids = self.prompt(row, name)
+        return Request(str(request_id), ids, settings.max_tokens, settings.stop, settings.sampling,
+                       settings.structured_outputs), prompt
+
+    def __call__(self, batch: pa.Table) -> pa.Table:
+        import torch
+
+        rows, batch_uuid = batch.to_pylist(), uuid.uuid4().hex
+        out: list[dict] = [{} for _ in rows]
+        requests: dict[int, tuple[Request, str]] = {}
+        for index, row in enumerate(rows):
+            request_id = next(self.request_ids)
+            try:
+                requests[index] = self.request(row, request_id)
+            except RequestError as error:
+                out[index] = self.failed(str(error), row.get("prompt"), batch_uuid)
+        started = time.perf_counter()
+        with torch.no_grad():
+            results = self.stage.engine.generate([request for request, _ in requests.values()]) if requests else []
+        seconds = time.perf_counter() - started
+        for (index, (request, prompt)), result in zip(requests.items(), results):
+            if isinstance(result, Failed):
+                out[index] = self.failed(f"row (request_id {request.request_id}): {result.message}", prompt, batch_uuid)
+            else:
+                out[index] = self.generated(request, prompt, result, batch_uuid, seconds)
+        metrics = pa.array([row.pop("metrics", None) for row in out])  # typed by the data, as ray.data.llm's
+        generated = pa.Table.from_pylist(out, schema=GENERATED.remove(GENERATED.get_field_index("metrics")))
+        generated = generated.add_column(GENERATED.get_field_index("metrics"), "metrics", metrics)
+        kept = batch.drop_columns([name for name in GENERATED.names if name in batch.column_names])
+        for column in generated.schema:
+            kept = kept.append_column(column, generated.column(column.name))
+        return kept
+
+    def generated(self, request: Request, prompt: str, result: Result, batch_uuid: str, seconds: float) -> dict:
+        sampling = request.sampling
+        row = {"prompt": prompt, "prompt_token_ids": request.prompt_ids, "num_input_tokens": len(request.prompt_ids),
+               "generated_tokens": result.token_ids, "generated_text": result.text,
+               "num_generated_tokens": len(result.token_ids), "request_id": int(request.request_id),
+               "metrics": result.engine_metrics,
+               # From the row's batch entering the engine to its results (rows come back with their batch).
+               "batch_uuid": batch_uuid, "time_taken_llm": seconds,
+               "params": (f"SamplingParams(max_tokens={request.max_new_tokens}, temperature={sampling.temperature}, "
+                          f"top_p={sampling.top_p}, top_k={sampling.top_k}, seed={sampling.seed}, "
+                          f"stop={list(request.stop)}, structured_outputs={request.structured_outputs})"),
+               "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+               "seed": sampling.seed, INFERENCE_ERROR: ""}
+        row.update(result.stats.as_row())
+        row.update(self.stage.settings)
+        return row
+
+    def failed(self, message: str, prompt: Any, batch_uuid: str) -> dict:
+        """ray.data.llm's error row (request_id -1, time_taken_llm -1), or the error raised."""
+        if not self.continue_on_error:
+            raise ValueError(message)
+        return {"prompt": prompt if isinstance(prompt, str) else "", "num_input_tokens": 0, "request_id": -1,
+                "batch_uuid": batch_uuid, "time_taken_llm": -1.0, "params": "", INFERENCE_ERROR: message,
+                **self.stage.settings}
+
+
+# --- The processor ------------------------------------------------------------------------------
+
+def merged(preprocess: Callable) -> Callable:
+    """ray.data.llm's preprocess: the row, updated with what the function returns."""
+    def apply(row: dict) -> dict:
+        return {**row, **preprocess(row)}
+    return apply
+
+
+def unless_failed(postprocess: Callable) -> Callable:
+    """ray.data.llm's postprocess: error rows bypass it, whole."""
+    def apply(row: dict) -> dict:
+        return row if row.get(INFERENCE_ERROR) else postprocess(row)
+    return apply
+
+
+@dataclass(frozen=True)
+class Processor:
+    config: vLLMEngineProcessorConfig
+    preprocess: Callable | None = None
+    postprocess: Callable | None = None
+    preprocess_map_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    postprocess_map_kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+    def __call__(self, dataset):
+        """The lazy Dataset. The model is checked (and drafter tables built) here, once: a model or
+        setting the engine cannot run fails now, not inside the actors."""
+        config = self.config.pipeline_config()
+        tables = prepared_tables(config)
+        if self.preprocess is not None:
+            dataset = dataset.map(merged(self.preprocess), **self.preprocess_map_kwargs)
+        environment = {**(self.config.runtime_env or {})}
+        environment["env_vars"] = {**environment.get("env_vars", {}), **actor_environment(config).get("env_vars", {})}
+        dataset = dataset.map_batches(
+            ProcessorStage, fn_constructor_kwargs={"config": config, "tables": tables,
+                                                   "chat_template": self.config.chat_template_stage,
+                                                   "continue_on_error": self.config.should_continue_on_error,
+                                                   "seed": self.config.engine_kwargs.get("seed")},
+            compute=actor_pool(config), **actor_resources(config), batch_size=config.ray.batch_size,
+            batch_format="pyarrow", runtime_env=environment or None, max_restarts=-1, max_task_retries=-1)
+        if self.postprocess is not None:
+            dataset = dataset.map(unless_failed(self.postprocess), **self.postprocess_map_kwargs)
+        return dataset
+
+
+def build_processor(config: vLLMEngineProcessorConfig, preprocess: Callable | None = None,
+                    postprocess: Callable | None = None, preprocess_map_kwargs: dict | None = None,
+                    postprocess_map_kwargs: dict | None = None, builder_kwargs: dict | None = None) -> Processor:
+    if not isinstance(config, vLLMEngineProcessorConfig):
+        raise TypeError(f"build_processor: config must be pipeline.llm.vLLMEngineProcessorConfig, "
+                        f"got {type(config).__name__}")
+    if builder_kwargs:
+        raise TypeError(f"build_processor: builder_kwargs {sorted(builder_kwargs)} are not taken by this processor")
+    return Processor(config, preprocess, postprocess, dict(preprocess_map_kwargs or {}),
+                     dict(postprocess_map_kwargs or {}))
+
+
+__all__ = ["Processor", "build_processor", "vLLMEngineProcessorConfig"]

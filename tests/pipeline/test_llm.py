@@ -1,0 +1,165 @@
+"""pipeline.llm: ray.data.llm's processor API on our engine. The config and row checks run without
+Ray; the stage runs in-process on the tiny model; the Ray runs (ours against ray.data.llm's own, on
+SmolLM2 with vLLM) are in test_llm_ray.py."""
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from pipeline.config import ConfigError
+from pipeline.engines.base import FINISH_REASONS, RequestError
+from pipeline.llm import (
+    GENERATED,
+    INFERENCE_ERROR,
+    RAY_LLM_COLUMNS,
+    ProcessorStage,
+    build_processor,
+    sampling_of,
+    vLLMEngineProcessorConfig,
+)
+
+
+def test_the_config_maps_ray_data_llm_keywords_onto_ours():
+    config = vLLMEngineProcessorConfig(
+        model_source="smollm2-135m-instruct", batch_size=8, concurrency=(1, 3),
+        engine_kwargs={"max_num_seqs": 12, "max_model_len": 512, "dtype": "float32", "enable_chunked_prefill": True},
+        placement_group_config={"bundles": [{"CPU": 1}]}, max_concurrent_batches=4, max_pending_requests=16,
+        decoder={"drafter": "suffix", "w": 4})
+    ours = config.pipeline_config()
+    assert (ours.engine.max_num_seqs, ours.engine.max_model_len, ours.model.dtype) == (12, 512, "float32")
+    assert (ours.ray.min_actors, ours.ray.max_actors, ours.ray.batch_size) == (1, 3, 8)
+    assert (ours.ray.num_cpus_per_actor, ours.ray.num_gpus_per_actor) == (1, 0)
+    assert ours.ray.max_concurrent_batches == 2  # 16 pending rows at most: two batches of 8
+    assert (ours.decoder.drafter, ours.decoder.w) == ("suffix", 4)
+    default = vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct").pipeline_config()
+    assert default.decoder.drafter == "batch_suffix"  # our best drafter, on by default
+    assert (default.ray.num_gpus_per_actor, default.ray.batch_size) == (1, 32)  # ray.data.llm's: a GPU, 32 rows
+
+
+@pytest.mark.parametrize("kwargs, named", [
+    ({"engine_kwargs": {"tensor_parallel_size": 2}}, "engine_kwargs.tensor_parallel_size"),
+    ({"engine_kwargs": {"speculative_config": {"method": "ngram"}}}, "engine_kwargs.speculative_config"),
+    ({"concurrency": (3, 1)}, "concurrency"),
+    ({"batch_size": 0}, "batch_size"),
+    ({"task_type": "embed"}, "task_type"),
+    ({"decoder": {"drafter": "nonsense"}}, "decoder.drafter"),
+    ({"decoder": {"k_typo": 1}}, "k_typo"),
+])
+def test_a_setting_the_engine_cannot_run_fails_at_the_config_naming_it(kwargs, named):
+    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+        vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct", **kwargs)
+
+
+def test_build_processor_takes_ray_data_llm_arguments_and_refuses_its_other_configs():
+    config = vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct")
+    processor = build_processor(config, preprocess=lambda row: {"prompt": row["item"]},
+                                postprocess=lambda row: {"answer": row["generated_text"]},
+                                preprocess_map_kwargs={"num_cpus": 0.25})
+    assert processor.preprocess_map_kwargs == {"num_cpus": 0.25}
+    with pytest.raises(TypeError, match="vLLMEngineProcessorConfig"):
+        build_processor({"model_source": "x"})
+
+
+def test_sampling_params_take_vllms_names_and_defaults():
+    settings = sampling_of({"temperature": 0, "max_tokens": 7, "stop": "\n\n", "top_k": -1, "seed": 3, "top_p": None},
+                           "row")
+    sampling = settings.sampling
+    assert (sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed) == (0.0, 0, 1.0, 3)
+    assert (settings.max_tokens, settings.stop, settings.structured_outputs) == (7, ("\n\n",), None)
+    settings = sampling_of(None, "row")
+    assert (settings.sampling.temperature, settings.max_tokens) == (1.0, 16)  # vLLM's SamplingParams defaults
+    # A schema as an Arrow struct column gives it back, with None for the keys other rows' schemas had.
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": None}}, "required": ["name"]}
+    settings = sampling_of({"structured_outputs": {"json": schema, "regex": None}}, "row")
+    assert settings.structured_outputs == {"json": {"type": "object", "properties": {"name": {"type": "string"}},
+                                                    "required": ["name"]}}
+    assert sampling_of({"structured_outputs": {"json": '{"type": "integer"}'}}, "row").structured_outputs == {
+        "json": {"type": "integer"}}
+
+
+@pytest.mark.parametrize("params, named", [
+    ({"max_tokens": -1}, "sampling_params.max_tokens"),
+    ({"max_tokens": 2.5}, "sampling_params.max_tokens"),
+    ({"temperature": "hot"}, "sampling_params.temperature"),
+    ({"top_p": 0}, "sampling_params.top_p"),
+    ({"n": 2}, "sampling_params.n"),
+    ({"frequency_penalty_typo": 1}, "sampling_params.frequency_penalty_typo"),
+    ({"structured_outputs": {"json": {"type": "objekt"}}}, "sampling_params.structured_outputs.json is not a JSON schema"),
+    ({"structured_outputs": {"json": "{not json"}}, "sampling_params.structured_outputs.json is not JSON"),
+    ({"structured_outputs": {"json": {"type": "object"}, "regex": "a+"}}, "sampling_params.structured_outputs must set one"),
+    ({"structured_outputs": {"choice": []}}, "sampling_params.structured_outputs.choice"),
+    ({"structured_outputs": "json"}, "sampling_params.structured_outputs must be a mapping"),
+    ({"stop": [""]}, "sampling_params.stop"),
+    ("greedy", "sampling_params must be a mapping"),
+])
+def test_bad_sampling_params_name_the_row_and_the_key(params, named):
+    with pytest.raises(RequestError, match=f"row 7: {named}"):
+        sampling_of(params, "row 7")
+
+
+@pytest.fixture(scope="module")
+def stage(tiny_model_dir):
+    config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers",
+                                       decoder={"drafter": "batch_suffix", "max_batch_requests": 4})
+    return ProcessorStage(config.pipeline_config())
+
+
+def rows_table(rows: list[dict]) -> pa.Table:
+    """As Ray Data makes a block of them: every column any row has (Arrow's from_pylist reads the first row's keys)."""
+    names = list(dict.fromkeys(name for row in rows for name in row))
+    return pa.Table.from_pylist([{name: row.get(name) for name in names} for row in rows])
+
+
+def test_rows_come_back_with_their_columns_ray_data_llms_and_ours(stage):
+    greedy = {"temperature": 0, "max_tokens": 12}
+    rows = [{"item": "a", "messages": [{"role": "user", "content": "Count to three"}], "prompt": None,
+             "sampling_params": greedy},
+            {"item": "b", "messages": None, "prompt": "def add(a, b):", "sampling_params": greedy},
+            {"item": "c", "messages": None, "prompt": None, "sampling_params": {**greedy, "max_tokens": -1}},
+            {"item": "d", "messages": None, "prompt": None, "sampling_params": greedy}]
+    table = stage(rows_table(rows))
+    out = table.to_pylist()
+    assert [row["item"] for row in out] == ["a", "b", "c", "d"]  # every row back, in order, its columns kept
+    assert set(GENERATED.names) <= set(table.column_names)
+    for field in RAY_LLM_COLUMNS:
+        assert table.schema.field(field.name).type == field.type, field.name
+    first, second, bad, empty = out
+    assert first["prompt"].startswith("<|im_start|>") and first["prompt"].endswith("<|im_start|>assistant\n")
+    assert first["prompt_token_ids"] == list(stage.stage.engine.tokenizer(first["prompt"])["input_ids"])
+    assert second["prompt"] == "def add(a, b):"  # a text prompt is tokenized as it is, no chat template
+    for row in (first, second):
+        assert row[INFERENCE_ERROR] == "" and 1 <= row["num_generated_tokens"] <= 12
+        assert row["finish_reason"] in FINISH_REASONS and row["drafter"] == "batch_suffix"
+        assert row["num_input_tokens"] == len(row["prompt_token_ids"]) and row["request_id"] >= 0
+    assert "sampling_params.max_tokens" in bad[INFERENCE_ERROR] and bad["request_id"] == -1
+    assert "has no messages, prompt or tokenized_prompt" in empty[INFERENCE_ERROR]
+    assert bad["generated_text"] is None and bad["time_taken_llm"] == -1
+
+
+def test_greedy_output_equals_plain_decoding_of_the_same_rows(stage, tiny_model_dir):
+    rows = [{"prompt": f"Count from {i} to {i + 20}:", "sampling_params": {"temperature": 0, "max_tokens": 24}}
+            for i in range(6)]
+    rows.append({"tokenized_prompt": [1, 2, 3, 4, 5, 1, 2, 3], "sampling_params": {"temperature": 0, "max_tokens": 24}})
+    plain = ProcessorStage(vLLMEngineProcessorConfig(
+        model_source=str(tiny_model_dir), engine="transformers",
+        decoder={"drafter": "none", "w": 0, "max_batch_requests": 4}).pipeline_config())
+    ours, reference = stage(rows_table(rows)).to_pylist(), plain(rows_table(rows)).to_pylist()
+    assert [row["generated_tokens"] for row in ours] == [row["generated_tokens"] for row in reference]
+    assert sum(row["num_target_calls"] for row in ours) < sum(row["num_target_calls"] for row in reference)
+
+
+def test_a_bad_row_raises_when_told_not_to_continue(tiny_model_dir):
+    config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers",
+                                       should_continue_on_error=False)
+    strict = ProcessorStage(config.pipeline_config(), continue_on_error=False)
+    with pytest.raises(ValueError, match="sampling_params.top_p"):
+        strict(rows_table([{"prompt": "Hi", "sampling_params": {"top_p": 2.0}}]))
+
+
+def test_structured_outputs_on_the_transformers_engine_fail_their_row_alone(stage):
+    rows = [{"prompt": "Hi", "sampling_params": {"temperature": 0, "max_tokens": 4,
+                                                 "structured_outputs": {"json": {"type": "integer"}}}},
+            {"prompt": "Hi", "sampling_params": {"temperature": 0, "max_tokens": 4}}]
+    refused, ran = stage(rows_table(rows)).to_pylist()
+    assert "structured outputs run on the vLLM engine" in refused[INFERENCE_ERROR]
+    assert ran[INFERENCE_ERROR] == "" and ran["num_generated_tokens"] >= 1
