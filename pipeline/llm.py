@@ -97,7 +97,9 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
     max_pending_requests: int | None = None
     max_concurrent_batches: int = 8
     should_continue_on_error: bool = True
-    chat_template_stage: bool = True
+    chat_template_stage: bool = True  # False: `messages` are not templated (a row needs prompt or tokenized_prompt)
+    # Accepted, and the same either way: our actor tokenizes and detokenizes in the engine's
+    # process, with no stage of its own (ray.data.llm runs each as an actor pool).
     tokenize_stage: bool = True
     detokenize_stage: bool = True
     placement_group_config: Mapping[str, Any] | None = None
@@ -115,8 +117,6 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         check(self.max_concurrent_batches >= 1, "max_concurrent_batches", "an integer >= 1")
         check(self.max_pending_requests is None or self.max_pending_requests >= 1, "max_pending_requests",
               "an integer >= 1 or None")
-        check(self.tokenize_stage and self.detokenize_stage, "tokenize_stage / detokenize_stage",
-              "True (our engine tokenizes and detokenizes itself)")
         check(self.engine in ("vllm", "transformers"), "engine", "'vllm' or 'transformers'")
         self.actors()
         for key, value in self.engine_kwargs.items():
