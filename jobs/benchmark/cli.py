@@ -79,6 +79,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--ngram-max", type=int, default=4, help="--replay: vllm_ngram's longest n-gram")
     parser.add_argument("--project", default="a100-8b", help="--replay: GPU-model for the roofline projection "
                         "(a100|h100 - 8b|70b; empty: none); adds ours with that step budget")
+    parser.add_argument("--step-costs", default="", metavar="GPU_STEP_JSON",
+                        help="--replay: step costs measured on that GPU (python -m jobs.benchmark.gpu_step) "
+                             "for the projection and the budget, instead of the roofline")
     return parser.parse_args(argv)
 
 

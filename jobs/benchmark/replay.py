@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from drafters.budget import GPUS, MODELS, RooflineStepCost, cost_table
+from drafters.budget import GPUS, MODELS, MeasuredStepCost, RooflineStepCost, cost_table
 
 
 @dataclass(frozen=True)
@@ -177,15 +177,26 @@ class StepClock:
     """The replayed steps' projected GPU seconds (--project): each step's roofline cost for the tokens
     it fed and its requests' own context (drafters/budget.py), summed."""
 
-    def __init__(self, projection: str):
+    def __init__(self, projection: str, measured: dict | None = None):
         gpu, model = (part.lower() for part in projection.split("-"))
         self.gpu, self.model, self.seconds = GPUS[gpu], MODELS[model], 0.0
+        self.measured = measured  # a jobs.benchmark.gpu_step report: its step costs, not the roofline's
 
-    def cost(self, running: int, lengths: np.ndarray) -> RooflineStepCost:
+    def cost(self, running: int, lengths: np.ndarray):
+        if self.measured is not None:
+            return MeasuredStepCost.from_report(self.measured, running)
         return RooflineStepCost(self.gpu, self.model, running, float(np.mean(lengths)))
 
     def step(self, running: int, fed: int, context: int) -> None:
         self.seconds += float(self.cost(running, np.array([context / running])).seconds(fed))
+
+
+def step_costs(args) -> dict | None:
+    """--step-costs: a jobs.benchmark.gpu_step report, measured on the GPU that --project names."""
+    if not getattr(args, "step_costs", ""):
+        return None
+    with open(args.step_costs) as handle:
+        return json.load(handle)
 
 
 def replay(args, method: str, batch: int, answers: list[Answer], store, budget: str = "") -> dict:
@@ -193,7 +204,7 @@ def replay(args, method: str, batch: int, answers: list[Answer], store, budget: 
     with that GPU-model's roofline step budget."""
     gc.collect()
     before = resident_mb()
-    clock = StepClock(budget or args.project) if (budget or args.project) else None
+    clock = StepClock(budget or args.project, step_costs(args)) if (budget or args.project) else None
     drafter = Ours(args, store, answers, clock.cost) if budget else METHODS[method](args, store, answers)
     longest = max(len(a.prompt) + len(a.output) for a in answers) + 1
     tokens = np.zeros((batch, longest), np.int32)
@@ -304,7 +315,7 @@ def replay_comparison(args) -> dict:
               "store_tokens": int(len(store)) if store is not None else 0, "max_draft": args.max_draft,
               "skipped": skipped}
     if args.project:
-        report["projection"] = projection(rows, args.project)
+        report["projection"] = projection(rows, args.project, step_costs(args))
     return report
 
 
@@ -317,7 +328,7 @@ def _warm_up(args, answers, store, methods) -> None:
             replay(args, method, 2, few, store)
 
 
-def projection(rows: list[dict], name: str) -> dict:
+def projection(rows: list[dict], name: str, measured: dict | None = None) -> dict:
     """Each row's projected tokens/s against plain decoding's at its batch size. A replayed step t
     that feeds n_t tokens (one per running request plus their drafts) over requests of mean context
     ctx_t takes c(n_t, ctx_t) on the GPU (drafters/budget.py's roofline), and the drafter's own
@@ -326,7 +337,8 @@ def projection(rows: list[dict], name: str) -> dict:
         tokens/s = Σ tokens / Σ_t (c(n_t, ctx_t) + d_t)
 
     with d_t = 0 the ratio `vs_plain_drafting_hidden` (what overlapping the drafting with the step,
-    async scheduling, would give)."""
+    async scheduling, would give). With `measured` (--step-costs), c is the step cost measured on
+    that GPU (drafters/budget.py's MeasuredStepCost) instead of the roofline."""
     gpu, model = (part.lower() for part in name.split("-"))
     projected = []
     for batch in sorted({row["batch"] for row in rows}):
@@ -338,7 +350,8 @@ def projection(rows: list[dict], name: str) -> dict:
                 entry["vs_plain_drafting_hidden"] = round(
                     row["projected_tokens_per_second_drafting_hidden"] / plain["projected_tokens_per_second"], 3)
             projected.append(entry)
+    step = ("c(n, B) measured (MeasuredStepCost over --step-costs, context "
+            f"{measured['context']}, {measured['device']})" if measured is not None
+            else "c(n, ctx) = max((2 P + B ctx kv) / bandwidth, 2 P n / flops)")
     return {"gpu": GPUS[gpu].name, "model": MODELS[model].name,
-            "formula": "tokens/s = sum tokens / sum_t (c(n_t, ctx_t) + d_t); "
-                       "c(n, ctx) = max((2 P + B ctx kv) / bandwidth, 2 P n / flops)",
-            "rows": projected}
+            "formula": f"tokens/s = sum tokens / sum_t (c(n_t, ctx_t) + d_t); {step}", "rows": projected}

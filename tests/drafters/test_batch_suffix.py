@@ -8,7 +8,7 @@ import pytest
 from drafters.acceptance import AcceptanceModel
 from drafters.base import common_prefix
 from drafters.batch_suffix import BatchSuffixDrafter
-from drafters.budget import GPUS, MODELS, LinearStepCost, RooflineStepCost, cost_table
+from drafters.budget import GPUS, MODELS, LinearStepCost, MeasuredStepCost, RooflineStepCost, cost_table
 from drafters.datastore import (
     SEPARATOR,
     Datastore,
@@ -236,6 +236,17 @@ def test_on_a_gpu_roofline_drafts_are_kept_while_the_step_is_memory_bound():
     large, large_uncut = budgeted(RooflineStepCost(GPUS["a100"], MODELS["8b"], 256, 500.0), batch=256)
     assert small == uncut  # 4 requests x 7 tokens: far from compute-bound, every draft token is free
     assert large < large_uncut  # 256 requests: the step is compute-bound, only likely tokens pay
+
+
+def test_a_measured_step_cost_interpolates_its_table_and_extends_it():
+    report = {"rows": [{"batch": b, "fed_per_request": f, "seconds": s} for b, f, s in [
+        (16, 1, 6.0), (16, 2, 6.0), (16, 5, 7.0), (256, 1, 11.0), (256, 2, 25.0), (256, 3, 32.0)]]}
+    small, large = MeasuredStepCost.from_report(report, 16), MeasuredStepCost.from_report(report, 200)
+    assert small.seconds(np.array([16, 32, 56, 80])).tolist() == [6.0, 6.0, 6.5, 7.0]
+    assert large.seconds(np.array([200, 300, 800])).tolist() == pytest.approx([11.0, 18.0, 39.0])  # 4 per request: 32 + 7
+    kept_small, uncut = budgeted(MeasuredStepCost.from_report(report, 4), batch=4)
+    kept_large, uncut_large = budgeted(MeasuredStepCost.from_report(report, 256), batch=256)
+    assert kept_small == uncut and kept_large < uncut_large // 4  # a second token per request doubles a 256 step
 
 
 @pytest.mark.parametrize("batch", [1, 16])
