@@ -22,7 +22,9 @@ A draft budget: given the engine step's cost as a function of the tokens it feed
 from drafters/budget.py), the batch's draft tokens are cut to those that raise the expected tokens
 per second, least likely first; at large batch on a GPU most requests then draft nothing. The
 probabilities it weighs are the model's as calibrated by its judged tokens (how often tokens it
-rated alike were accepted, per bin of rating).
+rated alike were accepted, per bin of rating). With a budget, the drafting itself is skipped while
+what its kept tokens were worth stays below the drafter's own time (`DraftingPays`): the new tokens
+are still taken in, and one step in 16 drafts to see whether that changed.
 
 `top1` (a [V] table of the model bigram's top next token) turns on the acceptance model's
 `bigram_top1` feature; the job builds none for this drafter (its table costs a model pass over the
@@ -35,6 +37,7 @@ is bounded and reported (`memory_bytes`). The compiled code is drafters/suffix_k
 """
 from __future__ import annotations
 
+import time
 import weakref
 from dataclasses import dataclass
 
@@ -43,6 +46,7 @@ import torch
 
 from drafters import suffix_kernels as kernels
 from drafters.base import PADDING, DraftContext, Drafts
+from drafters.budget import DraftingPays
 from drafters.datastore import Datastore
 from drafters.suffix import PRIOR
 
@@ -105,6 +109,7 @@ class BatchSuffixDrafter:
         self.finished: list[tuple[int, list[int]]] = []
         self._allocate_slots(64)
         self._out: BatchDrafts | None = None
+        self.pays = DraftingPays()  # with a step budget: whether drafting at all pays for its time
         # The transformers engine drafts one DraftContext at a time (propose): each holds a slot for its
         # life (by id; freed when the context is collected), its tokens when first seen its prompt.
         self._prompt_of: dict[int, int] = {}
@@ -146,6 +151,12 @@ class BatchSuffixDrafter:
         returned are this drafter's buffers: read them before the next step."""
         batch = len(keys)
         request_slots = np.array([self.slot(key) for key in keys], dtype=np.int64)
+        drafting = step_cost is None or self.pays.drafting()
+        if not drafting:  # only take in the new tokens: no request may draft (a request new to the
+            # drafter, or rewound, keeps its limit: its slot's arena segment is sized by it)
+            known = (self.slots[request_slots, kernels.ACTIVE] == 1) & (_int64(lengths) >= self.slots[request_slots, kernels.SEEN])
+            limits = np.where(known, _int64(lengths), _int64(limits))
+        started = time.perf_counter()
         finished, flat, offsets = self._take_finished()
         if self._out is None or self._out.tokens.shape[0] < batch:
             size = max(batch, 2 * (0 if self._out is None else self._out.tokens.shape[0]))
@@ -159,6 +170,10 @@ class BatchSuffixDrafter:
                      request_slots, tokens, _int64(rows), _int64(lengths), _int64(prompt_lengths), _int64(limits),
                      _NO_COST if step_cost is None else np.asarray(step_cost, dtype=np.float64),
                      out.tokens, out.lengths, out.confidence, out.sources)
+        if step_cost is not None and drafting:
+            expected = float(sum(out.confidence[b, :out.lengths[b]].sum() for b in np.flatnonzero(out.lengths)))
+            self.pays.observe(expected, int(out.lengths.sum()), batch, np.asarray(step_cost),
+                              time.perf_counter() - started)
         return out
 
     def _take_finished(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

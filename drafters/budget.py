@@ -85,6 +85,34 @@ class MeasuredStepCost:
         return np.where(per_request <= x[-1], np.interp(per_request, x, y), y[-1] + slope * (per_request - x[-1]))
 
 
+class DraftingPays:
+    """Whether running the drafter at all pays, step after step: what a step's drafts were worth
+    (their expected accepted tokens, each worth a plain step's seconds per request, less what the
+    extra tokens fed cost) against the drafter's own seconds, as a moving average. The budget cuts
+    tokens that do not pay for themselves; this cuts the drafting when even its kept tokens do not
+    pay for the drafter's time (at 256 requests on a GPU, where the step keeps few tokens and the
+    drafter's time is the step's too). While it does not pay, one step in `probe` drafts anyway, to
+    keep the estimate current."""
+
+    def __init__(self, decay: float = 0.8, probe: int = 16):
+        self.decay, self.probe = decay, probe
+        self.net = 0.0  # seconds a drafting step gained, on average (>= 0 at first: draft)
+        self.skipped = 0
+
+    def drafting(self) -> bool:
+        if self.net >= 0 or self.skipped + 1 >= self.probe:
+            self.skipped = 0
+            return True
+        self.skipped += 1
+        return False
+
+    def observe(self, expected_accepted: float, fed_drafts: int, batch: int, step_cost: np.ndarray,
+                drafter_seconds: float) -> None:
+        plain = float(step_cost[batch])
+        gained = expected_accepted * plain / batch - (float(step_cost[batch + fed_drafts]) - plain) - drafter_seconds
+        self.net = self.decay * self.net + (1 - self.decay) * gained
+
+
 def cost_table(cost, batch: int, max_draft: int) -> np.ndarray:
     """[batch (max_draft + 1) + 1]: cost.seconds(n) for every n a step of `batch` requests can feed."""
     return cost.seconds(np.arange(batch * (max_draft + 1) + 1))

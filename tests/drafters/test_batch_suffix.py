@@ -8,7 +8,15 @@ import pytest
 from drafters.acceptance import AcceptanceModel
 from drafters.base import common_prefix
 from drafters.batch_suffix import BatchSuffixDrafter
-from drafters.budget import GPUS, MODELS, LinearStepCost, MeasuredStepCost, RooflineStepCost, cost_table
+from drafters.budget import (
+    GPUS,
+    MODELS,
+    DraftingPays,
+    LinearStepCost,
+    MeasuredStepCost,
+    RooflineStepCost,
+    cost_table,
+)
 from drafters.datastore import (
     SEPARATOR,
     Datastore,
@@ -236,6 +244,35 @@ def test_on_a_gpu_roofline_drafts_are_kept_while_the_step_is_memory_bound():
     large, large_uncut = budgeted(RooflineStepCost(GPUS["a100"], MODELS["8b"], 256, 500.0), batch=256)
     assert small == uncut  # 4 requests x 7 tokens: far from compute-bound, every draft token is free
     assert large < large_uncut  # 256 requests: the step is compute-bound, only likely tokens pay
+
+
+def test_drafting_is_skipped_while_it_does_not_pay_for_its_time_and_probed_now_and_then():
+    pays = DraftingPays(probe=4)
+    table = np.full(100, 1.0)  # a plain step of 1 s for 4 requests; extra tokens free
+    pays.observe(expected_accepted=0.0, fed_drafts=0, batch=4, step_cost=table, drafter_seconds=0.01)
+    assert [pays.drafting() for _ in range(8)] == [False, False, False, True] * 2
+    pays.observe(expected_accepted=4.0, fed_drafts=8, batch=4, step_cost=table, drafter_seconds=0.01)  # 1 s gained
+    assert pays.drafting()
+
+
+def test_a_drafter_that_skips_still_takes_in_the_batch_and_drafts_again_when_probing():
+    batch, steps = 8, 40
+    rng = np.random.default_rng(6)
+    base = rng.integers(0, 8, 60)
+    tokens = np.tile(base, (batch, 3))  # every request repeats itself: long, likely drafts
+    free = np.full(batch * (W + 1) + 1, 1e-12)  # a step of nothing: no draft is worth the drafter's time
+    drafter = compiled()
+    drafted = []
+    for step in range(steps):
+        n = 100 + step
+        out = drafter.step(list(range(batch)), tokens, np.arange(batch), np.full(batch, n), np.full(batch, 60),
+                           np.full(batch, 179), step_cost=free)
+        drafted.append(int(out.lengths.sum()))
+    assert drafted[0] > 0 and drafted[-1] == 0  # the first step drafts; then it learns drafting does not pay
+    assert 0 < sum(d > 0 for d in drafted[1:]) <= steps // drafter.pays.probe + 1  # probes only
+    from drafters import suffix_kernels as kernels
+
+    assert drafter.slots[drafter.slot_of[0], kernels.SEEN] == 100 + steps - 1  # every token taken in
 
 
 def test_a_measured_step_cost_interpolates_its_table_and_extends_it():
