@@ -170,7 +170,7 @@ class BatchSuffixDrafter:
                      request_slots, tokens, _int64(rows), _int64(lengths), _int64(prompt_lengths), _int64(limits),
                      _NO_COST if step_cost is None else np.asarray(step_cost, dtype=np.float64),
                      out.tokens, out.lengths, out.confidence, out.sources)
-        if step_cost is not None and drafting:
+        if step_cost is not None and drafting and self.compiled_calls > 1:  # the first call may compile: not its cost
             expected = float(sum(out.confidence[b, :out.lengths[b]].sum() for b in np.flatnonzero(out.lengths)))
             self.pays.observe(expected, int(out.lengths.sum()), batch, np.asarray(step_cost),
                               time.perf_counter() - started)
