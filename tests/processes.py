@@ -10,6 +10,8 @@ import shlex
 import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,5 +101,28 @@ def start_ray_head(processes: Processes, env: dict[str, str], num_cpus: float = 
     command = [BIN / "ray", "start", "--head", f"--num-cpus={num_cpus}", "--node-ip-address=127.0.0.1",
                "--disable-usage-stats", *(f"{flag}={port}" for flag, port in ports.items()), *extra]
     processes.run(command, timeout=180, env=env)
-    return {"gcs": f"127.0.0.1:{ports['--port']}", "dashboard": f"http://127.0.0.1:{ports['--dashboard-port']}",
+    dashboard = f"http://127.0.0.1:{ports['--dashboard-port']}"
+    wait_for_dashboard(dashboard, env, timeout=180)
+    return {"gcs": f"127.0.0.1:{ports['--port']}", "dashboard": dashboard,
             "metrics_port": str(ports["--metrics-export-port"])}
+
+
+def wait_for_dashboard(dashboard: str, env: dict[str, str], timeout: float) -> None:
+    """Waits until the dashboard's job API answers its version as JSON. `ray start` can return
+    before it does on a loaded machine (its job module starts in a process of its own), and
+    `ray job submit` then fails on an empty answer."""
+    token_file = Path(env.get("HOME", "~")).expanduser() / ".ray" / "auth_token"
+    headers = {"Authorization": f"Bearer {token_file.read_text().strip()}"} if token_file.is_file() else {}
+    deadline, last = time.monotonic() + timeout, "no answer"
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(f"{dashboard}/api/version", headers=headers),
+                                        timeout=10) as answer:
+                body = answer.read()
+            if b"ray_version" in body:
+                return
+            last = f"answer {body[:200]!r}"
+        except OSError as error:  # not listening yet, or an HTTP error
+            last = repr(error)
+        time.sleep(1)
+    raise AssertionError(f"the dashboard at {dashboard} did not answer its version in {timeout} s: {last}")
