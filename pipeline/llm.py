@@ -21,7 +21,6 @@ import itertools
 import json
 import math
 import secrets
-import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -29,14 +28,9 @@ from typing import Any, Callable, Mapping
 import pyarrow as pa
 
 from pipeline.config import Config, ConfigError, build
-from pipeline.engines.base import Failed, Request, RequestError, Result
+from pipeline.engines.base import Request, RequestError, Result
 from pipeline.output import SCHEMA
-from pipeline.ray_job import (
-    actor_environment,
-    actor_pool,
-    actor_resources,
-    prepared_tables,
-)
+from pipeline.ray_job import generation_stage, prepared_tables
 from pipeline.sampling import SamplingParams, request_seed
 from pipeline.stage import GenerationStage
 
@@ -312,26 +306,20 @@ class ProcessorStage:
                        settings.structured_outputs), prompt
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        import torch
+        batch_uuid = uuid.uuid4().hex
 
-        rows, batch_uuid = batch.to_pylist(), uuid.uuid4().hex
-        out: list[dict] = [{} for _ in rows]
-        requests: dict[int, tuple[Request, str]] = {}
-        for index, row in enumerate(rows):
-            request_id = next(self.request_ids)
-            try:
-                requests[index] = self.request(row, request_id)
-            except RequestError as error:
-                out[index] = self.failed(str(error), row.get("prompt"), batch_uuid)
-        started = time.perf_counter()
-        with torch.no_grad():
-            results = self.stage.engine.generate([request for request, _ in requests.values()]) if requests else []
-        seconds = time.perf_counter() - started
-        for (index, (request, prompt)), result in zip(requests.items(), results):
-            if isinstance(result, Failed):
-                out[index] = self.failed(f"row (request_id {request.request_id}): {result.message}", prompt, batch_uuid)
-            else:
-                out[index] = self.generated(request, prompt, result, batch_uuid, seconds)
+        def request_of(row: dict) -> tuple[Request, str]:
+            return self.request(row, next(self.request_ids))
+
+        def error_of(row: dict, made: tuple | None, message: str) -> dict:
+            if made is None:  # the message names the row already
+                return self.failed(message, row.get("prompt"), batch_uuid)
+            request, prompt = made
+            return self.failed(f"row (request_id {request.request_id}): {message}", prompt, batch_uuid)
+
+        out = self.stage.run_requests(batch.to_pylist(), request_of,
+                                      lambda made, result, seconds: self.generated(*made, result, batch_uuid, seconds),
+                                      error_of)
         metrics = pa.array([row.pop("metrics", None) for row in out])  # typed by the data, as ray.data.llm's
         generated = pa.Table.from_pylist(out, schema=GENERATED.remove(GENERATED.get_field_index("metrics")))
         generated = generated.add_column(GENERATED.get_field_index("metrics"), "metrics", metrics)
@@ -397,15 +385,11 @@ class Processor:
         tables = prepared_tables(config)
         if self.preprocess is not None:
             dataset = dataset.map(merged(self.preprocess), **self.preprocess_map_kwargs)
-        environment = {**(self.config.runtime_env or {})}
-        environment["env_vars"] = {**environment.get("env_vars", {}), **actor_environment(config).get("env_vars", {})}
-        dataset = dataset.map_batches(
-            ProcessorStage, fn_constructor_kwargs={"config": config, "tables": tables,
-                                                   "chat_template": self.config.chat_template_stage,
-                                                   "continue_on_error": self.config.should_continue_on_error,
-                                                   "seed": self.config.engine_kwargs.get("seed")},
-            compute=actor_pool(config), **actor_resources(config), batch_size=config.ray.batch_size,
-            batch_format="pyarrow", runtime_env=environment or None, max_restarts=-1, max_task_retries=-1)
+        dataset = generation_stage(dataset, config, ProcessorStage,
+                                   {"config": config, "tables": tables, "chat_template": self.config.chat_template_stage,
+                                    "continue_on_error": self.config.should_continue_on_error,
+                                    "seed": self.config.engine_kwargs.get("seed")},
+                                   "pyarrow", dict(self.config.runtime_env or {}))
         if self.postprocess is not None:
             dataset = dataset.map(unless_failed(self.postprocess), **self.postprocess_map_kwargs)
         return dataset

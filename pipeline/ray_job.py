@@ -197,6 +197,21 @@ def actor_environment(config: Config) -> dict:
     return {"env_vars": {"OMP_NUM_THREADS": str(config.model.num_threads)}}
 
 
+def generation_stage(dataset: ray.data.Dataset, config: Config, stage: type, constructor_kwargs: dict,
+                     batch_format: str, runtime_env: dict | None = None) -> ray.data.Dataset:
+    """The one place the engine's actor pool joins a Dataset, for the job and for pipeline.llm's
+    processor alike: the pool, each actor's resources and threads, batches of ray.batch_size, and
+    a lost actor (node gone, process killed) restarted with its batch retried (Ray Data's default for
+    actor pools: max_restarts and max_task_retries -1)."""
+    environment = dict(runtime_env or {})
+    variables = {**environment.get("env_vars", {}), **actor_environment(config).get("env_vars", {})}
+    if variables:
+        environment["env_vars"] = variables
+    return dataset.map_batches(stage, fn_constructor_kwargs=constructor_kwargs, compute=actor_pool(config),
+                               **actor_resources(config), batch_size=config.ray.batch_size, batch_format=batch_format,
+                               runtime_env=environment or None)
+
+
 def with_checked_datastore(config: Config) -> Config:
     """Opens the datastore once on the driver (a missing one fails now, not in every actor) and
     gives the job its absolute path; the task that prepares the model puts its arrays in the object
@@ -340,13 +355,8 @@ def run_with_task_readers(config: Config, run_id: str) -> dict:
         dataset = read_input(config.input)  # read again: with the checkpoint, it skips the rows done
         if config.input.limit:
             dataset = dataset.limit(config.input.limit)
-        outputs = dataset.map_batches(
-            GenerationStage,
-            fn_constructor_kwargs={"config": config, "tables": tables, "progress": progress, "run_id": run_id},
-            compute=actor_pool(config),
-            **actor_resources(config), batch_size=config.ray.batch_size, batch_format="numpy", runtime_env=actor_environment(config),
-            # A lost actor (node gone, process killed) is restarted and its batch retried elsewhere.
-            max_restarts=-1, max_task_retries=-1)
+        outputs = generation_stage(dataset, config, GenerationStage, {"config": config, "tables": tables,
+                                                                      "progress": progress, "run_id": run_id}, "numpy")
         outputs.write_parquet(output, filesystem=storage.resolve(output)[0], ray_remote_args={"num_cpus": IO_CPUS})
     except Exception as error:
         stopped = ray.get(progress.stop_reason.remote())

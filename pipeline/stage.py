@@ -136,21 +136,37 @@ class GenerationStage:
         output.update(self.settings)
         return output
 
-    def generate_rows(self, rows: list[dict]) -> list[dict]:
-        """One output row per input row, in order; a bad row gets an error row, the rest go on."""
-        outputs: list[dict | None] = [None] * len(rows)
-        requests: dict[int, Request] = {}
+    def run_requests(self, rows: list, request_of, output_of, error_of) -> list:
+        """The one loop both row formats (the job's, pipeline.llm's) run: one output per row, in
+        order. `request_of(row)` gives (Request, anything the format keeps beside it) or raises
+        RequestError; the engine runs the requests together; `output_of(made, result, seconds)`
+        and `error_of(row, made or None, message)` make the rows. A bad row gets an error row, the
+        rest go on."""
+        outputs: list = [None] * len(rows)
+        made: dict[int, tuple] = {}
         for index, row in enumerate(rows):
             try:
-                requests[index] = self.request(row)
+                made[index] = request_of(row)
             except RequestError as error:
-                outputs[index] = self.error_row(request_key(row.get(self.input_columns[0])), str(error))
-        for (index, request), result in zip(requests.items(), self.engine.generate(list(requests.values()))):
+                outputs[index] = error_of(row, None, str(error))
+        started = time.perf_counter()
+        with torch.no_grad():
+            results = self.engine.generate([request for request, _ in made.values()]) if made else []
+        seconds = time.perf_counter() - started
+        for (index, one), result in zip(made.items(), results):
             if isinstance(result, Failed):
-                outputs[index] = self.error_row(request.request_id, result.message)
+                outputs[index] = error_of(rows[index], one, result.message)
             else:
-                outputs[index] = self.output_row(request, result)
+                outputs[index] = output_of(one, result, seconds)
         return outputs
+
+    def generate_rows(self, rows: list[dict]) -> list[dict]:
+        """The job's rows: one output row per input row, in order."""
+        def error_of(row: dict, made: tuple | None, message: str) -> dict:
+            request_id = made[0].request_id if made else request_key(row.get(self.input_columns[0]))
+            return self.error_row(request_id, message)
+        return self.run_requests(rows, lambda row: (self.request(row), None),
+                                 lambda made, result, _: self.output_row(made[0], result), error_of)
 
     def error_row(self, request_id: str, message: str) -> dict:
         row = {name: None for name in SCHEMA.names}
@@ -166,8 +182,7 @@ class GenerationStage:
         size = len(batch[self.input_columns[0]])
         rows = [{name: python_value(batch[name][i]) for name in present} for i in range(size)]
         started = time.time()
-        with torch.no_grad():
-            table = pa.Table.from_pylist(self.generate_rows(rows), schema=SCHEMA)
+        table = pa.Table.from_pylist(self.generate_rows(rows), schema=SCHEMA)
         self.report(table, started)
         return table
 

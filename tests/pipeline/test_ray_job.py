@@ -2,6 +2,7 @@
 (Resume, clusters, S3 and lost actors: test_scale_out.py.)"""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -288,3 +289,74 @@ def test_a_run_drafts_from_an_earlier_runs_outputs_and_refuses_a_store_of_anothe
     with pytest.raises(JobFailed, match="decoder.datastore: built with a tokenizer of 1000 tokens"):
         run_job(job_config(tiny_model_dir, tmp_path, *common, "decoder.drafter=suffix",
                            f"decoder.datastore={foreign}"), "foreign")
+
+
+def test_the_job_and_the_processor_write_the_same_rows(local_ray, tiny_model_dir, tmp_path):
+    """The CLI job and pipeline.llm's processor are one code path (one stage of actors, one request
+    loop, one engine): the same prompts and settings give the same Parquet, column for column,
+    wherever both have the column (timings, and the shares of calls that depend on how Ray Data cut
+    the batches, aside). The drafter drafts from each request and the model's tables alone, at a
+    fixed k and w, so its statistics do not depend on the batches either (batch_suffix's would:
+    it drafts from the other requests' outputs)."""
+    from pipeline import llm
+
+    rows = [{"id": f"p{i}", "prompt": f"Count from {i} to {i + 9}:"} for i in range(5)] + [{"id": "long", "prompt": "word " * 2000}]
+    config = job_config(tiny_model_dir, tmp_path, f"input.path={write_jsonl(tmp_path / 'in.jsonl', rows)}",
+                        "decoder.drafter=mixed", "decoder.k=3", "decoder.w=2", "ray.batch_size=4")
+    run_job(config, "cli")
+    job = {row["id"]: row for row in read_run(tmp_path, "cli")}
+
+    processor = llm.build_processor(
+        llm.vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers", batch_size=4,
+                                      placement_group_config={"bundles": [{"CPU": 1}]},
+                                      decoder={k: v for k, v in dataclasses.asdict(config.decoder).items()
+                                               if k != "max_new_tokens"}),
+        # As a ray.data.llm user writes it: a text prompt as one user message, greedy, 6 tokens.
+        preprocess=lambda row: {"messages": [{"role": "user", "content": row["prompt"]}],
+                                "sampling_params": {"temperature": 0, "max_tokens": 6}})
+    processor(ray.data.from_items(rows)).write_parquet(str(tmp_path / "api"))
+    api = {row["id"]: row for row in outputs.read_run(tmp_path / "api")}
+
+    assert sorted(api) == sorted(job)
+    timings = {"draft_seconds", "median_draft_seconds", "verify_seconds", "total_seconds", "draft_cost_ratio",
+               "forward_call_share", "seed", "prompt", "id"}  # seed: each names its own for a greedy row (it samples nothing)
+    shared = sorted(set(job["p0"]) & set(api["p0"]) - timings)
+    assert {"generated_text", "generated_tokens", "prompt_token_ids", "finish_reason", "num_target_calls",
+            "accepted_length_histogram", "drafter", "engine"} <= set(shared)
+    for request_id in job:
+        if request_id == "long":  # an error row either way, each naming the row its own way
+            assert "no room to generate" in job["long"]["error"]
+            assert "no room to generate" in api["long"][llm.INFERENCE_ERROR]
+            continue
+        assert job[request_id]["text"] == api[request_id]["generated_text"]
+        assert {name: job[request_id][name] for name in shared} == {name: api[request_id][name] for name in shared}
+
+
+def test_the_processor_resumes_with_ray_datas_own_checkpoints(local_ray, tiny_model_dir, tmp_path):
+    """A processor's rows keep the input's columns, so Ray Data's checkpointing (an id column, a
+    path) works through it as through any map: a rerun writes only the ids no earlier run wrote."""
+    from ray.data.checkpoint import CheckpointConfig
+
+    from pipeline import llm
+
+    inputs = write_jsonl(tmp_path / "in.jsonl", [{"id": f"p{i}", "prompt": f"Count to {i}"} for i in range(4)])
+    processor = llm.build_processor(
+        llm.vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers", batch_size=2,
+                                      placement_group_config={"bundles": [{"CPU": 0.5}]}),
+        preprocess=lambda row: {"sampling_params": {"temperature": 0, "max_tokens": 3}})
+    # Ray's checkpoint filter actor holds a whole CPU: on 2 CPUs the rest must be fractional.
+    read = lambda: ray.data.read_json(str(inputs), num_cpus=0.25)  # noqa: E731
+    write = lambda dataset, name: dataset.write_parquet(str(tmp_path / name), ray_remote_args={"num_cpus": 0.25})  # noqa: E731
+    context = ray.data.DataContext.get_current()
+    context.checkpoint_config = CheckpointConfig(id_column="id", checkpoint_path=str(tmp_path / "checkpoints"),
+                                                 delete_checkpoint_on_success=False)
+    try:
+        write(processor(read()), "first")
+        write_jsonl(inputs, [{"id": f"p{i}", "prompt": f"Count to {i}"} for i in range(6)])  # the corpus grew
+        write(processor(read()), "second")
+    finally:
+        context.checkpoint_config = None
+    first, second = outputs.read_run(tmp_path / "first"), outputs.read_run(tmp_path / "second")
+    assert sorted(row["id"] for row in first) == ["p0", "p1", "p2", "p3"]
+    assert sorted(row["id"] for row in second) == ["p4", "p5"]
+    assert all(row["num_generated_tokens"] == 3 for row in first + second)
