@@ -23,7 +23,7 @@ import math
 import secrets
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -102,6 +102,13 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
     # Ours: decoder.* settings as in a job's config (our default drafter when empty), and the engine.
     decoder: Mapping[str, Any] = field(default_factory=dict)
     engine: str = "vllm"
+    # Ours: which of our columns a row gets (None: all of STATISTICS; () none, ray.data.llm's only).
+    statistics_columns: Sequence[str] | None = None
+    # Ours: resume. With both, processor(ds) turns on Ray Data's checkpointing for ds's pipeline
+    # (ds.context.checkpoint_config): writing the Dataset records each id under checkpoint_path, kept
+    # after success, and running it again generates only the ids no earlier run wrote.
+    id_column: str | None = None
+    checkpoint_path: str | None = None
 
     def __post_init__(self):
         check(isinstance(self.model_source, str) and self.model_source, "model_source", "a model directory, "
@@ -113,6 +120,12 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
               "an integer >= 1 or None")
         check(self.engine in ("vllm", "transformers"), "engine", "'vllm' or 'transformers'")
         self.actors()
+        self.statistics()
+        check((self.id_column is None) == (self.checkpoint_path is None), "id_column",
+              "set together with checkpoint_path (resuming needs both), or neither")
+        for name in ("id_column", "checkpoint_path"):
+            value = getattr(self, name)
+            check(value is None or (isinstance(value, str) and value), name, "a non-empty string or None")
         for key, value in self.engine_kwargs.items():
             if key in ENGINE_KWARGS_FIXED:
                 check(value == ENGINE_KWARGS_FIXED[key], f"engine_kwargs.{key}",
@@ -130,6 +143,26 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
               and all(isinstance(n, int) for n in concurrency) and 1 <= concurrency[0] <= concurrency[1],
               "concurrency", "an integer >= 1 or (min, max) with 1 <= min <= max")
         return tuple(concurrency)
+
+    def statistics(self) -> tuple[str, ...]:
+        """Our columns a row gets, in the output's order."""
+        if self.statistics_columns is None:
+            return tuple(f.name for f in STATISTICS)
+        chosen = self.statistics_columns
+        check(not isinstance(chosen, str) and all(isinstance(name, str) for name in chosen), "statistics_columns",
+              "a list of column names or None")
+        known = [f.name for f in STATISTICS]
+        for name in chosen:
+            check(name in known, f"statistics_columns ({name!r})", f"one of {known}")
+        return tuple(name for name in known if name in chosen)
+
+    def checkpoint(self):
+        """Ray Data's checkpointing for these keywords, or None."""
+        if self.id_column is None:
+            return None
+        from ray.data.checkpoint import CheckpointConfig
+        return CheckpointConfig(id_column=self.id_column, checkpoint_path=self.checkpoint_path,
+                                delete_checkpoint_on_success=False)
 
     def resources(self) -> dict[str, float]:
         """One actor's resources: the placement group's bundles summed (ray.data.llm places one per
@@ -263,8 +296,11 @@ class ProcessorStage:
     and ours appended to their own."""
 
     def __init__(self, config: Config, tables=None, chat_template: bool = True, continue_on_error: bool = True,
-                 seed: int | None = None):
+                 seed: int | None = None, statistics: Sequence[str] | None = None):
         self.stage = GenerationStage(config, tables)
+        names = {f.name for f in STATISTICS}
+        self.dropped = [] if statistics is None else [name for name in GENERATED.names
+                                                      if name in names and name not in statistics]
         self.seed = seed  # engine_kwargs' seed: a row without one samples with one derived from it
         self.chat_template = chat_template
         self.continue_on_error = continue_on_error
@@ -324,7 +360,7 @@ class ProcessorStage:
         generated = pa.Table.from_pylist(out, schema=GENERATED.remove(GENERATED.get_field_index("metrics")))
         generated = generated.add_column(GENERATED.get_field_index("metrics"), "metrics", metrics)
         kept = batch.drop_columns([name for name in GENERATED.names if name in batch.column_names])
-        for column in generated.schema:
+        for column in generated.drop_columns(self.dropped).schema:
             kept = kept.append_column(column, generated.column(column.name))
         return kept
 
@@ -382,13 +418,23 @@ class Processor:
         """The lazy Dataset. The model is checked (and drafter tables built) here, once: a model or
         setting the engine cannot run fails now, not inside the actors."""
         config = self.config.pipeline_config()
+        checkpoint = self.config.checkpoint()
+        if checkpoint is not None:
+            present = dataset.context.checkpoint_config
+            if present is not None and (present.id_column, present.checkpoint_path) != (
+                    checkpoint.id_column, checkpoint.checkpoint_path):
+                raise ValueError(f"processor(ds): ds already checkpoints ({present.id_column!r} under "
+                                 f"{present.checkpoint_path!r}, its context's checkpoint_config); the config's "
+                                 f"id_column and checkpoint_path would replace it")
+            dataset.context.checkpoint_config = checkpoint  # shared by ds's pipeline, its read included
         tables = prepared_tables(config)
         if self.preprocess is not None:
             dataset = dataset.map(merged(self.preprocess), **self.preprocess_map_kwargs)
         dataset = generation_stage(dataset, config, ProcessorStage,
                                    {"config": config, "tables": tables, "chat_template": self.config.chat_template_stage,
                                     "continue_on_error": self.config.should_continue_on_error,
-                                    "seed": self.config.engine_kwargs.get("seed")},
+                                    "seed": self.config.engine_kwargs.get("seed"),
+                                    "statistics": self.config.statistics()},
                                    "pyarrow", dict(self.config.runtime_env or {}))
         if self.postprocess is not None:
             dataset = dataset.map(unless_failed(self.postprocess), **self.postprocess_map_kwargs)

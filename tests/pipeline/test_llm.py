@@ -3,6 +3,8 @@ Ray; the stage runs in-process on the tiny model; the Ray runs (ours against ray
 SmolLM2 with vLLM) are in test_llm_ray.py."""
 from __future__ import annotations
 
+import re
+
 import pyarrow as pa
 import pytest
 
@@ -44,9 +46,13 @@ def test_the_config_maps_ray_data_llm_keywords_onto_ours():
     ({"task_type": "embed"}, "task_type"),
     ({"decoder": {"drafter": "nonsense"}}, "decoder.drafter"),
     ({"decoder": {"k_typo": 1}}, "k_typo"),
+    ({"statistics_columns": ["finish_reason", "tokens_per_cal"]}, "statistics_columns ('tokens_per_cal')"),
+    ({"statistics_columns": "finish_reason"}, "statistics_columns"),
+    ({"id_column": "id"}, "id_column"),  # resuming needs the path too
+    ({"checkpoint_path": "/tmp/c", "id_column": ""}, "id_column"),
 ])
 def test_a_setting_the_engine_cannot_run_fails_at_the_config_naming_it(kwargs, named):
-    with pytest.raises(ConfigError, match=named.replace(".", r"\.")):
+    with pytest.raises(ConfigError, match=re.escape(named)):
         vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct", **kwargs)
 
 
@@ -146,6 +152,21 @@ def test_greedy_output_equals_plain_decoding_of_the_same_rows(stage, tiny_model_
     ours, reference = stage(rows_table(rows)).to_pylist(), plain(rows_table(rows)).to_pylist()
     assert [row["generated_tokens"] for row in ours] == [row["generated_tokens"] for row in reference]
     assert sum(row["num_target_calls"] for row in ours) < sum(row["num_target_calls"] for row in reference)
+
+
+def test_statistics_columns_choose_which_of_ours_a_row_gets(tiny_model_dir):
+    config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers",
+                                       statistics_columns=["tokens_per_call", "finish_reason"])
+    assert config.statistics() == ("finish_reason", "tokens_per_call")  # the output's order
+    chosen = ProcessorStage(config.pipeline_config(), statistics=config.statistics())
+    rows = [{"item": "a", "prompt": "Hi", "sampling_params": {"temperature": 0, "max_tokens": 4}},
+            {"item": "b", "prompt": "Hi", "sampling_params": {"max_tokens": 0}}]  # an error row too
+    table = chosen(rows_table(rows))
+    assert table.column_names == ["item", "sampling_params", *RAY_LLM_COLUMNS.names,
+                                  "finish_reason", "tokens_per_call", INFERENCE_ERROR]
+    assert table.column("finish_reason").to_pylist()[0] in FINISH_REASONS
+    none = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers", statistics_columns=[])
+    assert none.statistics() == ()
 
 
 def test_a_bad_row_raises_when_told_not_to_continue(tiny_model_dir):

@@ -332,30 +332,24 @@ def test_the_job_and_the_processor_write_the_same_rows(local_ray, tiny_model_dir
         assert {name: job[request_id][name] for name in shared} == {name: api[request_id][name] for name in shared}
 
 
-def test_the_processor_resumes_with_ray_datas_own_checkpoints(local_ray, tiny_model_dir, tmp_path):
-    """A processor's rows keep the input's columns, so Ray Data's checkpointing (an id column, a
-    path) works through it as through any map: a rerun writes only the ids no earlier run wrote."""
-    from ray.data.checkpoint import CheckpointConfig
-
+def test_the_processor_resumes_with_its_id_column_and_checkpoint_path(local_ray, tiny_model_dir, tmp_path):
+    """id_column and checkpoint_path turn on Ray Data's checkpointing for the input's pipeline: a rerun
+    over a grown corpus writes only the ids no earlier run wrote."""
     from pipeline import llm
 
     inputs = write_jsonl(tmp_path / "in.jsonl", [{"id": f"p{i}", "prompt": f"Count to {i}"} for i in range(4)])
     processor = llm.build_processor(
         llm.vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers", batch_size=2,
-                                      placement_group_config={"bundles": [{"CPU": 0.5}]}),
+                                      placement_group_config={"bundles": [{"CPU": 0.5}]},
+                                      id_column="id", checkpoint_path=str(tmp_path / "checkpoints")),
         preprocess=lambda row: {"sampling_params": {"temperature": 0, "max_tokens": 3}})
     # Ray's checkpoint filter actor holds a whole CPU: on 2 CPUs the rest must be fractional.
     read = lambda: ray.data.read_json(str(inputs), num_cpus=0.25)  # noqa: E731
     write = lambda dataset, name: dataset.write_parquet(str(tmp_path / name), ray_remote_args={"num_cpus": 0.25})  # noqa: E731
-    context = ray.data.DataContext.get_current()
-    context.checkpoint_config = CheckpointConfig(id_column="id", checkpoint_path=str(tmp_path / "checkpoints"),
-                                                 delete_checkpoint_on_success=False)
-    try:
-        write(processor(read()), "first")
-        write_jsonl(inputs, [{"id": f"p{i}", "prompt": f"Count to {i}"} for i in range(6)])  # the corpus grew
-        write(processor(read()), "second")
-    finally:
-        context.checkpoint_config = None
+    write(processor(read()), "first")
+    write_jsonl(inputs, [{"id": f"p{i}", "prompt": f"Count to {i}"} for i in range(6)])  # the corpus grew
+    write(processor(read()), "second")
+    assert ray.data.DataContext.get_current().checkpoint_config is None  # the global context untouched
     first, second = outputs.read_run(tmp_path / "first"), outputs.read_run(tmp_path / "second")
     assert sorted(row["id"] for row in first) == ["p0", "p1", "p2", "p3"]
     assert sorted(row["id"] for row in second) == ["p4", "p5"]
