@@ -59,6 +59,12 @@ class EngineConfig:
     # vLLM: keep its per-request timing record (RequestStateStats: queued, scheduled, first and
     # last token), as ray.data.llm's `metrics` column; vLLM's own statistics are then on too.
     request_metrics: bool = False
+    # vLLM: the GPUs one engine's model is split over (its worker processes, on the actor's node;
+    # the actor asks Ray for all of them). On a CPU each rank takes an equal share of the actor's cores.
+    tensor_parallel_size: int = 1
+    # vLLM: the model's layers split over this many ranks. Only 1: vLLM 0.32 cannot speculate with
+    # pipeline parallelism (its earlier stages' model runners have no proposer).
+    pipeline_parallel_size: int = 1
 
     def __post_init__(self):
         if self.name == "auto":
@@ -71,6 +77,11 @@ class EngineConfig:
         _require(0 < self.gpu_memory_utilization <= 1, "engine.gpu_memory_utilization", "a number in (0, 1]")
         _require(self.max_num_seqs >= 0, "engine.max_num_seqs", "an integer >= 0 (0: the default for the hardware)")
         _require(self.max_num_batched_tokens >= 0, "engine.max_num_batched_tokens", "an integer >= 0 (0: vLLM's default)")
+        _require(self.tensor_parallel_size >= 1, "engine.tensor_parallel_size", "an integer >= 1")
+        _require(self.tensor_parallel_size == 1 or self.name == "vllm", "engine.tensor_parallel_size",
+                 "1 with engine.name transformers (tensor parallelism is vLLM's)")
+        _require(self.pipeline_parallel_size == 1, "engine.pipeline_parallel_size",
+                 "1: vLLM 0.32 cannot speculate with pipeline parallelism (its earlier stages have no proposer)")
 
 
 @dataclass(frozen=True)
@@ -321,8 +332,10 @@ class Config:
                      "0 (auto) or 1 with engine.name transformers (its decoder runs one batch at a time)")
         if self.engine.name == "vllm":
             check_vllm_decoder(self.decoder)
-            _require(self.ray.num_gpus_per_actor <= 1, "ray.num_gpus_per_actor",
-                     "at most 1 with engine.name vllm (one engine per actor, without tensor parallelism)")
+            ranks = self.engine.tensor_parallel_size
+            _require(self.ray.num_gpus_per_actor in (0, ranks), "ray.num_gpus_per_actor",
+                     f"0 (a CPU engine) or engine.tensor_parallel_size ({ranks}) with engine.name vllm: one engine "
+                     "per actor, one GPU per rank")
         else:
             _require("transformers" in DRAFTER_KINDS[self.decoder.drafter].engines, "decoder.drafter",
                      f"one of ours with engine.name transformers; {self.decoder.drafter!r} is vLLM's own (engine.name: vllm)")

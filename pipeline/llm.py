@@ -64,12 +64,14 @@ ENGINE_KWARGS = {"max_num_seqs": ("engine", "max_num_seqs"),
                  "max_model_len": ("engine", "max_model_len"),
                  "gpu_memory_utilization": ("engine", "gpu_memory_utilization"),
                  "dtype": ("model", "dtype"),
+                 "tensor_parallel_size": ("engine", "tensor_parallel_size"),
                  "trust_remote_code": ("model", "trust_remote_code")}
 # engine_kwargs that map through a conversion.
 ENGINE_KWARGS_CONVERTED = {"enforce_eager": ("engine", "execution", lambda eager: "eager" if eager else "compiled"),
                            "seed": ("decoder", "seed", int)}  # sampled rows without a seed derive theirs from it
 # engine_kwargs accepted only at the value our engine runs with (vLLM's defaults).
-ENGINE_KWARGS_FIXED = {"enable_chunked_prefill": True, "tensor_parallel_size": 1, "pipeline_parallel_size": 1}
+# (pipeline_parallel_size: vLLM 0.32 cannot speculate with pipeline parallelism.)
+ENGINE_KWARGS_FIXED = {"enable_chunked_prefill": True, "pipeline_parallel_size": 1}
 
 # sampling_params keys our engines run; any other key of vLLM's is refused by name.
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "structured_outputs")
@@ -166,12 +168,17 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
 
     def resources(self) -> dict[str, float]:
         """One actor's resources: the placement group's bundles summed (ray.data.llm places one per
-        replica; a single-process engine needs them on one node), a CPU where they name none."""
-        bundles = (self.placement_group_config or {}).get("bundles") or [{"GPU": 1}]
+        replica; our engine's ranks are the actor's own processes, so they are on its node), a CPU
+        where they name none. Without bundles, ray.data.llm's default: a GPU per tensor-parallel rank."""
+        ranks = self.engine_kwargs.get("tensor_parallel_size", 1)
+        check(isinstance(ranks, int) and ranks >= 1, "engine_kwargs.tensor_parallel_size", "an integer >= 1")
+        bundles = (self.placement_group_config or {}).get("bundles") or [{"GPU": 1}] * ranks
         check(all(isinstance(bundle, dict) for bundle in bundles), "placement_group_config.bundles",
               "a list of resource mappings, e.g. [{'CPU': 1}] or [{'GPU': 1}]")
-        return {"CPU": sum(bundle.get("CPU", 0) for bundle in bundles) or 1.0,
-                "GPU": sum(bundle.get("GPU", 0) for bundle in bundles)}
+        gpus = sum(bundle.get("GPU", 0) for bundle in bundles)
+        check(gpus in (0, ranks), "placement_group_config.bundles",
+              f"no GPU (a CPU engine) or one GPU per tensor-parallel rank ({ranks}), not {gpus}")
+        return {"CPU": sum(bundle.get("CPU", 0) for bundle in bundles) or 1.0, "GPU": gpus}
 
     def pipeline_config(self) -> Config:
         resources = self.resources()

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from drafters.registry import DrafterTables, build_tables
-from pipeline.config import Config
+from pipeline.config import Config, ConfigError
 from pipeline.engines.base import Engine
 from pipeline.model_loading import (
     LoadedModel,
@@ -41,6 +41,30 @@ def check_engine_can_run(config: Config, model_dir: Path) -> None:
     if not any(arch in supported for arch in architectures):
         raise ModelRefused(f"{name}: engine.name vllm has no implementation of {architectures or 'its architecture'} "
                            "(vLLM's ModelRegistry); use engine.name: transformers if transformers can run it")
+    check_tensor_parallel(config, hf_config, name)
+
+
+def check_tensor_parallel(config: Config, hf_config, name: str) -> None:
+    """vLLM splits attention heads over the ranks (key/value heads are split, or copied when fewer
+    than the ranks); on a CPU each rank needs cores of its own."""
+    ranks = config.engine.tensor_parallel_size
+    if ranks == 1:
+        return
+    text = getattr(hf_config, "get_text_config", lambda: hf_config)()
+    heads = getattr(text, "num_attention_heads", None)
+    kv_heads = getattr(text, "num_key_value_heads", None) or heads
+    if heads is None or heads % ranks or (kv_heads % ranks if kv_heads >= ranks else ranks % kv_heads):
+        raise ModelRefused(f"{name}: engine.tensor_parallel_size {ranks} cannot split its {heads} attention heads "
+                           f"({kv_heads} key/value heads) evenly over the ranks")
+    import torch
+
+    if not torch.cuda.is_available():
+        from pipeline.engines.vllm import cpu_binding
+
+        try:
+            cpu_binding(config)
+        except ConfigError as error:
+            raise ModelRefused(str(error)) from error
 
 
 def build_engine(config: Config, tables: DrafterTables | None = None, loaded: LoadedModel | None = None) -> Engine:

@@ -124,6 +124,20 @@ def test_vllm_refuses_what_it_cannot_honour_naming_the_field(override, field):
     load_config("configs/default.yaml", ["engine.name=transformers", override])
 
 
+def test_tensor_parallel_ranks_take_one_gpu_each_on_vllm_only():
+    pytest.importorskip("vllm")
+    split = load_config("configs/default.yaml", ["engine.name=vllm", "engine.tensor_parallel_size=2",
+                                                 "ray.num_gpus_per_actor=2"])
+    assert (split.engine.tensor_parallel_size, split.ray.num_gpus_per_actor) == (2, 2)
+    with pytest.raises(ConfigError, match=r"^ray.num_gpus_per_actor: .*engine.tensor_parallel_size \(2\)"):
+        load_config("configs/default.yaml", ["engine.name=vllm", "engine.tensor_parallel_size=2",
+                                             "ray.num_gpus_per_actor=1"])
+    with pytest.raises(ConfigError, match="^engine.tensor_parallel_size: must be 1 with engine.name transformers"):
+        load_config("configs/default.yaml", ["engine.name=transformers", "engine.tensor_parallel_size=2"])
+    with pytest.raises(ConfigError, match="^engine.pipeline_parallel_size: must be 1: vLLM 0.32 cannot speculate"):
+        load_config("configs/default.yaml", ["engine.name=vllm", "engine.pipeline_parallel_size=2"])
+
+
 def test_vllm_refuses_the_draft_model():
     pytest.importorskip("vllm")
     with pytest.raises(ConfigError, match="decoder.drafter: must be a point drafter with engine.name vllm"):

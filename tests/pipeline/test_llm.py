@@ -38,8 +38,23 @@ def test_the_config_maps_ray_data_llm_keywords_onto_ours():
     assert (default.ray.num_gpus_per_actor, default.ray.batch_size) == (1, 32)  # ray.data.llm's: a GPU, 32 rows
 
 
+def test_tensor_parallel_ranks_are_the_actors_resources():
+    """ray.data.llm asks a placement group of a GPU per rank; our ranks are the actor's own worker
+    processes, so the actor asks for all of them, on one node (Ray places an actor whole)."""
+    gpus = vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct",
+                                     engine_kwargs={"tensor_parallel_size": 2}).pipeline_config()
+    assert (gpus.engine.tensor_parallel_size, gpus.ray.num_gpus_per_actor) == (2, 2)
+    cpus = vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct", engine_kwargs={"tensor_parallel_size": 2},
+                                     placement_group_config={"bundles": [{"CPU": 1}, {"CPU": 1}]}).pipeline_config()
+    assert (cpus.ray.num_cpus_per_actor, cpus.ray.num_gpus_per_actor, cpus.model.num_threads) == (2, 0, 2)
+
+
 @pytest.mark.parametrize("kwargs, named", [
-    ({"engine_kwargs": {"tensor_parallel_size": 2}}, "engine_kwargs.tensor_parallel_size"),
+    ({"engine_kwargs": {"pipeline_parallel_size": 2}}, "engine_kwargs.pipeline_parallel_size"),
+    ({"engine_kwargs": {"tensor_parallel_size": 2}, "placement_group_config": {"bundles": [{"GPU": 1}]}},
+     "placement_group_config.bundles"),
+    ({"engine_kwargs": {"tensor_parallel_size": 2}, "engine": "transformers",
+      "placement_group_config": {"bundles": [{"CPU": 1}]}}, "engine.tensor_parallel_size"),
     ({"engine_kwargs": {"speculative_config": {"method": "ngram"}}}, "engine_kwargs.speculative_config"),
     ({"concurrency": (3, 1)}, "concurrency"),
     ({"batch_size": 0}, "batch_size"),

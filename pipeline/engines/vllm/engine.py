@@ -4,7 +4,8 @@ The engine runs inside the process that builds it (VLLM_ENABLE_V1_MULTIPROCESSIN
 2-core CPU that is 1.4-1.5x faster than vLLM's separate engine and worker processes and starts in
 seconds, and it lets the proposer take the drafter tables by reference (one read-only copy in
 Ray's object store per node). One engine per Ray actor, kept full across the actor's batches
-(feeder.py); tensor parallelism is not offered.
+(feeder.py). With tensor parallelism (engine.tensor_parallel_size) the
+ranks are worker processes of the actor, each with its own copy of the drafter.
 
 Statistics: vLLM's per-request speculative metrics (`per_request_spec_decode_metrics`) give the
 accepted-length histogram of the steps that verified a draft; the proposer gives the steps the
@@ -23,7 +24,7 @@ from contextlib import contextmanager
 from typing import Sequence
 
 from drafters.registry import DrafterTables, make_drafter
-from pipeline.config import CPU_MAX_NUM_SEQS, Config, DecoderConfig
+from pipeline.config import CPU_MAX_NUM_SEQS, Config, ConfigError, DecoderConfig
 from pipeline.drafter_kinds import VLLM_METHODS
 from pipeline.engines.base import (
     EngineSteps,
@@ -57,12 +58,22 @@ def set_vllm_environment(config: Config) -> None:
     os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(config.engine.cpu_kv_cache_gib)
     # On a CPU, vLLM binds its threads to cores and keeps one core for a scheduler process that
-    # does not exist in-process: bind to this process's cores (model.num_threads of them, if set).
+    # does not exist in-process: bind to this process's cores (model.num_threads of them, if set),
+    # an equal share to each tensor-parallel rank ("0,1|2,3").
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(config)
+    os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+
+
+def cpu_binding(config: Config) -> str:
     cores = sorted(os.sched_getaffinity(0))
     if config.model.num_threads:
         cores = cores[:config.model.num_threads]
-    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, cores))
-    os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    ranks = config.engine.tensor_parallel_size
+    if len(cores) < ranks:
+        raise ConfigError(f"engine.tensor_parallel_size: {ranks} ranks on a CPU need as many cores; this actor has "
+                           f"{len(cores)} (give it more CPUs, ray.num_cpus_per_actor or the placement group's bundles)")
+    share = len(cores) // ranks
+    return "|".join(",".join(map(str, cores[rank * share:(rank + 1) * share])) for rank in range(ranks))
 
 
 @contextmanager
@@ -158,7 +169,9 @@ class VllmEngine:
                    max_model_len=config.engine.max_model_len or None, max_num_seqs=max_num_seqs(config),
                    max_num_batched_tokens=config.engine.max_num_batched_tokens or None,
                    enforce_eager=eager(config), gpu_memory_utilization=config.engine.gpu_memory_utilization,
-                   speculative_config=speculative,
+                   speculative_config=speculative, tensor_parallel_size=config.engine.tensor_parallel_size,
+                   # Ranks beyond one are worker processes of this actor, on its node.
+                   distributed_executor_backend="mp" if config.engine.tensor_parallel_size > 1 else None,
                    per_request_spec_decode_metrics="detailed" if self.drafts else "none",
                    disable_log_stats=not config.engine.request_metrics)
 
@@ -193,8 +206,9 @@ class VllmEngine:
         return self.feeder.steps()
 
     def close(self) -> None:
-        """Stops the engine thread (the engine itself goes with the process)."""
+        """Stops the engine thread, which shuts the engine down (its worker processes with it)."""
         self.feeder.close()
+        self.feeder.thread.join()
 
     def generate(self, requests: Sequence[Request]) -> list[Result | Failed]:
         """Any thread may call it, several at once: their requests run together in the one engine."""

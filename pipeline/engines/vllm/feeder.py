@@ -122,6 +122,8 @@ class EngineFeeder:
         except BaseException as error:  # a failure of vLLM itself: every waiting batch learns of it
             logger.exception("the vLLM engine failed; its waiting batches fail with it")
             self._fail(error)
+            return
+        llm.llm_engine.engine_core.shutdown()  # closed: the engine's worker processes (tensor parallel) end too
 
     def _next_round(self, llm) -> bool:
         """Runs queued calls, admits what fits, takes one engine step. False once closed."""
