@@ -305,9 +305,7 @@ class ProcessorStage:
     def __init__(self, config: Config, tables=None, chat_template: bool = True, continue_on_error: bool = True,
                  seed: int | None = None, statistics: Sequence[str] | None = None):
         self.stage = GenerationStage(config, tables)
-        names = {f.name for f in STATISTICS}
-        self.dropped = [] if statistics is None else [name for name in GENERATED.names
-                                                      if name in names and name not in statistics]
+        self.dropped = [] if statistics is None else [f.name for f in STATISTICS if f.name not in statistics]
         self.seed = seed  # engine_kwargs' seed: a row without one samples with one derived from it
         self.chat_template = chat_template
         self.continue_on_error = continue_on_error
