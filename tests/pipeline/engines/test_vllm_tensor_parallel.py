@@ -2,6 +2,7 @@
 ranks, each a worker process of the engine with its own core and its own copy of our drafter,
 gives exactly the same engine's plain greedy tokens, with drafts verified and accepted. Two vLLM
 starts (plain and ours, both with two ranks), so it is in the slow tier."""
+import psutil
 import pytest
 
 pytest.importorskip("vllm")
@@ -25,7 +26,11 @@ def config(tiny_model_dir, tmp_path, *overrides):
 
 
 def generate(engine_config) -> list:
+    """The engine's results; closing it ends the worker processes it started (one per rank)."""
+    before = {child.pid for child in psutil.Process().children(recursive=True)}
     engine = build_engine(engine_config)
+    workers = [child for child in psutil.Process().children(recursive=True)  # not Python's resource tracker
+               if child.pid not in before and child.name().startswith("VLLM::Worker")]
     try:
         assert engine.feeder.llm.llm_engine.vllm_config.parallel_config.tensor_parallel_size == 2
         requests = [Request(f"r{i}", encode_prompt(engine.tokenizer, prompt, f"r{i}"), 48)
@@ -33,6 +38,9 @@ def generate(engine_config) -> list:
         return engine.generate(requests)
     finally:
         engine.close()
+        assert len(workers) == 2  # one per rank
+        _, alive = psutil.wait_procs(workers, timeout=30)
+        assert not alive, f"worker processes left running after close: {alive}"
 
 
 def test_two_ranks_with_our_drafter_give_the_same_engines_plain_greedy(tiny_model_dir, tmp_path):
