@@ -27,10 +27,10 @@ from typing import Any, Callable, Mapping, Sequence
 
 import pyarrow as pa
 
+from pipeline.actor_pool import generation_stage, prepared_tables
 from pipeline.config import Config, ConfigError, build
 from pipeline.engines.base import Request, RequestError, Result
 from pipeline.output import SCHEMA
-from pipeline.ray_job import generation_stage, prepared_tables
 from pipeline.sampling import SamplingParams, request_seed
 from pipeline.stage import GenerationStage
 
@@ -412,8 +412,25 @@ def unless_failed(postprocess: Callable) -> Callable:
 
 
 @dataclass(frozen=True)
+class RowFormat:
+    """The rows the actors take and give: the stage class each actor builds once (with the config,
+    the drafter tables and these settings), and the batch format Ray Data hands it. ray.data.llm's
+    rows are ProcessorStage's; the job's (pipeline.ray_job) are GenerationStage's. Both run their
+    requests through GenerationStage.run_requests on the same engine."""
+    stage: type
+    settings: Mapping[str, Any] = field(default_factory=dict)
+    batch_format: str = "pyarrow"
+
+
+@dataclass(frozen=True)
 class Processor:
-    config: vLLMEngineProcessorConfig
+    """A Dataset in, the lazy Dataset of its generated rows out: the preprocess, the stage of
+    actors, the postprocess. build_processor makes one from ray.data.llm's config; the job makes
+    one from its own."""
+    config: Config  # the pipeline's settings: model, engine, drafter, actors
+    rows: RowFormat
+    checkpoint: Any = None  # ray.data.checkpoint.CheckpointConfig for the input's pipeline, or None
+    runtime_env: Mapping[str, Any] = field(default_factory=dict)
     preprocess: Callable | None = None
     postprocess: Callable | None = None
     preprocess_map_kwargs: Mapping[str, Any] = field(default_factory=dict)
@@ -421,26 +438,24 @@ class Processor:
 
     def __call__(self, dataset):
         """The lazy Dataset. The model is checked (and drafter tables built) here, once: a model or
-        setting the engine cannot run fails now, not inside the actors."""
-        config = self.config.pipeline_config()
-        checkpoint = self.config.checkpoint()
-        if checkpoint is not None:
-            present = dataset.context.checkpoint_config
+        setting the engine cannot run fails now, not inside the actors. The checkpoint and how long
+        the actors may take to start are the Dataset's (its context), not the process's."""
+        config = self.config
+        if self.checkpoint is not None:
+            present, checkpoint = dataset.context.checkpoint_config, self.checkpoint
             if present is not None and (present.id_column, present.checkpoint_path) != (
                     checkpoint.id_column, checkpoint.checkpoint_path):
                 raise ValueError(f"processor(ds): ds already checkpoints ({present.id_column!r} under "
                                  f"{present.checkpoint_path!r}, its context's checkpoint_config); the config's "
                                  f"id_column and checkpoint_path would replace it")
             dataset.context.checkpoint_config = checkpoint  # shared by ds's pipeline, its read included
+        dataset.context.wait_for_min_actors_s = int(math.ceil(config.ray.wait_for_actors_s))
         tables = prepared_tables(config)
         if self.preprocess is not None:
             dataset = dataset.map(merged(self.preprocess), **self.preprocess_map_kwargs)
-        dataset = generation_stage(dataset, config, ProcessorStage,
-                                   {"config": config, "tables": tables, "chat_template": self.config.chat_template_stage,
-                                    "continue_on_error": self.config.should_continue_on_error,
-                                    "seed": self.config.engine_kwargs.get("seed"),
-                                    "statistics": self.config.statistics()},
-                                   "pyarrow", dict(self.config.runtime_env or {}))
+        dataset = generation_stage(dataset, config, self.rows.stage,
+                                   {"config": config, "tables": tables, **self.rows.settings},
+                                   self.rows.batch_format, dict(self.runtime_env))
         if self.postprocess is not None:
             dataset = dataset.map(unless_failed(self.postprocess), **self.postprocess_map_kwargs)
         return dataset
@@ -454,8 +469,11 @@ def build_processor(config: vLLMEngineProcessorConfig, preprocess: Callable | No
                         f"got {type(config).__name__}")
     if builder_kwargs:
         raise TypeError(f"build_processor: builder_kwargs {sorted(builder_kwargs)} are not taken by this processor")
-    return Processor(config, preprocess, postprocess, dict(preprocess_map_kwargs or {}),
-                     dict(postprocess_map_kwargs or {}))
+    rows = RowFormat(ProcessorStage, {"chat_template": config.chat_template_stage,
+                                      "continue_on_error": config.should_continue_on_error,
+                                      "seed": config.engine_kwargs.get("seed"), "statistics": config.statistics()})
+    return Processor(config.pipeline_config(), rows, config.checkpoint(), dict(config.runtime_env or {}),
+                     preprocess, postprocess, dict(preprocess_map_kwargs or {}), dict(postprocess_map_kwargs or {}))
 
 
-__all__ = ["Processor", "build_processor", "vLLMEngineProcessorConfig"]
+__all__ = ["Processor", "RowFormat", "build_processor", "vLLMEngineProcessorConfig"]

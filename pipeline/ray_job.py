@@ -1,4 +1,6 @@
-"""The Ray Data job: input -> actor pool of GenerationStage -> Parquet written by the workers.
+"""The Ray Data job: input -> pipeline.llm's processor (its stage of actors, with the job's rows) ->
+Parquet written by the workers. The job is a user of the processor: reading, checkpoints, the
+Parquet and the summary are the job's; the model, the actors and the requests are the processor's.
 
 Nothing funnels through the driver:
 - the model is prepared where it runs: a Ray task with the actors' resources converts a GGUF file
@@ -18,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
 import resource
 import time
 from dataclasses import asdict
@@ -33,16 +34,10 @@ from ray.data.checkpoint.checkpoint_filter import (
 )
 
 from drafters.datastore import Datastore
-from drafters.registry import (
-    DrafterTables,
-    build_tables,
-    needs_datastore,
-    needs_model_tables,
-)
 from pipeline import storage
-from pipeline.config import Config, InputConfig, concurrent_batches
-from pipeline.engines.build import ModelRefused, check_engine_can_run
-from pipeline.model_loading import cache_root, load_model, resolve_model_dir
+from pipeline.actor_pool import JobFailed, unplaceable
+from pipeline.config import Config, InputConfig
+from pipeline.llm import Processor, RowFormat
 from pipeline.progress import RunProgress, empty_totals
 from pipeline.prompts import load_prompts
 from pipeline.stage import GenerationStage, request_key
@@ -51,10 +46,6 @@ BUILTIN_DATASETS = ("humaneval", "gsm8k")
 # Small and fractional on purpose: on a 2-CPU machine reads and writes that wait for a whole CPU
 # beside the actors hang (and so does a resumed run's checkpoint filter).
 IO_CPUS = 0.25
-
-
-class JobFailed(RuntimeError):
-    """The job stopped on purpose (too many errored rows, unusable input); the message says why."""
 
 
 # --- Input ----------------------------------------------------------------------------------
@@ -115,101 +106,6 @@ def check_columns(dataset: ray.data.Dataset, source: InputConfig) -> None:
                              source.prompt_column or source.messages_column)):
         if column not in names:
             raise JobFailed(f"{setting}: the input has no column {column!r}; its columns are {names}")
-
-
-# --- The model, prepared where it runs --------------------------------------------------------
-
-@ray.remote(num_returns=2)
-def prepare_model(config: Config):
-    """Runs with the actors' resources: resolves (or converts) the model, checks that the engine
-    can run it, and builds the drafter tables. Returns (a small report, the tables or None)."""
-    started = time.perf_counter()
-    model_dir = resolve_model_dir(config.model)[0]
-    check_engine_can_run(config, model_dir)
-    datastore = None
-    if config.decoder.datastore:  # one built with another tokenizer would draft noise in every actor
-        from transformers import AutoTokenizer
-
-        from drafters.retrieval import check_vocabulary
-
-        datastore = Datastore.open(config.decoder.datastore)
-        try:
-            check_vocabulary(datastore, len(AutoTokenizer.from_pretrained(model_dir)))
-        except ValueError as error:
-            raise ModelRefused(str(error)) from error
-    tables = None
-    if needs_model_tables(config.decoder):
-        loaded = load_model(config.model)
-        tables = build_tables(loaded.model, loaded.tokenizer, loaded.fingerprint, config.decoder,
-                              cache_root(config.model))
-    if needs_datastore(config.decoder):  # shared like the tables: one copy per node, not one per actor
-        tables = dataclasses.replace(tables or DrafterTables(), datastore=datastore)
-    report = {"node": ray.get_runtime_context().get_node_id(), "seconds": round(time.perf_counter() - started, 2)}
-    return report, None if tables is None else tables.as_plain_arrays()
-
-
-def actor_pool(config: Config) -> ray.data.ActorPoolStrategy:
-    """The stage's actors; each runs several batches at once where its engine takes them (the
-    vLLM engine runs their requests together and never waits for one batch to drain). Ray Data
-    runs a class's __call__ on one thread unless told it may run it on several."""
-    batches = concurrent_batches(config)
-    return ray.data.ActorPoolStrategy(min_size=config.ray.min_actors, max_size=config.ray.max_actors,
-                                      max_tasks_in_flight_per_actor=batches, max_concurrent_calls_per_actor=batches,
-                                      enable_true_multi_threading=batches > 1)
-
-
-def actor_resources(config: Config) -> dict:
-    """What each actor (and the task that prepares the model) asks Ray for."""
-    resources = {"num_cpus": config.ray.num_cpus_per_actor, "num_gpus": config.ray.num_gpus_per_actor}
-    if config.ray.accelerator_type:
-        resources["accelerator_type"] = config.ray.accelerator_type
-    return resources
-
-
-def unplaceable(config: Config) -> JobFailed:
-    return JobFailed(f"ray: no node could take an actor asking for {actor_resources(config)} within "
-                     f"ray.wait_for_actors_s ({config.ray.wait_for_actors_s:g} s); the cluster has "
-                     f"{ray.cluster_resources()} (an autoscaler may not offer such a node)")
-
-
-def prepared_tables(config: Config):
-    """Prepares the model on a worker like the actors; the tables stay there (an ObjectRef). A
-    cluster that cannot place it within ray.wait_for_actors_s fails the job, naming what it asked for."""
-    task = prepare_model.options(**actor_resources(config))
-    report, tables = task.remote(config)
-    try:
-        ray.get(report, timeout=config.ray.wait_for_actors_s)
-    except ModelRefused as error:
-        raise JobFailed(str(error)) from error
-    except ray.exceptions.GetTimeoutError as error:
-        ray.cancel(report, force=True)
-        raise unplaceable(config) from error
-    return tables
-
-
-def actor_environment(config: Config) -> dict:
-    """Ray starts a worker with num_cpus < 2 with OMP_NUM_THREADS=1, and OpenMP reads it once, when
-    the process starts: vLLM's CPU kernels then ran on one thread (half the tokens/s of the same
-    engine in the driver) or failed on a thread-count mismatch. The actors start with
-    model.num_threads instead."""
-    if not config.model.num_threads:
-        return {}
-    return {"env_vars": {"OMP_NUM_THREADS": str(config.model.num_threads)}}
-
-
-def generation_stage(dataset: ray.data.Dataset, config: Config, stage: type, constructor_kwargs: dict,
-                     batch_format: str, runtime_env: dict | None = None) -> ray.data.Dataset:
-    """The one place the engine's actor pool joins a Dataset, for the job and for pipeline.llm's
-    processor alike: the pool, each actor's resources and threads, batches of ray.batch_size, and
-    a lost actor (node gone, process killed) restarted with its batch retried (Ray Data's default for
-    actor pools: max_restarts and max_task_retries -1)."""
-    environment = dict(runtime_env or {})
-    variables = {**environment.get("env_vars", {}), **actor_environment(config).get("env_vars", {})}
-    if variables:
-        environment["env_vars"] = variables
-    return dataset.map_batches(stage, fn_constructor_kwargs=constructor_kwargs, compute=actor_pool(config),
-                               **actor_resources(config), batch_size=config.ray.batch_size, batch_format=batch_format,
-                               runtime_env=environment or None)
 
 
 def with_checked_datastore(config: Config) -> Config:
@@ -345,18 +241,17 @@ def run_with_task_readers(config: Config, run_id: str) -> dict:
     counts = {"input_rows": input_rows, "rows_read": rows_read, "seconds_to_first_batch": None}
     if new_rows == 0:  # nothing new (a finished run, or a series run over a corpus that did not grow)
         return write_run_summary(config, run_id, output, time.perf_counter() - started, empty_totals(), counts)
-    tables = prepared_tables(config)
-    context = ray.data.DataContext.get_current()
-    context.checkpoint_config = checkpoint_config(config, run_id)
-    # The pool's actors must start within this (Ray Data fails the operator otherwise).
-    waited, context.wait_for_min_actors_s = context.wait_for_min_actors_s, int(math.ceil(config.ray.wait_for_actors_s))
     progress = RunProgress.remote(config.job.max_errored_rows)
+    # The processor of pipeline.llm with the job's rows (GenerationStage's): it prepares the model
+    # where the actors run, and the checkpoint makes the read skip the rows this run (or its
+    # series) already wrote.
+    processor = Processor(config, RowFormat(GenerationStage, {"progress": progress, "run_id": run_id}, "numpy"),
+                          checkpoint_config(config, run_id))
     try:
         dataset = read_input(config.input)  # read again: with the checkpoint, it skips the rows done
         if config.input.limit:
             dataset = dataset.limit(config.input.limit)
-        outputs = generation_stage(dataset, config, GenerationStage, {"config": config, "tables": tables,
-                                                                      "progress": progress, "run_id": run_id}, "numpy")
+        outputs = processor(dataset)
         outputs.write_parquet(output, filesystem=storage.resolve(output)[0], ray_remote_args={"num_cpus": IO_CPUS})
     except Exception as error:
         stopped = ray.get(progress.stop_reason.remote())
@@ -365,9 +260,6 @@ def run_with_task_readers(config: Config, run_id: str) -> dict:
         if "Timed out while starting actors" in str(error):
             raise unplaceable(config) from error
         raise
-    finally:
-        context.checkpoint_config = None
-        context.wait_for_min_actors_s = waited
     this_time = ray.get(progress.totals.remote())
     # From the job's start to the first batch's: reading, placing actors (an autoscaler bringing a
     # node up) and loading the model.

@@ -4,7 +4,9 @@ circle, and nothing outside an engine's folder reaches past its public surface (
 Layers, top to bottom (README.md, "Where things are"; ../shared/ARCHITECTURE.md):
 
     jobs                 entry points and the benchmark
-    ray job              pipeline/llm (ray.data.llm's API), ray_job, stage, storage, progress, metrics, output
+    job                  pipeline/ray_job (read -> the processor -> Parquet; checkpoints, summary)
+    processor            pipeline/llm (ray.data.llm's API)
+    stage                pipeline/actor_pool, stage, storage, progress, metrics, output
     engine builder       pipeline/engines/build
     engines              pipeline/engines/vllm/, pipeline/engines/transformers/ (siblings)
     engine interface     pipeline/engines/base
@@ -28,8 +30,10 @@ ENGINES = ("pipeline.engines.vllm", "pipeline.engines.transformers")
 # the module itself and everything below it).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("jobs", ("jobs",)),
-    ("ray job", ("pipeline.llm", "pipeline.ray_job", "pipeline.stage", "pipeline.storage", "pipeline.progress", "pipeline.metrics",
-                 "pipeline.output")),
+    ("job", ("pipeline.ray_job",)),
+    ("processor", ("pipeline.llm",)),
+    ("stage", ("pipeline.actor_pool", "pipeline.stage", "pipeline.storage", "pipeline.progress", "pipeline.metrics",
+               "pipeline.output")),
     ("engine builder", ("pipeline.engines.build",)),
     ("engines", ENGINES),
     ("engine interface", ("pipeline.engines.base", "pipeline.engines")),

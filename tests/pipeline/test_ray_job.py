@@ -203,7 +203,7 @@ def test_actors_draft_from_one_copy_of_the_datastore_in_the_object_store(local_r
     import shutil
 
     from drafters.datastore import Datastore, build_datastore
-    from pipeline.ray_job import prepared_tables
+    from pipeline.actor_pool import prepared_tables
 
     build_datastore([[5, 6, 7, 8, 9]] * 4, tmp_path / "ds", {})
     expected = Datastore.open(tmp_path / "ds").tokens.tolist()
@@ -228,7 +228,7 @@ def series_ids(tmp_path, *run_ids) -> list[str]:
 
 @pytest.mark.slow  # several job runs: make test-slow
 def test_a_series_generates_only_what_no_earlier_run_generated(local_ray, tiny_model_dir, tmp_path, monkeypatch):
-    import pipeline.ray_job as ray_job
+    import pipeline.llm as llm  # the job's processor prepares the model
 
     settings = ["job.series=nightly", "decoder.max_new_tokens=2", "ray.batch_size=100"]
     first = run_job(job_config(tiny_model_dir, tmp_path, f"input.path={corpus(tmp_path, 1000)}", *settings), "r1")
@@ -241,7 +241,7 @@ def test_a_series_generates_only_what_no_earlier_run_generated(local_ray, tiny_m
     def no_actors(config):
         raise AssertionError("a run with nothing new prepared the model for actors")
 
-    monkeypatch.setattr(ray_job, "prepared_tables", no_actors)
+    monkeypatch.setattr(llm, "prepared_tables", no_actors)
     third = run_job(job_config(tiny_model_dir, tmp_path, f"input.path={grown}", *settings), "r3")
     assert third["rows_this_invocation"] == 0 and third["rows_skipped_already_done"] == 1100
     monkeypatch.undo()

@@ -1,0 +1,121 @@
+"""The engine's actor pool joined to a Dataset, for the processor (pipeline/llm.py) and so for the
+job: the model prepared where it runs (converted if need be, checked, the drafter tables built and
+left in that node's object store), the pool, each actor's resources and threads.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+
+import ray
+
+from drafters.datastore import Datastore
+from drafters.registry import (
+    DrafterTables,
+    build_tables,
+    needs_datastore,
+    needs_model_tables,
+)
+from pipeline.config import Config, concurrent_batches
+from pipeline.engines.build import ModelRefused, check_engine_can_run
+from pipeline.model_loading import cache_root, load_model, resolve_model_dir
+
+
+class JobFailed(RuntimeError):
+    """The job or processor stopped on purpose (a model the engine cannot run, no node for an actor,
+    too many errored rows, unusable input); the message says why."""
+
+
+# --- The model, prepared where it runs --------------------------------------------------------
+
+@ray.remote(num_returns=2)
+def prepare_model(config: Config):
+    """Runs with the actors' resources: resolves (or converts) the model, checks that the engine
+    can run it, and builds the drafter tables. Returns (a small report, the tables or None)."""
+    started = time.perf_counter()
+    model_dir = resolve_model_dir(config.model)[0]
+    check_engine_can_run(config, model_dir)
+    datastore = None
+    if config.decoder.datastore:  # one built with another tokenizer would draft noise in every actor
+        from transformers import AutoTokenizer
+
+        from drafters.retrieval import check_vocabulary
+
+        datastore = Datastore.open(config.decoder.datastore)
+        try:
+            check_vocabulary(datastore, len(AutoTokenizer.from_pretrained(model_dir)))
+        except ValueError as error:
+            raise ModelRefused(str(error)) from error
+    tables = None
+    if needs_model_tables(config.decoder):
+        loaded = load_model(config.model)
+        tables = build_tables(loaded.model, loaded.tokenizer, loaded.fingerprint, config.decoder,
+                              cache_root(config.model))
+    if needs_datastore(config.decoder):  # shared like the tables: one copy per node, not one per actor
+        tables = dataclasses.replace(tables or DrafterTables(), datastore=datastore)
+    report = {"node": ray.get_runtime_context().get_node_id(), "seconds": round(time.perf_counter() - started, 2)}
+    return report, None if tables is None else tables.as_plain_arrays()
+
+
+def actor_pool(config: Config) -> ray.data.ActorPoolStrategy:
+    """The stage's actors; each runs several batches at once where its engine takes them (the
+    vLLM engine runs their requests together and never waits for one batch to drain). Ray Data
+    runs a class's __call__ on one thread unless told it may run it on several."""
+    batches = concurrent_batches(config)
+    return ray.data.ActorPoolStrategy(min_size=config.ray.min_actors, max_size=config.ray.max_actors,
+                                      max_tasks_in_flight_per_actor=batches, max_concurrent_calls_per_actor=batches,
+                                      enable_true_multi_threading=batches > 1)
+
+
+def actor_resources(config: Config) -> dict:
+    """What each actor (and the task that prepares the model) asks Ray for."""
+    resources = {"num_cpus": config.ray.num_cpus_per_actor, "num_gpus": config.ray.num_gpus_per_actor}
+    if config.ray.accelerator_type:
+        resources["accelerator_type"] = config.ray.accelerator_type
+    return resources
+
+
+def unplaceable(config: Config) -> JobFailed:
+    return JobFailed(f"ray: no node could take an actor asking for {actor_resources(config)} within "
+                     f"ray.wait_for_actors_s ({config.ray.wait_for_actors_s:g} s); the cluster has "
+                     f"{ray.cluster_resources()} (an autoscaler may not offer such a node)")
+
+
+def prepared_tables(config: Config):
+    """Prepares the model on a worker like the actors; the tables stay there (an ObjectRef). A
+    cluster that cannot place it within ray.wait_for_actors_s fails the job, naming what it asked for."""
+    task = prepare_model.options(**actor_resources(config))
+    report, tables = task.remote(config)
+    try:
+        ray.get(report, timeout=config.ray.wait_for_actors_s)
+    except ModelRefused as error:
+        raise JobFailed(str(error)) from error
+    except ray.exceptions.GetTimeoutError as error:
+        ray.cancel(report, force=True)
+        raise unplaceable(config) from error
+    return tables
+
+
+def actor_environment(config: Config) -> dict:
+    """Ray starts a worker with num_cpus < 2 with OMP_NUM_THREADS=1, and OpenMP reads it once, when
+    the process starts: vLLM's CPU kernels then ran on one thread (half the tokens/s of the same
+    engine in the driver) or failed on a thread-count mismatch. The actors start with
+    model.num_threads instead."""
+    if not config.model.num_threads:
+        return {}
+    return {"env_vars": {"OMP_NUM_THREADS": str(config.model.num_threads)}}
+
+
+def generation_stage(dataset: ray.data.Dataset, config: Config, stage: type, constructor_kwargs: dict,
+                     batch_format: str, runtime_env: dict | None = None) -> ray.data.Dataset:
+    """The one place the engine's actor pool joins a Dataset, for the job and for pipeline.llm's
+    processor alike: the pool, each actor's resources and threads, batches of ray.batch_size, and
+    a lost actor (node gone, process killed) restarted with its batch retried (Ray Data's default for
+    actor pools: max_restarts and max_task_retries -1)."""
+    environment = dict(runtime_env or {})
+    variables = {**environment.get("env_vars", {}), **actor_environment(config).get("env_vars", {})}
+    if variables:
+        environment["env_vars"] = variables
+    return dataset.map_batches(stage, fn_constructor_kwargs=constructor_kwargs, compute=actor_pool(config),
+                               **actor_resources(config), batch_size=config.ray.batch_size, batch_format=batch_format,
+                               runtime_env=environment or None)
