@@ -51,10 +51,11 @@ from drafters.datastore import Datastore
 from drafters.suffix import PRIOR
 
 _NONE, _ZERO_OFFSETS, _NO_COST = np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0)
+_INT64 = np.dtype(np.int64)  # numpy's dtypes of its own types are singletons: `is` is the cheap test
 
 
 def _int64(values) -> np.ndarray:
-    return values if isinstance(values, np.ndarray) and values.dtype == np.int64 else np.asarray(values, dtype=np.int64)
+    return values if type(values) is np.ndarray and values.dtype is _INT64 else np.asarray(values, dtype=np.int64)
 
 
 STRATEGIES = tuple(f"suffix_{source}" for source in kernels.SOURCES)
@@ -109,6 +110,7 @@ class BatchSuffixDrafter:
         self.finished: list[tuple[int, list[int]]] = []
         self._allocate_slots(64)
         self._out: BatchDrafts | None = None
+        self._views: dict[int, tuple[BatchDrafts, np.ndarray]] = {}  # per batch size: the outputs, the slots
         self.pays = DraftingPays()  # with a step budget: whether drafting at all pays for its time
         # The transformers engine drafts one DraftContext at a time (propose): each holds a slot for its
         # life (by id; freed when the context is collected), its tokens when first seen its prompt.
@@ -127,6 +129,10 @@ class BatchSuffixDrafter:
                 new[:held] = kept
         self.slots, self.pending = slots, pending
         self.free += list(range(count - 1, held - 1, -1))
+        # What every compiled call takes first, gathered once (a step at B = 1 is mostly its call).
+        self._state = (self.arena, self.heads, self.prev, self.slots, self.docs, self.counters, *self.pending,
+                       self.weights, self.prior, self.ring_x, self.ring_y, self.calibration, self.store_tokens,
+                       self.suffix_array, self.store_grams, self.top1, self.settings, self.probability_settings, self.logs)
 
     def slot(self, key) -> int:
         slot = self.slot_of.get(key)
@@ -150,31 +156,39 @@ class BatchSuffixDrafter:
         seconds when it feeds n tokens (None: no budget; only the confidence cut). The arrays
         returned are this drafter's buffers: read them before the next step."""
         batch = len(keys)
-        request_slots = np.array([self.slot(key) for key in keys], dtype=np.int64)
+        out, request_slots = self._views.get(batch) or self._buffers(batch)
+        slot_of = self.slot_of
+        for i, key in enumerate(keys):
+            slot = slot_of.get(key)
+            request_slots[i] = self.slot(key) if slot is None else slot
+        lengths, limits = _int64(lengths), _int64(limits)
         drafting = step_cost is None or self.pays.drafting()
         if not drafting:  # only take in the new tokens: no request may draft (a request new to the
             # drafter, or rewound, keeps its limit: its slot's arena segment is sized by it)
-            known = (self.slots[request_slots, kernels.ACTIVE] == 1) & (_int64(lengths) >= self.slots[request_slots, kernels.SEEN])
-            limits = np.where(known, _int64(lengths), _int64(limits))
-        started = time.perf_counter()
-        finished, flat, offsets = self._take_finished()
-        if self._out is None or self._out.tokens.shape[0] < batch:
-            size = max(batch, 2 * (0 if self._out is None else self._out.tokens.shape[0]))
-            self._out = BatchDrafts(np.zeros((size, self.w), np.int64), np.zeros(size, np.int64), np.zeros((size, self.w)),
-                                    np.zeros(size, np.int64))
-        out = BatchDrafts(*(array[:batch] for array in (self._out.tokens, self._out.lengths, self._out.confidence,
-                                                         self._out.sources)))
-        kernels.step(self.arena, self.heads, self.prev, self.slots, self.docs, self.counters, *self.pending,
-                     self.weights, self.prior, self.ring_x, self.ring_y, self.calibration, self.store_tokens, self.suffix_array,
-                     self.store_grams, self.top1, self.settings, self.probability_settings, self.logs, finished, flat, offsets,
-                     request_slots, tokens, _int64(rows), _int64(lengths), _int64(prompt_lengths), _int64(limits),
-                     _NO_COST if step_cost is None else np.asarray(step_cost, dtype=np.float64),
+            known = (self.slots[request_slots, kernels.ACTIVE] == 1) & (lengths >= self.slots[request_slots, kernels.SEEN])
+            limits = np.where(known, lengths, limits)
+        started = time.perf_counter() if step_cost is not None else 0.0
+        finished, flat, offsets = self._take_finished() if self.finished else (_NONE, _NONE, _ZERO_OFFSETS)
+        kernels.step(*self._state, finished, flat, offsets, request_slots, tokens, _int64(rows), lengths,
+                     _int64(prompt_lengths), limits, _NO_COST if step_cost is None else np.asarray(step_cost, dtype=np.float64),
                      out.tokens, out.lengths, out.confidence, out.sources)
         if step_cost is not None and drafting and self.compiled_calls > 1:  # the first call may compile: not its cost
             expected = float(sum(out.confidence[b, :out.lengths[b]].sum() for b in np.flatnonzero(out.lengths)))
             self.pays.observe(expected, int(out.lengths.sum()), batch, np.asarray(step_cost),
                               time.perf_counter() - started)
         return out
+
+    def _buffers(self, batch: int) -> tuple[BatchDrafts, np.ndarray]:
+        """The outputs of a step of `batch` requests (views of buffers that grow by doubling), and its slots."""
+        if self._out is None or self._out.tokens.shape[0] < batch:
+            size = max(batch, 2 * (0 if self._out is None else self._out.tokens.shape[0]))
+            self._out = BatchDrafts(np.zeros((size, self.w), np.int64), np.zeros(size, np.int64), np.zeros((size, self.w)),
+                                    np.zeros(size, np.int64))
+            self._views.clear()
+        out = BatchDrafts(*(array[:batch] for array in (self._out.tokens, self._out.lengths, self._out.confidence,
+                                                         self._out.sources)))
+        self._views[batch] = out, np.zeros(batch, np.int64)
+        return self._views[batch]
 
     def _take_finished(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(slots, their generated tokens joined, offsets) of the requests finished since the last step."""
