@@ -71,7 +71,6 @@ class Ours:
         # as a job builds it: the config's defaults, drafts of up to --max-draft tokens
         config = DecoderConfig(drafter="batch_suffix", w=args.max_draft, datastore="store" if store is not None else "")
         warm = make_drafter(config, DrafterTables(datastore=store), 0)  # its compiled code loaded here, not timed
-        warm.step([0], np.ones((1, 8), np.int32), np.zeros(1, np.int64), np.array([8]), np.array([4]), np.array([16]))
         del warm
         gc.collect()
         self.drafter = make_drafter(config, DrafterTables(datastore=store), 0)
