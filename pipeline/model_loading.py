@@ -93,10 +93,21 @@ def converted_gguf_dir(gguf_path: Path, config: ModelConfig) -> tuple[Path, str]
             del model.config.quantization_config
         model.save_pretrained(staging, safe_serialization=True)
         tokenizer.save_pretrained(staging)
-        os.replace(staging, target)
+        publish(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return target, digest
+
+
+def publish(staging: Path, target: Path) -> None:
+    """Renames a finished conversion into the cache. Another process (a second job on this machine)
+    may have published the same file's conversion first: its entry is complete, so it is kept."""
+    staging.chmod(0o755)
+    try:
+        os.replace(staging, target)
+    except OSError:
+        if not (target / "config.json").exists():
+            raise
 
 
 def directory_fingerprint(model_dir: Path) -> str:

@@ -1,3 +1,5 @@
+import shutil
+
 import pytest
 import torch
 
@@ -33,3 +35,17 @@ def test_unknown_model_says_what_is_accepted():
 def test_missing_gguf_file_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match="missing.gguf does not exist"):
         model_loading.resolve_model_dir(ModelConfig(name=str(tmp_path / "missing.gguf")))
+
+
+def test_a_conversion_that_another_process_published_first_is_used(monkeypatch, tmp_path):
+    converted, digest = model_loading.resolve_model_dir(ModelConfig())
+    replace = model_loading.os.replace
+
+    def the_other_process_wins(staging, target):
+        shutil.copytree(converted, target)  # a second job published the same conversion meanwhile
+        replace(staging, target)
+
+    monkeypatch.setattr(model_loading.os, "replace", the_other_process_wins)
+    target, second_digest = model_loading.resolve_model_dir(ModelConfig(cache_dir=str(tmp_path)))
+    assert second_digest == digest and (target / "config.json").exists()
+    assert [path.name for path in (tmp_path / "models").iterdir()] == [target.name]  # no staging left
