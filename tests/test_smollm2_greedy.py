@@ -20,7 +20,12 @@ from pipeline.model_loading import cache_root
 from pipeline.prompts import encode_prompt, load_prompts
 
 NUM_PROMPTS, NEW_TOKENS = 6, 64
-CONFIGS = [("none", 1, 0), ("context_ngram", 2, 3), ("model_tables", 1, 2), ("mixed", 1, 5)]
+# The model tables' and mixed cases need SmolLM2's bigram table, built first (one forward pass per
+# vocabulary token, ~2.5 minutes here, cached after): they run with the slow tests, to keep
+# `make test` short; the tiny-model tests check those drafters' identity in `make test`.
+NEEDS_BIGRAM = pytest.mark.slow
+CONFIGS = [("none", 1, 0), ("context_ngram", 2, 3), pytest.param("model_tables", 1, 2, marks=NEEDS_BIGRAM),
+           pytest.param("mixed", 1, 5, marks=NEEDS_BIGRAM)]
 # extended_bigram is left out: its table runs the model over V x k sequences (hours for SmolLM2 on
 # a CPU); the tiny-model tests cover it.
 MODEL_TABLE_DRAFTERS = ("unigram", "bigram")
