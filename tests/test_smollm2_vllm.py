@@ -43,15 +43,15 @@ def reference(engines, requests):
     return [result.token_ids for result in engines[0].generate(requests)]
 
 
-# mixed and bigram need SmolLM2's bigram table (~2.5 minutes to build, then cached): make test-slow,
-# as in tests/test_smollm2_greedy.py.
+# mixed, bigram and suffix (its fallback is the model bigram) need SmolLM2's bigram table (~2.5
+# minutes to build, then cached): make test-slow, as in tests/test_smollm2_greedy.py.
 NEEDS_BIGRAM = pytest.mark.slow
 
 
 @pytest.mark.parametrize("drafter,w,accepted_from", [
     ("context_ngram", "auto", "context_ngram"), pytest.param("mixed", "auto", "context_ngram", marks=NEEDS_BIGRAM),
-    pytest.param("bigram", "3", "bigram", marks=NEEDS_BIGRAM), ("unigram", "2", None), ("rest", "4", "retrieval"), ("suffix", "auto", "suffix_store"),
-    ("batch_suffix", "auto", "suffix_store")])
+    pytest.param("bigram", "3", "bigram", marks=NEEDS_BIGRAM), ("unigram", "2", None), ("rest", "4", "retrieval"),
+    pytest.param("suffix", "auto", "suffix_store", marks=NEEDS_BIGRAM), ("batch_suffix", "auto", "suffix_store")])
 def test_each_drafter_on_vllm_is_vllm_plain_greedy(engines, requests, reference, stdlib_datastore, drafter, w,  # noqa: F811
                                                   accepted_from):
     ours = engines[1]
