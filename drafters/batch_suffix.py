@@ -111,6 +111,7 @@ class BatchSuffixDrafter:
         self._allocate_slots(64)
         self._out: BatchDrafts | None = None
         self._views: dict[int, tuple[BatchDrafts, np.ndarray]] = {}  # per batch size: the outputs, the slots
+        self._positions = np.arange(self.w)  # a draft's positions, against its length
         self.pays = DraftingPays()  # with a step budget: whether drafting at all pays for its time
         # The transformers engine drafts one DraftContext at a time (propose): each holds a slot for its
         # life (by id; freed when the context is collected), its tokens when first seen its prompt.
@@ -166,10 +167,8 @@ class BatchSuffixDrafter:
         returned are this drafter's buffers: read them before the next step."""
         batch = len(keys)
         out, request_slots = self._views.get(batch) or self._buffers(batch)
-        slot_of = self.slot_of
-        for i, key in enumerate(keys):
-            slot = slot_of.get(key)
-            request_slots[i] = self.slot(key) if slot is None else slot
+        known_slots = list(map(self.slot_of.get, keys))  # dict lookups in C: no Python loop per request
+        request_slots[:] = [self.slot(key) for key in keys] if None in known_slots else known_slots
         lengths, limits = _int64(lengths), _int64(limits)
         drafting = step_cost is None or self.pays.drafting()
         if not drafting:  # only take in the new tokens: no request may draft (a request new to the
@@ -182,7 +181,7 @@ class BatchSuffixDrafter:
                      _int64(prompt_lengths), limits, _NO_COST if step_cost is None else np.asarray(step_cost, dtype=np.float64),
                      out.tokens, out.lengths, out.confidence, out.sources)
         if step_cost is not None and drafting:  # (the step compiled when the drafter was made: this is its time)
-            expected = float(sum(out.confidence[b, :out.lengths[b]].sum() for b in np.flatnonzero(out.lengths)))
+            expected = float(out.confidence[self._positions < out.lengths[:, None]].sum())
             self.pays.observe(expected, int(out.lengths.sum()), batch, np.asarray(step_cost),
                               time.perf_counter() - started)
         return out
