@@ -108,9 +108,10 @@ class BatchSuffixDrafter:
         self.slot_of: dict[object, int] = {}
         self.free: list[int] = []
         self.finished: list[tuple[int, list[int]]] = []
-        self._allocate_slots(64)
-        self._out: BatchDrafts | None = None
+        self._scratch = kernels.scratch(max_occurrences, w)
+        self._out = BatchDrafts(np.zeros((64, w), np.int64), np.zeros(64, np.int64), np.zeros((64, w)), np.zeros(64, np.int64))
         self._views: dict[int, tuple[BatchDrafts, np.ndarray]] = {}  # per batch size: the outputs, the slots
+        self._allocate_slots(64)
         self._positions = np.arange(self.w)  # a draft's positions, against its length
         self.pays = DraftingPays()  # with a step budget: whether drafting at all pays for its time
         # The transformers engine drafts one DraftContext at a time (propose): each holds a slot for its
@@ -122,9 +123,8 @@ class BatchSuffixDrafter:
         """Compiles the step for vLLM's rows of int32 tokens (or loads it from numba's cache) now, at
         the engine's start, not in its first batch (15 s here when nothing is cached): a call for no
         request, which changes nothing but the count of calls."""
-        out, _ = self._buffers(1)
-        kernels.step(*self._state, _NONE, _NONE, _ZERO_OFFSETS, _NONE, np.zeros((1, 1), np.int32), _NONE, _NONE, _NONE,
-                     _NONE, _NO_COST, out.tokens, out.lengths, out.confidence, out.sources)
+        kernels.step(self._state, _NONE, _NONE, _ZERO_OFFSETS, _NONE, np.zeros((1, 1), np.int32), _NONE, _NONE, _NONE,
+                     _NONE, _NO_COST)
 
     def _allocate_slots(self, count: int) -> None:
         old = getattr(self, "slots", None)
@@ -139,10 +139,16 @@ class BatchSuffixDrafter:
                 new[:held] = kept
         self.slots, self.pending = slots, pending
         self.free += list(range(count - 1, held - 1, -1))
-        # What every compiled call takes first, gathered once (a step at B = 1 is mostly its call).
-        self._state = (self.arena, self.heads, self.prev, self.slots, self.docs, self.counters, *self.pending,
-                       self.weights, self.prior, self.ring_x, self.ring_y, self.calibration, self.store_tokens,
-                       self.suffix_array, self.store_grams, self.top1, self.settings, self.probability_settings, self.logs)
+        self._gather()
+
+    def _gather(self) -> None:
+        """Every compiled call takes the drafter's arrays as one object (kernels.State), made again
+        when the slots or the output buffers grow."""
+        self._state = kernels.State(self.arena, self.heads, self.prev, self.slots, self.docs, self.counters, *self.pending,
+                                    self.weights, self.prior, self.ring_x, self.ring_y, self.calibration, self.store_tokens,
+                                    self.suffix_array, self.store_grams, self.top1, self.settings,
+                                    self.probability_settings, self.logs, self._out.tokens, self._out.lengths,
+                                    self._out.confidence, self._out.sources, *self._scratch)
 
     def slot(self, key) -> int:
         slot = self.slot_of.get(key)
@@ -177,9 +183,8 @@ class BatchSuffixDrafter:
             limits = np.where(known, lengths, limits)
         started = time.perf_counter() if step_cost is not None else 0.0
         finished, flat, offsets = self._take_finished() if self.finished else (_NONE, _NONE, _ZERO_OFFSETS)
-        kernels.step(*self._state, finished, flat, offsets, request_slots, tokens, _int64(rows), lengths,
-                     _int64(prompt_lengths), limits, _NO_COST if step_cost is None else np.asarray(step_cost, dtype=np.float64),
-                     out.tokens, out.lengths, out.confidence, out.sources)
+        kernels.step(self._state, finished, flat, offsets, request_slots, tokens, _int64(rows), lengths,
+                     _int64(prompt_lengths), limits, _NO_COST if step_cost is None else np.asarray(step_cost, dtype=np.float64))
         if step_cost is not None and drafting:  # (the step compiled when the drafter was made: this is its time)
             expected = float(out.confidence[self._positions < out.lengths[:, None]].sum())
             self.pays.observe(expected, int(out.lengths.sum()), batch, np.asarray(step_cost),
@@ -188,11 +193,12 @@ class BatchSuffixDrafter:
 
     def _buffers(self, batch: int) -> tuple[BatchDrafts, np.ndarray]:
         """The outputs of a step of `batch` requests (views of buffers that grow by doubling), and its slots."""
-        if self._out is None or self._out.tokens.shape[0] < batch:
-            size = max(batch, 2 * (0 if self._out is None else self._out.tokens.shape[0]))
+        if self._out.tokens.shape[0] < batch:
+            size = max(batch, 2 * self._out.tokens.shape[0])
             self._out = BatchDrafts(np.zeros((size, self.w), np.int64), np.zeros(size, np.int64), np.zeros((size, self.w)),
                                     np.zeros(size, np.int64))
             self._views.clear()
+            self._gather()
         out = BatchDrafts(*(array[:batch] for array in (self._out.tokens, self._out.lengths, self._out.confidence,
                                                          self._out.sources)))
         self._views[batch] = out, np.zeros(batch, np.int64)

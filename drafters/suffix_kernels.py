@@ -25,6 +25,8 @@ import math
 
 import numba as nb
 import numpy as np
+from numba.core import types
+from numba.experimental import structref
 
 NUM_FEATURES = 12
 SOURCES = ("context", "outputs", "store")
@@ -39,6 +41,56 @@ LOGIT_CLIP = math.log((1 - 1e-3) / 1e-3)
 # The budget's calibration: judged draft tokens by the probability the model gave them (that the draft
 # so far is accepted), in bins; a bin's rate, shrunk towards the model's own by CALIBRATION_PRIOR tokens.
 CALIBRATION_BINS, CALIBRATION_PRIOR = 20, 20.0
+
+
+STATE_FIELDS = ("arena", "heads", "prev", "slots", "docs", "counters", "pending_count", "pending_position",
+                "pending_length", "pending_tokens", "pending_features", "weights", "prior", "ring_x", "ring_y",
+                "calibration", "store", "suffix_array", "store_grams", "top1", "settings", "probability_settings", "logs",
+                "out_tokens", "out_lengths", "out_confidence", "out_sources",  # [B', w] ... : a step's drafts in rows :B
+                *(f"scratch_{name}" for name in ("rows", "row_lengths", "ends", "tally", "alive", "paths", "path_lengths",
+                                                  "members", "counts", "features", "confidence")))
+
+
+@structref.register
+class StateType(types.StructRef):
+    def preprocess_fields(self, fields):
+        return tuple((name, types.unliteral(kind)) for name, kind in fields)
+
+
+class State(structref.StructRefProxy):
+    """The drafter's arrays (STATE_FIELDS: the layout above, the output buffers, `scratch`) as one
+    object, the same buffers: a compiled call unboxes one argument where 38 arrays cost ~1 us a call
+    (at B = 1 a step is mostly its call). Made in compiled code, cached (numba's own constructor is
+    compiled in every process)."""
+
+    def __new__(cls, *arrays):
+        return _new_state(*arrays)
+
+
+structref.define_proxy(State, StateType, STATE_FIELDS)
+
+
+@nb.njit(cache=True)
+def _new_state(arena, heads, prev, slots, docs, counters, pending_count, pending_position, pending_length,
+               pending_tokens, pending_features, weights, prior, ring_x, ring_y, calibration, store, suffix_array,
+               store_grams, top1, settings, probability_settings, logs, out_tokens, out_lengths, out_confidence,
+               out_sources, rows, row_lengths, ends, tally, alive, paths, path_lengths, members, counts, features,
+               confidence):
+    return State(arena, heads, prev, slots, docs, counters, pending_count, pending_position, pending_length,
+                 pending_tokens, pending_features, weights, prior, ring_x, ring_y, calibration, store, suffix_array,
+                 store_grams, top1, settings, probability_settings, logs, out_tokens, out_lengths, out_confidence,
+                 out_sources, rows, row_lengths, ends, tally, alive, paths, path_lengths, members, counts, features,
+                 confidence)
+
+
+def scratch(max_occurrences: int, w: int) -> tuple[np.ndarray, ...]:
+    """A step's working arrays (STATE_FIELDS' scratch_*), made once: each is written before it is read."""
+    occurrences = max(max_occurrences, 1)
+    return (np.zeros((occurrences, w), np.int64), np.zeros(occurrences, np.int64), np.zeros(occurrences, np.int64),
+            np.zeros(occurrences, np.int64), np.zeros(occurrences, np.bool_), np.zeros((3, w), np.int64),
+            np.zeros(3, np.int64), np.zeros(w, np.int64), np.zeros(w, np.int64),
+            np.zeros((3, w, NUM_FEATURES + 1)),  # the last column: the probability given
+            np.zeros((3, w)))
 
 
 def log_table(size: int) -> np.ndarray:
@@ -361,13 +413,13 @@ def _majority_path(rows, row_lengths, count, w, path, shares, counts, scratch, a
             if scratch[i] != token:
                 best = 0
                 break
-        if best == 0:  # more than one next token: count them
-            ordered = np.sort(scratch[:tallied])
+        if best == 0:  # more than one next token: count them (sorted in place: no allocation)
+            scratch[:tallied].sort()
             run = 0
             for i in range(tallied):
-                run = run + 1 if i and ordered[i] == ordered[i - 1] else 1
+                run = run + 1 if i and scratch[i] == scratch[i - 1] else 1
                 if run > best:
-                    best, token = run, ordered[i]
+                    best, token = run, scratch[i]
         path[depth] = token
         shares[depth] = members + (depth == 0)  # the share's denominator
         counts[depth] = best
@@ -489,21 +541,27 @@ def _judge(values, n, s, pending_count, pending_position, pending_length, pendin
 
 
 @nb.njit(cache=True)
-def step(arena, heads, prev, slots, docs, counters,
-         pending_count, pending_position, pending_length, pending_tokens, pending_features,
-         weights, prior, ring_x, ring_y, calibration, store, suffix_array, store_grams_bitmap, top1, settings,
-         probability_settings, logs,
-         finished, finished_tokens, finished_offsets,
-         request_slots, tokens, rows, lengths, prompt_lengths, limits, step_cost,
-         out_tokens, out_lengths, out_confidence, out_sources):
-    """One engine step for a batch of requests; see the module's docstring. settings: [min_q,
+def step(state, finished, finished_tokens, finished_offsets,
+         request_slots, tokens, rows, lengths, prompt_lengths, limits, step_cost):
+    """One engine step for a batch of requests; see the module's docstring. state: the drafter's
+    arrays (`State`). settings: [min_q,
     max_q, max_match, max_occurrences, refit_every, newton_steps, segment_cap, store_min_match];
     probability_settings: [min_probability, prior_strength]; logs: log_table(max_match + max_w +
     max_occurrences + 2). Request b is tokens[rows[b], :lengths[b]]
     (its prompt the first prompt_lengths[b]), in slot request_slots[b], never to pass limits[b]
     tokens; step_cost[n] (empty: no budget) the step's seconds when it feeds n tokens. settings[7]:
     the store's shortest match; store_grams_bitmap: store_grams(store, settings[7], bits).
-    Writes each request's draft (out_lengths[b] tokens, -1: none) and returns the draft tokens."""
+    Writes request b's draft into state.out_*[b] (out_lengths[b] tokens; its source, -1: none) and
+    returns the draft tokens."""
+    arena, heads, prev, slots, docs, counters = state.arena, state.heads, state.prev, state.slots, state.docs, state.counters
+    pending_count, pending_position, pending_length = state.pending_count, state.pending_position, state.pending_length
+    pending_tokens, pending_features = state.pending_tokens, state.pending_features
+    weights, prior, ring_x, ring_y, calibration = state.weights, state.prior, state.ring_x, state.ring_y, state.calibration
+    store, suffix_array, store_grams_bitmap, top1 = state.store, state.suffix_array, state.store_grams, state.top1
+    settings, probability_settings, logs = state.settings, state.probability_settings, state.logs
+    batch = request_slots.shape[0]
+    out_tokens, out_lengths = state.out_tokens[:batch], state.out_lengths[:batch]
+    out_confidence, out_sources = state.out_confidence[:batch], state.out_sources[:batch]
     min_q, max_q, max_match, max_occurrences = settings[0], settings[1], settings[2], settings[3]
     refit_every, newton_steps, segment_cap, store_min_match = settings[4], settings[5], settings[6], settings[7]
     min_probability, prior_strength = probability_settings[0], probability_settings[1]
@@ -516,18 +574,10 @@ def step(arena, heads, prev, slots, docs, counters,
             for j in range(finished_offsets[i] + max(taken, 0), finished_offsets[i + 1]):
                 _append(arena, heads, prev, slots, s, finished_tokens[j], min_q, max_q)
         _finish(slots, docs, counters, pending_count, s)
-    occurrences = max(max_occurrences, 1)
-    candidate_rows = np.zeros((occurrences, max_w), np.int64)
-    candidate_lengths = np.zeros(occurrences, np.int64)
-    ends = np.zeros(occurrences, np.int64)
-    scratch = np.zeros(occurrences, np.int64)
-    alive = np.zeros(occurrences, np.bool_)
-    paths = np.zeros((3, max_w), np.int64)
-    path_lengths = np.zeros(3, np.int64)
-    members = np.zeros(max_w, np.int64)
-    counts = np.zeros(max_w, np.int64)
-    features = np.zeros((3, max_w, NUM_FEATURES + 1))  # the last column: the probability given
-    confidence = np.zeros((3, max_w))
+    candidate_rows, candidate_lengths, ends = state.scratch_rows, state.scratch_row_lengths, state.scratch_ends
+    scratch, alive, paths, path_lengths = state.scratch_tally, state.scratch_alive, state.scratch_paths, state.scratch_path_lengths
+    members, counts, features, confidence = (state.scratch_members, state.scratch_counts, state.scratch_features,
+                                             state.scratch_confidence)
     for b in range(request_slots.shape[0]):
         s, n = request_slots[b], lengths[b]
         values = tokens[rows[b]]
