@@ -102,9 +102,8 @@ class BatchSuffixDrafter:
         self.store_tokens = np.asarray(store.tokens) if store is not None else np.zeros(0, np.uint32)
         self.suffix_array = np.asarray(store.suffix_array) if store is not None else np.zeros(0, np.int32)
         self.top1 = np.asarray(top1, dtype=np.int32) if top1 is not None else np.zeros(0, np.int32)
-        # the store's q-grams (q its shortest match) as a bitmap of their hashes, ~8 bits per store token
-        bits = max(10, int(np.ceil(np.log2(max(len(self.store_tokens), 1) * 8))))
-        self.store_grams = kernels.store_grams(self.store_tokens, int(self.settings[7]), bits)
+        # the store's q-grams (q its shortest match) and their suffix-array ranges: where searches start
+        self.store_ranges = kernels.store_ranges(self.store_tokens, self.suffix_array, int(self.settings[7]))
         self.slot_of: dict[object, int] = {}
         self.free: list[int] = []
         self.finished: list[tuple[int, list[int]]] = []
@@ -146,7 +145,7 @@ class BatchSuffixDrafter:
         when the slots or the output buffers grow."""
         self._state = kernels.State(self.arena, self.heads, self.prev, self.slots, self.docs, self.counters, *self.pending,
                                     self.weights, self.prior, self.ring_x, self.ring_y, self.calibration, self.store_tokens,
-                                    self.suffix_array, self.store_grams, self.top1, self.settings,
+                                    self.suffix_array, self.store_ranges, self.top1, self.settings,
                                     self.probability_settings, self.logs, self._out.tokens, self._out.lengths,
                                     self._out.confidence, self._out.sources, *self._scratch)
 
@@ -224,7 +223,7 @@ class BatchSuffixDrafter:
     def memory_bytes(self) -> int:
         """The drafter's own arrays (the store, shared read-only, left out)."""
         arrays = (self.arena, self.heads, self.prev, self.docs, self.slots, *self.pending, self.ring_x, self.ring_y,
-                  self.store_grams)
+                  self.store_ranges)
         return sum(array.nbytes for array in arrays)
 
     # -- one request at a time (the Drafter protocol, for the transformers engine) -----------------

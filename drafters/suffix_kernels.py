@@ -14,7 +14,8 @@ Layout of the state arrays (see BatchSuffixDrafter):
   from a q-gram to the arena position just after its latest occurrence, and from each such position
   to the one before it (-1: none): the occurrences of a q-gram, newest first;
 - slots [S, SLOT_FIELDS] int64: per request slot its segment (start, reserved, written), the tokens
-  of its context taken so far, its prompt's length and whether it is in use;
+  of its context taken so far, its prompt's length, whether it is in use, and its last store match
+  (its length and suffix-array range [lo, hi); lo -1: none known);
 - docs [C + 1, 2] int64: the finished segments (start, tokens), oldest first; counters [COUNTERS];
 - pending_* : per slot, the candidates awaiting judgement (position, length, tokens, features);
 - weights, prior [F]; ring_x [R, F], ring_y [R]: the acceptance model and its judged tokens.
@@ -31,8 +32,8 @@ from numba.experimental import structref
 NUM_FEATURES = 12
 SOURCES = ("context", "outputs", "store")
 # slots[s, :]
-START, RESERVED, WRITTEN, SEEN, PROMPT, ACTIVE, STORE_MATCH = range(7)
-SLOT_FIELDS = 7
+START, RESERVED, WRITTEN, SEEN, PROMPT, ACTIVE, STORE_MATCH, STORE_LO, STORE_HI = range(9)
+SLOT_FIELDS = 9
 # counters[:]
 USED, DOCS, JUDGED, SINCE_FIT, CALLS = range(5)
 COUNTERS = 5
@@ -45,7 +46,7 @@ CALIBRATION_BINS, CALIBRATION_PRIOR = 20, 20.0
 
 STATE_FIELDS = ("arena", "heads", "prev", "slots", "docs", "counters", "pending_count", "pending_position",
                 "pending_length", "pending_tokens", "pending_features", "weights", "prior", "ring_x", "ring_y",
-                "calibration", "store", "suffix_array", "store_grams", "top1", "settings", "probability_settings", "logs",
+                "calibration", "store", "suffix_array", "store_ranges", "top1", "settings", "probability_settings", "logs",
                 "out_tokens", "out_lengths", "out_confidence", "out_sources",  # [B', w] ... : a step's drafts in rows :B
                 *(f"scratch_{name}" for name in ("rows", "row_lengths", "ends", "tally", "alive", "paths", "path_lengths",
                                                   "members", "counts", "features", "confidence")))
@@ -73,12 +74,12 @@ structref.define_proxy(State, StateType, STATE_FIELDS)
 @nb.njit(cache=True)
 def _new_state(arena, heads, prev, slots, docs, counters, pending_count, pending_position, pending_length,
                pending_tokens, pending_features, weights, prior, ring_x, ring_y, calibration, store, suffix_array,
-               store_grams, top1, settings, probability_settings, logs, out_tokens, out_lengths, out_confidence,
+               store_ranges, top1, settings, probability_settings, logs, out_tokens, out_lengths, out_confidence,
                out_sources, rows, row_lengths, ends, tally, alive, paths, path_lengths, members, counts, features,
                confidence):
     return State(arena, heads, prev, slots, docs, counters, pending_count, pending_position, pending_length,
                  pending_tokens, pending_features, weights, prior, ring_x, ring_y, calibration, store, suffix_array,
-                 store_grams, top1, settings, probability_settings, logs, out_tokens, out_lengths, out_confidence,
+                 store_ranges, top1, settings, probability_settings, logs, out_tokens, out_lengths, out_confidence,
                  out_sources, rows, row_lengths, ends, tally, alive, paths, path_lengths, members, counts, features,
                  confidence)
 
@@ -304,9 +305,8 @@ def _compare(store, start, values, lo, hi):
 
 
 @nb.njit(cache=True)
-def _bound(store, suffix_array, values, lo, hi, upper, first):
-    """First suffix-array index from `first` whose suffix is >= (upper: >) values[lo:hi]."""
-    last = suffix_array.shape[0]
+def _bound(store, suffix_array, values, lo, hi, upper, first, last):
+    """First suffix-array index in [first, last) whose suffix is >= (upper: >) values[lo:hi]; last: none."""
     while first < last:
         middle = (first + last) // 2
         order = _compare(store, suffix_array[middle], values, lo, hi)
@@ -318,64 +318,141 @@ def _bound(store, suffix_array, values, lo, hi, upper, first):
 
 
 @nb.njit(cache=True)
-def store_grams(store, q, bits):
-    """[2**bits / 8] uint8: a bitmap of the hashes of every q-gram of the store (none spanning a
-    document separator): a q-gram whose bit is clear does not occur, so no lookup is needed."""
-    bitmap = np.zeros((1 << bits) // 8, np.uint8)
-    mask = (1 << bits) - 1
-    run = 0
-    for end in range(1, store.shape[0] + 1):
-        run = 0 if store[end - 1] == SEPARATOR else run + 1
-        if run >= q:
-            h = _hash(store, end, q, mask)
-            bitmap[h >> 3] |= np.uint8(1 << (h & 7))
-    return bitmap
+def _gram_at(store, start, q):
+    """Whether a q-gram starts at store position `start` (none runs past the end or over a separator)."""
+    if start + q > store.shape[0]:
+        return False
+    for i in range(start, start + q):
+        if store[i] == SEPARATOR:
+            return False
+    return True
 
 
 @nb.njit(cache=True)
-def _may_occur(bitmap, values, n, q):
-    h = _hash(values, n, q, bitmap.shape[0] * 8 - 1)
-    return (bitmap[h >> 3] >> (h & 7)) & 1
+def _same_start(store, a, b, q):
+    for i in range(q):
+        if store[a + i] != store[b + i]:
+            return False
+    return True
 
 
 @nb.njit(cache=True)
-def _first_occurrence(store, suffix_array, values, n, length):
-    """The suffix-array index of the first occurrence of the context's last `length` tokens; -1: none."""
-    index = _bound(store, suffix_array, values, n - length, n, False, 0)
-    if index < suffix_array.shape[0] and _compare(store, suffix_array[index], values, n - length, n) == 0:
+def _fill_ranges(store, suffix_array, q, table):
+    """One pass over the suffix array: each q-gram's range into `table` (an empty table: only counted)."""
+    size, grams, mask = suffix_array.shape[0], 0, table.shape[0] - 1
+    i = 0
+    while i < size:
+        start = suffix_array[i]
+        j = i + 1
+        if _gram_at(store, start, q):
+            while j < size and _gram_at(store, suffix_array[j], q) and _same_start(store, start, suffix_array[j], q):
+                j += 1
+            grams += 1
+            if table.shape[0]:
+                h = _hash(store, start + q, q, mask)
+                while table[h, 0] >= 0:
+                    h = (h + 1) & mask
+                table[h, 0], table[h, 1], table[h, 2] = i, j, start
+        i = j
+    return grams
+
+
+def store_ranges(store: np.ndarray, suffix_array: np.ndarray, q: int) -> np.ndarray:
+    """[H, 3] int32: an open-addressing table (H a power of two, at least twice the q-grams) from each
+    q-gram of the store to its suffix-array range [lo, hi) and one store position where it occurs
+    (-1: an empty entry). The suffixes that begin with a q-gram are adjacent in the suffix array:
+    one pass counts them, one fills the table."""
+    grams = _fill_ranges(store, suffix_array, q, np.zeros((0, 3), np.int32))
+    table = np.full((1 << max(10, int(np.ceil(np.log2(2 * max(grams, 1))))), 3), -1, np.int32)
+    _fill_ranges(store, suffix_array, q, table)
+    return table
+
+
+@nb.njit(cache=True)
+def _gram_range(store, ranges, values, start, q):
+    """The suffix-array range [lo, hi) of the q-gram values[start:start + q]; (0, 0): the store lacks it."""
+    mask = ranges.shape[0] - 1
+    h = _hash(values, start + q, q, mask)
+    while ranges[h, 0] >= 0:
+        position, same = ranges[h, 2], True
+        for i in range(q):
+            if np.int64(store[position + i]) != values[start + i]:
+                same = False
+                break
+        if same:
+            return ranges[h, 0], ranges[h, 1]
+        h = (h + 1) & mask
+    return 0, 0
+
+
+@nb.njit(cache=True)
+def _first_occurrence(store, suffix_array, values, n, length, first, last):
+    """The suffix-array index of the first occurrence of the context's last `length` tokens, searched
+    in [first, last) (a range known to hold all of them, if any); -1: none."""
+    if first >= last:
+        return -1
+    index = _bound(store, suffix_array, values, n - length, n, False, first, last)
+    if index < last and _compare(store, suffix_array[index], values, n - length, n) == 0:
         return index
     return -1
 
 
 @nb.njit(cache=True)
-def _store_rows(store, suffix_array, grams, values, n, w, min_q, max_match, max_occurrences, rows, row_lengths, bound):
+def _end_of_range(store, suffix_array, values, lo, hi, first):
+    """The end of the suffix-array range of values[lo:hi] that begins at `first`: galloping from it,
+    then a binary search, ~2 log2(r) probes for a range of r suffixes where a search of the whole
+    array takes log2(N) (most ranges here hold a few suffixes, N is millions)."""
+    last, known, step = suffix_array.shape[0], first, 1
+    while known + step < last and _compare(store, suffix_array[known + step], values, lo, hi) == 0:
+        known += step
+        step *= 2
+    return _bound(store, suffix_array, values, lo, hi, True, known + 1, min(known + step, last))
+
+
+@nb.njit(cache=True)
+def _store_rows(store, suffix_array, ranges, values, n, w, min_q, max_match, max_occurrences, rows, row_lengths, bound,
+                slot):
     """Earlier runs' outputs (drafters/datastore.py): the longest suffix (min_q..max_match tokens)
     that occurs, and the w tokens after max_occurrences of its occurrences spread evenly over its
     suffix-array range (cut at a document's end). `bound`: a length the match cannot pass (if the
     last L tokens occur, the L - k before the k newest did: the last step's match plus the tokens
-    since bounds this one), and a match needs the last min_q tokens among the store's q-grams
-    (`grams`, a bitmap of their hashes: most contexts end in one the store lacks, and then no
-    search runs). The bound itself is tried first (a match that goes on), then a binary
-    search over the lengths below it (if the last L tokens occur, so do the last L - 1)."""
+    since bounds this one). Every search runs in a range known to hold its matches: the
+    suffix-array range of the pattern's first min_q tokens (`ranges`: store_ranges(store,
+    suffix_array, min_q); a context whose last min_q tokens the store lacks needs no search), or,
+    for a match that goes on, the last match's range (which `slot` keeps), when the bound is that
+    match plus the new tokens. The bound itself is tried first, then a binary search over the
+    lengths below it (if the last L tokens occur, so do the last L - 1). Sets slot's STORE_LO and
+    STORE_HI (the caller its STORE_MATCH)."""
+    last_lo, last_hi = slot[STORE_LO], slot[STORE_HI]
+    slot[STORE_LO] = -1
     if store.shape[0] == 0:
         return 0, 0
     longest = min(max_match, n, bound)
-    if longest < min_q or not _may_occur(grams, values, n, min_q):  # (grams: store_grams(store, min_q))
+    if longest < min_q:
         return 0, 0
-    lo = _first_occurrence(store, suffix_array, values, n, longest)
-    shortest = longest
-    if lo < 0:
-        shortest, longest = min_q - 1, longest - 1  # invariant: `shortest` occurs (or is min_q - 1)
-        while shortest < longest:
-            middle = (shortest + longest + 1) // 2
-            index = _first_occurrence(store, suffix_array, values, n, middle)
-            if index >= 0:
-                shortest, lo = middle, index
-            else:
-                longest = middle - 1
-        if shortest < min_q:  # (a length that occurs set lo with it)
-            return 0, 0
-    hi = _bound(store, suffix_array, values, n - shortest, n, True, lo)
+    lo, hi = _gram_range(store, ranges, values, n - min_q, min_q)
+    if lo == hi:
+        return 0, 0
+    shortest = min_q  # invariant: the last `shortest` tokens occur, first at lo (their range [lo, hi))
+    if longest > min_q:
+        goes_on = last_lo >= 0 and longest == bound  # (bound: the last match's length plus the new tokens)
+        first, last = (last_lo, last_hi) if goes_on else _gram_range(store, ranges, values, n - longest, min_q)
+        index = _first_occurrence(store, suffix_array, values, n, longest, first, last)
+        if index >= 0:
+            shortest, lo = longest, index
+        else:
+            longest -= 1
+            while shortest < longest:
+                middle = (shortest + longest + 1) // 2
+                first, last = _gram_range(store, ranges, values, n - middle, min_q)
+                index = _first_occurrence(store, suffix_array, values, n, middle, first, last)
+                if index >= 0:
+                    shortest, lo = middle, index
+                else:
+                    longest = middle - 1
+        if shortest > min_q:
+            hi = _end_of_range(store, suffix_array, values, n - shortest, n, lo)
+    slot[STORE_LO], slot[STORE_HI] = lo, hi
     count = min(hi - lo, max_occurrences)
     kept = 0
     for i in range(count):
@@ -550,14 +627,14 @@ def step(state, finished, finished_tokens, finished_offsets,
     max_occurrences + 2). Request b is tokens[rows[b], :lengths[b]]
     (its prompt the first prompt_lengths[b]), in slot request_slots[b], never to pass limits[b]
     tokens; step_cost[n] (empty: no budget) the step's seconds when it feeds n tokens. settings[7]:
-    the store's shortest match; store_grams_bitmap: store_grams(store, settings[7], bits).
+    the store's shortest match; state.store_ranges: store_ranges(store, suffix_array, settings[7]).
     Writes request b's draft into state.out_*[b] (out_lengths[b] tokens; its source, -1: none) and
     returns the draft tokens."""
     arena, heads, prev, slots, docs, counters = state.arena, state.heads, state.prev, state.slots, state.docs, state.counters
     pending_count, pending_position, pending_length = state.pending_count, state.pending_position, state.pending_length
     pending_tokens, pending_features = state.pending_tokens, state.pending_features
     weights, prior, ring_x, ring_y, calibration = state.weights, state.prior, state.ring_x, state.ring_y, state.calibration
-    store, suffix_array, store_grams_bitmap, top1 = state.store, state.suffix_array, state.store_grams, state.top1
+    store, suffix_array, store_ranges_table, top1 = state.store, state.suffix_array, state.store_ranges, state.top1
     settings, probability_settings, logs = state.settings, state.probability_settings, state.logs
     batch = request_slots.shape[0]
     out_tokens, out_lengths = state.out_tokens[:batch], state.out_lengths[:batch]
@@ -586,7 +663,7 @@ def step(state, finished, finished_tokens, finished_offsets,
             _finish(slots, docs, counters, pending_count, s)
         if not slots[s, ACTIVE]:
             slots[s, ACTIVE], slots[s, SEEN], slots[s, PROMPT] = 1, 0, prompt_lengths[b]
-            slots[s, STORE_MATCH] = max_match  # no earlier match known: no bound
+            slots[s, STORE_MATCH], slots[s, STORE_LO] = max_match, -1  # no earlier match known: no bound
             size = min(max(limits[b] - prompt_lengths[b], 0) + 1, segment_cap)
             _reserve(arena, heads, prev, slots, docs, counters, s, size, min_q, max_q)
         store_bound = max(slots[s, STORE_MATCH], store_min_match - 1) + n - slots[s, SEEN]
@@ -599,7 +676,7 @@ def step(state, finished, finished_tokens, finished_offsets,
             counters[SINCE_FIT] = 0
         w = min(max_w, limits[b] - n - 1)
         if w <= 0 or n == 0:
-            slots[s, STORE_MATCH] = max_match  # not looked up: no bound next time
+            slots[s, STORE_MATCH], slots[s, STORE_LO] = max_match, -1  # not looked up: no bound next time
             continue
         own_start = slots[s, START]
         own_end = own_start + slots[s, RESERVED]
@@ -611,8 +688,8 @@ def step(state, finished, finished_tokens, finished_offsets,
                 match, found = _output_rows(arena, heads, prev, values, n, w, own_start, own_end, min_q, max_q,
                                             max_match, max_occurrences, candidate_rows, candidate_lengths, ends)
             else:
-                match, found = _store_rows(store, suffix_array, store_grams_bitmap, values, n, w, store_min_match, max_match, max_occurrences,
-                                           candidate_rows, candidate_lengths, store_bound)
+                match, found = _store_rows(store, suffix_array, store_ranges_table, values, n, w, store_min_match, max_match, max_occurrences,
+                                           candidate_rows, candidate_lengths, store_bound, slots[s])
                 slots[s, STORE_MATCH] = match
             size = _majority_path(candidate_rows, candidate_lengths, found, w, paths[source], members, counts,
                                   scratch, alive) if found else 0
