@@ -174,7 +174,9 @@ class BatchSuffixDrafter:
         out, request_slots = self._views.get(batch) or self._buffers(batch)
         known_slots = list(map(self.slot_of.get, keys))  # dict lookups in C: no Python loop per request
         request_slots[:] = [self.slot(key) for key in keys] if None in known_slots else known_slots
-        lengths, limits = _int64(lengths), _int64(limits)
+        if not (rows.dtype is _INT64 and lengths.dtype is _INT64 and prompt_lengths.dtype is _INT64
+                and limits.dtype is _INT64):  # (one test where all four are int64 already: the usual case)
+            rows, lengths, prompt_lengths, limits = (_int64(a) for a in (rows, lengths, prompt_lengths, limits))
         drafting = step_cost is None or self.pays.drafting()
         if not drafting:  # only take in the new tokens: no request may draft (a request new to the
             # drafter, or rewound, keeps its limit: its slot's arena segment is sized by it)
@@ -182,8 +184,8 @@ class BatchSuffixDrafter:
             limits = np.where(known, lengths, limits)
         started = time.perf_counter() if step_cost is not None else 0.0
         finished, flat, offsets = self._take_finished() if self.finished else (_NONE, _NONE, _ZERO_OFFSETS)
-        kernels.step(self._state, finished, flat, offsets, request_slots, tokens, _int64(rows), lengths,
-                     _int64(prompt_lengths), limits, _NO_COST if step_cost is None else np.asarray(step_cost, dtype=np.float64))
+        kernels.step(self._state, finished, flat, offsets, request_slots, tokens, rows, lengths, prompt_lengths, limits,
+                     _NO_COST if step_cost is None else np.asarray(step_cost, dtype=np.float64))
         if step_cost is not None and drafting:  # (the step compiled when the drafter was made: this is its time)
             expected = float(out.confidence[self._positions < out.lengths[:, None]].sum())
             self.pays.observe(expected, int(out.lengths.sum()), batch, np.asarray(step_cost),

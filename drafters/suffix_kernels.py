@@ -231,21 +231,26 @@ def _context_rows(values, n, w, min_q, max_match, max_occurrences, rows, row_len
     """The request's own tokens: the longest earlier match of its suffix (min_q..max_match tokens)
     and the w tokens after each of its newest max_occurrences occurrences (past the context's end
     the match repeats periodically). Returns (match length, rows)."""
-    best, found = 0, 0
-    for end in range(n - 1, 0, -1):
+    best, found, last = 0, 0, values[n - 1]
+    end = n - 1
+    while end > 0:
+        # most ends do not follow the last token: skip them four at a time (half the scan's time)
+        while end > 4 and values[end - 1] != last and values[end - 2] != last and values[end - 3] != last \
+                and values[end - 4] != last:
+            end -= 4
         length = 0
         while length < max_match and length < end and values[end - 1 - length] == values[n - 1 - length]:
             length += 1
-        if length < min_q or length < best:
-            continue
-        if length > best:
-            best, found = length, 0
-        if found < max_occurrences:
-            period = n - end
-            for j in range(w):
-                rows[found, j] = values[end + j] if end + j < n else rows[found, j - period]
-            row_lengths[found] = w
-            found += 1
+        if length >= min_q and length >= best:
+            if length > best:
+                best, found = length, 0
+            if found < max_occurrences:
+                period = n - end
+                for j in range(w):
+                    rows[found, j] = values[end + j] if end + j < n else rows[found, j - period]
+                row_lengths[found] = w
+                found += 1
+        end -= 1
     return best, found
 
 

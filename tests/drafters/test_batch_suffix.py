@@ -182,6 +182,18 @@ def test_real_streams_with_a_store_and_a_bigram_draft_as_the_reference(tmp_path)
     assert drafted > 0
 
 
+def test_random_streams_with_a_store_of_few_symbols_draft_as_the_reference(tmp_path):
+    """Store matches of every length, in suffix-array ranges of one to hundreds of suffixes, and
+    matches that go on from step to step (searched in the last match's range) or break."""
+    rng = np.random.default_rng(3)
+    streams = [rng.integers(0, 5, int(rng.integers(40, 100))).tolist() for _ in range(8)]
+    prompts = [int(rng.integers(3, 20)) for _ in streams]
+    build_datastore([rng.integers(0, 5, 700).tolist(), streams[0] * 3, rng.integers(0, 3, 300).tolist()],
+                    tmp_path / "store", {})
+    seen, drafted = run_both(streams, prompts, Datastore.open(tmp_path / "store"))
+    assert drafted > len(seen) // 2
+
+
 def test_answers_in_flight_are_drafted_from():
     """A request drafts another's answer while that one is still being generated."""
     drafter = compiled()
