@@ -88,7 +88,7 @@ def scratch(max_occurrences: int, w: int) -> tuple[np.ndarray, ...]:
     """A step's working arrays (STATE_FIELDS' scratch_*), made once: each is written before it is read."""
     occurrences = max(max_occurrences, 1)
     return (np.zeros((occurrences, w), np.int64), np.zeros(occurrences, np.int64), np.zeros(occurrences, np.int64),
-            np.zeros(occurrences, np.int64), np.zeros(occurrences, np.bool_), np.zeros((3, w), np.int64),
+            np.zeros(occurrences, np.int64), np.zeros(occurrences, np.int64), np.zeros((3, w), np.int64),
             np.zeros(3, np.int64), np.zeros(w, np.int64), np.zeros(w, np.int64),
             np.zeros((3, w, NUM_FEATURES + 1)),  # the last column: the probability given
             np.zeros((3, w)))
@@ -477,36 +477,41 @@ def _majority_path(rows, row_lengths, count, w, path, shares, counts, scratch, a
     """drafters/suffix.py's majority_path over rows[:count]: at each depth the most frequent next
     token (ties: the smallest id) of the rows that follow the path so far, how many have it
     (counts) and of how many (shares: the share's denominator; the first depth counts one unseen
-    row too). Returns the path's length."""
+    row too). Returns the path's length. alive[:members]: the rows that follow the path so far."""
+    members = count
     for i in range(count):
-        alive[i] = True
+        alive[i] = i
     for depth in range(w):
-        members, tallied = 0, 0
-        for i in range(count):
-            if alive[i]:
-                members += 1
-                if row_lengths[i] > depth:
-                    scratch[tallied] = rows[i, depth]
-                    tallied += 1
+        tallied = 0
+        for m in range(members):
+            i = alive[m]
+            if row_lengths[i] > depth:
+                scratch[tallied] = rows[i, depth]
+                tallied += 1
         if tallied == 0:
             return depth
         token, best = scratch[0], tallied
-        for i in range(1, tallied):
-            if scratch[i] != token:
+        for t in range(1, tallied):
+            if scratch[t] != token:
                 best = 0
                 break
-        if best == 0:  # more than one next token: count them (sorted in place: no allocation)
-            scratch[:tallied].sort()
-            run = 0
-            for i in range(tallied):
-                run = run + 1 if i and scratch[i] == scratch[i - 1] else 1
-                if run > best:
-                    best, token = run, scratch[i]
+        if best == 0:  # more than one next token: count each (a few rows: no sort needed)
+            for t in range(tallied):
+                run = 0
+                for u in range(tallied):
+                    run += scratch[u] == scratch[t]
+                if run > best or (run == best and scratch[t] < token):
+                    best, token = run, scratch[t]
         path[depth] = token
         shares[depth] = members + (depth == 0)  # the share's denominator
         counts[depth] = best
-        for i in range(count):
-            alive[i] = alive[i] and row_lengths[i] > depth and rows[i, depth] == token
+        following = 0
+        for m in range(members):
+            i = alive[m]
+            if row_lengths[i] > depth and rows[i, depth] == token:
+                alive[following] = i
+                following += 1
+        members = following
     return w
 
 
