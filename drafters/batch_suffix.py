@@ -125,6 +125,20 @@ class BatchSuffixDrafter:
         kernels.step(self._state, _NONE, _NONE, _ZERO_OFFSETS, _NONE, np.zeros((1, 1), np.int32), _NONE, _NONE, _NONE,
                      _NONE, _NO_COST)
 
+    def __getstate__(self) -> dict:
+        """Pickled (the vLLM engine sends the drafter to each tensor-parallel rank's worker): its
+        arrays, not the compiled object over them nor the per-batch-size views of the output
+        buffers (a view pickles as a copy): the receiving side makes both again."""
+        state = dict(self.__dict__)
+        state.pop("_state"), state.pop("_views")
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._views = {}
+        self._gather()
+        self._compile()
+
     def _allocate_slots(self, count: int) -> None:
         old = getattr(self, "slots", None)
         held = 0 if old is None else old.shape[0]

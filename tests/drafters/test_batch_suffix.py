@@ -194,6 +194,28 @@ def test_random_streams_with_a_store_of_few_symbols_draft_as_the_reference(tmp_p
     assert drafted > len(seen) // 2
 
 
+def test_a_pickled_drafter_goes_on_drafting_as_the_original(tmp_path):
+    """The vLLM engine pickles the drafter to each tensor-parallel rank: the copy's compiled state
+    is made again over its own arrays, and its drafts are the original's, step for step."""
+    import pickle
+
+    rng = np.random.default_rng(4)
+    streams = [rng.integers(0, 6, 80) for _ in range(3)]
+    tokens = np.array(streams, np.int64)
+    build_datastore([rng.integers(0, 6, 400).tolist()], tmp_path / "store", {})
+    original = compiled(Datastore.open(tmp_path / "store"))
+    rows, prompts, limits = np.arange(3), np.full(3, 10), np.full(3, 90)
+    for n in range(11, 30, 2):
+        original.step([0, 1, 2], tokens, rows, np.full(3, n), prompts, limits)
+    copy = pickle.loads(pickle.dumps(original))
+    for n in range(31, 70, 3):
+        ours, theirs = (d.step([0, 1, 2], tokens, rows, np.full(3, n), prompts, limits) for d in (original, copy))
+        assert ours.lengths.tolist() == theirs.lengths.tolist() and np.array_equal(ours.tokens, theirs.tokens)
+        assert not np.shares_memory(ours.tokens, theirs.tokens)
+    assert ours.lengths.sum() > 0
+    assert copy.compiled_calls == original.compiled_calls + 1  # (the copy loaded its compiled step when unpickled)
+
+
 def test_answers_in_flight_are_drafted_from():
     """A request drafts another's answer while that one is still being generated."""
     drafter = compiled()
