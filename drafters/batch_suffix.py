@@ -71,6 +71,10 @@ class BatchDrafts:
     confidence: np.ndarray  # [B, w] float64
     sources: np.ndarray  # [B] int64, -1: no draft
 
+    @classmethod
+    def zeros(cls, batch: int, w: int) -> "BatchDrafts":
+        return cls(np.zeros((batch, w), np.int64), np.zeros(batch, np.int64), np.zeros((batch, w)), np.zeros(batch, np.int64))
+
 
 class BatchSuffixDrafter:
     strategies = STRATEGIES  # by BatchDrafts.sources
@@ -108,7 +112,7 @@ class BatchSuffixDrafter:
         self.free: list[int] = []
         self.finished: list[tuple[int, list[int]]] = []
         self._scratch = kernels.scratch(max_occurrences, w)
-        self._out = BatchDrafts(np.zeros((64, w), np.int64), np.zeros(64, np.int64), np.zeros((64, w)), np.zeros(64, np.int64))
+        self._out = BatchDrafts.zeros(64, w)
         self._views: dict[int, tuple[BatchDrafts, np.ndarray]] = {}  # per batch size: the outputs, the slots
         self._allocate_slots(64)
         self._positions = np.arange(self.w)  # a draft's positions, against its length
@@ -210,8 +214,7 @@ class BatchSuffixDrafter:
         """The outputs of a step of `batch` requests (views of buffers that grow by doubling), and its slots."""
         if self._out.tokens.shape[0] < batch:
             size = max(batch, 2 * self._out.tokens.shape[0])
-            self._out = BatchDrafts(np.zeros((size, self.w), np.int64), np.zeros(size, np.int64), np.zeros((size, self.w)),
-                                    np.zeros(size, np.int64))
+            self._out = BatchDrafts.zeros(size, self.w)
             self._views.clear()
             self._gather()
         out = BatchDrafts(*(array[:batch] for array in (self._out.tokens, self._out.lengths, self._out.confidence,
