@@ -10,6 +10,8 @@ builds it, so the benchmark measures what users run:
 - --throughput (throughput.py): batched generation on the transformers engine per batch size;
 - --throughput --engine vllm (comparison.py): vLLM plain, its own ngram and suffix methods and ours
   on vLLM, side by side in rounds of new prompts;
+- --sampling (sampling.py): sampled rows of vLLM plain, its own methods and ours checked against
+  the model's distribution (log-likelihood, and a uniformity test of every token);
 - --pipeline (pipeline_overhead.py): the Ray job against its stage in-process;
 - --feeding (feeding.py): how full the engine is kept: our job end to end against vLLM's own
   LLM.generate over all prompts at once and against ray.data.llm's processor;

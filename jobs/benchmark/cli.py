@@ -15,6 +15,7 @@ from jobs.benchmark.occupancy import occupancy_comparison
 from jobs.benchmark.pipeline_overhead import pipeline_comparison
 from jobs.benchmark.quality import DEFAULT_METHODS, build_runners, run_dataset
 from jobs.benchmark.replay import replay_comparison
+from jobs.benchmark.sampling import sampling_comparison, sampling_markdown
 from jobs.benchmark.throughput import throughput_comparison, throughput_markdown
 from pipeline.config import ModelConfig
 from pipeline.engines.transformers import use_gqa_attention
@@ -67,6 +68,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--ways", default="llm_generate,job,ray_data_llm",
                         help="--feeding: which of llm_generate, feeder, job, ray_data_llm, processor to run (llm_generate always runs: "
                              "it is the reference)")
+    parser.add_argument("--sampling", action="store_true",
+                        help="instead: sampled rows (--temperature, --top-k, --top-p, seeds from --seed) of vLLM plain, "
+                             "vllm_ngram and --spec checked against the model's distribution (engine slots --batch-size)")
     parser.add_argument("--occupancy", default="", metavar="RUN_DIR[,RUN_DIR]",
                         help="instead: simulate the feeding designs' occupancy with these runs' output lengths")
     parser.add_argument("--slots", type=int, default=256, help="--occupancy: the engine's slots (max_num_seqs)")
@@ -95,6 +99,10 @@ def main(argv=None) -> dict:
     if args.throughput and args.engine == "vllm":
         report = write(engine_comparison(args), args.out)
         print(comparison_markdown(report))
+        return report
+    if args.sampling:
+        report = write(sampling_comparison(args), args.out)
+        print(sampling_markdown(report))
         return report
     if args.replay:
         report = write(replay_comparison(args), args.out)

@@ -17,6 +17,7 @@ unbiased estimate).
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import sys
 import time
@@ -42,8 +43,11 @@ from pipeline.engines.vllm.proposer import (
     attach_drafter,
     take_tracked,
 )
+from pipeline.engines.vllm.cpu_sampling import check_worker, install
 from pipeline.model_loading import dtype_name, load_tokenizer
 from pipeline.stats import RequestStats
+
+logger = logging.getLogger(__name__)
 
 PROPOSER = "pipeline.engines.vllm.proposer.NgrammysProposer"
 NO_DRAFT = "none"
@@ -145,6 +149,13 @@ class VllmEngine:
         self.feeder = EngineFeeder(lambda: self.start(model_dir), self.finished if self.ours else None)
         self.max_model_len = self.feeder.llm.llm_engine.model_config.max_model_len
         self.max_w = decoder.w  # vLLM's num_speculative_tokens: fixed from here on
+        # Whether vLLM's rejection sampler, on every worker, now scores sampled drafts under each
+        # request's own settings (cpu_sampling.py). If not, sampled requests go without drafts.
+        self.exact_sampling = not self.drafts or all(self.collective_rpc(check_worker))
+        if not self.exact_sampling:
+            logger.warning("vLLM's rejection sampler on this platform does not spread the sampling settings over "
+                           "draft positions exactly (pipeline/engines/vllm/cpu_sampling.py): sampled requests "
+                           "run without drafts%s", "" if self.ours else f"; with {decoder.drafter} they fail")
         if self.ours:
             self.set_decoder(decoder, tables)
 
@@ -159,6 +170,7 @@ class VllmEngine:
                 speculative["model"] = PROPOSER
             elif decoder.drafter == "vllm_ngram":
                 speculative.update(prompt_lookup_min=decoder.ngram_min_q, prompt_lookup_max=decoder.ngram_max_q)
+        install()  # the workers this starts register our expand kernel (cpu_sampling.py)
         with llvmlite_set_aside():
             return self._llm(LLM, model_dir, speculative)
 
@@ -182,7 +194,8 @@ class VllmEngine:
             f"the engine was started for drafts of up to {self.max_w} tokens, not {decoder.w}")
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         drafter = make_drafter(decoder, tables or DrafterTables(), pad, None, len(self.tokenizer))
-        self.collective_rpc(attach_drafter, (drafter, decoder.w, decoder.ngram_max_q, decoder.auto_w))
+        self.collective_rpc(attach_drafter, (drafter, decoder.w, decoder.ngram_max_q, decoder.auto_w,
+                                             self.exact_sampling))
         self.config = dataclasses.replace(self.config, decoder=decoder)
 
     def collective_rpc(self, function, args: tuple = ()) -> list:
@@ -229,6 +242,7 @@ class VllmEngine:
         runnable, prompts, params = [], [], []
         for index, request in enumerate(requests):
             try:
+                self.check_sampling(request)
                 params.append(vllm_params(request, budget(request, self.max_model_len)))
             except RequestError as error:
                 results[index] = Failed(request.request_id, str(error))
@@ -245,6 +259,14 @@ class VllmEngine:
             else:
                 results[index] = self.result(requests[index], output, tracked.get(output.request_id), wall)
         return results
+
+    def check_sampling(self, request: Request) -> None:
+        """A sampled request with vLLM's own drafting where its rejection sampler is not exact fails."""
+        if not (self.exact_sampling or self.ours or request.sampling.greedy):
+            raise RequestError(f"request {request.request_id!r}: sampling (temperature "
+                               f"{request.sampling.temperature}) with {self.config.decoder.drafter} is not exact on "
+                               f"this platform's vLLM (docs/vllm-cpu-sampling.md); use one of our drafters (sampled rows "
+                               f"then run without drafts), decoder.drafter=none, or greedy decoding")
 
     def result(self, request: Request, output, tracked: Tracked | None, wall: float) -> Result:
         completion = output.outputs[0]

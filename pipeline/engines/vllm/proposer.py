@@ -169,6 +169,7 @@ class NgrammysProposer:
         self.w = 0
         self.runner = None
         self.adaptive = False
+        self.draft_sampled = True  # False: no request drafts in a step with a sampled (temperature > 0) request
         self.max_q = 1
         self.tracked: dict[str, Tracked] = {}
         self.pool: dict[RowKind, AcceptanceEstimate] = {}  # finished requests' evidence: new requests' prior
@@ -178,10 +179,15 @@ class NgrammysProposer:
         self.vocab_size = vllm_config.model_config.get_vocab_size()
         self.reported: set[str] = set()  # drafting errors already logged (each kind once)
 
-    def configure(self, runner, drafter: Drafter | None, w: int, max_q: int, adaptive: bool) -> None:
-        """Drafts of at most w tokens (w <= vLLM's num_speculative_tokens) from `drafter`."""
+    def configure(self, runner, drafter: Drafter | None, w: int, max_q: int, adaptive: bool,
+                  draft_sampled: bool = True) -> None:
+        """Drafts of at most w tokens (w <= vLLM's num_speculative_tokens) from `drafter`. With
+        `draft_sampled` False (the engine's rejection sampler is not exact for sampled requests, and
+        in a step with one it scales every draft position wrongly, greedy ones too) no request
+        drafts in a step that runs a sampled request."""
         assert w <= self.max_w, f"vLLM was started for drafts of up to {self.max_w} tokens, not {w}"
         self.runner, self.drafter, self.w, self.max_q, self.adaptive = runner, drafter, w, max_q, adaptive
+        self.draft_sampled = draft_sampled
         # A new drafter starts from nothing: no acceptance evidence, no cost fit of another's steps.
         self.tracked, self.pool, self.depths, self.costs, self.last_step = {}, {}, {}, StepCosts(), None
 
@@ -199,6 +205,7 @@ class NgrammysProposer:
         if hasattr(self.drafter, "step"):  # a batched drafter: one call for every request
             return self.propose_batch(started, sampled_token_ids, num_tokens_no_spec, token_ids_cpu)
         request_ids = self.runner.input_batch.req_ids
+        paused = self.paused()
         fresh = False  # whether the step that just ran did prefill work (then its time is not a decoding step's)
         rows, candidates = [], []
         for row, sampled in enumerate(sampled_token_ids):
@@ -207,8 +214,9 @@ class NgrammysProposer:
                 continue
             tracked, new = self.track(request_ids[row], token_ids_cpu[row], int(num_tokens_no_spec[row]), len(sampled))
             fresh |= new  # its prefill ran in this step; so does every request of a new LLM.generate call
-            rows.append(row)
-            candidates.append((tracked, self.safe_candidate(request_ids[row], tracked)))
+            if not paused:
+                rows.append(row)
+                candidates.append((tracked, self.safe_candidate(request_ids[row], tracked)))
         self.observe_step(started, measurable=not fresh)
         lengths = self.choose_lengths(candidates)
         drafts = [[] for _ in sampled_token_ids]
@@ -240,7 +248,7 @@ class NgrammysProposer:
         self.forget_absent(batch.req_id_to_index)
         self.observe_step(started, measurable=not fresh)
         drafts = [[] for _ in sampled_token_ids]
-        if not rows:
+        if not rows or self.paused():
             return drafts
         rows_array = np.array(rows, dtype=np.int64)
         lengths = np.asarray(num_tokens_no_spec[:len(sampled_token_ids)], dtype=np.int64)[rows_array]
@@ -266,6 +274,10 @@ class NgrammysProposer:
             t.draft_seconds += elapsed / len(tracked)
         self.last_step = (time.perf_counter(), len(sampled_token_ids) + sum(map(len, drafts)))
         return drafts
+
+    def paused(self) -> bool:
+        """Whether no request drafts this step: a sampled request runs, and sampled drafts are not verified exactly."""
+        return not self.draft_sampled and bool(self.runner.input_batch.random_reqs)
 
     def track_light(self, request_id: str, prompt_length: int) -> "Tracked":
         """What the batched path keeps of a request: its steps, limit and proposals (its tokens are
@@ -391,9 +403,10 @@ def external_request_id(internal: str) -> str:
 
 # Called on the worker by LLM.collective_rpc, with the worker as first argument.
 
-def attach_drafter(worker, drafter: Drafter | None, w: int, max_q: int, adaptive: bool) -> None:
+def attach_drafter(worker, drafter: Drafter | None, w: int, max_q: int, adaptive: bool,
+                   draft_sampled: bool = True) -> None:
     runner = worker.model_runner
-    runner.drafter.configure(runner, drafter, w, max_q, adaptive)
+    runner.drafter.configure(runner, drafter, w, max_q, adaptive, draft_sampled)
 
 
 def take_tracked(worker, outputs: dict[str, list[int]]) -> dict[str, Tracked]:

@@ -1,0 +1,55 @@
+"""Sampling with speculation on the real SmolLM2 in vLLM (fp32): with our default drafter and with
+vLLM's own n-gram method, every sampled token follows the model's distribution at temperature 0.7
+with top-k 50 and 1.0 with top-p 0.9, and the text's log-likelihood is the target's; with ours (whose
+drafts the test sees) the tokens after a rejected draft too (tests/pipeline/engines/sampling_checks.py
+says how). Without pipeline/engines/vllm/cpu_sampling.py, on vLLM's CPU build, each
+of these failed (docs/vllm-cpu-sampling.md).
+make test-slow: two vLLM starts of SmolLM2 and four runs of 48 sampled requests (about 6 minutes)."""
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from pipeline.config import load_config  # noqa: E402
+from pipeline.engines.base import Request  # noqa: E402
+from pipeline.engines.build import build_engine  # noqa: E402
+from pipeline.prompts import encode_prompt, load_prompts  # noqa: E402
+from pipeline.sampling import SamplingParams  # noqa: E402
+from tests.pipeline.engines.sampling_checks import assert_exact, generate_tracking  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+SEEDS, NEW_TOKENS = 48, 48
+CASES = {"t0.7-top_k50": SamplingParams(0.7, 50, 1.0), "t1.0-top_p0.9": SamplingParams(1.0, 0, 0.9)}
+
+
+def smollm2_config(*overrides):
+    return load_config("configs/default.yaml", ["engine.name=vllm", "engine.execution=eager", "engine.cpu_kv_cache_gib=1",
+                                                "engine.max_model_len=1024", "engine.max_num_seqs=16", *overrides])
+
+
+@pytest.fixture(scope="module")
+def engines():
+    ours = build_engine(smollm2_config())  # the default drafter
+    ngram = build_engine(smollm2_config("decoder.drafter=vllm_ngram", "decoder.w=4", "decoder.ngram_min_q=1"))
+    return {"ours": ours, "vllm_ngram": ngram}
+
+
+@pytest.fixture(scope="module")
+def prompts(engines) -> list[list[int]]:
+    """HumanEval prompts: code answers repeat their prompt's names, so both methods draft."""
+    tokenizer = engines["ours"].tokenizer
+    return [encode_prompt(tokenizer, p.prompt, p.request_id) for p in load_prompts("humaneval", 6)]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("method", ["ours", "vllm_ngram"])
+def test_sampled_tokens_follow_the_target_distribution(engines, smollm2, prompts, method, case):
+    requests = [Request(f"s{seed}", prompts[seed % len(prompts)], NEW_TOKENS,
+                        sampling=dataclasses.replace(CASES[case], seed=seed)) for seed in range(SEEDS)]
+    results, tracked = generate_tracking(engines[method], requests)
+    assert_exact(smollm2.model, requests, results, tracked, min_checked=150, min_accepted=50,
+                 min_rejected=40 if method == "ours" else 0)
