@@ -37,7 +37,7 @@ import numpy as np
 from drafters.datastore import build_datastore
 from pipeline.config import ModelConfig
 from pipeline.model_loading import EMBEDDED_DEFAULT
-from pipeline.prompts import json_list_records, sharegpt_path
+from pipeline.package_data import json_list_records, sharegpt_path
 
 CONVERSATION_FIELDS = ("messages", "conversations")
 # Conversation turns carry their text under "content" (OpenAI style) or "value" (ShareGPT).

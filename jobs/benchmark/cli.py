@@ -25,7 +25,9 @@ from pipeline.model_loading import load_model
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m jobs.benchmark", description=jobs.benchmark.__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--dataset", default="humaneval")
+    parser.add_argument("--dataset", default="humaneval",
+                        help="humaneval, gsm8k, sharegpt, a corpus task (corpus-extract-json, corpus-rewrite-code, "
+                             "corpus-edit-text, corpus-summarize) or a JSONL file with a 'prompt' per line")
     parser.add_argument("--limit", type=int, default=40)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--out", default="results.json")

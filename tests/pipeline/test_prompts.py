@@ -1,7 +1,8 @@
 """Benchmark prompt sets: ShareGPT read record by record from the package's cut JSON file."""
 import json
 
-from pipeline.prompts import json_list_records, load_prompts
+from pipeline.package_data import json_list_records
+from pipeline.prompts import load_prompts
 
 
 def test_sharegpt_prompts_are_first_human_turns_with_text():
