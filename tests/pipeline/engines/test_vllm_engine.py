@@ -146,6 +146,15 @@ def test_bad_requests_fail_alone_and_budgets_and_stops_hold(engines, requests, r
     assert stopped.text == text[:text.index(stop)]
 
 
+def test_each_engines_worker_samples_exactly(engines):
+    """vLLM's sampling on each engine's worker, as our engine corrected it (cpu_sampling.py)."""
+    from pipeline.engines.vllm.cpu_sampling import sampling_is_exact
+
+    ours = engines[1]
+    assert ours.exact_sampling
+    assert ours.collective_rpc(lambda worker: sampling_is_exact(worker.device)) == [True]
+
+
 def test_sampling_reproduces_with_the_seed(engines, requests):
     ours = engines[1]
     hot = [dataclasses.replace(r, sampling=SamplingParams(1.0, 0, 0.95, seed=7 + i)) for i, r in enumerate(requests)]

@@ -19,6 +19,10 @@ import torch
 
 pytest.importorskip("vllm")
 
+# Two vLLM starts and five sampled runs (about 2 minutes): make test-slow. make test checks the
+# kernels (test_vllm_cpu_sampling.py) and each engine's worker (test_vllm_engine.py).
+pytestmark = pytest.mark.slow
+
 from pipeline.config import load_config  # noqa: E402
 from pipeline.engines.base import Failed, Request, Result  # noqa: E402
 from pipeline.engines.build import build_engine  # noqa: E402
@@ -89,14 +93,6 @@ def prompts(engines) -> list[list[int]]:
 def sampled_requests(prompts: list[list[int]], sampling: SamplingParams) -> list[Request]:
     return [Request(f"s{seed}", prompts[seed % len(prompts)], NEW_TOKENS, sampling=dataclasses.replace(sampling, seed=seed))
             for seed in range(SEEDS)]
-
-
-def test_the_engines_rejection_sampler_spreads_sampling_settings_exactly(engines):
-    from pipeline.engines.vllm.cpu_sampling import sampling_is_exact
-
-    for engine in engines.values():
-        assert engine.exact_sampling
-        assert engine.collective_rpc(lambda worker: sampling_is_exact()) == [True]
 
 
 @pytest.mark.parametrize("case", list(CASES))
