@@ -149,13 +149,13 @@ class VllmEngine:
         self.feeder = EngineFeeder(lambda: self.start(model_dir), self.finished if self.ours else None)
         self.max_model_len = self.feeder.llm.llm_engine.model_config.max_model_len
         self.max_w = decoder.w  # vLLM's num_speculative_tokens: fixed from here on
-        # Whether vLLM's rejection sampler, on every worker, now scores sampled drafts under each
-        # request's own settings (cpu_sampling.py). If not, sampled requests go without drafts.
+        # Whether vLLM's sampling, on every worker, is now exact with drafts (cpu_sampling.py). If
+        # not, no request drafts in a step that runs a sampled one.
         self.exact_sampling = not self.drafts or all(self.collective_rpc(check_worker))
         if not self.exact_sampling:
             logger.warning("vLLM's rejection sampler on this platform does not spread the sampling settings over "
-                           "draft positions exactly (pipeline/engines/vllm/cpu_sampling.py): sampled requests "
-                           "run without drafts%s", "" if self.ours else f"; with {decoder.drafter} they fail")
+                           "draft positions exactly (pipeline/engines/vllm/cpu_sampling.py): no request drafts "
+                           "in a step that runs a sampled one%s", "" if self.ours else f"; with {decoder.drafter} they fail")
         if self.ours:
             self.set_decoder(decoder, tables)
 
@@ -170,7 +170,7 @@ class VllmEngine:
                 speculative["model"] = PROPOSER
             elif decoder.drafter == "vllm_ngram":
                 speculative.update(prompt_lookup_min=decoder.ngram_min_q, prompt_lookup_max=decoder.ngram_max_q)
-        install()  # the workers this starts register our expand kernel (cpu_sampling.py)
+        install()  # vLLM's CPU sampling corrected for the workers this starts (cpu_sampling.py)
         with llvmlite_set_aside():
             return self._llm(LLM, model_dir, speculative)
 
