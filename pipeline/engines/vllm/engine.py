@@ -66,6 +66,11 @@ def set_vllm_environment(config: Config) -> None:
     # an equal share to each tensor-parallel rank ("0,1|2,3").
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(config)
     os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    # vLLM caches its environment for the process once an engine has started (envs.enable_envs_cache):
+    # a second engine here (another binding, cache size or rank count) would read the first one's.
+    envs = sys.modules.get("vllm.envs")
+    if envs is not None:
+        envs.disable_envs_cache()
 
 
 def cpu_binding(config: Config) -> str:

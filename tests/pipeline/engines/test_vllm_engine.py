@@ -2,6 +2,7 @@
 exactly vLLM plain greedy's tokens, with drafts verified; bad requests fail alone; statistics are
 filled. vLLM starts twice for the whole module (plain, and ours with the drafter swapped per test)."""
 import dataclasses
+import os
 
 import pytest
 
@@ -153,6 +154,22 @@ def test_each_engines_worker_samples_exactly(engines):
     ours = engines[1]
     assert ours.exact_sampling
     assert ours.collective_rpc(lambda worker: sampling_is_exact(worker.device)) == [True]
+
+
+def test_a_later_engine_in_the_process_reads_its_own_settings(engines, tiny_model_dir, tmp_path, monkeypatch):
+    """vLLM caches its environment once an engine has started; another engine's settings (here two
+    ranks and another cache size) must reach vLLM all the same."""
+    import vllm.envs as envs
+
+    from pipeline.engines.vllm.engine import set_vllm_environment
+
+    for name in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE"):
+        monkeypatch.setenv(name, os.environ.get(name, ""))  # put back as it was after the test
+    envs.enable_envs_cache()
+    set_vllm_environment(config(tiny_model_dir, tmp_path, "engine.tensor_parallel_size=2", "model.num_threads=2",
+                                "engine.cpu_kv_cache_gib=3"))
+    assert envs.VLLM_CPU_KVCACHE_SPACE == 3
+    assert envs.VLLM_CPU_OMP_THREADS_BIND.count("|") == 1
 
 
 def test_sampling_reproduces_with_the_seed(engines, requests):
