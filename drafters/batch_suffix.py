@@ -46,7 +46,7 @@ import torch
 
 from drafters import suffix_kernels as kernels
 from drafters.base import PADDING, DraftContext, Drafts
-from drafters.budget import DraftingPays
+from drafters.budget import CALIBRATION_BINS, DraftingPays, calibrated_gains
 from drafters.datastore import Datastore
 from drafters.suffix import PRIOR
 
@@ -102,7 +102,7 @@ class BatchSuffixDrafter:
         self.weights = self.prior.copy()
         self.ring_x = np.zeros((ring, kernels.NUM_FEATURES))
         self.ring_y = np.zeros(ring)
-        self.calibration = np.zeros((2, kernels.CALIBRATION_BINS))  # per bin: drafts held to that token, tokens judged
+        self.calibration = np.zeros((2, CALIBRATION_BINS))  # per bin: drafts held to that token, tokens judged
         self.store_tokens = np.asarray(store.tokens) if store is not None else np.zeros(0, np.uint32)
         self.suffix_array = np.asarray(store.suffix_array) if store is not None else np.zeros(0, np.int32)
         self.top1 = np.asarray(top1, dtype=np.int32) if top1 is not None else np.zeros(0, np.int32)
@@ -233,6 +233,11 @@ class BatchSuffixDrafter:
         self.free += [slot for slot, _ in self.finished]
         self.finished = []
         return finished, flat, offsets
+
+    def calibrated(self, out: BatchDrafts) -> np.ndarray:
+        """[B, w]: a step's draft tokens' probabilities as the budget weighs them (calibrated on the
+        tokens judged so far, drafters/budget.py), for the tokens out.lengths keeps."""
+        return calibrated_gains(out.confidence, out.lengths, self.calibration, np.zeros_like(out.confidence))
 
     @property
     def compiled_calls(self) -> int:

@@ -1,10 +1,19 @@
-"""A step's cost as a function of the tokens it feeds the model: what the draft budget weighs.
+"""The draft budget: how many of a step's draft tokens to feed the model, from what a step costs
+and how likely each token is to be accepted. One allocator and one family of step costs, used by
+every engine and drafter (the vLLM proposer for any drafter, the batched suffix drafter's compiled
+step, the replay's projection).
 
-A step that feeds n tokens (one per running request plus their drafts) takes `seconds(n)`; the
-budget (drafters/suffix_kernels.py `_budget`) takes a draft token while its probability of being
-accepted P beats what it costs: P > T (c(n + 1) - c(n)) / c(n), T the step's expected tokens so far.
-- `LinearStepCost`: c(n) = a + b n, fitted online from the engine's own steps (the vLLM proposer's
-  StepCosts): on this CPU each token fed costs ~5 % of a step, so only likely tokens pay;
+`allocate`: a step that feeds n tokens (one per running request plus their drafts) takes c(n)
+seconds and emits B + Σ P tokens in expectation (P a kept draft token's probability that it and
+the draft before it are accepted). Draft tokens are taken most likely first while one more raises
+the expected tokens per second: P > T (c(n + 1) - c(n)) / c(n), T and n the totals so far. A
+request's probabilities never rise along its draft, so each kept draft is a prefix and taking the
+largest first is optimal for a linear c (and a fair rule for a convex one). `calibrated`: a drafter's probability as what the judged
+tokens of its bin did bear out.
+
+Step costs, c(n) as `seconds(n)`:
+- `LinearStepCost`: c(n) = a + b n, fitted online from the engine's own steps (`StepCostFit`):
+  on this CPU each token fed costs ~5 % of a step, so only likely tokens pay;
 - `RooflineStepCost`: a GPU step from its spec sheet: c(n) = max(bytes / bandwidth, flops(n) / peak)
   with bytes the weights plus the batch's KV cache and flops(n) = 2 x parameters x n. Tokens are
   free until the step turns compute-bound, then cost their FLOPs. A projection, not a measurement;
@@ -15,7 +24,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numba as nb
 import numpy as np
+
+# calibrated(): judged draft tokens, binned by the probability the drafter gave them; a bin's rate
+# is shrunk towards the drafter's own probability by CALIBRATION_PRIOR tokens.
+CALIBRATION_BINS, CALIBRATION_PRIOR = 20, 20.0
 
 
 @dataclass(frozen=True)
@@ -25,6 +39,32 @@ class LinearStepCost:
 
     def seconds(self, fed: np.ndarray) -> np.ndarray:
         return self.a + self.b * np.asarray(fed, dtype=np.float64)
+
+
+class StepCostFit:
+    """Seconds of one engine step as a + b n, n the tokens it fed the model (one per running
+    request plus their drafts), fitted by least squares over the recent steps (weights decay by
+    `memory` per step). Little variation in n leaves b at its prior: `prior_slope` of a mean step
+    per token, so drafting is tried again after a stretch without drafts; b never falls below it."""
+
+    def __init__(self, memory: float = 0.97, prior_slope: float = 0.02, prior_weight: float = 4.0):
+        self.memory, self.prior_slope, self.prior_weight = memory, prior_slope, prior_weight
+        self.sums = np.zeros(5)  # weighted count, Σn, Σt, Σn², Σnt
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        self.sums = self.memory * self.sums + np.array([1.0, tokens, seconds, tokens * tokens, tokens * seconds])
+
+    def cost(self) -> LinearStepCost:
+        """A step feeding n tokens costs about a + b n seconds."""
+        weight, sum_n, sum_t, sum_nn, sum_nt = self.sums
+        if weight < 1:
+            return LinearStepCost(1.0, self.prior_slope)  # nothing seen yet: only the ratio b / (a + b n) matters
+        mean_n, mean_t = sum_n / weight, sum_t / weight
+        variance, covariance = sum_nn / weight - mean_n ** 2, sum_nt / weight - mean_n * mean_t
+        prior = self.prior_slope * mean_t
+        # Never below the prior: a token fed is never free, and a noisy fit near 0 would draft everything.
+        slope = max(prior, (weight * covariance + self.prior_weight * prior) / (weight * variance + self.prior_weight))
+        return LinearStepCost(max(mean_t - slope * mean_n, 1e-6), slope)
 
 
 @dataclass(frozen=True)
@@ -116,3 +156,58 @@ class DraftingPays:
 def cost_table(cost, batch: int, max_draft: int) -> np.ndarray:
     """[batch (max_draft + 1) + 1]: cost.seconds(n) for every n a step of `batch` requests can feed."""
     return cost.seconds(np.arange(batch * (max_draft + 1) + 1))
+
+
+@nb.njit(cache=True)
+def calibration_bin(probability):
+    return min(int(probability * CALIBRATION_BINS), CALIBRATION_BINS - 1)
+
+
+@nb.njit(cache=True)
+def calibrated(probability, calibration):
+    """The drafter's `probability` that a draft token (and the draft before it) is accepted, as the
+    judged tokens of its bin bore it out: calibration[0, bin] of them held, calibration[1, bin]
+    judged, shrunk towards the drafter's own probability by CALIBRATION_PRIOR tokens."""
+    index = calibration_bin(probability)
+    return (calibration[0, index] + CALIBRATION_PRIOR * probability) / (calibration[1, index] + CALIBRATION_PRIOR)
+
+
+@nb.njit(cache=True)
+def calibrated_gains(confidence, lengths, calibration, gains):
+    """gains[b, j] for j < lengths[b]: request b's draft tokens' probabilities (confidence[b, j],
+    that the draft's first j + 1 tokens are accepted) as calibrated, never above the token's before."""
+    for b in range(lengths.shape[0]):
+        gain = 1.0
+        for j in range(lengths[b]):
+            gain = min(gain, calibrated(confidence[b, j], calibration))
+            gains[b, j] = gain
+    return gains
+
+
+@nb.njit(cache=True)
+def allocate(gains, lengths, step_cost, taken):
+    """Draft tokens per request for one step (see the module's docstring). gains[b, j]: the
+    probability that request b's first j + 1 draft tokens are all accepted (non-increasing in j),
+    for j < lengths[b]; step_cost[n]: the step's seconds when it feeds n tokens, for n up to its
+    length - 1 (no step feeds more). Writes each request's kept tokens into taken; returns their sum."""
+    batch = lengths.shape[0]
+    total = lengths.sum()
+    flat = np.empty(total)
+    owners = np.empty(total, np.int64)
+    i = 0
+    for b in range(batch):
+        taken[b] = 0
+        for j in range(lengths[b]):
+            flat[i], owners[i] = gains[b, j], b
+            i += 1
+    order = np.argsort(-flat, kind="mergesort")  # a request's gains in their order: each cut keeps a prefix
+    expected, fed = float(batch), batch
+    for i in order:
+        if fed + 1 >= step_cost.shape[0]:
+            break
+        if flat[i] * step_cost[fed] <= expected * (step_cost[fed + 1] - step_cost[fed]):
+            break
+        taken[owners[i]] += 1
+        expected += flat[i]
+        fed += 1
+    return fed - batch

@@ -29,6 +29,8 @@ import numpy as np
 from numba.core import types
 from numba.experimental import structref
 
+from drafters.budget import allocate, calibrated_gains, calibration_bin
+
 NUM_FEATURES = 12
 SOURCES = ("context", "outputs", "store")
 # slots[s, :]
@@ -39,9 +41,6 @@ USED, DOCS, JUDGED, SINCE_FIT, CALLS = range(5)
 COUNTERS = 5
 SEPARATOR = 4294967295  # drafters/datastore.py's document separator (uint32 max)
 LOGIT_CLIP = math.log((1 - 1e-3) / 1e-3)
-# The budget's calibration: judged draft tokens by the probability the model gave them (that the draft
-# so far is accepted), in bins; a bin's rate, shrunk towards the model's own by CALIBRATION_PRIOR tokens.
-CALIBRATION_BINS, CALIBRATION_PRIOR = 20, 20.0
 
 
 STATE_FIELDS = ("arena", "heads", "prev", "slots", "docs", "counters", "pending_count", "pending_position",
@@ -600,7 +599,7 @@ def _judge(values, n, s, pending_count, pending_position, pending_length, pendin
             continue
         for j in range(size):  # the draft's first j + 1 tokens were all accepted, or not
             probability = pending_features[s, p, j, NUM_FEATURES]
-            index = min(int(probability * CALIBRATION_BINS), CALIBRATION_BINS - 1)
+            index = calibration_bin(probability)
             calibration[0, index] += 1.0 if j < right else 0.0
             calibration[1, index] += 1.0
         judged = min(right + 1, size)
@@ -744,36 +743,7 @@ def step(state, finished, finished_tokens, finished_offsets,
 
 @nb.njit(cache=True)
 def _budget(out_lengths, out_confidence, step_cost, calibration):
-    """Cuts the batch's drafts to what pays: a step feeding n tokens costs step_cost[n] and emits
-    B + Σ P(draft token accepted) tokens in expectation; draft tokens are taken most likely first
-    (a request's are non-increasing, so each stays a prefix) while one more raises the expected
-    tokens per second: P > T (cost[n + 1] - cost[n]) / cost[n], T and n the totals so far.
-    P is the model's probability as calibrated by what the judged tokens of its bin did."""
-    batch, max_w = out_confidence.shape
-    total = out_lengths.sum()
-    gains = np.empty(total)
-    owners = np.empty(total, np.int64)
-    i = 0
-    for b in range(batch):
-        gain = 1.0
-        for j in range(out_lengths[b]):
-            p = out_confidence[b, j]
-            index = min(int(p * CALIBRATION_BINS), CALIBRATION_BINS - 1)
-            calibrated = (calibration[0, index] + CALIBRATION_PRIOR * p) / (calibration[1, index] + CALIBRATION_PRIOR)
-            gain = min(gain, calibrated)  # non-increasing along the draft: each cut keeps a prefix
-            gains[i], owners[i] = gain, b
-            i += 1
-    order = np.argsort(-gains, kind="mergesort")
-    taken = np.zeros(batch, np.int64)
-    expected, fed = float(batch), batch
-    for i in order:
-        if fed + 1 >= step_cost.shape[0]:
-            break
-        if gains[i] * step_cost[fed] <= expected * (step_cost[fed + 1] - step_cost[fed]):
-            break
-        taken[owners[i]] += 1
-        expected += gains[i]
-        fed += 1
-    for b in range(batch):
-        out_lengths[b] = taken[b]
-    return taken.sum()
+    """Cuts the batch's drafts to what pays (drafters/budget.py), each token's probability as
+    calibrated by what the judged tokens of its bin did."""
+    gains = calibrated_gains(out_confidence, out_lengths, calibration, np.empty_like(out_confidence))
+    return allocate(gains, out_lengths.copy(), step_cost, out_lengths)

@@ -113,3 +113,25 @@ def save_acceptance_plots(groups: dict[str, AcceptanceCounts], out: Path, prefix
         figure.savefig(paths[-1], dpi=120)
         plt.close(figure)
     return paths
+
+
+def save_calibration_plot(series: dict[str, list[dict]], path: Path, title: str) -> Path:
+    """Predicted against observed acceptance by draft depth (jobs.benchmark --replay's calibration
+    rows: depth, predicted_model, predicted_calibrated, observed), one panel per series."""
+    plt = pyplot()
+    figure, panels = plt.subplots(1, len(series), figsize=(4.2 * len(series), 3.6), squeeze=False)
+    for axes, (label, rows) in zip(panels[0], series.items()):
+        depth = [r["depth"] for r in rows]
+        axes.plot(depth, [r["observed"] for r in rows], "o-", color="black", label="observed")
+        axes.plot(depth, [r["predicted_calibrated"] for r in rows], "s--", label="predicted (calibrated: the budget's)")
+        axes.plot(depth, [r["predicted_model"] for r in rows], "^:", label="predicted (drafter's model)")
+        axes.set_ylim(0, 1)
+        axes.set_xlabel("draft depth j (first j tokens accepted)")
+        axes.set_title(label, fontsize=9)
+    panels[0][0].set_ylabel("P(first j draft tokens accepted)")
+    panels[0][0].legend(fontsize=7)
+    figure.suptitle(title, fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return path

@@ -25,6 +25,11 @@ from pipeline.package_data import json_list_records, sharegpt_path
 EXTRACT_JSON = ('Extract every person, organization, place, date and number mentioned in the text below. Answer '
                 'with JSON only, in this form: {"people": [], "organizations": [], "places": [], "dates": [], '
                 '"numbers": []}.\n\nText:\n')
+# The answer's form as a JSON schema, for runs that constrain it (vLLM's structured_outputs).
+EXTRACT_JSON_SCHEMA = {"type": "object", "additionalProperties": False,
+                       "required": ["people", "organizations", "places", "dates", "numbers"],
+                       "properties": {key: {"type": "array", "items": {"type": "string"}}
+                                      for key in ("people", "organizations", "places", "dates", "numbers")}}
 REWRITE_CODE = ("Rewrite this Python function with type hints and a docstring. Keep its name, its logic and its "
                 "comments unchanged. Answer with the code only.\n\n```python\n")
 EDIT_TEXT = ("Correct the spelling and grammar of the text below. Keep its wording, structure and formatting "
@@ -66,6 +71,13 @@ def stdlib_functions(low_lines: int = 6, high_lines: int = 40) -> Iterator[tuple
                 if low_lines <= lines <= high_lines:
                     code = textwrap.dedent(ast.get_source_segment(source, node, padded=True))
                     yield f"{module}:{node.name}:{node.lineno}", code
+
+
+def structured_outputs(task: str) -> dict:
+    """The structured_outputs (vLLM's StructuredOutputsParams fields) a task's answers take."""
+    if task != "corpus-extract-json":
+        raise ValueError(f"{task!r} has no answer schema (only corpus-extract-json has one)")
+    return {"json": EXTRACT_JSON_SCHEMA}
 
 
 def corpus_texts(task: str, limit: int = 0) -> list[tuple[str, str]]:

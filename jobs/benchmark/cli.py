@@ -41,13 +41,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--datastore", default="", help="datastore directory for rest:k:w and mixed+rest:k:w")
     parser.add_argument("--grid", action="store_true", help="sweep k x w for --grid-drafter and draw the heatmaps")
     parser.add_argument("--grid-drafter", default="mixed")
-    parser.add_argument("--plots", default="", help="directory for the --grid plots (default: next to --out)")
+    parser.add_argument("--plots", default="", help="directory for the --grid plots (default: next to --out) and --replay's calibration plot (default: none)")
     parser.add_argument("--throughput", action="store_true",
                         help="instead: generated tokens/s of batched generation per --batch size, for hf_greedy "
                              "(generate with left padding), plain and --spec, all with the same batch size")
     parser.add_argument("--batch", default="1,4,8", help="--throughput and --replay: batch sizes (requests per call; running requests)")
     parser.add_argument("--spec", default="batch_suffix:1:auto",
                         help="--throughput: our speculative method(s), comma-separated (the default drafter; runs on either engine)")
+    parser.add_argument("--json-schema", action="store_true",
+                        help="--throughput --engine vllm: every request carries its corpus task's JSON schema as "
+                             "structured_outputs, for every method (corpus-extract-json)")
     parser.add_argument("--max-batch-tokens", type=int, default=0, help="--throughput: tokens per call cap (0: none)")
     parser.add_argument("--engine", choices=("transformers", "vllm"), default="transformers",
                         help="--throughput on vllm: vLLM plain, vllm_ngram (and vllm_suffix where arctic-inference is "
@@ -88,6 +91,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--step-costs", default="", metavar="GPU_STEP_JSON",
                         help="--replay: step costs measured on that GPU (python -m jobs.benchmark.gpu_step) "
                              "for the projection and the budget, instead of the roofline")
+    parser.add_argument("--host-step", default="", metavar="HOST_STEP_JSON",
+                        help="--replay: the host's time per step (python -m jobs.benchmark.host_step), which "
+                             "async scheduling hides: the projection compares with plain vLLM with and without it")
     return parser.parse_args(argv)
 
 

@@ -32,6 +32,7 @@ from pipeline.config import Config, load_config
 from pipeline.engines.base import Engine, Request, Result
 from pipeline.engines.build import build_engine
 from pipeline.model_loading import load_model
+from pipeline.corpus_tasks import structured_outputs
 from pipeline.prompts import encode_prompt, load_prompts
 
 # vLLM's own methods at the settings the issue measured: n-gram k = 5, q 2..4; suffix k = 16.
@@ -122,15 +123,17 @@ def build_engines(base: list[str], methods: list[Method], batches: list[int]) ->
 
 
 def compare(base: list[str], methods: list[Method], prompts: list[str], batches: list[int], max_new_tokens: int,
-            rounds: int = 1) -> dict:
+            rounds: int = 1, structured_outputs: dict | None = None) -> dict:
     """Runs every method at every batch size, `rounds` times, each run on its own chunk of
-    len(prompts) // (rounds * len(batches)) prompts; returns the rows of the comparison."""
+    len(prompts) // (rounds * len(batches)) prompts; returns the rows of the comparison. With
+    `structured_outputs` every request carries it (its answers constrained, for every method)."""
     per_run = len(prompts) // (rounds * len(batches))
     if per_run < 1:
         raise ValueError(f"{len(prompts)} prompts cannot give {rounds} rounds x {len(batches)} batch sizes a prompt each")
     engines = build_engines(base, methods, batches)
     tokenizer = next(iter(engines.values())).tokenizer
-    requests = [Request(str(i), encode_prompt(tokenizer, prompt, str(i)), max_new_tokens) for i, prompt in enumerate(prompts)]
+    requests = [Request(str(i), encode_prompt(tokenizer, prompt, str(i)), max_new_tokens,
+                        structured_outputs=structured_outputs) for i, prompt in enumerate(prompts)]
     measured = {(m, b): Measured(m, b) for m in methods for b in batches}
     chunks = []
     for run in range(rounds * len(batches)):
@@ -211,6 +214,10 @@ def engine_comparison(args) -> dict:
         raise SystemExit(f"--rounds {args.rounds} x --batch {args.batch} x --limit {args.limit} needs {needed} prompts "
                          f"(every run new ones); {args.dataset} has {len(prompts)}")
     base = [f"model.name={json.dumps(args.model)}", f"model.dtype={args.dtype}", "engine.cpu_kv_cache_gib=1"]
+    try:
+        structured = structured_outputs(args.dataset) if args.json_schema else None
+    except ValueError as error:
+        raise SystemExit(f"--json-schema: {error}") from error
     report = compare(base, parse_methods(",".join(names), "vllm"), prompts, batches,
-                                args.max_new_tokens, args.rounds)
-    return {"dataset": args.dataset, "model": args.model, "dtype": args.dtype, **report}
+                     args.max_new_tokens, args.rounds, structured)
+    return {"dataset": args.dataset, "model": args.model, "dtype": args.dtype, "structured_outputs": structured, **report}

@@ -30,6 +30,7 @@ import json
 import multiprocessing
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -62,7 +63,8 @@ def load_answers(run_dirs: str, max_tokens: int) -> list[Answer]:
 
 
 class Ours:
-    """drafters/batch_suffix.py: one call per step for every running request."""
+    """drafters/batch_suffix.py: one call per step for every running request. Each verified draft
+    is also scored against what its tokens were predicted to do (`DepthCalibration`)."""
 
     def __init__(self, args, store, answers, cost=None):
         from drafters.registry import DrafterTables, make_drafter
@@ -75,15 +77,58 @@ class Ours:
         gc.collect()
         self.drafter = make_drafter(config, DrafterTables(datastore=store), 0)
         self.cost = cost
+        self.calibration = DepthCalibration(args.max_draft)
+        self.predicted: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.out = None
 
     def draft(self, batch: list[int], rows: np.ndarray, lengths: np.ndarray, prompts: np.ndarray,
               limits: np.ndarray, tokens: np.ndarray) -> list[np.ndarray]:
         table = None if self.cost is None else cost_table(self.cost(len(batch), lengths), len(batch), self.drafter.w)
-        out = self.drafter.step(batch, tokens, rows, lengths, prompts, limits, table)
+        self.out = out = self.drafter.step(batch, tokens, rows, lengths, prompts, limits, table)
         return [out.tokens[i, :out.lengths[i]] for i in range(len(batch))]
+
+    def predict(self, batch: list[int]) -> None:
+        """Keeps what the last step's drafts were predicted to do (outside the drafter's time)."""
+        out = self.out
+        calibrated = self.drafter.calibrated(out)
+        for i, key in enumerate(batch):
+            n = out.lengths[i]
+            self.predicted[key] = (out.confidence[i, :n].copy(), calibrated[i, :n])
+
+    def judged(self, key: int, accepted: int) -> None:
+        model, calibrated = self.predicted.pop(key, (None, None))
+        if model is not None and len(model):
+            self.calibration.add(model, calibrated, accepted)
 
     def finish(self, key: int, output: np.ndarray) -> None:
         self.drafter.finish(key, output.tolist())
+
+
+class DepthCalibration:
+    """Per draft depth j: the verified drafts that reached it, the sum of their predicted
+    probabilities that their first j + 1 tokens are accepted (the drafter's model's, and as the
+    budget calibrates them), and how many were."""
+
+    def __init__(self, max_draft: int):
+        self.sums = np.zeros((4, max_draft))  # drafts, model, calibrated, held
+
+    def add(self, model: np.ndarray, calibrated: np.ndarray, accepted: int) -> None:
+        n = len(model)
+        self.sums[0, :n] += 1
+        self.sums[1, :n] += model
+        self.sums[2, :n] += calibrated
+        self.sums[3, :n] += np.arange(n) < accepted
+
+    def rows(self) -> list[dict]:
+        drafts, model, calibrated, held = self.sums
+        return [{"depth": j + 1, "drafts": int(drafts[j]), "predicted_model": round(float(model[j] / drafts[j]), 4),
+                 "predicted_calibrated": round(float(calibrated[j] / drafts[j]), 4), "observed": round(float(held[j] / drafts[j]), 4)}
+                for j in range(len(drafts)) if drafts[j]]
+
+    def error(self) -> float:
+        """The calibrated prediction's mean absolute error over depths, weighted by drafts."""
+        drafts, _, calibrated, held = self.sums
+        return float(np.abs(calibrated - held).sum() / max(drafts.sum(), 1))
 
 
 class ArcticSuffix:
@@ -172,29 +217,60 @@ def resident_mb() -> float:
         return int(handle.read().split()[1]) * 4096 / 2**20
 
 
+@dataclass(frozen=True)
+class HostedStepCost:
+    """A GPU step's cost plus the host's seconds that a synchronous engine adds to every step
+    (scheduling, inputs, outputs: what async scheduling would overlap with the GPU's work)."""
+    device: object  # a step cost: RooflineStepCost or MeasuredStepCost
+    host: float
+
+    def seconds(self, fed: np.ndarray) -> np.ndarray:
+        return self.device.seconds(fed) + self.host
+
+
 class StepClock:
-    """The replayed steps' projected GPU seconds (--project): each step's roofline cost for the tokens
-    it fed and its requests' own context (drafters/budget.py), summed."""
+    """The replayed steps' projected seconds (--project): each step's GPU cost for the tokens it fed
+    and its requests' own context (drafters/budget.py: the roofline, or --step-costs as measured),
+    summed, and apart from it the host's seconds of each step (--host-step, by running requests)."""
 
-    def __init__(self, projection: str, measured: dict | None = None):
+    def __init__(self, projection: str, measured: dict | None = None, host: dict | None = None):
         gpu, model = (part.lower() for part in projection.split("-"))
-        self.gpu, self.model, self.seconds = GPUS[gpu], MODELS[model], 0.0
+        self.gpu, self.model, self.seconds, self.host_seconds = GPUS[gpu], MODELS[model], 0.0, 0.0
         self.measured = measured  # a jobs.benchmark.gpu_step report: its step costs, not the roofline's
+        self.host = host  # a jobs.benchmark.host_step report: the host's milliseconds per step by batch
 
-    def cost(self, running: int, lengths: np.ndarray):
+    def device_cost(self, running: int, lengths: np.ndarray):
         if self.measured is not None:
             return MeasuredStepCost.from_report(self.measured, running)
         return RooflineStepCost(self.gpu, self.model, running, float(np.mean(lengths)))
 
+    def cost(self, running: int, lengths: np.ndarray) -> HostedStepCost:
+        """A synchronous step's (what our budget weighs): the GPU's and the host's."""
+        return HostedStepCost(self.device_cost(running, lengths), host_seconds(self.host, running))
+
     def step(self, running: int, fed: int, context: int) -> None:
-        self.seconds += float(self.cost(running, np.array([context / running])).seconds(fed))
+        self.seconds += float(self.device_cost(running, np.array([context / running])).seconds(fed))
+        self.host_seconds += host_seconds(self.host, running)
+
+
+def host_seconds(report: dict | None, running: int) -> float:
+    """The host's seconds for a step of `running` requests: the host_step report's medians,
+    interpolated linearly in the batch size (0 without a report)."""
+    if report is None:
+        return 0.0
+    points = sorted((row["batch"], row["host_ms_per_step"]) for row in report["median"])
+    return 1e-3 * float(np.interp(running, [b for b, _ in points], [ms for _, ms in points]))
 
 
 def step_costs(args) -> dict | None:
     """--step-costs: a jobs.benchmark.gpu_step report, measured on the GPU that --project names."""
-    if not getattr(args, "step_costs", ""):
+    return read_json(getattr(args, "step_costs", ""))
+
+
+def read_json(path: str) -> dict | None:
+    if not path:
         return None
-    with open(args.step_costs) as handle:
+    with open(path) as handle:
         return json.load(handle)
 
 
@@ -203,7 +279,8 @@ def replay(args, method: str, batch: int, answers: list[Answer], store, budget: 
     with that GPU-model's roofline step budget."""
     gc.collect()
     before = resident_mb()
-    clock = StepClock(budget or args.project, step_costs(args)) if (budget or args.project) else None
+    clock = (StepClock(budget or args.project, step_costs(args), read_json(getattr(args, "host_step", "")))
+             if (budget or args.project) else None)
     drafter = Ours(args, store, answers, clock.cost) if budget else METHODS[method](args, store, answers)
     longest = max(len(a.prompt) + len(a.output) for a in answers) + 1
     tokens = np.zeros((batch, longest), np.int32)
@@ -227,6 +304,8 @@ def replay(args, method: str, batch: int, answers: list[Answer], store, budget: 
             started = time.perf_counter()
             drafts = drafter.draft(keys, rows, lengths, prompts, limits, tokens)
             step_seconds += time.perf_counter() - started
+            if hasattr(drafter, "predict"):
+                drafter.predict(keys)
             calls += len(keys)
             per_step.append(step_seconds / len(keys))
             for key, draft in zip(keys, drafts):
@@ -238,9 +317,12 @@ def replay(args, method: str, batch: int, answers: list[Answer], store, budget: 
            "us_per_request_step_mean": round(1e6 * seconds / max(calls, 1), 2),
            "us_per_request_step_p99": round(1e6 * float(np.percentile(per_step, 99)), 2) if per_step else 0.0,
            "memory_mb": round(resident_mb() - before, 1), "request_steps": steps}
-    if clock is not None:  # the drafter runs between steps (vLLM's proposer is synchronous): its time adds
-        row["projected_tokens_per_second"] = round(totals["emitted"] / (clock.seconds + seconds), 1)
-        row["projected_tokens_per_second_drafting_hidden"] = round(totals["emitted"] / clock.seconds, 1)
+    if isinstance(drafter, Ours):
+        row["calibration_error"] = round(drafter.calibration.error(), 4)
+        row["calibration"] = drafter.calibration.rows()
+    if clock is not None:  # seconds on the GPU, the host's per step, the drafter's (see `projection`)
+        row["projected_seconds"] = {"gpu": round(clock.seconds, 6), "host": round(clock.host_seconds, 6),
+                                    "drafter": round(seconds, 6)}
     return row
 
 
@@ -254,6 +336,8 @@ def verify(active: dict, answers: list[Answer], drafter, free_rows: list, totals
         accepted = 0
         while accepted < len(draft) and state[1] + accepted < len(output) - 1 and draft[accepted] == output[state[1] + accepted]:
             accepted += 1
+        if hasattr(drafter, "judged"):
+            drafter.judged(key, accepted)
         fed, context = fed + 1 + len(draft), context + len(answers[key].prompt) + state[1]
         state[1] += accepted + 1
         totals["steps"], totals["emitted"], totals["drafted"] = (
@@ -307,16 +391,31 @@ def replay_comparison(args) -> dict:
     _warm_up(args, answers, store, methods)
     rows = []
     context = multiprocessing.get_context("fork")
+    calibration = []
     for job in jobs:
         with context.Pool(1) as pool:
             rows.append(pool.apply(_replay_in_child, (job,)))
+        calibration += [{"method": rows[-1]["method"], "batch": rows[-1]["batch"], **depth}
+                        for depth in rows[-1].pop("calibration", [])]
         print(json.dumps(rows[-1]), flush=True)
     report = {"replay": rows, "answers": len(answers), "generated_tokens": int(sum(len(a.output) for a in answers)),
               "store_tokens": int(len(store)) if store is not None else 0, "max_draft": args.max_draft,
-              "skipped": skipped}
+              "skipped": skipped, "calibration": calibration}
+    if calibration and args.plots:
+        report["calibration_plot"] = str(calibration_plot(calibration, Path(args.plots), args.replay))
     if args.project:
-        report["projection"] = projection(rows, args.project, step_costs(args))
+        report["projection"] = projection(rows, args.project, step_costs(args), read_json(args.host_step))
     return report
+
+
+def calibration_plot(rows: list[dict], directory: Path, title: str) -> Path:
+    from jobs.plots import save_calibration_plot
+
+    directory.mkdir(parents=True, exist_ok=True)
+    series = {}
+    for row in rows:
+        series.setdefault(f"{row['method']}, B = {row['batch']}", []).append(row)
+    return save_calibration_plot(series, directory / "calibration.png", f"draft acceptance by depth: {title}")
 
 
 def _warm_up(args, answers, store, methods) -> None:
@@ -328,30 +427,47 @@ def _warm_up(args, answers, store, methods) -> None:
             replay(args, method, 2, few, store)
 
 
-def projection(rows: list[dict], name: str, measured: dict | None = None) -> dict:
+def projection(rows: list[dict], name: str, measured: dict | None = None, host: dict | None = None) -> dict:
     """Each row's projected tokens/s against plain decoding's at its batch size. A replayed step t
-    that feeds n_t tokens (one per running request plus their drafts) over requests of mean context
-    ctx_t takes c(n_t, ctx_t) on the GPU (drafters/budget.py's roofline), and the drafter's own
-    seconds d_t after it (vLLM runs a `custom_class` or `suffix` proposer between steps, on the CPU):
+    of B_t running requests that feeds n_t tokens (one per request plus their drafts) over requests
+    of mean context ctx_t takes c(n_t, ctx_t) on the GPU (drafters/budget.py's roofline, or with
+    `measured` (--step-costs) the step cost measured on that GPU), h(B_t) on the host (scheduling,
+    inputs, outputs: `host`, --host-step, measured by jobs.benchmark.host_step; 0 without it) and
+    d_t for the drafter on the CPU (vLLM runs a `custom_class` or `suffix` proposer between steps):
 
-        tokens/s = Σ tokens / Σ_t (c(n_t, ctx_t) + d_t)
+        synchronous (how vLLM 0.32 runs ours and its `suffix`):  tokens / Σ_t (c_t + h(B_t) + d_t)
+        asynchronous (plain vLLM's default on a GPU; `ngram_gpu`): tokens / Σ_t c_t
 
-    with d_t = 0 the ratio `vs_plain_drafting_hidden` (what overlapping the drafting with the step,
-    async scheduling, would give). With `measured` (--step-costs), c is the step cost measured on
-    that GPU (drafters/budget.py's MeasuredStepCost) instead of the roofline."""
+    the host and a device-side drafter's work overlapping the GPU's steps (taken as fully hidden:
+    an upper bound for the asynchronous side). Ratios: `vs_plain_async` (each row as it runs today,
+    synchronous, against plain vLLM with async scheduling: what a GPU user compares us with),
+    `vs_plain_sync` (against plain without it), `async_vs_plain_async` (each row as if it ran
+    asynchronously: ours under model runner V2 with a device-side drafter; vllm_ngram stands for
+    `ngram_gpu`, whose V2 kernel looks up the same n-grams on the GPU)."""
     gpu, model = (part.lower() for part in name.split("-"))
+
+    def rate(row: dict, *parts: str) -> float:
+        return row["tokens_per_step"] * row["request_steps"] / sum(row["projected_seconds"][p] for p in parts)
+
     projected = []
     for batch in sorted({row["batch"] for row in rows}):
         plain = next((r for r in rows if r["batch"] == batch and r["method"] == "plain"), None)
         for row in (r for r in rows if r["batch"] == batch):
-            entry = {"method": row["method"], "batch": batch, "tokens_per_second": row["projected_tokens_per_second"]}
+            entry = {"method": row["method"], "batch": batch,
+                     "tokens_per_second": round(rate(row, "gpu", "host", "drafter"), 1),
+                     "tokens_per_second_async": round(rate(row, "gpu"), 1)}
             if plain is not None:
-                entry["vs_plain"] = round(row["projected_tokens_per_second"] / plain["projected_tokens_per_second"], 3)
-                entry["vs_plain_drafting_hidden"] = round(
-                    row["projected_tokens_per_second_drafting_hidden"] / plain["projected_tokens_per_second"], 3)
+                plain_async, plain_sync = rate(plain, "gpu"), rate(plain, "gpu", "host", "drafter")
+                entry["vs_plain_async"] = round(entry["tokens_per_second"] / plain_async, 3)
+                entry["vs_plain_sync"] = round(entry["tokens_per_second"] / plain_sync, 3)
+                entry["async_vs_plain_async"] = round(entry["tokens_per_second_async"] / plain_async, 3)
             projected.append(entry)
     step = ("c(n, B) measured (MeasuredStepCost over --step-costs, context "
             f"{measured['context']}, {measured['device']})" if measured is not None
             else "c(n, ctx) = max((2 P + B ctx kv) / bandwidth, 2 P n / flops)")
+    hosted = ("h(B) = this CPU's vLLM host milliseconds per step (--host-step): "
+              + ", ".join(f"B {r['batch']}: {r['host_ms_per_step']}" for r in host["median"]) if host is not None
+              else "h(B) = 0 (no --host-step)")
     return {"gpu": GPUS[gpu].name, "model": MODELS[model].name,
-            "formula": f"tokens/s = sum tokens / sum_t (c(n_t, ctx_t) + d_t); {step}", "rows": projected}
+            "formula": f"synchronous: tokens/s = sum tokens / sum_t (c(n_t) + h(B_t) + d_t); asynchronous: "
+                       f"sum tokens / sum_t c(n_t); {step}; {hosted}", "rows": projected}

@@ -9,6 +9,7 @@ from drafters.acceptance import AcceptanceModel
 from drafters.base import common_prefix
 from drafters.batch_suffix import BatchSuffixDrafter
 from drafters.budget import (
+    CALIBRATION_BINS,
     GPUS,
     MODELS,
     DraftingPays,
@@ -342,7 +343,7 @@ def test_the_budget_trusts_the_model_only_as_far_as_its_judged_tokens_bear_it_ou
     batch, w = 8, 4
     confidence = np.tile([0.9, 0.88, 0.86, 0.84], (batch, 1))
     cost = cost_table(LinearStepCost(a=1.0, b=0.05), batch, w)  # a token pays above ~0.4 here
-    fresh = np.zeros((2, kernels.CALIBRATION_BINS))
+    fresh = np.zeros((2, CALIBRATION_BINS))
     lengths = np.full(batch, w)
     assert kernels._budget(lengths, confidence, cost, fresh) == batch * w  # no evidence: the model's word
     overconfident = fresh.copy()

@@ -44,3 +44,15 @@ def test_the_code_task_rewrites_whole_functions(prompts):
 def test_an_unknown_task_names_the_tasks():
     with pytest.raises(ValueError, match="corpus-extract-json, corpus-edit-text"):
         corpus_texts("corpus-translate")
+
+
+def test_the_extraction_schema_is_the_form_the_prompt_asks_for():
+    import json
+
+    from pipeline.corpus_tasks import EXTRACT_JSON, EXTRACT_JSON_SCHEMA, structured_outputs
+
+    form = json.loads(EXTRACT_JSON[EXTRACT_JSON.index("{"):EXTRACT_JSON.rindex("}") + 1])
+    assert set(form) == set(EXTRACT_JSON_SCHEMA["required"]) == set(EXTRACT_JSON_SCHEMA["properties"])
+    assert structured_outputs("corpus-extract-json") == {"json": EXTRACT_JSON_SCHEMA}
+    with pytest.raises(ValueError, match="corpus-summarize.*no answer schema"):
+        structured_outputs("corpus-summarize")

@@ -12,7 +12,7 @@ the tokens the request went on to emit, as drafters/adaptive.py does), and the d
 proposed, which the engine reads back after generation for the per-request statistics.
 
 With `w: auto` the draft length is chosen per request and per step: a step's cost is learned
-online from the engine's own steps (StepCosts), and the batch's draft tokens go, one at a time,
+online from the engine's own steps (drafters/budget.py StepCostFit), and the batch's draft tokens go, one at a time,
 to the request whose next token is most likely accepted, while that raises the batch's expected
 tokens per second. How likely: where the drafter gives its own confidence (the suffix drafter's
 acceptance model, calibrated online on what requests emit), that; otherwise the first token as
@@ -22,7 +22,6 @@ noisy cost fit never makes drafts free. A request whose drafts fail stops drafti
 """
 from __future__ import annotations
 
-import heapq
 import logging
 import time
 from dataclasses import dataclass, field
@@ -37,7 +36,8 @@ from drafters.adaptive import (
     judge_proposals,
 )
 from drafters.base import PADDING, DraftContext, Drafter, Drafts, common_prefix
-from drafters.budget import LinearStepCost, cost_table
+from drafters import budget
+from drafters.budget import StepCostFit, cost_table
 
 logger = logging.getLogger(__name__)
 
@@ -113,51 +113,17 @@ class DepthAcceptance:
         return gains
 
 
-class StepCosts:
-    """Seconds of one engine step as a + b n, n the tokens it fed the model (one per running
-    request plus their drafts), fitted by least squares over the recent steps (weights decay by
-    `memory` per step). Little variation in n leaves b at its prior: `prior_slope` of a mean step
-    per token, so drafting is tried again after a stretch without drafts; b never falls below it."""
-
-    def __init__(self, memory: float = 0.97, prior_slope: float = 0.02, prior_weight: float = 4.0):
-        self.memory, self.prior_slope, self.prior_weight = memory, prior_slope, prior_weight
-        self.sums = np.zeros(5)  # weighted count, Σn, Σt, Σn², Σnt
-
-    def observe(self, tokens: int, seconds: float) -> None:
-        self.sums = self.memory * self.sums + np.array([1.0, tokens, seconds, tokens * tokens, tokens * seconds])
-
-    def line(self) -> tuple[float, float]:
-        """(a, b): a step feeding n tokens costs about a + b n seconds."""
-        weight, sum_n, sum_t, sum_nn, sum_nt = self.sums
-        if weight < 1:
-            return 1.0, self.prior_slope  # nothing seen yet: only the ratio b / (a + b n) matters
-        mean_n, mean_t = sum_n / weight, sum_t / weight
-        variance, covariance = sum_nn / weight - mean_n ** 2, sum_nt / weight - mean_n * mean_t
-        prior = self.prior_slope * mean_t
-        # Never below the prior: a token fed is never free, and a noisy fit near 0 would draft everything.
-        slope = max(prior, (weight * covariance + self.prior_weight * prior) / (weight * variance + self.prior_weight))
-        return max(mean_t - slope * mean_n, 1e-6), slope
-
-
-def allocate(gains: list[list[float]], costs: tuple[float, float]) -> list[int]:
-    """Draft tokens per request for one step. gains[r][j] is the probability that request r's
-    first j + 1 draft tokens are all accepted, so E_r = 1 + Σ_{j < j_r} gains[r][j] are its expected
-    tokens when it drafts j_r; the step maximises (Σ_r E_r) / (a + b Σ_r (1 + j_r)). One more token
-    for request r raises the expected tokens by gains[r][j_r] and the cost by b, which pays while
-    gains[r][j_r] > b T / C (T, C the totals so far); a request's gains only fall, so taking the
-    largest next gain first is optimal."""
-    a, b = costs
-    taken = [0] * len(gains)
-    expected, cost = float(len(gains)), a + b * len(gains)
-    heap = [(-row[0], r) for r, row in enumerate(gains) if row]  # each request's next gain, largest first
-    heapq.heapify(heap)
-    while heap and -heap[0][0] > b * expected / cost:
-        gain, r = heapq.heappop(heap)
-        taken[r] += 1
-        expected, cost = expected - gain, cost + b
-        if taken[r] < len(gains[r]):
-            heapq.heappush(heap, (-gains[r][taken[r]], r))
-    return taken
+def allocate(gains: list[list[float]], cost) -> list[int]:
+    """Draft tokens per request for one step (drafters/budget.py `allocate`): gains[r][j] the
+    probability that request r's first j + 1 draft tokens are all accepted; `cost` a step cost."""
+    lengths = np.array([len(row) for row in gains], dtype=np.int64)
+    width = max(1, int(lengths.max(initial=0)))
+    table = np.zeros((len(gains), width))
+    for r, row in enumerate(gains):
+        table[r, :len(row)] = row
+    taken = np.zeros(len(gains), dtype=np.int64)
+    budget.allocate(table, lengths, cost_table(cost, len(gains), width), taken)
+    return taken.tolist()
 
 
 class NgrammysProposer:
@@ -174,7 +140,7 @@ class NgrammysProposer:
         self.tracked: dict[str, Tracked] = {}
         self.pool: dict[RowKind, AcceptanceEstimate] = {}  # finished requests' evidence: new requests' prior
         self.depths: dict[str, DepthAcceptance] = {}  # per strategy, how deep verified drafts held
-        self.costs = StepCosts()
+        self.costs = StepCostFit()
         self.last_step: tuple[float, int] | None = None  # (when the last proposal ended, tokens it had fed)
         self.vocab_size = vllm_config.model_config.get_vocab_size()
         self.reported: set[str] = set()  # drafting errors already logged (each kind once)
@@ -189,7 +155,7 @@ class NgrammysProposer:
         self.runner, self.drafter, self.w, self.max_q, self.adaptive = runner, drafter, w, max_q, adaptive
         self.draft_sampled = draft_sampled
         # A new drafter starts from nothing: no acceptance evidence, no cost fit of another's steps.
-        self.tracked, self.pool, self.depths, self.costs, self.last_step = {}, {}, {}, StepCosts(), None
+        self.tracked, self.pool, self.depths, self.costs, self.last_step = {}, {}, {}, StepCostFit(), None
 
     def load_model(self, *args, **kwargs) -> None:
         """vLLM calls this on every proposer; drafting from tables and contexts loads nothing."""
@@ -254,7 +220,7 @@ class NgrammysProposer:
         lengths = np.asarray(num_tokens_no_spec[:len(sampled_token_ids)], dtype=np.int64)[rows_array]
         prompts = np.array([t.prompt_length for t in tracked], dtype=np.int64)
         limits = np.array([t.limit for t in tracked], dtype=np.int64)
-        budget = cost_table(LinearStepCost(*self.costs.line()), len(rows), self.w) if self.adaptive else None
+        budget = cost_table(self.costs.cost(), len(rows), self.w) if self.adaptive else None
         try:
             out = self.drafter.step(keys, token_ids_cpu, rows_array, lengths, prompts, limits, budget)
         except Exception as error:  # noqa: BLE001 - the engine must survive its drafter
@@ -361,7 +327,7 @@ class NgrammysProposer:
             return [len(tokens) for _, (_, tokens, _) in candidates]
         gains = [tracked.gains(strategy, len(tokens), confidence, self.depths)
                  for tracked, (strategy, tokens, confidence) in candidates]
-        return allocate(gains, self.costs.line())
+        return allocate(gains, self.costs.cost())
 
     def take(self, outputs: dict[str, list[int]]) -> dict[str, Tracked]:
         """Hands over (and forgets) what it tracked of these finished requests, by the ids

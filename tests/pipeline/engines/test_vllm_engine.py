@@ -85,8 +85,10 @@ class FixedCosts:
     def observe(self, tokens, seconds):
         pass
 
-    def line(self):
-        return self.a, self.b
+    def cost(self):
+        from drafters.budget import LinearStepCost
+
+        return LinearStepCost(self.a, self.b)
 
 
 def set_costs(worker, a, b):

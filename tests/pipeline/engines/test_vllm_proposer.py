@@ -1,4 +1,4 @@
-"""The vLLM proposer's pure parts, without vLLM: the step-cost fit, the draft-length choice and
+"""The vLLM proposer's pure parts, without vLLM: the draft-length choice (drafters/budget.py's allocator) and
 the per-request statistics taken from vLLM's metrics and the proposer's drafts."""
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -7,9 +7,9 @@ import pytest
 
 from drafters.adaptive import AdaptiveController
 from pipeline.engines.vllm.engine import request_stats
+from drafters.budget import LinearStepCost, StepCostFit
 from pipeline.engines.vllm.proposer import (
     Proposal,
-    StepCosts,
     Tracked,
     allocate,
     external_request_id,
@@ -21,39 +21,23 @@ def geometric(alpha: float, length: int) -> list[float]:
     return [alpha ** (j + 1) for j in range(length)]
 
 
-def test_step_costs_recover_a_line_and_fall_back_to_the_prior_slope():
-    costs = StepCosts(memory=1.0)
-    for tokens in (1, 5, 9, 3, 17, 2):
-        costs.observe(tokens, 0.050 + 0.002 * tokens)
-    a, b = costs.line()
-    assert a == pytest.approx(0.050, rel=0.05) and b == pytest.approx(0.002, rel=0.1)
-    flat = StepCosts(memory=1.0, prior_slope=0.02)
-    for _ in range(10):
-        flat.observe(4, 0.1)  # no variation in tokens: nothing to fit a slope to
-    assert flat.line()[1] == pytest.approx(0.02 * 0.1)
-    free = StepCosts(memory=1.0, prior_slope=0.02)
-    for tokens in (1, 9, 3, 17):
-        free.observe(tokens, 0.1)  # more tokens, no more time: the fit says free, the floor does not
-    assert free.line()[1] == pytest.approx(0.02 * 0.1)
-
-
 def test_allocation_drafts_while_a_token_pays_for_its_cost():
     # Free tokens: every candidate is drafted in full; a token costing a whole step: none.
-    assert allocate([geometric(0.9, 8), geometric(0.2, 3)], (0.05, 0.0)) == [8, 3]
-    assert allocate([geometric(0.9, 8), geometric(0.2, 3)], (0.05, 10.0)) == [0, 0]
+    assert allocate([geometric(0.9, 8), geometric(0.2, 3)], LinearStepCost(0.05, 0.0)) == [8, 3]
+    assert allocate([geometric(0.9, 8), geometric(0.2, 3)], LinearStepCost(0.05, 10.0)) == [0, 0]
     # One request alone (a = 50 ms, b = 2 ms a token): drafting pays while α^j > b T / C.
-    taken = allocate([geometric(0.6, 8)], (0.05, 0.002))
+    taken = allocate([geometric(0.6, 8)], LinearStepCost(0.05, 0.002))
     expected, cost = 1 + sum(0.6 ** j for j in range(1, taken[0] + 1)), 0.05 + 0.002 * (1 + taken[0])
     assert taken == [5] and 0.6 ** 6 <= 0.002 * expected / cost
     # Tokens go to the request most likely to accept them, not to the one that asked first.
-    assert allocate([geometric(0.1, 4), geometric(0.95, 4)], (0.1, 0.01)) == [0, 4]
+    assert allocate([geometric(0.1, 4), geometric(0.95, 4)], LinearStepCost(0.1, 0.01)) == [0, 4]
 
 
 def test_a_confident_drafter_gets_long_drafts_where_it_is_sure_and_short_where_not():
     # Gains are the drafter's own path probabilities: a sure path is drafted in full, an unsure
     # one stops where its probability no longer pays for a token (b T / C is about 0.5 here).
     sure, unsure = [0.95, 0.9, 0.9, 0.85], [0.6, 0.2, 0.15, 0.1]
-    assert allocate([sure, unsure], (0.1, 0.02)) == [4, 1]
+    assert allocate([sure, unsure], LinearStepCost(0.1, 0.02)) == [4, 1]
 
 
 def test_drafts_that_fail_after_their_first_token_are_cut_to_it():
@@ -71,7 +55,7 @@ def test_drafts_that_fail_after_their_first_token_are_cut_to_it():
     assert depths["suffix_context"].reached[1] == 20 and depths["suffix_context"].passed[1] == 0
     gains = tracked.gains("suffix_context", 3, None, depths)
     assert gains[1] < 0.05 * gains[0] and gains[2] <= gains[1]
-    assert allocate([gains], (0.05, 0.002)) == [1]
+    assert allocate([gains], LinearStepCost(0.05, 0.002)) == [1]
     # A drafter that gives its own (calibrated) confidence is taken at its word, depth evidence or not.
     assert tracked.gains("suffix_context", 3, (0.9, 0.8, 0.7), depths) == [0.9, 0.8, 0.7]
     assert tracked.gains("suffix_context", 2, (0.9, 0.8, 0.7), depths) == [0.9, 0.8]
@@ -138,7 +122,7 @@ def test_step_costs_see_decoding_steps_only_not_prefills_or_pauses_between_gener
                              model_config=SimpleNamespace(max_model_len=64, get_vocab_size=lambda: 100))
     proposer, runner = NgrammysProposer(config), FakeRunner()
     proposer.configure(runner, ContextNgramDrafter(2), 4, 2, adaptive=True)
-    proposer.costs = StepCosts(memory=1.0)
+    proposer.costs = StepCostFit(memory=1.0)
     tokens = np.arange(64)[None, :] % 7  # [1, max_model_len]
 
     def step(request_id, length, emitted):
