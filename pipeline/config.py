@@ -65,6 +65,11 @@ class EngineConfig:
     # vLLM: the model's layers split over this many ranks. Only 1: vLLM 0.32 cannot speculate with
     # pipeline parallelism (its earlier stages' model runners have no proposer).
     pipeline_parallel_size: int = 1
+    # vLLM: any other of vLLM's engine arguments (vllm.engine.arg_utils.EngineArgs: quantization,
+    # kv_cache_dtype, enable_prefix_caching, ...), given to vLLM as they are; checked against
+    # EngineArgs when the job starts. Those set above, or by the model and decoder sections, are
+    # refused here, naming the field that sets them.
+    vllm_args: dict = field(default_factory=dict)
 
     def __post_init__(self):
         if self.name == "auto":
@@ -82,6 +87,25 @@ class EngineConfig:
                  "1 with engine.name transformers (tensor parallelism is vLLM's)")
         _require(self.pipeline_parallel_size == 1, "engine.pipeline_parallel_size",
                  "1: vLLM 0.32 cannot speculate with pipeline parallelism (its earlier stages have no proposer)")
+        _require(not self.vllm_args or self.name == "vllm", "engine.vllm_args",
+                 "empty with engine.name transformers (they are vLLM's engine arguments)")
+        for key in self.vllm_args:
+            _require(key not in VLLM_ARGS_SET_ELSEWHERE, f"engine.vllm_args.{key}",
+                     f"left out: {VLLM_ARGS_SET_ELSEWHERE.get(key)}")
+
+
+# vLLM engine arguments this config sets itself: where each is set instead.
+VLLM_ARGS_SET_ELSEWHERE = {
+    **{key: f"engine.{key} sets it" for key in ("max_model_len", "max_num_seqs", "max_num_batched_tokens",
+                                              "gpu_memory_utilization", "tensor_parallel_size", "pipeline_parallel_size")},
+    "model": "model.name sets it", "tokenizer": "model.name sets it", "dtype": "model.dtype sets it",
+    "trust_remote_code": "model.trust_remote_code sets it", "enforce_eager": "engine.execution sets it",
+    "speculative_config": "decoder.drafter and decoder.w set it (vllm_ngram and vllm_suffix are vLLM's own methods)",
+    "seed": "decoder.seed seeds the sampled rows; the engine's own seed is fixed",
+    "disable_log_stats": "engine.request_metrics sets it",
+    "distributed_executor_backend": "the engine sets it (tensor-parallel ranks are the actor's own processes)",
+    "per_request_spec_decode_metrics": "the engine sets it (the rows' statistics need it)",
+}
 
 
 @dataclass(frozen=True)
@@ -419,6 +443,10 @@ def _convert(value: Any, hint: Any, name: str) -> Any:
         if not isinstance(value, str):
             raise ConfigError(f"{name}: must be a string, got {value!r}")
         return value
+    if hint is dict:
+        if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
+            raise ConfigError(f"{name}: must be a mapping of names to values, got {value!r}")
+        return dict(value)
     if dataclasses.is_dataclass(hint):
         return build(hint, value, name)
     raise TypeError(f"{name}: unsupported config type {hint!r}")

@@ -72,9 +72,28 @@ ENGINE_KWARGS_CONVERTED = {"enforce_eager": ("engine", "execution", lambda eager
 # engine_kwargs accepted only at the value our engine runs with (vLLM's defaults).
 # (pipeline_parallel_size: vLLM 0.32 cannot speculate with pipeline parallelism.)
 ENGINE_KWARGS_FIXED = {"enable_chunked_prefill": True, "pipeline_parallel_size": 1}
+# Every other engine_kwargs key goes to vLLM as it is (engine.vllm_args), but these, which the
+# processor sets from its own keywords.
+ENGINE_KWARGS_SET_HERE = {"model": "model_source", "tokenizer": "model_source",
+                          "distributed_executor_backend": "the engine (its ranks are the actor's processes)",
+                          "per_request_spec_decode_metrics": "the engine (the rows' statistics need it)",
+                          "disable_log_stats": "log_engine_metrics"}
+# A user's speculative_config: vLLM's learning-free methods, run as vLLM has them (our drafters
+# vllm_ngram and vllm_suffix), with its keys -> ours.
+SPECULATIVE_METHODS = {"ngram": "vllm_ngram", "suffix": "vllm_suffix"}
+SPECULATIVE_KEYS = {"method": None, "num_speculative_tokens": "w", "prompt_lookup_min": "ngram_min_q",
+                    "prompt_lookup_max": "ngram_max_q"}
 
-# sampling_params keys our engines run; any other key of vLLM's is refused by name.
+# sampling_params keys both engines run (checked here). Any other key of vLLM's SamplingParams goes
+# to vLLM as it is on the vLLM engine (vLLM checks its value), but REFUSED_SAMPLING's.
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "structured_outputs")
+REFUSED_SAMPLING = {
+    "logprobs": "the rows do not carry log probabilities yet",
+    "prompt_logprobs": "the rows do not carry log probabilities yet",
+    "min_p": "vLLM does not run it with speculative decoding", "logit_bias": "vLLM does not run it with speculative decoding",
+    "logits_processors": "vLLM does not run it with speculative decoding",
+    "spaces_between_special_tokens": "the actor decodes the text itself (skip_special_tokens is honoured)",
+    "output_kind": "the processor takes each request's final output", "extra_args": "not run here"}
 # vLLM's StructuredOutputsParams: one constraint, and options.
 CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 CONSTRAINT_OPTIONS = ("disable_any_whitespace", "disable_additional_properties", "whitespace_pattern")
@@ -129,12 +148,12 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
             value = getattr(self, name)
             check(value is None or (isinstance(value, str) and value), name, "a non-empty string or None")
         for key, value in self.engine_kwargs.items():
+            check(isinstance(key, str), "engine_kwargs", "a mapping of vLLM's engine argument names to values")
             if key in ENGINE_KWARGS_FIXED:
                 check(value == ENGINE_KWARGS_FIXED[key], f"engine_kwargs.{key}",
                       f"{ENGINE_KWARGS_FIXED[key]!r} (the only value this engine runs)")
-            else:
-                known = [*ENGINE_KWARGS, *ENGINE_KWARGS_CONVERTED, *ENGINE_KWARGS_FIXED]
-                check(key in known, f"engine_kwargs.{key}", f"one of {sorted(known)} (the drafter is `decoder`)")
+            check(key not in ENGINE_KWARGS_SET_HERE, f"engine_kwargs.{key}",
+                  f"left out: {ENGINE_KWARGS_SET_HERE.get(key)} sets it")
         self.pipeline_config()  # its own checks, naming decoder.* and engine.* fields
 
     def actors(self) -> tuple[int, int]:
@@ -187,6 +206,7 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         sections: dict[str, dict] = {"model": {"name": self.model_source, "num_threads": threads},
                                      "engine": {"name": self.engine, "request_metrics": self.engine == "vllm"},
                                      "decoder": dict(self.decoder), "ray": {}}
+        vllm_args = {}
         for key, value in self.engine_kwargs.items():
             if key in ENGINE_KWARGS:
                 section, name = ENGINE_KWARGS[key]
@@ -194,6 +214,11 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
             elif key in ENGINE_KWARGS_CONVERTED:
                 section, name, convert = ENGINE_KWARGS_CONVERTED[key]
                 sections[section][name] = convert(value)
+            elif key == "speculative_config":
+                sections["decoder"].update(self.speculative_decoder(value))
+            elif key not in ENGINE_KWARGS_FIXED:
+                vllm_args[key] = value
+        sections["engine"]["vllm_args"] = vllm_args
         low, high = self.actors()
         batches = self.max_concurrent_batches if self.engine == "vllm" else 1  # transformers: one at a time
         if self.max_pending_requests:
@@ -202,6 +227,20 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
                            "max_concurrent_batches": batches, "num_cpus_per_actor": resources["CPU"],
                            "num_gpus_per_actor": resources["GPU"], "accelerator_type": self.accelerator_type or ""}
         return build(Config, sections)
+
+
+    def speculative_decoder(self, spec: Any) -> dict:
+        """A user's engine_kwargs.speculative_config as our decoder settings: vLLM's own method runs."""
+        name = "engine_kwargs.speculative_config"
+        check(isinstance(spec, Mapping), name, "a mapping such as {'method': 'suffix', 'num_speculative_tokens': 16}")
+        check(not self.decoder, name, "left out when `decoder` is set (one or the other names the drafter)")
+        check(spec.get("method") in SPECULATIVE_METHODS, f"{name}.method",
+              f"one of {sorted(SPECULATIVE_METHODS)}: vLLM's learning-free methods (a draft model or an EAGLE "
+              "head is not run here; our drafters are `decoder`)")
+        unknown = sorted(set(spec) - set(SPECULATIVE_KEYS))
+        check(not unknown, f"{name}.{unknown[0] if unknown else ''}", f"one of {sorted(SPECULATIVE_KEYS)}")
+        return {"drafter": SPECULATIVE_METHODS[spec["method"]],
+                **{SPECULATIVE_KEYS[key]: value for key, value in spec.items() if SPECULATIVE_KEYS[key]}}
 
 
 def check(ok: bool, name: str, allowed: str) -> None:
@@ -259,18 +298,31 @@ class RowSettings:
     max_tokens: int
     stop: tuple[str, ...]
     structured_outputs: dict | None
+    vllm_sampling: dict | None = None  # vLLM's other SamplingParams keys, as given
 
 
-def sampling_of(params: Any, name: str, seed: int | None = None) -> RowSettings:
-    """vLLM's `sampling_params` (its defaults where a key is absent or None) as our settings."""
+def vllm_sampling_keys() -> frozenset:
+    from vllm import SamplingParams as VllmSamplingParams
+
+    return frozenset(VllmSamplingParams.__struct_fields__)
+
+
+def sampling_of(params: Any, name: str, seed: int | None = None, vllm_keys: frozenset | None = None) -> RowSettings:
+    """vLLM's `sampling_params` (its defaults where a key is absent or None) as our settings.
+    `vllm_keys`: vLLM's SamplingParams fields, on the vLLM engine (None: the transformers engine)."""
     if not isinstance(params, (dict, type(None))):
         raise RequestError(f"{name}: sampling_params must be a mapping, got {type(params).__name__}")
     # Arrow gives a struct column every key any row has: None is "not set", as in vLLM.
     params = {key: value for key, value in (params or {}).items() if value is not None}
-    unknown = sorted(set(params) - set(SAMPLING_KEYS))
-    if unknown:
-        raise RequestError(f"{name}: sampling_params.{unknown[0]} is not supported here (supported: "
-                           f"{', '.join(SAMPLING_KEYS)})")
+    extra = {key: params.pop(key) for key in sorted(set(params) - set(SAMPLING_KEYS))}
+    for key in extra:
+        if vllm_keys is None:
+            raise RequestError(f"{name}: sampling_params.{key} runs on the vLLM engine only (this one runs "
+                               f"{', '.join(SAMPLING_KEYS)})")
+        if key not in vllm_keys:
+            raise RequestError(f"{name}: sampling_params.{key} is not one of vLLM's SamplingParams")
+        if key in REFUSED_SAMPLING:
+            raise RequestError(f"{name}: sampling_params.{key} is not run here: {REFUSED_SAMPLING[key]}")
     values = {**VLLM_DEFAULTS, **params}
 
     def number(key: str, kind: type, ok: Callable, allowed: str):
@@ -295,7 +347,7 @@ def sampling_of(params: Any, name: str, seed: int | None = None) -> RowSettings:
         else (seed if seed is not None else secrets.randbits(63)))  # vLLM: no seed, a fresh one
     structured = values.get("structured_outputs")
     return RowSettings(sampling, number("max_tokens", int, lambda v: v >= 1, "an integer >= 1"), stop,
-                       None if structured is None else structured_outputs_of(structured, name))
+                       None if structured is None else structured_outputs_of(structured, name), extra or None)
 
 
 class ProcessorStage:
@@ -307,6 +359,7 @@ class ProcessorStage:
         self.stage = GenerationStage(config, tables)
         self.dropped = [] if statistics is None else [f.name for f in STATISTICS if f.name not in statistics]
         self.seed = seed  # engine_kwargs' seed: a row without one samples with one derived from it
+        self.vllm_keys = vllm_sampling_keys() if config.engine.name == "vllm" else None
         self.chat_template = chat_template
         self.continue_on_error = continue_on_error
         self.request_ids = itertools.count()
@@ -340,11 +393,11 @@ class ProcessorStage:
     def request(self, row: dict, request_id: int) -> tuple[Request, str]:
         name = f"row (request_id {request_id})"
         seed = request_seed(self.seed, name) if self.seed is not None else None
-        settings = sampling_of(row.get("sampling_params"), name, seed)
+        settings = sampling_of(row.get("sampling_params"), name, seed, self.vllm_keys)
         with self.stage.tokenizer_lock:
             prompt, ids = self.prompt(row, name)
         return Request(str(request_id), ids, settings.max_tokens, settings.stop, settings.sampling,
-                       settings.structured_outputs), prompt
+                       settings.structured_outputs, settings.vllm_sampling), prompt
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         batch_uuid = uuid.uuid4().hex

@@ -28,6 +28,9 @@ class Request:
     # vLLM's StructuredOutputsParams fields ({"json": schema}, {"regex": ...}, ...): output held to
     # them (vLLM engine only; drafts that leave the grammar are cut by vLLM before they are checked).
     structured_outputs: Mapping[str, Any] | None = field(default=None, hash=False)
+    # vLLM's other SamplingParams keys (penalties, stop_token_ids, min_tokens, ...), given to vLLM as
+    # they are (vLLM engine only); skip_special_tokens and include_stop_str_in_output shape the text.
+    vllm_sampling: Mapping[str, Any] | None = field(default=None, hash=False)
 
 
 @dataclass
@@ -107,7 +110,10 @@ def budget(request: Request, max_positions: int | None) -> int:
     return min(request.max_new_tokens, max_positions - prompt)
 
 
-def cut_at_stop(text: str, stop: tuple[str, ...]) -> str:
-    """The text before the first stop string in it (all of it when none occurs)."""
-    cuts = [text.index(s) for s in stop if s in text]
-    return text[:min(cuts)] if cuts else text
+def cut_at_stop(text: str, stop: tuple[str, ...], keep_stop: bool = False) -> str:
+    """The text before the first stop string in it (with it, if `keep_stop`; all of it when none occurs)."""
+    cuts = [(text.index(s), -len(s)) for s in stop if s in text]
+    if not cuts:
+        return text
+    start, minus_length = min(cuts)
+    return text[:start - minus_length if keep_stop else start]

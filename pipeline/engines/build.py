@@ -1,6 +1,7 @@
 """`build_engine` makes the engine `engine.name` names (pipeline/engines/base.py says what an engine is)."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from drafters.registry import DrafterTables, build_tables
@@ -42,6 +43,25 @@ def check_engine_can_run(config: Config, model_dir: Path) -> None:
         raise ModelRefused(f"{name}: engine.name vllm has no implementation of {architectures or 'its architecture'} "
                            "(vLLM's ModelRegistry); use engine.name: transformers if transformers can run it")
     check_tensor_parallel(config, hf_config, name)
+    check_vllm_args(config, model_dir)
+
+
+def check_vllm_args(config: Config, model_dir: Path) -> None:
+    """engine.vllm_args as vLLM takes them: an unknown name, or a value vLLM's own configuration
+    refuses for this model (vLLM's message), fails here in the driver, not in every actor."""
+    if not config.engine.vllm_args:
+        return
+    from vllm.engine.arg_utils import EngineArgs
+
+    names = {f.name for f in dataclasses.fields(EngineArgs)}
+    for key in config.engine.vllm_args:
+        if key not in names:
+            raise ModelRefused(f"engine.vllm_args.{key}: not one of vLLM's engine arguments "
+                               "(vllm.engine.arg_utils.EngineArgs)")
+    try:
+        EngineArgs(model=str(model_dir), **config.engine.vllm_args).create_engine_config()
+    except Exception as error:  # noqa: BLE001 - whatever vLLM raises names the problem
+        raise ModelRefused(f"engine.vllm_args: vLLM refuses them for {config.model.name!r}: {error}") from error
 
 
 def check_tensor_parallel(config: Config, hf_config, name: str) -> None:

@@ -164,3 +164,12 @@ def test_placement_and_series_settings_are_checked_naming_the_field():
         load_config(overrides=["decoder.suffix_max_match=2"])
     with pytest.raises(ConfigError, match=r"decoder.suffix_min_match: must be an integer from 1 to decoder.ngram_max_q \(3\)"):
         load_config(overrides=["decoder.suffix_min_match=4"])
+
+
+def test_vllm_args_refuse_what_the_config_sets_naming_the_field():
+    with pytest.raises(ConfigError, match="^engine.vllm_args.max_num_seqs: must be left out: engine.max_num_seqs sets it"):
+        load_config("configs/default.yaml", ["engine.name=vllm", "engine.vllm_args={max_num_seqs: 4}"])
+    with pytest.raises(ConfigError, match="^engine.vllm_args: must be a mapping"):
+        load_config("configs/default.yaml", ["engine.name=vllm", "engine.vllm_args=[1]"])
+    config = load_config("configs/default.yaml", ["engine.name=vllm", "engine.vllm_args={enable_prefix_caching: false}"])
+    assert config.engine.vllm_args == {"enable_prefix_caching": False}

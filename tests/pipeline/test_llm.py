@@ -38,6 +38,35 @@ def test_the_config_maps_ray_data_llm_keywords_onto_ours():
     assert (default.ray.num_gpus_per_actor, default.ray.batch_size) == (1, 32)  # ray.data.llm's: a GPU, 32 rows
 
 
+def test_vllms_other_engine_arguments_pass_through_and_its_speculation_runs_as_vllm_has_it():
+    config = vLLMEngineProcessorConfig(
+        model_source="smollm2-135m-instruct",
+        engine_kwargs={"enable_prefix_caching": False, "kv_cache_dtype": "auto", "max_num_seqs": 8,
+                       "speculative_config": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
+                                              "prompt_lookup_max": 3}})
+    ours = config.pipeline_config()
+    assert ours.engine.vllm_args == {"enable_prefix_caching": False, "kv_cache_dtype": "auto"}
+    assert ours.engine.max_num_seqs == 8
+    assert (ours.decoder.drafter, ours.decoder.w, ours.decoder.ngram_min_q, ours.decoder.ngram_max_q) == (
+        "vllm_ngram", 4, 1, 3)
+
+
+def test_engine_arguments_vllm_does_not_take_fail_in_the_driver_naming_them(tmp_path):
+    pytest.importorskip("vllm")
+    from pipeline.engines.build import ModelRefused, check_vllm_args
+    from pipeline.model_loading import resolve_model_dir
+
+    def config(**engine_kwargs):
+        return vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct", engine_kwargs=engine_kwargs).pipeline_config()
+
+    model_dir, _ = resolve_model_dir(config().model)
+    check_vllm_args(config(enable_prefix_caching=False), model_dir)
+    with pytest.raises(ModelRefused, match="engine.vllm_args.enable_prefix_cache: not one of vLLM's engine arguments"):
+        check_vllm_args(config(enable_prefix_cache=False), model_dir)
+    with pytest.raises(ModelRefused, match="(?s)engine.vllm_args: vLLM refuses them.*cache_dtype"):
+        check_vllm_args(config(kv_cache_dtype="fp7"), model_dir)
+
+
 def test_tensor_parallel_ranks_are_the_actors_resources():
     """ray.data.llm asks a placement group of a GPU per rank; our ranks are the actor's own worker
     processes, so the actor asks for all of them, on one node (Ray places an actor whole)."""
@@ -55,7 +84,13 @@ def test_tensor_parallel_ranks_are_the_actors_resources():
      "placement_group_config.bundles"),
     ({"engine_kwargs": {"tensor_parallel_size": 2}, "engine": "transformers",
       "placement_group_config": {"bundles": [{"CPU": 1}]}}, "engine.tensor_parallel_size"),
-    ({"engine_kwargs": {"speculative_config": {"method": "ngram"}}}, "engine_kwargs.speculative_config"),
+    ({"engine_kwargs": {"speculative_config": {"method": "eagle", "model": "x"}}}, "engine_kwargs.speculative_config.method"),
+    ({"engine_kwargs": {"speculative_config": {"method": "suffix", "suffix_decoding_max_tree_depth": 8}}},
+     "engine_kwargs.speculative_config.suffix_decoding_max_tree_depth"),
+    ({"engine_kwargs": {"speculative_config": {"method": "suffix"}}, "decoder": {"drafter": "suffix"}},
+     "engine_kwargs.speculative_config"),
+    ({"engine_kwargs": {"model": "/elsewhere"}}, "engine_kwargs.model"),
+    ({"engine_kwargs": {"enable_prefix_caching": True}, "engine": "transformers"}, "engine.vllm_args"),
     ({"concurrency": (3, 1)}, "concurrency"),
     ({"batch_size": 0}, "batch_size"),
     ({"task_type": "embed"}, "task_type"),
@@ -116,6 +151,32 @@ def test_sampling_params_take_vllms_names_and_defaults():
 def test_bad_sampling_params_name_the_row_and_the_key(params, named):
     with pytest.raises(RequestError, match=f"row 7: {named}"):
         sampling_of(params, "row 7")
+
+
+def test_vllms_other_sampling_params_pass_through_on_vllm_and_fail_by_name_elsewhere():
+    pytest.importorskip("vllm")
+    from pipeline.llm import vllm_sampling_keys
+
+    keys = vllm_sampling_keys()
+    given = {"repetition_penalty": 1.2, "stop_token_ids": [2], "min_tokens": 3, "ignore_eos": True,
+             "skip_special_tokens": False, "detokenize": False}
+    assert sampling_of({**given, "temperature": 0}, "row 7", vllm_keys=keys).vllm_sampling == given
+    assert sampling_of({"temperature": 0}, "row 7", vllm_keys=keys).vllm_sampling is None
+    for params, named in [({"logprobs": 2}, "sampling_params.logprobs is not run here: the rows do not carry"),
+                          ({"min_p": 0.1}, "sampling_params.min_p is not run here: vLLM does not run it with speculative"),
+                          ({"frequency_penalty_typo": 1}, "sampling_params.frequency_penalty_typo is not one of vLLM's")]:
+        with pytest.raises(RequestError, match=f"row 7: {named}"):
+            sampling_of(params, "row 7", vllm_keys=keys)
+    with pytest.raises(RequestError, match="row 7: sampling_params.repetition_penalty runs on the vLLM engine only"):
+        sampling_of({"repetition_penalty": 1.2}, "row 7")
+
+
+def test_stop_strings_cut_the_text_with_or_without_themselves():
+    from pipeline.engines.base import cut_at_stop
+
+    assert cut_at_stop("a b STOP c END", ("END", "STOP")) == "a b "
+    assert cut_at_stop("a b STOP c END", ("END", "STOP"), keep_stop=True) == "a b STOP"
+    assert cut_at_stop("a b", ("END",), keep_stop=True) == "a b"
 
 
 @pytest.fixture(scope="module")

@@ -73,9 +73,11 @@ class TransformersEngine:
         results: list[Result | Failed | None] = [None] * len(requests)
         runnable = []
         for request in requests:
-            if request.structured_outputs:
+            vllm_only = "structured outputs" if request.structured_outputs else (
+                f"sampling_params {', '.join(sorted(request.vllm_sampling))}" if request.vllm_sampling else "")
+            if vllm_only:
                 results[index_of[id(request)]] = Failed(request.request_id, f"request {request.request_id!r}: "
-                                                        "structured outputs run on the vLLM engine (engine.name vllm)")
+                                                        f"{vllm_only} run on the vLLM engine (engine.name vllm)")
             else:
                 runnable.append(request)
         if self.batched is None:

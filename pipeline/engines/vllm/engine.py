@@ -50,6 +50,9 @@ from pipeline.stats import RequestStats
 logger = logging.getLogger(__name__)
 
 PROPOSER = "pipeline.engines.vllm.proposer.NgrammysProposer"
+# vLLM SamplingParams keys that shape the text, which the engine decodes itself (`detokenize`: the
+# text is decoded either way, as ray.data.llm's detokenize stage does).
+TEXT_SETTINGS = ("skip_special_tokens", "include_stop_str_in_output", "detokenize")
 NO_DRAFT = "none"
 
 
@@ -133,10 +136,15 @@ def vllm_params(request: Request, max_tokens: int):
             structured = StructuredOutputsParams(**request.structured_outputs)
         except (TypeError, ValueError, VLLMError) as error:
             raise RequestError(f"request {request.request_id!r}: structured_outputs: {error}") from error
-    return SamplingParams(max_tokens=max_tokens, temperature=sampling.temperature, top_k=sampling.top_k,
-                          top_p=sampling.top_p, seed=None if sampling.greedy else sampling.seed,
-                          stop=list(request.stop) or None, detokenize=bool(request.stop),
-                          structured_outputs=structured)
+    # The text is decoded here from the tokens (result()): vLLM detokenizes only to find stop strings.
+    extra = {key: value for key, value in (request.vllm_sampling or {}).items() if key not in TEXT_SETTINGS}
+    try:
+        return SamplingParams(max_tokens=max_tokens, temperature=sampling.temperature, top_k=sampling.top_k,
+                              top_p=sampling.top_p, seed=None if sampling.greedy else sampling.seed,
+                              stop=list(request.stop) or None, detokenize=bool(request.stop),
+                              structured_outputs=structured, **extra)
+    except (TypeError, ValueError, VLLMError) as error:
+        raise RequestError(f"request {request.request_id!r}: sampling_params: {error}") from error
 
 
 class VllmEngine:
@@ -190,7 +198,7 @@ class VllmEngine:
                    # Ranks beyond one are worker processes of this actor, on its node.
                    distributed_executor_backend="mp" if config.engine.tensor_parallel_size > 1 else None,
                    per_request_spec_decode_metrics="detailed" if self.drafts else "none",
-                   disable_log_stats=not config.engine.request_metrics)
+                   disable_log_stats=not config.engine.request_metrics, **config.engine.vllm_args)
 
     def set_decoder(self, decoder: DecoderConfig, tables: DrafterTables | None = None) -> None:
         """Hands the proposer the drafter `decoder` describes. vLLM fixes the longest draft when it
@@ -280,7 +288,9 @@ class VllmEngine:
             finish = "length"
         else:  # "stop": an EOS (stop_reason None, or a stop token id) or a stop string
             finish = "stop" if isinstance(completion.stop_reason, str) else "eos"
-        text = cut_at_stop(self.tokenizer.decode(token_ids, skip_special_tokens=True), request.stop)
+        settings = request.vllm_sampling or {}
+        text = cut_at_stop(self.tokenizer.decode(token_ids, skip_special_tokens=settings.get("skip_special_tokens", True)),
+                           request.stop, settings.get("include_stop_str_in_output", False))
         decoder = self.config.decoder
         stats = request_stats(len(request.prompt_ids), token_ids, getattr(completion, "spec_decode_metrics", None),
                               tracked, decoder.w if self.drafts else 0, decoder.drafter)

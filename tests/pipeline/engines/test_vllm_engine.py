@@ -28,7 +28,8 @@ def config(tiny_model_dir, tmp_path, *overrides):
 @pytest.fixture(scope="module")
 def engines(tiny_model_dir, tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
-    plain = build_engine(config(tiny_model_dir, cache, "decoder.drafter=none", "decoder.w=0"))
+    plain = build_engine(config(tiny_model_dir, cache, "decoder.drafter=none", "decoder.w=0",
+                                "engine.vllm_args={enable_prefix_caching: false}"))
     ours = build_engine(config(tiny_model_dir, cache, "decoder.drafter=context_ngram", "decoder.w=auto"))
     return plain, ours
 
@@ -156,6 +157,27 @@ def test_each_engines_worker_samples_exactly(engines):
     ours = engines[1]
     assert ours.exact_sampling
     assert ours.collective_rpc(lambda worker: sampling_is_exact(worker.device)) == [True]
+
+
+def test_vllms_other_sampling_settings_run_exactly_with_drafts(engines, requests, reference, tiny_model_dir, tmp_path):
+    """Penalties, min_tokens and ignore_eos go to vLLM as given; with our drafts the tokens are
+    exactly vLLM plain's with the same settings (its rejection sampler applies the penalties over
+    the draft prefixes), and the settings do change them."""
+    plain, ours = engines
+    swap(ours, tiny_model_dir, tmp_path, "unigram")  # drafts every step, whatever the text
+    settings = {"repetition_penalty": 1.5, "frequency_penalty": 0.5, "min_tokens": 8, "ignore_eos": True}
+    penalised = [dataclasses.replace(r, vllm_sampling=settings) for r in requests]
+    expected = [r.token_ids for r in plain.generate(penalised)]
+    results = ours.generate(penalised)
+    assert [r.token_ids for r in results] == expected != reference
+    assert sum(r.stats.num_verified_tokens - r.stats.num_target_calls for r in results) > 0
+    bad = ours.generate([dataclasses.replace(requests[0], vllm_sampling={"repetition_penalty": -1.0})])[0]
+    assert isinstance(bad, Failed) and "sampling_params" in bad.message and "repetition_penalty" in bad.message
+
+
+def test_vllms_other_engine_arguments_reach_it_as_given(engines):
+    assert engines[0].feeder.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching is False
+    assert engines[1].feeder.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching is True  # vLLM's default
 
 
 def test_a_later_engine_in_the_process_reads_its_own_settings(engines, tiny_model_dir, tmp_path, monkeypatch):
