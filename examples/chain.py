@@ -28,7 +28,7 @@ def main() -> None:
     questions = ray.data.from_items(QUESTIONS)  # or ray.data.read_json / read_parquet / ...
     processor = build_processor(
         vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct", batch_size=8,
-                                  placement_group_config={"bundles": [{"CPU": 1}]}),
+                                  placement_group_config={"bundles": [{"CPU": 1}]}, should_continue_on_error=True),
         preprocess=lambda row: dict(messages=[{"role": "user", "content": row["question"]}],
                                     sampling_params=dict(temperature=0, max_tokens=args.max_tokens)),
     )

@@ -10,10 +10,11 @@ tokenized as it is) or `tokenized_prompt`, and `sampling_params` (vLLM's names);
 its own columns, ray.data.llm's (`generated_text`, `generated_tokens`, ...) and ours (the request's
 acceptance statistics, `finish_reason`, the drafter that ran).
 
-Where ours differs, on purpose: a row that cannot be generated comes back with
-`__inference_error__` naming the row and the field (`should_continue_on_error` defaults to True;
-False raises on the first such row, as ray.data.llm does); `sampling_params` keys vLLM has but our
-engines do not run (logprobs, penalties, n > 1, ...) are such an error, never ignored.
+Errors as ray.data.llm has them: a row that cannot be generated raises (`should_continue_on_error`
+False, its default); with True it comes back with `__inference_error__` naming the row and the field,
+its generated columns empty ("", [], 0), past the postprocess, and the other rows' postprocess
+output gets `__inference_error__` "". `sampling_params` keys our engine cannot run (logprobs,
+n > 1, ...) are such an error, never ignored.
 """
 from __future__ import annotations
 
@@ -111,7 +112,7 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
     runtime_env: Mapping[str, Any] | None = None
     max_pending_requests: int | None = None
     max_concurrent_batches: int = 8
-    should_continue_on_error: bool = True
+    should_continue_on_error: bool = False
     chat_template_stage: bool = True  # False: `messages` are not templated (a row needs prompt or tokenized_prompt)
     # Accepted, and the same either way: our actor tokenizes and detokenizes in the engine's
     # process, with no stage of its own (ray.data.llm runs each as an actor pool).
@@ -354,7 +355,7 @@ class ProcessorStage:
     """The actor's callable: the engine (built once), rows in, rows out with ray.data.llm's columns
     and ours appended to their own."""
 
-    def __init__(self, config: Config, tables=None, chat_template: bool = True, continue_on_error: bool = True,
+    def __init__(self, config: Config, tables=None, chat_template: bool = True, continue_on_error: bool = False,
                  seed: int | None = None, statistics: Sequence[str] | None = None):
         self.stage = GenerationStage(config, tables)
         self.dropped = [] if statistics is None else [f.name for f in STATISTICS if f.name not in statistics]
@@ -443,9 +444,9 @@ class ProcessorStage:
         """ray.data.llm's error row (request_id -1, time_taken_llm -1), or the error raised."""
         if not self.continue_on_error:
             raise ValueError(message)
-        return {"prompt": prompt if isinstance(prompt, str) else "", "num_input_tokens": 0, "request_id": -1,
-                "batch_uuid": batch_uuid, "time_taken_llm": -1.0, "params": "", INFERENCE_ERROR: message,
-                **self.stage.settings}
+        return {"prompt": prompt if isinstance(prompt, str) else "", "num_input_tokens": 0, "generated_tokens": [],
+                "generated_text": "", "num_generated_tokens": 0, "request_id": -1, "batch_uuid": batch_uuid,
+                "time_taken_llm": -1.0, "params": "", INFERENCE_ERROR: message, **self.stage.settings}
 
 
 # --- The processor ------------------------------------------------------------------------------
@@ -457,10 +458,14 @@ def merged(preprocess: Callable) -> Callable:
     return apply
 
 
-def unless_failed(postprocess: Callable) -> Callable:
-    """ray.data.llm's postprocess: error rows bypass it, whole."""
+def unless_failed(postprocess: Callable, continue_on_error: bool) -> Callable:
+    """ray.data.llm's postprocess: error rows bypass it, whole; with should_continue_on_error the
+    others' output gets `__inference_error__` "" (every row then has the column)."""
     def apply(row: dict) -> dict:
-        return row if row.get(INFERENCE_ERROR) else postprocess(row)
+        if row.get(INFERENCE_ERROR):
+            return row
+        out = postprocess(row)
+        return {**out, INFERENCE_ERROR: ""} if continue_on_error else out
     return apply
 
 
@@ -510,7 +515,8 @@ class Processor:
                                    {"config": config, "tables": tables, **self.rows.settings},
                                    self.rows.batch_format, dict(self.runtime_env))
         if self.postprocess is not None:
-            dataset = dataset.map(unless_failed(self.postprocess), **self.postprocess_map_kwargs)
+            dataset = dataset.map(unless_failed(self.postprocess, self.rows.settings.get("continue_on_error", False)),
+                                  **self.postprocess_map_kwargs)
         return dataset
 
 

@@ -183,7 +183,7 @@ def test_stop_strings_cut_the_text_with_or_without_themselves():
 def stage(tiny_model_dir):
     config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers",
                                        decoder={"drafter": "batch_suffix", "max_batch_requests": 4})
-    return ProcessorStage(config.pipeline_config())
+    return ProcessorStage(config.pipeline_config(), continue_on_error=True)
 
 
 def rows_table(rows: list[dict]) -> pa.Table:
@@ -215,7 +215,8 @@ def test_rows_come_back_with_their_columns_ray_data_llms_and_ours(stage):
         assert row["num_input_tokens"] == len(row["prompt_token_ids"]) and row["request_id"] >= 0
     assert "sampling_params.max_tokens" in bad[INFERENCE_ERROR] and bad["request_id"] == -1
     assert "has no messages, prompt or tokenized_prompt" in empty[INFERENCE_ERROR]
-    assert bad["generated_text"] is None and bad["time_taken_llm"] == -1
+    assert (bad["generated_text"], bad["generated_tokens"], bad["num_generated_tokens"]) == ("", [], 0)  # as Ray's
+    assert bad["time_taken_llm"] == -1
 
 
 def test_greedy_output_equals_plain_decoding_of_the_same_rows(stage, tiny_model_dir):
@@ -234,7 +235,7 @@ def test_statistics_columns_choose_which_of_ours_a_row_gets(tiny_model_dir):
     config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers",
                                        statistics_columns=["tokens_per_call", "finish_reason"])
     assert config.statistics() == ("finish_reason", "tokens_per_call")  # the output's order
-    chosen = ProcessorStage(config.pipeline_config(), statistics=config.statistics())
+    chosen = ProcessorStage(config.pipeline_config(), statistics=config.statistics(), continue_on_error=True)
     rows = [{"item": "a", "prompt": "Hi", "sampling_params": {"temperature": 0, "max_tokens": 4}},
             {"item": "b", "prompt": "Hi", "sampling_params": {"max_tokens": 0}}]  # an error row too
     table = chosen(rows_table(rows))
@@ -245,10 +246,22 @@ def test_statistics_columns_choose_which_of_ours_a_row_gets(tiny_model_dir):
     assert none.statistics() == ()
 
 
-def test_a_bad_row_raises_when_told_not_to_continue(tiny_model_dir):
-    config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers",
-                                       should_continue_on_error=False)
-    strict = ProcessorStage(config.pipeline_config(), continue_on_error=False)
+def test_the_postprocess_sees_errors_as_ray_data_llms_does():
+    from pipeline.llm import unless_failed
+
+    def postprocess(row):
+        return {"answer": row["generated_text"]}
+
+    good, bad = {"generated_text": "hi", INFERENCE_ERROR: ""}, {"generated_text": "", INFERENCE_ERROR: "row 1: why"}
+    assert unless_failed(postprocess, True)(good) == {"answer": "hi", INFERENCE_ERROR: ""}
+    assert unless_failed(postprocess, True)(bad) == bad  # past the postprocess, whole
+    assert unless_failed(postprocess, False)(good) == {"answer": "hi"}
+
+
+def test_a_bad_row_raises_by_default_as_ray_data_llms_does(tiny_model_dir):
+    config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers")
+    assert config.should_continue_on_error is False
+    strict = ProcessorStage(config.pipeline_config(), continue_on_error=config.should_continue_on_error)
     with pytest.raises(ValueError, match="sampling_params.top_p"):
         strict(rows_table([{"prompt": "Hi", "sampling_params": {"top_p": 2.0}}]))
 
