@@ -79,6 +79,9 @@ ENGINE_KWARGS_SET_HERE = {"model": "model_source", "tokenizer": "model_source",
                           "distributed_executor_backend": "the engine (its ranks are the actor's processes)",
                           "per_request_spec_decode_metrics": "the engine (the rows' statistics need it)",
                           "disable_log_stats": "log_engine_metrics"}
+# ray.data.llm's ChatTemplateStageConfig fields.
+CHAT_TEMPLATE_STAGE_KEYS = ("enabled", "model_source", "chat_template", "chat_template_kwargs", "batch_size",
+                            "concurrency", "runtime_env", "num_cpus", "memory")
 # A user's speculative_config: vLLM's learning-free methods, run as vLLM has them (our drafters
 # vllm_ngram and vllm_suffix), with its keys -> ours.
 SPECULATIVE_METHODS = {"ngram": "vllm_ngram", "suffix": "vllm_suffix"}
@@ -113,7 +116,11 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
     max_pending_requests: int | None = None
     max_concurrent_batches: int = 8
     should_continue_on_error: bool = False
-    chat_template_stage: bool = True  # False: `messages` are not templated (a row needs prompt or tokenized_prompt)
+    # True, False (`messages` are not templated: a row needs prompt or tokenized_prompt), or as Ray's
+    # ChatTemplateStageConfig (or a dict of its fields): enabled, chat_template (a Jinja template
+    # instead of the tokenizer's), chat_template_kwargs (for apply_chat_template). Its actor pool's
+    # keys (batch_size, concurrency, num_cpus, ...) are accepted: our actor templates in its process.
+    chat_template_stage: Any = True
     # Accepted, and the same either way: our actor tokenizes and detokenizes in the engine's
     # process, with no stage of its own (ray.data.llm runs each as an actor pool).
     tokenize_stage: bool = True
@@ -143,6 +150,7 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         check(self.engine in ("vllm", "transformers"), "engine", "'vllm' or 'transformers'")
         self.actors()
         self.statistics()
+        self.chat_template()
         check((self.id_column is None) == (self.checkpoint_path is None), "id_column",
               "set together with checkpoint_path (resuming needs both), or neither")
         for name in ("id_column", "checkpoint_path"):
@@ -156,6 +164,24 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
             check(key not in ENGINE_KWARGS_SET_HERE, f"engine_kwargs.{key}",
                   f"left out: {ENGINE_KWARGS_SET_HERE.get(key)} sets it")
         self.pipeline_config()  # its own checks, naming decoder.* and engine.* fields
+
+    def chat_template(self, fallback_kwargs: Mapping[str, Any] | None = None) -> dict:
+        """chat_template_stage as ProcessorStage's settings: enabled, template, template_kwargs
+        (the stage's own chat_template_kwargs, else build_processor's)."""
+        stage = self.chat_template_stage
+        if isinstance(stage, bool):
+            stage = {"enabled": stage}
+        elif hasattr(stage, "model_dump"):  # ray.data.llm's ChatTemplateStageConfig
+            stage = stage.model_dump()
+        check(isinstance(stage, Mapping), "chat_template_stage", "True, False, a ChatTemplateStageConfig or a dict of its fields")
+        unknown = sorted(set(stage) - set(CHAT_TEMPLATE_STAGE_KEYS))
+        check(not unknown, f"chat_template_stage.{unknown[0] if unknown else ''}", f"one of {list(CHAT_TEMPLATE_STAGE_KEYS)}")
+        check(stage.get("model_source") in (None, self.model_source), "chat_template_stage.model_source",
+              "model_source or None (the engine's tokenizer templates the rows)")
+        template, kwargs = stage.get("chat_template"), stage.get("chat_template_kwargs") or fallback_kwargs or {}
+        check(template is None or isinstance(template, str), "chat_template_stage.chat_template", "a Jinja template string or None")
+        check(isinstance(kwargs, Mapping), "chat_template_stage.chat_template_kwargs", "a mapping or None")
+        return {"chat_template": bool(stage.get("enabled", True)), "template": template, "template_kwargs": dict(kwargs)}
 
     def actors(self) -> tuple[int, int]:
         concurrency = self.concurrency
@@ -356,12 +382,14 @@ class ProcessorStage:
     and ours appended to their own."""
 
     def __init__(self, config: Config, tables=None, chat_template: bool = True, continue_on_error: bool = False,
-                 seed: int | None = None, statistics: Sequence[str] | None = None):
+                 seed: int | None = None, statistics: Sequence[str] | None = None, template: str | None = None,
+                 template_kwargs: Mapping[str, Any] | None = None):
         self.stage = GenerationStage(config, tables)
         self.dropped = [] if statistics is None else [f.name for f in STATISTICS if f.name not in statistics]
         self.seed = seed  # engine_kwargs' seed: a row without one samples with one derived from it
         self.vllm_keys = vllm_sampling_keys() if config.engine.name == "vllm" else None
         self.chat_template = chat_template
+        self.template, self.template_kwargs = template, dict(template_kwargs or {})
         self.continue_on_error = continue_on_error
         self.request_ids = itertools.count()
 
@@ -378,7 +406,8 @@ class ProcessorStage:
             last_is_user = messages[-1].get("role") == "user"
             try:
                 prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=last_is_user,
-                                                       continue_final_message=not last_is_user)
+                                                       continue_final_message=not last_is_user,
+                                                       chat_template=self.template, **self.template_kwargs)
             except Exception as error:  # a template's own errors are of any type
                 raise RequestError(f"{name}: messages cannot be chat-templated: {error}") from error
         elif isinstance(row.get("prompt"), str):
@@ -526,9 +555,11 @@ def build_processor(config: vLLMEngineProcessorConfig, preprocess: Callable | No
     if not isinstance(config, vLLMEngineProcessorConfig):
         raise TypeError(f"build_processor: config must be pipeline.llm.vLLMEngineProcessorConfig, "
                         f"got {type(config).__name__}")
-    if builder_kwargs:
-        raise TypeError(f"build_processor: builder_kwargs {sorted(builder_kwargs)} are not taken by this processor")
-    rows = RowFormat(ProcessorStage, {"chat_template": config.chat_template_stage,
+    unknown = sorted(set(builder_kwargs or {}) - {"chat_template_kwargs"})
+    if unknown:
+        raise TypeError(f"build_processor: builder_kwargs {unknown} are not taken by this processor "
+                        "(it takes chat_template_kwargs)")
+    rows = RowFormat(ProcessorStage, {**config.chat_template((builder_kwargs or {}).get("chat_template_kwargs")),
                                       "continue_on_error": config.should_continue_on_error,
                                       "seed": config.engine_kwargs.get("seed"), "statistics": config.statistics()})
     return Processor(config.pipeline_config(), rows, config.checkpoint(), dict(config.runtime_env or {}),

@@ -91,6 +91,9 @@ def test_tensor_parallel_ranks_are_the_actors_resources():
      "engine_kwargs.speculative_config"),
     ({"engine_kwargs": {"model": "/elsewhere"}}, "engine_kwargs.model"),
     ({"engine_kwargs": {"enable_prefix_caching": True}, "engine": "transformers"}, "engine.vllm_args"),
+    ({"chat_template_stage": {"enabled": True, "chat_template_kwarg": {}}}, "chat_template_stage.chat_template_kwarg"),
+    ({"chat_template_stage": {"model_source": "/another/model"}}, "chat_template_stage.model_source"),
+    ({"chat_template_stage": "yes"}, "chat_template_stage"),
     ({"concurrency": (3, 1)}, "concurrency"),
     ({"batch_size": 0}, "batch_size"),
     ({"task_type": "embed"}, "task_type"),
@@ -256,6 +259,35 @@ def test_the_postprocess_sees_errors_as_ray_data_llms_does():
     assert unless_failed(postprocess, True)(good) == {"answer": "hi", INFERENCE_ERROR: ""}
     assert unless_failed(postprocess, True)(bad) == bad  # past the postprocess, whole
     assert unless_failed(postprocess, False)(good) == {"answer": "hi"}
+
+
+def test_the_chat_template_stage_takes_rays_forms_and_its_template_and_kwargs(tiny_model_dir):
+    from ray.data.llm import ChatTemplateStageConfig
+
+    def settings(**kwargs):
+        config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers", **kwargs)
+        processor = build_processor(config, builder_kwargs=kwargs.pop("builder", None))
+        return processor.rows.settings
+
+    template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}{% if shout %}!{% endif %}\n{% endfor %}"
+    assert settings(chat_template_stage=False)["chat_template"] is False
+    ray_form = settings(chat_template_stage=ChatTemplateStageConfig(enabled=True, chat_template=template,
+                                                                    chat_template_kwargs={"shout": True}, batch_size=4))
+    dict_form = settings(chat_template_stage={"chat_template": template, "chat_template_kwargs": {"shout": True}})
+    assert ray_form == dict_form == {**dict_form, "chat_template": True, "template": template,
+                                     "template_kwargs": {"shout": True}}
+    stage = ProcessorStage(vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers")
+                           .pipeline_config(), template=template, template_kwargs={"shout": True})
+    prompt, _ = stage.prompt({"messages": [{"role": "user", "content": "hi"}]}, "row 0")
+    assert prompt == "[user] hi!"  # (Jinja drops the last newline)
+
+
+def test_build_processor_takes_chat_template_kwargs_as_ray_data_llms_builder_does(tiny_model_dir):
+    config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers")
+    processor = build_processor(config, builder_kwargs={"chat_template_kwargs": {"enable_thinking": False}})
+    assert processor.rows.settings["template_kwargs"] == {"enable_thinking": False}
+    with pytest.raises(TypeError, match="builder_kwargs \\['telemetry_agent'\\]"):
+        build_processor(config, builder_kwargs={"telemetry_agent": None})
 
 
 def test_a_bad_row_raises_by_default_as_ray_data_llms_does(tiny_model_dir):
