@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
 import secrets
 import uuid
@@ -34,6 +35,8 @@ from pipeline.engines.base import Request, RequestError, Result
 from pipeline.output import SCHEMA
 from pipeline.sampling import SamplingParams, request_seed
 from pipeline.stage import GenerationStage
+
+logger = logging.getLogger(__name__)
 
 INFERENCE_ERROR = "__inference_error__"
 
@@ -393,6 +396,13 @@ class ProcessorStage:
         self.continue_on_error = continue_on_error
         self.request_ids = itertools.count()
 
+    @staticmethod
+    def input_columns_of(config: Config) -> tuple[dict[str, str], dict[str, str]]:
+        """(required, optional) input columns and what each holds, as ray.data.llm logs them."""
+        return ({"messages | prompt | tokenized_prompt": "chat messages (templated), a text prompt (tokenized as "
+                 "it is) or token ids: one of them"},
+                {"sampling_params": "vLLM's SamplingParams keys (vLLM's defaults where absent)"})
+
     def prompt(self, row: dict, name: str) -> tuple[str, list[int]]:
         """The text prompt and its ids, as ray.data.llm's chat-template and tokenize stages make them."""
         tokenizer = self.stage.engine.tokenizer
@@ -547,6 +557,24 @@ class Processor:
             dataset = dataset.map(unless_failed(self.postprocess, self.rows.settings.get("continue_on_error", False)),
                                   **self.postprocess_map_kwargs)
         return dataset
+
+
+    def list_stage_names(self) -> list[str]:
+        """The stages between the preprocess and the postprocess, as ray.data.llm names its own: one."""
+        return [self.rows.stage.__name__]
+
+    def get_stage_by_name(self, name: str) -> RowFormat:
+        if name in self.list_stage_names():
+            return self.rows
+        raise ValueError(f"Stage {name} not found (this processor has {self.list_stage_names()})")
+
+    def log_input_column_names(self) -> None:
+        """Logs the first stage's input columns, as ray.data.llm's processor does."""
+        required, optional = self.rows.stage.input_columns_of(self.config)
+        message = f"The first stage of the processor is {self.list_stage_names()[0]}."
+        message += "\nRequired input columns:\n" + "\n".join(f"\t{k}: {v}" for k, v in required.items())
+        message += "\nOptional input columns:\n" + "\n".join(f"\t{k}: {v}" for k, v in optional.items())
+        logger.info(message)
 
 
 def build_processor(config: vLLMEngineProcessorConfig, preprocess: Callable | None = None,

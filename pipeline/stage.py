@@ -83,6 +83,15 @@ class GenerationStage:
         self.report_lock = threading.Lock()
         self.reported_steps = EngineSteps()
 
+    @staticmethod
+    def input_columns_of(config: Config) -> tuple[dict[str, str], dict[str, str]]:
+        """(required, optional) input columns and what each holds, for Processor.log_input_column_names."""
+        source = config.input
+        prompt = source.prompt_column or source.messages_column
+        required = {source.id_column: "the row's id", prompt: "a text prompt or chat messages"}
+        optional = {name: f"this row's decoder.{name}" for name in ("max_new_tokens", "temperature", "top_k", "top_p", "seed")}
+        return required, optional
+
     def row_value(self, row: dict, name: str, request_id: str, kind: type, ok, allowed: str):
         """Row's `name` if set (checked against `ok`), else the config's decoder.<name>."""
         value = row.get(name)

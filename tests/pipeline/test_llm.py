@@ -305,3 +305,18 @@ def test_structured_outputs_on_the_transformers_engine_fail_their_row_alone(stag
     refused, ran = stage(rows_table(rows)).to_pylist()
     assert "structured outputs run on the vLLM engine" in refused[INFERENCE_ERROR]
     assert ran[INFERENCE_ERROR] == "" and ran["num_generated_tokens"] >= 1
+
+
+def test_the_processor_lists_its_stage_and_logs_its_input_columns_as_ray_data_llms(tiny_model_dir, caplog):
+    import logging
+
+    config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers")
+    processor = build_processor(config)
+    assert processor.list_stage_names() == ["ProcessorStage"]
+    assert processor.get_stage_by_name("ProcessorStage") is processor.rows
+    with pytest.raises(ValueError, match="Stage vLLMEngineStage not found"):
+        processor.get_stage_by_name("vLLMEngineStage")
+    with caplog.at_level(logging.INFO, logger="pipeline.llm"):
+        processor.log_input_column_names()
+    assert "Required input columns:\n\tmessages | prompt | tokenized_prompt" in caplog.text
+    assert "sampling_params" in caplog.text
