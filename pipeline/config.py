@@ -110,7 +110,8 @@ VLLM_ARGS_SET_ELSEWHERE = {
 
 @dataclass(frozen=True)
 class ModelConfig:
-    # A Hugging Face model directory, a .gguf file, or "smollm2-135m-instruct" (embedded default).
+    # A Hugging Face model directory, a .gguf file, a hub id (ORG/NAME) in the local Hugging Face
+    # cache, or "smollm2-135m-instruct" (embedded default).
     name: str = "smollm2-135m-instruct"
     # Weights are computed in this dtype. "auto": bfloat16 where the process has a GPU, float32 on
     # a CPU (where bfloat16 is slower and float32 keeps greedy argmax stable).

@@ -144,7 +144,7 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
 
     def __post_init__(self):
         check(isinstance(self.model_source, str) and self.model_source, "model_source", "a model directory, "
-              "a .gguf file or 'smollm2-135m-instruct'")
+              "a .gguf file, a Hugging Face hub id in the local cache or 'smollm2-135m-instruct'")
         check(isinstance(self.batch_size, int) and self.batch_size >= 1, "batch_size", "an integer >= 1")
         check(self.task_type == "generate", "task_type", "'generate' (embed, classify and score are not ours)")
         check(self.max_concurrent_batches >= 1, "max_concurrent_batches", "an integer >= 1")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -129,14 +130,35 @@ def resolve_model_dir(config: ModelConfig) -> tuple[Path, str]:
         if not path.is_file():
             raise FileNotFoundError(f"model.name: GGUF file {path} does not exist")
         return converted_gguf_dir(path, config)
+    if not path.is_dir() and HUB_ID.fullmatch(config.name):
+        path = cached_hub_model(config.name)
     if path.is_dir():
         if not (path / "config.json").exists():
             raise FileNotFoundError(f"model.name: {path} has no config.json; is it a Hugging Face model directory?")
         return path, directory_fingerprint(path)
     raise FileNotFoundError(
-        f"model.name: {config.name!r} is not a model directory, a .gguf file, or {EMBEDDED_DEFAULT!r} "
-        "(models are never downloaded from a hub at run time)"
+        f"model.name: {config.name!r} is not a model directory, a .gguf file, a Hugging Face hub id "
+        f"(ORG/NAME) or {EMBEDDED_DEFAULT!r}"
     )
+
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
+def cached_hub_model(repo_id: str) -> Path:
+    """A hub id's snapshot in the local Hugging Face cache (HF_HUB_CACHE, or HF_HOME/hub), as vLLM
+    finds it offline (HF_HUB_OFFLINE=1). Nothing is downloaded at run time: a model not cached is
+    an error saying how to fetch it."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    home = os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+    cache = os.environ.get("HF_HUB_CACHE") or os.path.join(home, "hub")
+    try:
+        return Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))
+    except LocalEntryNotFoundError as error:
+        raise FileNotFoundError(f"model.name: {repo_id!r} is not in the Hugging Face cache {cache} (models are never "
+                                f"downloaded at run time: `huggingface-cli download {repo_id}` first)") from error
 
 
 def load_tokenizer(model_dir: str | Path, config: ModelConfig) -> PreTrainedTokenizerBase:

@@ -28,8 +28,24 @@ def test_embedded_default_generates(smollm2):
 
 
 def test_unknown_model_says_what_is_accepted():
-    with pytest.raises(FileNotFoundError, match="not a model directory, a .gguf file, or 'smollm2-135m-instruct'"):
+    with pytest.raises(FileNotFoundError, match="not a model directory, a .gguf file, a Hugging Face hub id"):
         model_loading.resolve_model_dir(ModelConfig(name="no/such/model"))
+
+
+def test_a_hub_id_is_found_in_the_local_hugging_face_cache_offline(tiny_model_dir, tmp_path, monkeypatch):
+    """A cache laid out as huggingface_hub lays it out (hub/models--ORG--NAME/snapshots/<hash>/ and
+    refs/main), with HF_HUB_OFFLINE=1, as vLLM finds a hub id offline; one not cached is named."""
+    snapshot = tmp_path / "hub" / "models--acme--tiny-llama" / "snapshots" / ("a" * 40)
+    shutil.copytree(tiny_model_dir, snapshot)
+    (snapshot.parents[1] / "refs").mkdir()
+    (snapshot.parents[1] / "refs" / "main").write_text("a" * 40)
+    monkeypatch.setenv("HF_HOME", str(tmp_path))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    found, fingerprint = model_loading.resolve_model_dir(ModelConfig(name="acme/tiny-llama"))
+    assert found == snapshot and fingerprint == model_loading.directory_fingerprint(tiny_model_dir)
+    with pytest.raises(FileNotFoundError, match="'acme/other' is not in the Hugging Face cache .*huggingface-cli download"):
+        model_loading.resolve_model_dir(ModelConfig(name="acme/other"))
 
 
 def test_missing_gguf_file_is_named(tmp_path):
