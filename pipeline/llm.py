@@ -187,9 +187,10 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         return {"chat_template": bool(stage.get("enabled", True)), "template": template, "template_kwargs": dict(kwargs)}
 
     def actors(self) -> tuple[int, int]:
+        """(min, max) actors, as ray.data.llm reads `concurrency`: n is an autoscaling pool of 1 to n."""
         concurrency = self.concurrency
-        if isinstance(concurrency, int) and concurrency >= 1:
-            return concurrency, concurrency
+        if isinstance(concurrency, int) and not isinstance(concurrency, bool) and concurrency >= 1:
+            return 1, concurrency
         check(isinstance(concurrency, (tuple, list)) and len(concurrency) == 2
               and all(isinstance(n, int) for n in concurrency) and 1 <= concurrency[0] <= concurrency[1],
               "concurrency", "an integer >= 1 or (min, max) with 1 <= min <= max")

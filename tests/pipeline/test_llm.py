@@ -33,6 +33,8 @@ def test_the_config_maps_ray_data_llm_keywords_onto_ours():
     assert (ours.ray.num_cpus_per_actor, ours.ray.num_gpus_per_actor) == (1, 0)
     assert ours.ray.max_concurrent_batches == 2  # 16 pending rows at most: two batches of 8
     assert (ours.decoder.drafter, ours.decoder.w) == ("suffix", 4)
+    autoscaling = vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct", concurrency=3).pipeline_config()
+    assert (autoscaling.ray.min_actors, autoscaling.ray.max_actors) == (1, 3)  # as ray.data.llm reads an int
     default = vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct").pipeline_config()
     assert default.decoder.drafter == "batch_suffix"  # our best drafter, on by default
     assert (default.ray.num_gpus_per_actor, default.ray.batch_size) == (1, 32)  # ray.data.llm's: a GPU, 32 rows
