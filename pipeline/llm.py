@@ -104,6 +104,8 @@ REFUSED_SAMPLING = {
 # vLLM's StructuredOutputsParams: one constraint, and options.
 CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 CONSTRAINT_OPTIONS = ("disable_any_whitespace", "disable_additional_properties", "whitespace_pattern")
+# max_tokens None: as many as the model's length leaves (each engine cuts a request's budget to it).
+UP_TO_THE_MODELS_LENGTH = 2**31 - 1
 VLLM_DEFAULTS = {"max_tokens": 16, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
 
 
@@ -344,6 +346,8 @@ def sampling_of(params: Any, name: str, seed: int | None = None, vllm_keys: froz
     if not isinstance(params, (dict, type(None))):
         raise RequestError(f"{name}: sampling_params must be a mapping, got {type(params).__name__}")
     # Arrow gives a struct column every key any row has: None is "not set", as in vLLM.
+    # max_tokens given as None: vLLM's "up to the model's length" (absent: its default, 16).
+    to_the_end = "max_tokens" in (params or {}) and params["max_tokens"] is None
     params = {key: value for key, value in (params or {}).items() if value is not None}
     extra = {key: params.pop(key) for key in sorted(set(params) - set(SAMPLING_KEYS))}
     for key in extra:
@@ -377,7 +381,8 @@ def sampling_of(params: Any, name: str, seed: int | None = None, vllm_keys: froz
         seed=number("seed", int, lambda v: v >= 0, "an integer >= 0") if "seed" in values
         else (seed if seed is not None else secrets.randbits(63)))  # vLLM: no seed, a fresh one
     structured = values.get("structured_outputs")
-    return RowSettings(sampling, number("max_tokens", int, lambda v: v >= 1, "an integer >= 1"), stop,
+    max_tokens = UP_TO_THE_MODELS_LENGTH if to_the_end else number("max_tokens", int, lambda v: v >= 1, "an integer >= 1")
+    return RowSettings(sampling, max_tokens, stop,
                        None if structured is None else structured_outputs_of(structured, name), extra or None)
 
 

@@ -9,7 +9,7 @@ import pyarrow as pa
 import pytest
 
 from pipeline.config import ConfigError
-from pipeline.engines.base import FINISH_REASONS, RequestError
+from pipeline.engines.base import FINISH_REASONS, Request, RequestError
 from pipeline.llm import (
     GENERATED,
     INFERENCE_ERROR,
@@ -322,3 +322,14 @@ def test_the_processor_lists_its_stage_and_logs_its_input_columns_as_ray_data_ll
         processor.log_input_column_names()
     assert "Required input columns:\n\tmessages | prompt | tokenized_prompt" in caplog.text
     assert "sampling_params" in caplog.text
+
+
+def test_max_tokens_none_runs_to_the_models_length_as_in_vllm():
+    from pipeline.engines.base import budget
+    from pipeline.llm import UP_TO_THE_MODELS_LENGTH
+
+    settings = sampling_of({"temperature": 0, "max_tokens": None}, "row 7")
+    assert settings.max_tokens == UP_TO_THE_MODELS_LENGTH
+    assert sampling_of({"temperature": 0}, "row 7").max_tokens == 16  # absent: vLLM's default
+    request = Request("r", [1] * 100, settings.max_tokens)
+    assert budget(request, 2048) == 1948  # every engine cuts it to what the model's length leaves
