@@ -333,3 +333,17 @@ def test_max_tokens_none_runs_to_the_models_length_as_in_vllm():
     assert sampling_of({"temperature": 0}, "row 7").max_tokens == 16  # absent: vLLM's default
     request = Request("r", [1] * 100, settings.max_tokens)
     assert budget(request, 2048) == 1948  # every engine cuts it to what the model's length leaves
+
+
+def test_rows_whose_sampling_params_carry_different_keys_run_together(stage):
+    """Arrow gives the batch's struct column every key any row has (None where a row had none):
+    each row runs with its own (ray.data.llm's engine thread dies on such a batch)."""
+    rows = [{"prompt": "Hi", "sampling_params": {"temperature": 0, "max_tokens": 3}},
+            {"prompt": "Hi", "sampling_params": {"temperature": 0.8, "max_tokens": 5, "seed": 1, "top_p": 0.9}},
+            {"prompt": "Hi", "sampling_params": {"stop": ["\n"], "max_tokens": 4, "temperature": 0}}]
+    table = rows_table(rows)
+    assert table.schema.field("sampling_params").type.num_fields == 5
+    out = stage(table).to_pylist()
+    assert [row[INFERENCE_ERROR] for row in out] == ["", "", ""]
+    assert [row["temperature"] for row in out] == [0.0, 0.8, 0.0] and out[1]["seed"] == 1
+    assert [row["num_generated_tokens"] <= limit for row, limit in zip(out, (3, 5, 4))] == [True] * 3
