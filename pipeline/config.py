@@ -492,6 +492,12 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {text!r}: {key!r} is not a section")
         node[keys[-1]] = value
+    return build(Config, resolve_auto(data))
+
+
+def resolve_auto(data: dict) -> dict:
+    """The sections with decoder.k / decoder.w `auto` turned into their engine's limit and
+    auto_k / auto_w (the job's loader and the processor both build their Config through this)."""
     decoder = data.get("decoder")
     if isinstance(decoder, dict):
         engine = data.get("engine")
@@ -502,5 +508,5 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
         for name in ("k", "w"):
             if decoder.get(name) == "auto":
                 decoder[name], decoder[f"auto_{name}"] = limits[name], True
-    return build(Config, data)
+    return data
 

@@ -30,7 +30,7 @@ from typing import Any, Callable, Mapping, Sequence
 import pyarrow as pa
 
 from pipeline.actor_pool import generation_stage, prepared_tables
-from pipeline.config import Config, ConfigError, build
+from pipeline.config import Config, ConfigError, build, resolve_auto
 from pipeline.engines.base import Request, RequestError, Result
 from pipeline.output import SCHEMA
 from pipeline.sampling import SamplingParams, request_seed
@@ -236,9 +236,10 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         resources = self.resources()
         # On a CPU the engine's threads are the CPUs the actor reserved (Ray starts it with one otherwise).
         threads = 0 if resources["GPU"] else max(1, int(resources["CPU"]))
+        # The job's default drafter (configs/default.yaml): w auto unless the decoder names it.
         sections: dict[str, dict] = {"model": {"name": self.model_source, "num_threads": threads},
                                      "engine": {"name": self.engine, "request_metrics": self.engine == "vllm"},
-                                     "decoder": dict(self.decoder), "ray": {}}
+                                     "decoder": {"w": "auto", **self.decoder}, "ray": {}}
         vllm_args = {}
         for key, value in self.engine_kwargs.items():
             if key in ENGINE_KWARGS:
@@ -259,7 +260,7 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         sections["ray"] = {"min_actors": low, "max_actors": high, "batch_size": self.batch_size,
                            "max_concurrent_batches": batches, "num_cpus_per_actor": resources["CPU"],
                            "num_gpus_per_actor": resources["GPU"], "accelerator_type": self.accelerator_type or ""}
-        return build(Config, sections)
+        return build(Config, resolve_auto(sections))
 
 
     def speculative_decoder(self, spec: Any) -> dict:

@@ -8,7 +8,7 @@ import re
 import pyarrow as pa
 import pytest
 
-from pipeline.config import ConfigError
+from pipeline.config import ConfigError, load_config
 from pipeline.engines.base import FINISH_REASONS, Request, RequestError
 from pipeline.llm import (
     GENERATED,
@@ -36,7 +36,13 @@ def test_the_config_maps_ray_data_llm_keywords_onto_ours():
     autoscaling = vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct", concurrency=3).pipeline_config()
     assert (autoscaling.ray.min_actors, autoscaling.ray.max_actors) == (1, 3)  # as ray.data.llm reads an int
     default = vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct").pipeline_config()
-    assert default.decoder.drafter == "batch_suffix"  # our best drafter, on by default
+    job = load_config("configs/default.yaml", ["engine.name=vllm"])
+    # the job's default drafter: batch_suffix, w auto
+    assert (default.decoder.drafter, default.decoder.w, default.decoder.auto_w) == (
+        job.decoder.drafter, job.decoder.w, job.decoder.auto_w)
+    assert (default.decoder.drafter, default.decoder.auto_w) == ("batch_suffix", True)
+    assert vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct",
+                                     decoder={"w": "auto", "drafter": "suffix"}).pipeline_config().decoder.auto_w
     assert (default.ray.num_gpus_per_actor, default.ray.batch_size) == (1, 32)  # ray.data.llm's: a GPU, 32 rows
 
 
