@@ -119,8 +119,12 @@ def save_calibration_plot(series: dict[str, list[dict]], path: Path, title: str)
     """Predicted against observed acceptance by draft depth (jobs.benchmark --replay's calibration
     rows: depth, predicted_model, predicted_calibrated, observed), one panel per series."""
     plt = pyplot()
-    figure, panels = plt.subplots(1, len(series), figsize=(4.2 * len(series), 3.6), squeeze=False)
-    for axes, (label, rows) in zip(panels[0], series.items()):
+    columns = min(4, len(series))
+    lines = -(-len(series) // columns)
+    figure, panels = plt.subplots(lines, columns, figsize=(4.2 * columns, 3.4 * lines), squeeze=False)
+    for axes in panels.flat[len(series):]:
+        axes.set_visible(False)
+    for axes, (label, rows) in zip(panels.flat, series.items()):
         depth = [r["depth"] for r in rows]
         axes.plot(depth, [r["observed"] for r in rows], "o-", color="black", label="observed")
         axes.plot(depth, [r["predicted_calibrated"] for r in rows], "s--", label="predicted (calibrated: the budget's)")
@@ -128,7 +132,8 @@ def save_calibration_plot(series: dict[str, list[dict]], path: Path, title: str)
         axes.set_ylim(0, 1)
         axes.set_xlabel("draft depth j (first j tokens accepted)")
         axes.set_title(label, fontsize=9)
-    panels[0][0].set_ylabel("P(first j draft tokens accepted)")
+    for line in panels:
+        line[0].set_ylabel("P(first j draft tokens accepted)")
     panels[0][0].legend(fontsize=7)
     figure.suptitle(title, fontsize=10)
     figure.tight_layout()

@@ -402,7 +402,8 @@ def replay_comparison(args) -> dict:
               "store_tokens": int(len(store)) if store is not None else 0, "max_draft": args.max_draft,
               "skipped": skipped, "calibration": calibration}
     if calibration and args.plots:
-        report["calibration_plot"] = str(calibration_plot(calibration, Path(args.plots), args.replay))
+        runs = ", ".join(Path(run).parent.name or run for run in args.replay.split(","))
+        report["calibration_plot"] = str(calibration_plot(calibration, Path(args.plots), runs))
     if args.project:
         report["projection"] = projection(rows, args.project, step_costs(args), read_json(args.host_step))
     return report
