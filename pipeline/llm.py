@@ -475,8 +475,8 @@ class ProcessorStage:
                "generated_tokens": result.token_ids, "generated_text": result.text,
                "num_generated_tokens": len(result.token_ids), "request_id": int(request.request_id),
                "metrics": result.engine_metrics,
-               # From the row's batch entering the engine to its results (rows come back with their batch).
-               "batch_uuid": batch_uuid, "time_taken_llm": seconds,
+               # The request's own time in the engine (scheduled to its last token), as ray.data.llm's.
+               "batch_uuid": batch_uuid, "time_taken_llm": result.stats.total_seconds or seconds,
                "params": (f"SamplingParams(max_tokens={request.max_new_tokens}, temperature={sampling.temperature}, "
                           f"top_p={sampling.top_p}, top_k={sampling.top_k}, seed={sampling.seed}, "
                           f"stop={list(request.stop)}, structured_outputs={request.structured_outputs})"),

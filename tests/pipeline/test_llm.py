@@ -224,6 +224,7 @@ def test_rows_come_back_with_their_columns_ray_data_llms_and_ours(stage):
         assert row[INFERENCE_ERROR] == "" and 1 <= row["num_generated_tokens"] <= 12
         assert row["finish_reason"] in FINISH_REASONS and row["drafter"] == "batch_suffix"
         assert row["num_input_tokens"] == len(row["prompt_token_ids"]) and row["request_id"] >= 0
+        assert 0 < row["time_taken_llm"] == row["total_seconds"]  # the request's own time, not its batch's
     assert "sampling_params.max_tokens" in bad[INFERENCE_ERROR] and bad["request_id"] == -1
     assert "has no messages, prompt or tokenized_prompt" in empty[INFERENCE_ERROR]
     assert (bad["generated_text"], bad["generated_tokens"], bad["num_generated_tokens"]) == ("", [], 0)  # as Ray's
