@@ -80,7 +80,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
     from pipeline.config import load_config
-    from pipeline.engines.vllm.engine import llvmlite_set_aside, set_vllm_environment
+    from pipeline.engines.vllm import llvmlite_set_aside, set_vllm_environment
     from pipeline.model_loading import dtype_name, resolve_model_dir
 
     batches = [int(b) for b in args.batch.split(",")]
