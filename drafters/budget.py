@@ -8,8 +8,8 @@ seconds and emits B + Σ P tokens in expectation (P a kept draft token's probabi
 the draft before it are accepted). Draft tokens are taken most likely first while one more raises
 the expected tokens per second: P > T (c(n + 1) - c(n)) / c(n), T and n the totals so far. A
 request's probabilities never rise along its draft, so each kept draft is a prefix and taking the
-largest first is optimal for a linear c (and a fair rule for a convex one). `calibrated`: a drafter's probability as what the judged
-tokens of its bin did bear out.
+largest first is optimal for a linear c (and a fair rule for a convex one). `calibrated`: a
+drafter's probability as the judged tokens of its bin bore it out.
 
 Step costs, c(n) as `seconds(n)`:
 - `LinearStepCost`: c(n) = a + b n, fitted online from the engine's own steps (`StepCostFit`):

@@ -97,7 +97,8 @@ SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", 
 REFUSED_SAMPLING = {
     "logprobs": "the rows do not carry log probabilities yet",
     "prompt_logprobs": "the rows do not carry log probabilities yet",
-    "min_p": "vLLM does not run it with speculative decoding", "logit_bias": "vLLM does not run it with speculative decoding",
+    "min_p": "vLLM does not run it with speculative decoding",
+    "logit_bias": "vLLM does not run it with speculative decoding",
     "logits_processors": "vLLM does not run it with speculative decoding",
     "spaces_between_special_tokens": "the actor decodes the text itself (skip_special_tokens is honoured)",
     "output_kind": "the processor takes each request's final output", "extra_args": "not run here"}
@@ -178,15 +179,19 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
             stage = {"enabled": stage}
         elif hasattr(stage, "model_dump"):  # ray.data.llm's ChatTemplateStageConfig
             stage = stage.model_dump()
-        check(isinstance(stage, Mapping), "chat_template_stage", "True, False, a ChatTemplateStageConfig or a dict of its fields")
+        check(isinstance(stage, Mapping), "chat_template_stage",
+              "True, False, a ChatTemplateStageConfig or a dict of its fields")
         unknown = sorted(set(stage) - set(CHAT_TEMPLATE_STAGE_KEYS))
-        check(not unknown, f"chat_template_stage.{unknown[0] if unknown else ''}", f"one of {list(CHAT_TEMPLATE_STAGE_KEYS)}")
+        check(not unknown, f"chat_template_stage.{unknown[0] if unknown else ''}",
+              f"one of {list(CHAT_TEMPLATE_STAGE_KEYS)}")
         check(stage.get("model_source") in (None, self.model_source), "chat_template_stage.model_source",
               "model_source or None (the engine's tokenizer templates the rows)")
         template, kwargs = stage.get("chat_template"), stage.get("chat_template_kwargs") or fallback_kwargs or {}
-        check(template is None or isinstance(template, str), "chat_template_stage.chat_template", "a Jinja template string or None")
+        check(template is None or isinstance(template, str), "chat_template_stage.chat_template",
+              "a Jinja template string or None")
         check(isinstance(kwargs, Mapping), "chat_template_stage.chat_template_kwargs", "a mapping or None")
-        return {"chat_template": bool(stage.get("enabled", True)), "template": template, "template_kwargs": dict(kwargs)}
+        return {"chat_template": bool(stage.get("enabled", True)), "template": template,
+                "template_kwargs": dict(kwargs)}
 
     def actors(self) -> tuple[int, int]:
         """(min, max) actors, as ray.data.llm reads `concurrency`: n is an autoscaling pool of 1 to n."""
@@ -382,7 +387,8 @@ def sampling_of(params: Any, name: str, seed: int | None = None, vllm_keys: froz
         seed=number("seed", int, lambda v: v >= 0, "an integer >= 0") if "seed" in values
         else (seed if seed is not None else secrets.randbits(63)))  # vLLM: no seed, a fresh one
     structured = values.get("structured_outputs")
-    max_tokens = UP_TO_THE_MODELS_LENGTH if to_the_end else number("max_tokens", int, lambda v: v >= 1, "an integer >= 1")
+    max_tokens = (UP_TO_THE_MODELS_LENGTH if to_the_end
+                  else number("max_tokens", int, lambda v: v >= 1, "an integer >= 1"))
     return RowSettings(sampling, max_tokens, stop,
                        None if structured is None else structured_outputs_of(structured, name), extra or None)
 
