@@ -24,8 +24,9 @@ import numpy as np
 PROMPT = "Write a long, detailed story about a lighthouse keeper number {i} and the ships that pass."
 
 
-def timed(obj, name: str, totals: dict) -> None:
-    """Wraps obj.name so its calls add their seconds to totals['device'] and count totals['calls']."""
+def timed(obj, name: str, totals: dict, counts_steps: bool = False) -> None:
+    """Wraps obj.name so its calls add their seconds to totals['device'] (and, if `counts_steps`,
+    count totals['calls']: one per engine step)."""
     inner = getattr(obj, name)
 
     def wrapper(*args, **kwargs):
@@ -34,7 +35,7 @@ def timed(obj, name: str, totals: dict) -> None:
             return inner(*args, **kwargs)
         finally:
             totals["device"] += time.perf_counter() - started
-            totals["calls"] += name == "forward"
+            totals["calls"] += counts_steps
 
     setattr(obj, name, wrapper)
 
@@ -44,7 +45,7 @@ TOTALS = {"device": 0.0, "calls": 0}
 
 def instrument(worker) -> bool:
     runner = worker.model_runner
-    timed(runner.model, "forward", TOTALS)
+    timed(runner.model, "forward", TOTALS, counts_steps=True)  # the sampler's is a `forward` too: not counted
     timed(runner.model, "compute_logits", TOTALS)
     timed(runner.sampler, "forward", TOTALS)
     return True
