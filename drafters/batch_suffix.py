@@ -9,9 +9,8 @@ What it drafts from, per request (each source on its own, as drafters/suffix.py 
   ngram_max_q); past its capacity the oldest finished outputs are forgotten;
 - `store`: earlier runs' outputs (decoder.datastore), by binary search in their suffix array; a match
   of at least `store_min_match` tokens (default ngram_max_q): in a store of millions of tokens a
-  shorter one has thousands of occurrences and says little, and reading them cost the drafter more
-  than all its other work (a replay with a 1.1M-token store: 21 us per request-step with 1-token
-  matches, against 10 without the store).
+  shorter one has thousands of occurrences and says little, and reading them costs the drafter more
+  than all its other work (docs/benchmarks.md, "Replay (no model)").
 Each source's majority path is scored by the acceptance model (its features, prior and online fit
 are drafters/suffix.py's and drafters/acceptance.py's), cut where the probability that all its
 tokens so far are accepted falls below suffix_min_probability; the best candidate is the draft, its
@@ -26,9 +25,9 @@ rated alike were accepted, per bin of rating). With a budget, the drafting itsel
 what its kept tokens were worth stays below the drafter's own time (`DraftingPays`): the new tokens
 are still taken in, and one step in 16 drafts to see whether that changed.
 
-`top1` (a [V] table of the model bigram's top next token) turns on the acceptance model's
-`bigram_top1` feature; the job builds none for this drafter (its table costs a model pass over the
-vocabulary at start), so the feature stays 0 there.
+The acceptance model's `bigram_top1` feature stays 0 here: it needs the model bigram table, which
+costs a model pass over the vocabulary at start (the per-request `suffix` drafter reads it when
+the job builds it).
 
 The engine hands over a step's requests as rows of a token array it already holds (vLLM's
 `token_ids_cpu`); the drafter keeps, per request, a slot: how much of it has been taken in, its
@@ -81,15 +80,15 @@ class BatchSuffixDrafter:
 
     def __init__(self, w: int, max_q: int, min_q: int, max_match: int = 24, max_occurrences: int = 16,
                  min_probability: float = 0.1, capacity: int = 1 << 18, store: Datastore | None = None,
-                 top1: np.ndarray | None = None, prior: np.ndarray = PRIOR, prior_strength: float = 200.0,
+                 prior: np.ndarray = PRIOR, prior_strength: float = 200.0,
                  refit_every: int = 1024, newton_steps: int = 1, ring: int = 4096, segment_cap: int = 4096,
                  pad_token: int = 0, store_min_match: int = 0):
         assert 1 <= min_q <= max_q <= max_match, f"need 1 <= min_q ({min_q}) <= max_q ({max_q}) <= max_match ({max_match})"
         assert w >= 1 and capacity >= 16, f"need w >= 1 and capacity >= 16, got {w}, {capacity}"
         self.w, self.pad_token = w, pad_token
-        self.settings = np.array([min_q, max_q, max_match, max_occurrences, refit_every, newton_steps,
-                                  min(segment_cap, capacity // 4), store_min_match or max_q], dtype=np.int64)
-        self.probability_settings = np.array([min_probability, prior_strength])
+        self.settings = kernels.Settings(min_q, max_q, max_match, max_occurrences, refit_every, newton_steps,
+                                         min(segment_cap, capacity // 4), store_min_match or max_q, min_probability,
+                                         prior_strength)
         self.logs = kernels.log_table(max_match + w + max_occurrences + 2)
         self.arena = np.full(capacity + 1, -1, dtype=np.int32)
         table = 1 << int(np.ceil(np.log2(2 * capacity)))
@@ -105,9 +104,8 @@ class BatchSuffixDrafter:
         self.calibration = np.zeros((2, CALIBRATION_BINS))  # per bin: drafts held to that token, tokens judged
         self.store_tokens = np.asarray(store.tokens) if store is not None else np.zeros(0, np.uint32)
         self.suffix_array = np.asarray(store.suffix_array) if store is not None else np.zeros(0, np.int32)
-        self.top1 = np.asarray(top1, dtype=np.int32) if top1 is not None else np.zeros(0, np.int32)
         # the store's q-grams (q its shortest match) and their suffix-array ranges: where searches start
-        self.store_ranges = kernels.store_ranges(self.store_tokens, self.suffix_array, int(self.settings[7]))
+        self.store_ranges = kernels.store_ranges(self.store_tokens, self.suffix_array, self.settings.store_min_match)
         self.slot_of: dict[object, int] = {}
         self.free: list[int] = []
         self.finished: list[tuple[int, list[int]]] = []
@@ -124,7 +122,7 @@ class BatchSuffixDrafter:
 
     def _compile(self) -> None:
         """Compiles the step for vLLM's rows of int32 tokens (or loads it from numba's cache) now, at
-        the engine's start, not in its first batch (15 s here when nothing is cached): a call for no
+        the engine's start, not in its first batch (seconds when nothing is cached): a call for no
         request, which changes nothing but the count of calls."""
         kernels.step(self._state, _NONE, _NONE, _ZERO_OFFSETS, _NONE, np.zeros((1, 1), np.int32), _NONE, _NONE, _NONE,
                      _NONE, _NO_COST)
@@ -147,13 +145,15 @@ class BatchSuffixDrafter:
         old = getattr(self, "slots", None)
         held = 0 if old is None else old.shape[0]
         slots = np.zeros((count, kernels.SLOT_FIELDS), dtype=np.int64)
-        pending = (np.zeros(count, np.int64), np.zeros((count, PENDING), np.int64), np.zeros((count, PENDING), np.int64),
-                   np.zeros((count, PENDING, self.w), np.int64),
-                   np.zeros((count, PENDING, self.w, kernels.NUM_FEATURES + 1)))  # features, then the probability given
+        pending = {"pending_count": np.zeros(count, np.int64), "pending_position": np.zeros((count, PENDING), np.int64),
+                   "pending_length": np.zeros((count, PENDING), np.int64),
+                   "pending_tokens": np.zeros((count, PENDING, self.w), np.int64),
+                   # the features, then the probability given (kernels.GIVEN)
+                   "pending_features": np.zeros((count, PENDING, self.w, kernels.NUM_FEATURES + 1))}
         if old is not None:
             slots[:held] = old
-            for new, kept in zip(pending, self.pending):
-                new[:held] = kept
+            for name, new in pending.items():
+                new[:held] = self.pending[name]
         self.slots, self.pending = slots, pending
         self.free += list(range(count - 1, held - 1, -1))
         self._gather()
@@ -161,11 +161,13 @@ class BatchSuffixDrafter:
     def _gather(self) -> None:
         """Every compiled call takes the drafter's arrays as one object (kernels.State), made again
         when the slots or the output buffers grow."""
-        self._state = kernels.State(self.arena, self.heads, self.prev, self.slots, self.docs, self.counters, *self.pending,
-                                    self.weights, self.prior, self.ring_x, self.ring_y, self.calibration, self.store_tokens,
-                                    self.suffix_array, self.store_ranges, self.top1, self.settings,
-                                    self.probability_settings, self.logs, self._out.tokens, self._out.lengths,
-                                    self._out.confidence, self._out.sources, *self._scratch)
+        self._state = kernels.State(
+            arena=self.arena, heads=self.heads, prev=self.prev, slots=self.slots, docs=self.docs, counters=self.counters,
+            **self.pending, weights=self.weights, prior=self.prior, ring_x=self.ring_x, ring_y=self.ring_y,
+            calibration=self.calibration, store=self.store_tokens, suffix_array=self.suffix_array,
+            store_ranges=self.store_ranges, logs=self.logs, **kernels.settings_values(self.settings),
+            out_tokens=self._out.tokens, out_lengths=self._out.lengths, out_confidence=self._out.confidence,
+            out_sources=self._out.sources, **self._scratch)
 
     def slot(self, key) -> int:
         slot = self.slot_of.get(key)
@@ -246,7 +248,7 @@ class BatchSuffixDrafter:
 
     def memory_bytes(self) -> int:
         """The drafter's own arrays (the store, shared read-only, left out)."""
-        arrays = (self.arena, self.heads, self.prev, self.docs, self.slots, *self.pending, self.ring_x, self.ring_y,
+        arrays = (self.arena, self.heads, self.prev, self.docs, self.slots, *self.pending.values(), self.ring_x, self.ring_y,
                   self.store_ranges)
         return sum(array.nbytes for array in arrays)
 
@@ -272,6 +274,3 @@ class BatchSuffixDrafter:
     def _forget(self, key: int) -> None:
         self._prompt_of.pop(key, None)
         self.finish(key)
-
-    def learn(self, tokens: list[int]) -> None:
-        """Finished outputs are already in the arena (taken in as they were generated)."""

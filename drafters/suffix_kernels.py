@@ -1,11 +1,13 @@
 """The batched suffix drafter's compiled code (numba): one call drafts for every request of a step.
 
-Everything a step does for its requests runs inside `step`, in request order: finish the requests
-that ended (their last tokens join the outputs), take each request's new tokens (a request's
-generated tokens join the outputs index at once: answers in flight are drafted from, as SuffixDecoding's
-global tree holds them), judge its earlier candidates against them (the acceptance model learns
-and refits), draft from the three sources, and finally cut the batch's drafts to the step's budget.
-drafters/batch_suffix.py holds the state and says what each source is; the arrays are described there.
+`step` runs one engine step as a short sequence of phases, each a compiled function below it:
+retire the requests that ended (their last tokens join the outputs), then per request, in order,
+start its slot, take in its new tokens (a request's generated tokens join the outputs index at
+once: answers in flight are drafted from, as SuffixDecoding's global tree holds them), judge its
+earlier candidates against them (the acceptance model learns and refits), draft from the three
+sources, mark their agreement, score and queue the candidates and write the best; last, cut the
+batch's drafts to the step's budget. drafters/batch_suffix.py holds the state and says what each
+source is. Every array and setting is a named field of one `State` (STATE_FIELDS).
 
 Layout of the state arrays (see BatchSuffixDrafter):
 - arena [C + 1] int32: generated tokens of requests, each request a segment reserved when it starts;
@@ -23,6 +25,8 @@ Layout of the state arrays (see BatchSuffixDrafter):
 from __future__ import annotations
 
 import math
+from collections import namedtuple
+from dataclasses import dataclass, fields
 
 import numba as nb
 import numpy as np
@@ -30,9 +34,14 @@ from numba.core import types
 from numba.experimental import structref
 
 from drafters.budget import allocate, calibrated_gains, calibration_bin
+from drafters.suffix import FEATURES, SOURCES
 
-NUM_FEATURES = 12
-SOURCES = ("context", "outputs", "store")
+NUM_FEATURES = len(FEATURES)
+# Feature columns by name (drafters/suffix.py's FEATURES): FEATURE.log_match is its column. A
+# candidate's feature rows carry one more column, GIVEN: the probability the model gave the token.
+FEATURE = namedtuple("Feature", FEATURES)(*range(NUM_FEATURES))
+GIVEN = NUM_FEATURES
+CONTEXT, OUTPUTS, STORE = range(len(SOURCES))
 # slots[s, :]
 START, RESERVED, WRITTEN, SEEN, PROMPT, ACTIVE, STORE_MATCH, STORE_LO, STORE_HI = range(9)
 SLOT_FIELDS = 9
@@ -43,12 +52,30 @@ SEPARATOR = 4294967295  # drafters/datastore.py's document separator (uint32 max
 LOGIT_CLIP = math.log((1 - 1e-3) / 1e-3)
 
 
-STATE_FIELDS = ("arena", "heads", "prev", "slots", "docs", "counters", "pending_count", "pending_position",
-                "pending_length", "pending_tokens", "pending_features", "weights", "prior", "ring_x", "ring_y",
-                "calibration", "store", "suffix_array", "store_ranges", "top1", "settings", "probability_settings", "logs",
-                "out_tokens", "out_lengths", "out_confidence", "out_sources",  # [B', w] ... : a step's drafts in rows :B
-                *(f"scratch_{name}" for name in ("rows", "row_lengths", "ends", "tally", "alive", "paths", "path_lengths",
-                                                  "members", "counts", "features", "confidence")))
+@dataclass(frozen=True)
+class Settings:
+    """The drafter's settings, as the compiled step reads them (fields of the State)."""
+    min_q: int  # shortest match drafted from (context and outputs)
+    max_q: int  # longest q-gram the outputs index holds
+    max_match: int  # longest match looked for
+    max_occurrences: int  # occurrences of a match read per source
+    refit_every: int  # judged tokens between two refits of the acceptance model
+    newton_steps: int  # Newton steps per refit
+    segment_cap: int  # most arena tokens a request reserves
+    store_min_match: int  # shortest match drafted from the store
+    min_probability: float  # a draft stops where the probability that all its tokens are accepted falls below
+    prior_strength: float  # the acceptance model's pull towards its prior weights
+
+
+# The State's fields, in order, written here once: the arrays (the layout above), the settings, a
+# step's outputs ([B', w] ...: the drafts in rows :B) and its working arrays (`scratch`).
+ARRAYS = ("arena", "heads", "prev", "slots", "docs", "counters", "pending_count", "pending_position", "pending_length",
+          "pending_tokens", "pending_features", "weights", "prior", "ring_x", "ring_y", "calibration", "store",
+          "suffix_array", "store_ranges", "logs")
+OUTPUTS_FIELDS = ("out_tokens", "out_lengths", "out_confidence", "out_sources")
+SCRATCH = ("rows", "row_lengths", "ends", "tally", "alive", "paths", "path_lengths", "members", "counts", "features",
+           "confidence")
+STATE_FIELDS = ARRAYS + tuple(f.name for f in fields(Settings)) + OUTPUTS_FIELDS + tuple(f"scratch_{n}" for n in SCRATCH)
 
 
 @structref.register
@@ -58,39 +85,41 @@ class StateType(types.StructRef):
 
 
 class State(structref.StructRefProxy):
-    """The drafter's arrays (STATE_FIELDS: the layout above, the output buffers, `scratch`) as one
-    object, the same buffers: a compiled call unboxes one argument (the 37 arrays it replaced cost
-    1.9-2.1 us a call; at B = 1 a step is mostly its call). Made in compiled code, cached (numba's own constructor is
-    compiled in every process)."""
+    """The drafter's arrays and settings (STATE_FIELDS) as one object over the same buffers: a
+    compiled call unboxes one argument instead of one per array (at B = 1 a step is mostly its
+    call). Made in compiled code, cached (numba's own constructor is compiled in every process)."""
 
-    def __new__(cls, *arrays):
-        return _new_state(*arrays)
+    def __new__(cls, **values):
+        missing = set(STATE_FIELDS) - set(values)
+        if missing or len(values) != len(STATE_FIELDS):
+            raise TypeError(f"State: missing {sorted(missing)}, unknown {sorted(set(values) - set(STATE_FIELDS))}")
+        return _new_state(*(values[name] for name in STATE_FIELDS))
 
 
 structref.define_proxy(State, StateType, STATE_FIELDS)
 
 
 @nb.njit(cache=True)
-def _new_state(arena, heads, prev, slots, docs, counters, pending_count, pending_position, pending_length,
-               pending_tokens, pending_features, weights, prior, ring_x, ring_y, calibration, store, suffix_array,
-               store_ranges, top1, settings, probability_settings, logs, out_tokens, out_lengths, out_confidence,
-               out_sources, rows, row_lengths, ends, tally, alive, paths, path_lengths, members, counts, features,
-               confidence):
-    return State(arena, heads, prev, slots, docs, counters, pending_count, pending_position, pending_length,
-                 pending_tokens, pending_features, weights, prior, ring_x, ring_y, calibration, store, suffix_array,
-                 store_ranges, top1, settings, probability_settings, logs, out_tokens, out_lengths, out_confidence,
-                 out_sources, rows, row_lengths, ends, tally, alive, paths, path_lengths, members, counts, features,
-                 confidence)
+def _new_state(*values):
+    return State(*values)
 
 
-def scratch(max_occurrences: int, w: int) -> tuple[np.ndarray, ...]:
-    """A step's working arrays (STATE_FIELDS' scratch_*), made once: each is written before it is read."""
+def settings_values(settings: Settings) -> dict:
+    """The settings as State fields: integers as int64, probabilities as float64 (one compiled type)."""
+    return {f.name: (float if f.type == "float" else int)(getattr(settings, f.name)) for f in fields(Settings)}
+
+
+def scratch(max_occurrences: int, w: int) -> dict[str, np.ndarray]:
+    """A step's working arrays (the State's scratch_*), made once: each is written before it is read."""
     occurrences = max(max_occurrences, 1)
-    return (np.zeros((occurrences, w), np.int64), np.zeros(occurrences, np.int64), np.zeros(occurrences, np.int64),
-            np.zeros(occurrences, np.int64), np.zeros(occurrences, np.int64), np.zeros((3, w), np.int64),
-            np.zeros(3, np.int64), np.zeros(w, np.int64), np.zeros(w, np.int64),
-            np.zeros((3, w, NUM_FEATURES + 1)),  # the last column: the probability given
-            np.zeros((3, w)))
+    sources = len(SOURCES)
+    arrays = {"rows": np.zeros((occurrences, w), np.int64), "row_lengths": np.zeros(occurrences, np.int64),
+              "ends": np.zeros(occurrences, np.int64), "tally": np.zeros(occurrences, np.int64),
+              "alive": np.zeros(occurrences, np.int64), "paths": np.zeros((sources, w), np.int64),
+              "path_lengths": np.zeros(sources, np.int64), "members": np.zeros(w, np.int64),
+              "counts": np.zeros(w, np.int64), "features": np.zeros((sources, w, NUM_FEATURES + 1)),
+              "confidence": np.zeros((sources, w))}
+    return {f"scratch_{name}": arrays[name] for name in SCRATCH}
 
 
 def log_table(size: int) -> np.ndarray:
@@ -505,24 +534,25 @@ def _majority_path(rows, row_lengths, count, w, path, shares, counts, scratch, a
 @nb.njit(cache=True)
 def _features(source, match, counts, members, size, logs, out):
     """drafters/suffix.py's token_features for one path; logs[k] = log(k) (the shares are counts
-    over members, so every logarithm is of an integer: a table lookup)."""
+    over members, so every logarithm is of an integer: a table lookup). `agreed` and
+    `bigram_top1` start at 0 (the step marks agreement; the batched drafter has no bigram table)."""
     for j in range(size):
         depth = j + 1
         if counts[j] >= members[j]:  # a share of 1, clipped to 1 - 1e-3 as token_features clips it
             logit = LOGIT_CLIP
         else:
             logit = logs[counts[j]] - logs[members[j] - counts[j]]
-        out[j, 0] = 1.0
-        out[j, 1] = logit
-        out[j, 2] = logs[match]
-        out[j, 3] = logs[depth]
-        out[j, 4] = logs[match + depth - 1]
-        out[j, 5] = logs[counts[j]]
-        for k in range(3):
-            out[j, 6 + k] = 1.0 if source == k else 0.0
-        out[j, 9] = 1.0 if depth == 1 else 0.0
-        out[j, 10] = 0.0
-        out[j, 11] = 0.0
+        out[j, FEATURE.bias] = 1.0
+        out[j, FEATURE.log_odds_share] = logit
+        out[j, FEATURE.log_match] = logs[match]
+        out[j, FEATURE.log_depth] = logs[depth]
+        out[j, FEATURE.log_reach] = logs[match + depth - 1]
+        out[j, FEATURE.log_count] = logs[counts[j]]
+        for k in range(len(SOURCES)):  # from_context, from_outputs, from_store: one column each, in order
+            out[j, FEATURE.from_context + k] = 1.0 if source == k else 0.0
+        out[j, FEATURE.first] = 1.0 if depth == 1 else 0.0
+        out[j, FEATURE.agreed] = 0.0
+        out[j, FEATURE.bigram_top1] = 0.0
 
 
 @nb.njit(cache=True)
@@ -577,14 +607,17 @@ def _fit(weights, prior, ring_x, ring_y, held, prior_strength, newton_steps):
         weights -= _solve(hessian, gradient)
 
 
-@nb.njit(cache=True)
-def _judge(values, n, s, pending_count, pending_position, pending_length, pending_tokens, pending_features,
-           ring_x, ring_y, counters, calibration):
-    """Judges slot s's waiting candidates whose fate the context now shows: each token up to the
-    first wrong one, accepted or not, into the model's ring; every token's cumulative outcome against
-    the probability it was given (the last feature column) into the calibration. Returns the tokens judged."""
+@nb.njit(cache=True, inline="always")  # (a phase of step: compiled into it)
+def _judge(state, s, values, n):
+    """Judges slot s's waiting candidates whose fate its tokens values[:n] now show: each token up
+    to the first wrong one, accepted or not, into the model's ring; every token's cumulative
+    outcome against the probability it was given (column GIVEN) into the calibration. A candidate
+    right so far whose rest is not emitted yet waits on. Returns the tokens judged."""
+    pending_position, pending_length = state.pending_position, state.pending_length
+    pending_tokens, pending_features = state.pending_tokens, state.pending_features
+    ring_x, ring_y, counters, calibration = state.ring_x, state.ring_y, state.counters, state.calibration
     capacity, judged_now, still = ring_y.shape[0], 0, 0
-    for p in range(pending_count[s]):
+    for p in range(state.pending_count[s]):
         position, size = pending_position[s, p], pending_length[s, p]
         available = min(size, n - position)
         right = 0
@@ -598,8 +631,7 @@ def _judge(values, n, s, pending_count, pending_position, pending_length, pendin
             still += 1
             continue
         for j in range(size):  # the draft's first j + 1 tokens were all accepted, or not
-            probability = pending_features[s, p, j, NUM_FEATURES]
-            index = calibration_bin(probability)
+            index = calibration_bin(pending_features[s, p, j, GIVEN])
             calibration[0, index] += 1.0 if j < right else 0.0
             calibration[1, index] += 1.0
         judged = min(right + 1, size)
@@ -609,136 +641,193 @@ def _judge(values, n, s, pending_count, pending_position, pending_length, pendin
             ring_y[slot] = 1.0 if j < right else 0.0
             counters[JUDGED] += 1
         judged_now += judged
-    pending_count[s] = still
+    state.pending_count[s] = still
     counters[SINCE_FIT] += judged_now
     return judged_now
 
 
+# -- the step, phase by phase ----------------------------------------------------------------
+
 @nb.njit(cache=True)
 def step(state, finished, finished_tokens, finished_offsets,
          request_slots, tokens, rows, lengths, prompt_lengths, limits, step_cost):
-    """One engine step for a batch of requests; see the module's docstring. state: the drafter's
-    arrays (`State`). settings: [min_q,
-    max_q, max_match, max_occurrences, refit_every, newton_steps, segment_cap, store_min_match];
-    probability_settings: [min_probability, prior_strength]; logs: log_table(max_match + max_w +
-    max_occurrences + 2). Request b is tokens[rows[b], :lengths[b]]
-    (its prompt the first prompt_lengths[b]), in slot request_slots[b], never to pass limits[b]
-    tokens; step_cost[n] (empty: no budget) the step's seconds when it feeds n tokens. settings[7]:
-    the store's shortest match; state.store_ranges: store_ranges(store, suffix_array, settings[7]).
-    Writes request b's draft into state.out_*[b] (out_lengths[b] tokens; its source, -1: none) and
-    returns the draft tokens."""
-    arena, heads, prev, slots, docs, counters = state.arena, state.heads, state.prev, state.slots, state.docs, state.counters
-    pending_count, pending_position, pending_length = state.pending_count, state.pending_position, state.pending_length
-    pending_tokens, pending_features = state.pending_tokens, state.pending_features
-    weights, prior, ring_x, ring_y, calibration = state.weights, state.prior, state.ring_x, state.ring_y, state.calibration
-    store, suffix_array, store_ranges_table, top1 = state.store, state.suffix_array, state.store_ranges, state.top1
-    settings, probability_settings, logs = state.settings, state.probability_settings, state.logs
-    batch = request_slots.shape[0]
-    out_tokens, out_lengths = state.out_tokens[:batch], state.out_lengths[:batch]
-    out_confidence, out_sources = state.out_confidence[:batch], state.out_sources[:batch]
-    min_q, max_q, max_match, max_occurrences = settings[0], settings[1], settings[2], settings[3]
-    refit_every, newton_steps, segment_cap, store_min_match = settings[4], settings[5], settings[6], settings[7]
-    min_probability, prior_strength = probability_settings[0], probability_settings[1]
-    max_w = out_tokens.shape[1]
-    counters[CALLS] += 1
-    for i in range(finished.shape[0]):  # requests that ended: their last tokens, then the segment is an output
+    """One engine step for a batch of requests. Request b is tokens[rows[b], :lengths[b]] (its
+    prompt the first prompt_lengths[b]), in slot request_slots[b], never to pass limits[b] tokens.
+    finished[i]: the slots of requests that ended since the last step, their generated tokens
+    finished_tokens[finished_offsets[i]:finished_offsets[i + 1]]. step_cost[n]: the step's seconds
+    when it feeds n tokens (empty: no budget).
+
+    Phases: retire the finished requests; then per request, in order: start its slot (or start it
+    again when its tokens were rewound), take in its new tokens, judge its earlier candidates (and
+    refit the acceptance model), draft from each source, mark where sources agree, score the
+    candidates and queue them for judgement, and write the best one; last, cut the batch's drafts
+    to the step's budget. Writes request b's draft into state.out_*[b] (out_lengths[b] tokens,
+    out_sources[b] its source, -1: none) and returns the number of draft tokens kept."""
+    state.counters[CALLS] += 1
+    _retire(state, finished, finished_tokens, finished_offsets)
+    batch, max_w = request_slots.shape[0], state.out_tokens.shape[1]
+    for b in range(batch):
+        s, n, values = request_slots[b], lengths[b], tokens[rows[b]]
+        state.out_lengths[b], state.out_sources[b] = 0, -1
+        _start(state, s, n, prompt_lengths[b], limits[b])
+        store_bound = _take_in(state, s, values, n)
+        if _judge(state, s, values, n) and state.counters[SINCE_FIT] >= state.refit_every:
+            _fit(state.weights, state.prior, state.ring_x, state.ring_y, min(state.counters[JUDGED], state.ring_y.shape[0]),
+                 state.prior_strength, state.newton_steps)
+            state.counters[SINCE_FIT] = 0
+        w = min(max_w, limits[b] - n - 1)
+        if w <= 0 or n == 0:  # nothing to draft; the store was not searched: no bound next time
+            state.slots[s, STORE_MATCH], state.slots[s, STORE_LO] = state.max_match, -1
+            continue
+        _draft_from_sources(state, s, values, n, w, store_bound)
+        _mark_agreement(state)
+        best = _score_and_queue(state, s, n)
+        if best >= 0:
+            _write_draft(state, b, best)
+    if step_cost.shape[0]:
+        return _budget(state.out_lengths[:batch], state.out_confidence[:batch], step_cost, state.calibration)
+    return state.out_lengths[:batch].sum()
+
+
+@nb.njit(cache=True, inline="always")  # (a phase of step: compiled into it)
+def _retire(state, finished, finished_tokens, finished_offsets):
+    """Requests that ended: the generated tokens the drafter had not taken in join their segment,
+    which becomes a finished output (drafted from until the arena forgets it); the slot is free."""
+    slots = state.slots
+    for i in range(finished.shape[0]):
         s = finished[i]
         if slots[s, ACTIVE]:
             taken = slots[s, SEEN] - slots[s, PROMPT]
             for j in range(finished_offsets[i] + max(taken, 0), finished_offsets[i + 1]):
-                _append(arena, heads, prev, slots, s, finished_tokens[j], min_q, max_q)
-        _finish(slots, docs, counters, pending_count, s)
-    candidate_rows, candidate_lengths, ends = state.scratch_rows, state.scratch_row_lengths, state.scratch_ends
-    scratch, alive, paths, path_lengths = state.scratch_tally, state.scratch_alive, state.scratch_paths, state.scratch_path_lengths
-    members, counts, features, confidence = (state.scratch_members, state.scratch_counts, state.scratch_features,
-                                             state.scratch_confidence)
-    for b in range(batch):
-        s, n = request_slots[b], lengths[b]
-        values = tokens[rows[b]]
-        out_lengths[b], out_sources[b] = 0, -1
-        if slots[s, ACTIVE] and n < slots[s, SEEN]:  # its tokens were rewound: start it again
-            _finish(slots, docs, counters, pending_count, s)
-        if not slots[s, ACTIVE]:
-            slots[s, ACTIVE], slots[s, SEEN], slots[s, PROMPT] = 1, 0, prompt_lengths[b]
-            slots[s, STORE_MATCH], slots[s, STORE_LO] = max_match, -1  # no earlier match known: no bound
-            size = min(max(limits[b] - prompt_lengths[b], 0) + 1, segment_cap)
-            _reserve(arena, heads, prev, slots, docs, counters, s, size, min_q, max_q)
-        store_bound = max(slots[s, STORE_MATCH], store_min_match - 1) + n - slots[s, SEEN]
-        for position in range(max(slots[s, SEEN], slots[s, PROMPT]), n):  # its new generated tokens
-            _append(arena, heads, prev, slots, s, values[position], min_q, max_q)
-        slots[s, SEEN] = n
-        if _judge(values, n, s, pending_count, pending_position, pending_length, pending_tokens,
-                  pending_features, ring_x, ring_y, counters, calibration) and counters[SINCE_FIT] >= refit_every:
-            _fit(weights, prior, ring_x, ring_y, min(counters[JUDGED], ring_y.shape[0]), prior_strength, newton_steps)
-            counters[SINCE_FIT] = 0
-        w = min(max_w, limits[b] - n - 1)
-        if w <= 0 or n == 0:
-            slots[s, STORE_MATCH], slots[s, STORE_LO] = max_match, -1  # not looked up: no bound next time
+                _append(state.arena, state.heads, state.prev, slots, s, finished_tokens[j], state.min_q, state.max_q)
+        _finish(slots, state.docs, state.counters, state.pending_count, s)
+
+
+@nb.njit(cache=True, inline="always")  # (a phase of step: compiled into it)
+def _start(state, s, n, prompt_length, limit):
+    """Slot s for a request of n tokens: kept while its tokens only grow. Started afresh when new
+    or rewound (fewer tokens than it has taken in: the old segment becomes an output): an arena
+    segment as long as its generation may run (up to segment_cap), no store match known."""
+    slots = state.slots
+    if slots[s, ACTIVE] and n < slots[s, SEEN]:
+        _finish(slots, state.docs, state.counters, state.pending_count, s)
+    if not slots[s, ACTIVE]:
+        slots[s, ACTIVE], slots[s, SEEN], slots[s, PROMPT] = 1, 0, prompt_length
+        slots[s, STORE_MATCH], slots[s, STORE_LO] = state.max_match, -1  # no earlier match known: no bound
+        size = min(max(limit - prompt_length, 0) + 1, state.segment_cap)
+        _reserve(state.arena, state.heads, state.prev, slots, state.docs, state.counters, s, size, state.min_q,
+                 state.max_q)
+
+
+@nb.njit(cache=True, inline="always")  # (a phase of step: compiled into it)
+def _take_in(state, s, values, n):
+    """Slot s's generated tokens since the last step into its segment and the outputs index (its
+    answer is drafted from while in flight). Returns the longest store match this step can have:
+    the last step's match (or the store's shortest, less one) plus the tokens since."""
+    slots = state.slots
+    store_bound = max(slots[s, STORE_MATCH], state.store_min_match - 1) + n - slots[s, SEEN]
+    for position in range(max(slots[s, SEEN], slots[s, PROMPT]), n):
+        _append(state.arena, state.heads, state.prev, slots, s, values[position], state.min_q, state.max_q)
+    slots[s, SEEN] = n
+    return store_bound
+
+
+@nb.njit(cache=True, inline="always")  # (a phase of step: compiled into it)
+def _draft_from_sources(state, s, values, n, w, store_bound):
+    """Each source's candidate for the request in slot s (values[:n]): the majority path of the
+    rows the source finds (scratch_paths[source], scratch_path_lengths[source] tokens, 0: none) and
+    its tokens' features (scratch_features[source])."""
+    rows, row_lengths = state.scratch_rows, state.scratch_row_lengths
+    match, found = _context_rows(values, n, w, state.min_q, state.max_match, state.max_occurrences, rows, row_lengths)
+    _take_path(state, CONTEXT, match, found, w)
+    own_start = state.slots[s, START]  # the request's own segment: its own tokens are the context's
+    match, found = _output_rows(state.arena, state.heads, state.prev, values, n, w, own_start,
+                                own_start + state.slots[s, RESERVED], state.min_q, state.max_q, state.max_match,
+                                state.max_occurrences, rows, row_lengths, state.scratch_ends)
+    _take_path(state, OUTPUTS, match, found, w)
+    match, found = _store_rows(state.store, state.suffix_array, state.store_ranges, values, n, w, state.store_min_match,
+                               state.max_match, state.max_occurrences, rows, row_lengths, store_bound, state.slots[s])
+    state.slots[s, STORE_MATCH] = match
+    _take_path(state, STORE, match, found, w)
+
+
+@nb.njit(cache=True, inline="always")  # (a phase of step: compiled into it)
+def _take_path(state, source, match, found, w):
+    """The majority path of a source's `found` rows (a `match`-token match) and its features."""
+    size = _majority_path(state.scratch_rows, state.scratch_row_lengths, found, w, state.scratch_paths[source],
+                          state.scratch_members, state.scratch_counts, state.scratch_tally,
+                          state.scratch_alive) if found else 0
+    state.scratch_path_lengths[source] = size
+    if size:
+        _features(source, match, state.scratch_counts, state.scratch_members, size, state.logs,
+                  state.scratch_features[source])
+
+
+@nb.njit(cache=True, inline="always")  # (a phase of step: compiled into it)
+def _mark_agreement(state):
+    """`agreed`: a token where another source's candidate drafts the same prefix up to it."""
+    paths, lengths, features = state.scratch_paths, state.scratch_path_lengths, state.scratch_features
+    for source in range(len(SOURCES)):
+        for other in range(len(SOURCES)):
+            if other != source:
+                j = 0
+                while j < min(lengths[source], lengths[other]) and paths[source, j] == paths[other, j]:
+                    features[source, j, FEATURE.agreed] = 1.0
+                    j += 1
+
+
+@nb.njit(cache=True, inline="always")  # (a phase of step: compiled into it)
+def _score_and_queue(state, s, n):
+    """Scores each candidate with the acceptance model: confidence[source, j], the probability that
+    its first j + 1 tokens are all accepted (also kept as column GIVEN), and its score, their sum.
+    Every candidate is queued for judgement (while slot s has room). Returns the source of the best
+    candidate with at least one token of min_probability (-1: none)."""
+    features, confidence, weights = state.scratch_features, state.scratch_confidence, state.weights
+    best_source, best_score = -1, 0.0
+    for source in range(len(SOURCES)):
+        size = state.scratch_path_lengths[source]
+        if size == 0:
             continue
-        own_start = slots[s, START]
-        own_end = own_start + slots[s, RESERVED]
-        for source in range(3):
-            if source == 0:
-                match, found = _context_rows(values, n, w, min_q, max_match, max_occurrences,
-                                             candidate_rows, candidate_lengths)
-            elif source == 1:
-                match, found = _output_rows(arena, heads, prev, values, n, w, own_start, own_end, min_q, max_q,
-                                            max_match, max_occurrences, candidate_rows, candidate_lengths, ends)
-            else:
-                match, found = _store_rows(store, suffix_array, store_ranges_table, values, n, w, store_min_match, max_match, max_occurrences,
-                                           candidate_rows, candidate_lengths, store_bound, slots[s])
-                slots[s, STORE_MATCH] = match
-            size = _majority_path(candidate_rows, candidate_lengths, found, w, paths[source], members, counts,
-                                  scratch, alive) if found else 0
-            path_lengths[source] = size
-            if size:
-                _features(source, match, counts, members, size, logs, features[source])
-        for source in range(3):  # agreed: another source drafts the same prefix up to this token
-            for other in range(3):
-                if other != source:
-                    j = 0
-                    while j < min(path_lengths[source], path_lengths[other]) and paths[source, j] == paths[other, j]:
-                        features[source, j, 10] = 1.0
-                        j += 1
-        best_source, best_score = -1, 0.0
-        for source in range(3):
-            size = path_lengths[source]
-            if size == 0:
-                continue
-            if top1.shape[0]:  # the model bigram's top choice after the token before
-                for j in range(size):
-                    before = values[n - 1] if j == 0 else paths[source, j - 1]
-                    features[source, j, 11] = 1.0 if top1[before] == paths[source, j] else 0.0
-            probability, score, kept = 1.0, 0.0, 0
-            for j in range(size):
-                z = 0.0
-                for k in range(NUM_FEATURES):
-                    z += features[source, j, k] * weights[k]
-                probability *= _sigmoid(z)
-                confidence[source, j] = probability
-                features[source, j, NUM_FEATURES] = probability
-                score += probability
-                if probability >= min_probability:
-                    kept += 1
-            if kept and (best_source < 0 or score > best_score):
-                best_source, best_score = source, score
-            if pending_count[s] < pending_position.shape[1]:  # every candidate is judged later
-                p = pending_count[s]
-                pending_position[s, p], pending_length[s, p] = n, size
-                pending_tokens[s, p, :size] = paths[source, :size]
-                pending_features[s, p, :size, :] = features[source, :size, :]
-                pending_count[s] = p + 1
-        if best_source >= 0:
-            for j in range(path_lengths[best_source]):
-                if confidence[best_source, j] < min_probability:
-                    break
-                out_tokens[b, j] = paths[best_source, j]
-                out_confidence[b, j] = confidence[best_source, j]
-                out_lengths[b] = j + 1
-            out_sources[b] = best_source
-    if step_cost.shape[0]:
-        return _budget(out_lengths, out_confidence, step_cost, calibration)
-    return out_lengths.sum()
+        probability, score, kept = 1.0, 0.0, 0
+        for j in range(size):
+            z = 0.0
+            for k in range(NUM_FEATURES):
+                z += features[source, j, k] * weights[k]
+            probability *= _sigmoid(z)
+            confidence[source, j] = probability
+            features[source, j, GIVEN] = probability
+            score += probability
+            if probability >= state.min_probability:
+                kept += 1
+        if kept and (best_source < 0 or score > best_score):
+            best_source, best_score = source, score
+        _queue(state, s, n, source, size)
+    return best_source
+
+
+@nb.njit(cache=True, inline="always")  # (a phase of step: compiled into it)
+def _queue(state, s, n, source, size):
+    """A candidate drafted at position n of slot s's request, to be judged once its tokens are
+    emitted (dropped when PENDING candidates wait already)."""
+    p = state.pending_count[s]
+    if p < state.pending_position.shape[1]:
+        state.pending_position[s, p], state.pending_length[s, p] = n, size
+        state.pending_tokens[s, p, :size] = state.scratch_paths[source, :size]
+        state.pending_features[s, p, :size, :] = state.scratch_features[source, :size, :]
+        state.pending_count[s] = p + 1
+
+
+@nb.njit(cache=True, inline="always")  # (a phase of step: compiled into it)
+def _write_draft(state, b, source):
+    """Request b's draft: the source's candidate up to its last token of min_probability."""
+    confidence = state.scratch_confidence
+    for j in range(state.scratch_path_lengths[source]):
+        if confidence[source, j] < state.min_probability:
+            break
+        state.out_tokens[b, j] = state.scratch_paths[source, j]
+        state.out_confidence[b, j] = confidence[source, j]
+        state.out_lengths[b] = j + 1
+    state.out_sources[b] = source
 
 
 @nb.njit(cache=True)

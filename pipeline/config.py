@@ -47,8 +47,8 @@ class EngineConfig:
     # vLLM on a GPU: the fraction of the GPU's memory vLLM may take.
     gpu_memory_utilization: float = 0.9
     # vLLM: "compiled" (torch.compile, and CUDA graphs on a GPU) or "eager". Compiled runs faster
-    # (on a 2-core CPU about 1.25x at batch 1) but a CPU takes about 2 minutes per actor start to
-    # compile. "auto": compiled on a GPU, eager on a CPU.
+    # but a CPU takes minutes per actor start to compile (docs/benchmarks.md, "Figures behind the
+    # defaults"). "auto": compiled on a GPU, eager on a CPU.
     execution: Literal["auto", "eager", "compiled"] = "auto"
     # vLLM: the requests the engine runs at once (its slots), as vLLM names it. 0: vLLM's own
     # default on a GPU (it depends on the GPU: 256 on an A100, 1024 on an H100), CPU_MAX_NUM_SEQS
@@ -382,9 +382,8 @@ def check_vllm_decoder(decoder: DecoderConfig) -> None:
              f"0 with engine.name vllm (vLLM schedules its own tokens); the cap needs {transformers_only}")
 
 
-# engine.max_num_seqs 0 on a CPU: the most requests one vLLM engine runs at once there. The best
-# measured on a 2-core CPU of 8, 16, 32 and 64 (SmolLM2, LLM.generate over 96 HumanEval prompts:
-# 145, 194, 212-216 and 227 tokens/s; docs/benchmarks.md).
+# engine.max_num_seqs 0 on a CPU: the most requests one vLLM engine runs at once there: the best of
+# 8, 16, 32 and 64 on a 2-core CPU (docs/benchmarks.md, "Figures behind the defaults").
 CPU_MAX_NUM_SEQS = 64
 # The largest of vLLM's own GPU defaults (an H100's): what engine.max_num_seqs 0 is sized for on GPU actors.
 GPU_MAX_NUM_SEQS_AT_MOST = 1024
@@ -392,8 +391,8 @@ GPU_MAX_NUM_SEQS_AT_MOST = 1024
 
 # Rows in flight per engine slot with ray.max_concurrent_batches auto. A batch goes back only when
 # its longest request ends, so most of the rows in flight belong to batches that wait for their
-# stragglers: simulated with a long-tailed length mix (jobs/benchmark/occupancy.py), 1.5x the
-# slots kept 256 slots 0.65-0.85 busy, 2.5x 0.99, 3x 1.0.
+# stragglers: with a long-tailed length mix (jobs/benchmark/occupancy.py) 3 rows per slot keep the
+# slots busy where fewer do not (docs/benchmarks.md, "Occupancy at A100 scale").
 ROWS_PER_SLOT = 3
 
 

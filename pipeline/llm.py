@@ -28,6 +28,9 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import pyarrow as pa
+# How Ray Data turns a column of Python values into Arrow (its own types where it can, else its
+# object extension type), as ray.data.llm's rows get it.
+from ray.data._internal.tensor_extensions.arrow import convert_to_pyarrow_array
 
 from pipeline.actor_pool import generation_stage, prepared_tables
 from pipeline.config import Config, ConfigError, build, resolve_auto
@@ -61,6 +64,9 @@ RAY_LLM_COLUMNS = pa.schema([
 # Ours: the output table's columns that ray.data.llm lacks (its id/text/token_ids/error are the job's names).
 STATISTICS = [f for f in SCHEMA if f.name not in {*RAY_LLM_COLUMNS.names, "id", "text", "token_ids", "error"}]
 GENERATED = pa.schema([*RAY_LLM_COLUMNS, *STATISTICS, (INFERENCE_ERROR, pa.string())])
+# ray.data.llm's columns whose Arrow type is the data's (vLLM's per-request metrics; log
+# probabilities, keyed by token id), converted as Ray Data converts them.
+TYPED_BY_THE_DATA = ("metrics", "logprobs", "prompt_logprobs")
 
 # engine_kwargs (vLLM's names) -> (our config section, key); a value maps through as it is.
 ENGINE_KWARGS = {"max_num_seqs": ("engine", "max_num_seqs"),
@@ -95,8 +101,6 @@ SPECULATIVE_KEYS = {"method": None, "num_speculative_tokens": "w", "prompt_looku
 # to vLLM as it is on the vLLM engine (vLLM checks its value), but REFUSED_SAMPLING's.
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "structured_outputs")
 REFUSED_SAMPLING = {
-    "logprobs": "the rows do not carry log probabilities yet",
-    "prompt_logprobs": "the rows do not carry log probabilities yet",
     "min_p": "vLLM does not run it with speculative decoding",
     "logit_bias": "vLLM does not run it with speculative decoding",
     "logits_processors": "vLLM does not run it with speculative decoding",
@@ -467,9 +471,10 @@ class ProcessorStage:
         out = self.stage.run_requests(batch.to_pylist(), request_of,
                                       lambda made, result, seconds: self.generated(*made, result, batch_uuid, seconds),
                                       error_of)
-        metrics = pa.array([row.pop("metrics", None) for row in out])  # typed by the data, as ray.data.llm's
-        generated = pa.Table.from_pylist(out, schema=GENERATED.remove(GENERATED.get_field_index("metrics")))
-        generated = generated.add_column(GENERATED.get_field_index("metrics"), "metrics", metrics)
+        generated = pa.Table.from_pylist(out, schema=pa.schema([f for f in GENERATED if f.name not in TYPED_BY_THE_DATA]))
+        for name in TYPED_BY_THE_DATA:  # in GENERATED's order, each at its place
+            generated = generated.add_column(GENERATED.get_field_index(name), name,
+                                             convert_to_pyarrow_array([row.get(name) for row in out], name))
         kept = batch.drop_columns([name for name in GENERATED.names if name in batch.column_names])
         for column in generated.drop_columns(self.dropped).schema:
             kept = kept.append_column(column, generated.column(column.name))
@@ -480,12 +485,12 @@ class ProcessorStage:
         row = {"prompt": prompt, "prompt_token_ids": request.prompt_ids, "num_input_tokens": len(request.prompt_ids),
                "generated_tokens": result.token_ids, "generated_text": result.text,
                "num_generated_tokens": len(result.token_ids), "request_id": int(request.request_id),
-               "metrics": result.engine_metrics,
+               "metrics": result.engine_metrics, "logprobs": result.logprobs, "prompt_logprobs": result.prompt_logprobs,
                # The request's own time in the engine (scheduled to its last token), as ray.data.llm's.
                "batch_uuid": batch_uuid, "time_taken_llm": result.stats.total_seconds or seconds,
-               "params": (f"SamplingParams(max_tokens={request.max_new_tokens}, temperature={sampling.temperature}, "
-                          f"top_p={sampling.top_p}, top_k={sampling.top_k}, seed={sampling.seed}, "
-                          f"stop={list(request.stop)}, structured_outputs={request.structured_outputs})"),
+               "params": result.params or (f"SamplingParams(max_tokens={request.max_new_tokens}, temperature="
+                                           f"{sampling.temperature}, top_p={sampling.top_p}, top_k={sampling.top_k}, "
+                                           f"seed={sampling.seed}, stop={list(request.stop)})"),
                "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
                "seed": sampling.seed, INFERENCE_ERROR: ""}
         row.update(result.stats.as_row())

@@ -25,7 +25,6 @@ from transformers import (
 from pipeline.config import ModelConfig
 
 EMBEDDED_DEFAULT = "smollm2-135m-instruct"
-EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 

@@ -103,7 +103,7 @@ def llm_generate_row(args, method: Method, prompts) -> tuple[dict, dict, dict]:
     ids = [encode_prompt(engine.tokenizer, p.prompt, p.request_id) for p in prompts]
     requests = [Request(p.request_id, prompt_ids, args.max_new_tokens) for p, prompt_ids in zip(prompts, ids)]
     started = time.perf_counter()
-    results = engine.generate_all_at_once(requests)
+    results = engine.generate(requests, all_at_once(engine))
     seconds = time.perf_counter() - started
     outputs = {r.request_id: r.token_ids for r in results}
     tokens = sum(map(len, outputs.values()))
@@ -112,6 +112,17 @@ def llm_generate_row(args, method: Method, prompts) -> tuple[dict, dict, dict]:
            "generated_tokens": tokens, "engine_occupancy": None,
            "tokens_per_call": round(tokens / sum(r.stats.num_target_calls for r in results), 3)}
     return row, outputs, dict(zip((p.request_id for p in prompts), ids))
+
+
+def all_at_once(engine):
+    """vLLM's own LLM.generate over all the requests in one call, on the engine and its proposer
+    (what continuous batching over a whole corpus gives: the feeding benchmark's ideal)."""
+    llm = engine.feeder.llm
+
+    def run(prompts, params):
+        outputs = engine.feeder.call(lambda: llm.generate(prompts, params, use_tqdm=False))
+        return outputs, (engine.feeder.call(lambda: engine.finished(outputs)) if engine.ours and outputs else {})
+    return run
 
 
 def feeder_row(args, method: Method, prompts, reference: dict) -> dict:

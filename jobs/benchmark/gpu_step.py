@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 
-from drafters.budget import GPUS, MODELS, RooflineStepCost
+from jobs.benchmark.step_costs import GPUS, MODELS, RooflineStepCost
 
 # hidden, intermediate, layers, query heads, KV heads, head dim, vocabulary
 SHAPES = {"8b": (4096, 14336, 32, 32, 8, 128, 128256), "70b": (8192, 28672, 80, 64, 8, 128, 128256)}

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
-from drafters.budget import GPUS, MODELS, MeasuredStepCost, RooflineStepCost, cost_table
+from drafters.budget import cost_table
+from jobs.benchmark.step_costs import GPUS, MODELS, MeasuredStepCost, RooflineStepCost
 
 
 @dataclass(frozen=True)

@@ -41,6 +41,11 @@ class Result:
     finish_reason: str  # one of FINISH_REASONS
     stats: RequestStats
     engine_metrics: dict | None = None  # the engine's own per-request record (vLLM's RequestStateStats), if any
+    # Asked for with vLLM's logprobs / prompt_logprobs: per position {token id: {"logprob", "rank",
+    # "decoded_token"}} (the prompt's first position None), as ray.data.llm's rows hold them.
+    logprobs: list | None = None
+    prompt_logprobs: list | None = None
+    params: str | None = None  # the engine's own settings of the request, as it prints them (vLLM's SamplingParams)
 
 
 @dataclass(frozen=True)

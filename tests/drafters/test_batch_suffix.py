@@ -10,12 +10,8 @@ from drafters.base import common_prefix
 from drafters.batch_suffix import BatchSuffixDrafter
 from drafters.budget import (
     CALIBRATION_BINS,
-    GPUS,
-    MODELS,
     DraftingPays,
     LinearStepCost,
-    MeasuredStepCost,
-    RooflineStepCost,
     cost_table,
 )
 from drafters.datastore import (
@@ -25,7 +21,8 @@ from drafters.datastore import (
     continuations,
     find_longest_suffix_match,
 )
-from drafters.suffix import PRIOR, majority_path, token_features
+from drafters.suffix import FEATURES, PRIOR, majority_path, token_features
+from jobs.benchmark.step_costs import GPUS, MODELS, MeasuredStepCost, RooflineStepCost
 
 W, MAX_Q, MIN_Q, MAX_MATCH, OCCURRENCES, MIN_PROBABILITY = 6, 3, 1, 12, 8, 0.05
 
@@ -33,8 +30,8 @@ W, MAX_Q, MIN_Q, MAX_MATCH, OCCURRENCES, MIN_PROBABILITY = 6, 3, 1, 12, 8, 0.05
 class Reference:
     """The drafter's rules, one request at a time, in plain Python (no learning: weights fixed)."""
 
-    def __init__(self, store: Datastore | None, top1: np.ndarray | None):
-        self.store, self.top1 = store, top1
+    def __init__(self, store: Datastore | None):
+        self.store = store
         self.model = AcceptanceModel(PRIOR)
         self.generated: dict[object, list[int]] = {}  # every request's generated tokens, in flight or finished
         self.grams: dict[tuple, list[tuple[object, int]]] = defaultdict(list)  # q-gram -> (request, end), oldest first
@@ -108,10 +105,7 @@ class Reference:
         for source, path, features in found:
             for other_source, other, _ in found:
                 if other_source != source:
-                    features[:common_prefix(path, other), 10] = 1.0
-            if self.top1 is not None:
-                before = [tokens[-1], *path[:-1]]
-                features[:, 11] = [self.top1[b] == t for b, t in zip(before, path)]
+                    features[:common_prefix(path, other), FEATURES.index("agreed")] = 1.0
         best, best_score = None, 0.0
         for source, path, features in found:
             confidence = self.model.cumulative(features)
@@ -121,15 +115,15 @@ class Reference:
         return best if best is not None else ([], None)
 
 
-def compiled(store=None, top1=None):
+def compiled(store=None):
     return BatchSuffixDrafter(W, MAX_Q, MIN_Q, MAX_MATCH, OCCURRENCES, MIN_PROBABILITY, capacity=1 << 14, store=store,
-                              top1=top1, refit_every=1 << 40)
+                              refit_every=1 << 40)
 
 
-def run_both(streams, prompts, store=None, top1=None, batch=3):
+def run_both(streams, prompts, store=None, batch=3, drafter=None):
     """Replays streams (prompt + output each) `batch` at a time, each step emitting 1-3 tokens per
     request; returns every step's drafts from both."""
-    drafter, reference = compiled(store, top1), Reference(store, top1)
+    drafter, reference = drafter or compiled(store), Reference(store)
     tokens = np.zeros((len(streams), max(map(len, streams))), np.int64)
     for i, stream in enumerate(streams):
         tokens[i, :len(stream)] = stream
@@ -168,7 +162,30 @@ def test_random_streams_draft_as_the_reference():
     assert drafted > len(seen) // 2
 
 
-def test_real_streams_with_a_store_and_a_bigram_draft_as_the_reference(tmp_path):
+def test_the_compiled_refit_is_the_acceptance_models_fit_on_the_same_judged_drafts():
+    """The drafter's own judging fills its ring of judged tokens; its compiled Newton steps (_fit,
+    _solve) from the prior over that ring give the weights drafters/acceptance.py's fit gives."""
+    from drafters import suffix_kernels as kernels
+
+    rng = np.random.default_rng(0)
+    streams = [rng.integers(0, 6, int(rng.integers(30, 90))).tolist() for _ in range(9)]
+    prompts = [int(rng.integers(3, 20)) for _ in streams]
+    drafter = compiled()
+    run_both(streams, prompts, drafter=drafter)
+    held = min(int(drafter.counters[kernels.JUDGED]), len(drafter.ring_y))
+    x, y = drafter.ring_x[:held], drafter.ring_y[:held]
+    assert held > 100 and 0 < y.mean() < 1
+    for steps in (1, 3):
+        weights = PRIOR.astype(np.float64)  # a copy
+        kernels._fit(weights, PRIOR.astype(np.float64), drafter.ring_x, drafter.ring_y, held, 200.0, steps)
+        model = AcceptanceModel(PRIOR, prior_strength=200.0, capacity=held, refit_every=1 << 40, newton_steps=steps)
+        model.observe(x, y)
+        model.fit()
+        np.testing.assert_allclose(weights, model.weights, rtol=1e-9, atol=1e-9)
+        assert np.abs(weights - PRIOR).max() > 1e-3  # the judged tokens moved them
+
+
+def test_real_streams_with_a_store_draft_as_the_reference(tmp_path):
     text = (open(__file__).read() + open(__import__("drafters.suffix").suffix.__file__).read())
     words = text.split()
     vocab = {w: i for i, w in enumerate(dict.fromkeys(words))}
@@ -177,9 +194,7 @@ def test_real_streams_with_a_store_and_a_bigram_draft_as_the_reference(tmp_path)
     prompts = [40] * len(streams)
     build_datastore([ids[2000:2600], ids[2600:3400]], tmp_path / "store", {})
     store = Datastore.open(tmp_path / "store")
-    top1 = np.random.default_rng(2).integers(0, len(vocab), len(vocab)).astype(np.int32)
-    top1[np.array(ids[:-1])] = np.array(ids[1:])  # the "bigram" is right often
-    seen, drafted = run_both(streams, prompts, store, top1, batch=4)
+    seen, drafted = run_both(streams, prompts, store, batch=4)
     assert drafted > 0
 
 

@@ -8,15 +8,12 @@ import numpy as np
 import pytest
 
 from drafters.budget import (
-    GPUS,
-    MODELS,
     LinearStepCost,
-    MeasuredStepCost,
-    RooflineStepCost,
     StepCostFit,
     allocate,
     cost_table,
 )
+from jobs.benchmark.step_costs import GPUS, MODELS, MeasuredStepCost, RooflineStepCost
 
 H100_STEP = Path(__file__).parents[2] / "docs" / "data" / "h100_8b_step_ctx448.json"  # measured: docs/benchmarks.md
 

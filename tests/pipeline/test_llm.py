@@ -173,7 +173,9 @@ def test_vllms_other_sampling_params_pass_through_on_vllm_and_fail_by_name_elsew
              "skip_special_tokens": False, "detokenize": False}
     assert sampling_of({**given, "temperature": 0}, "row 7", vllm_keys=keys).vllm_sampling == given
     assert sampling_of({"temperature": 0}, "row 7", vllm_keys=keys).vllm_sampling is None
-    for params, named in [({"logprobs": 2}, "sampling_params.logprobs is not run here: the rows do not carry"),
+    assert sampling_of({"logprobs": 2, "prompt_logprobs": 0}, "row 7", vllm_keys=keys).vllm_sampling == {
+        "logprobs": 2, "prompt_logprobs": 0}
+    for params, named in [({"logit_bias": {2: 1.0}}, "sampling_params.logit_bias is not run here: vLLM does not run it"),
                           ({"min_p": 0.1}, "sampling_params.min_p is not run here: vLLM does not run it with speculative"),
                           ({"frequency_penalty_typo": 1}, "sampling_params.frequency_penalty_typo is not one of vLLM's")]:
         with pytest.raises(RequestError, match=f"row 7: {named}"):

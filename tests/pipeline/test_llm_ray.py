@@ -27,7 +27,8 @@ def local_ray():
 def docs_example(llm, model_source: str):
     """The example as ray.data.llm's documentation writes it; what differs is for this CPU (the
     engine_kwargs after the first three, the placement group, the runtime_env) and for equality
-    (temperature 0, shorter answers)."""
+    (temperature 0, shorter answers) and log probabilities asked for (each row the same keys: rows
+    whose sampling_params differ in keys hang ray.data.llm's engine)."""
     config = llm.vLLMEngineProcessorConfig(
         model_source=model_source,
         engine_kwargs={"enable_chunked_prefill": True, "max_num_batched_tokens": 4096, "max_model_len": 2048,
@@ -40,7 +41,7 @@ def docs_example(llm, model_source: str):
         preprocess=lambda row: dict(
             messages=[{"role": "system", "content": "You are a bot that responds with haikus."},
                       {"role": "user", "content": row["item"]}],
-            sampling_params=dict(temperature=0, max_tokens=40)),
+            sampling_params=dict(temperature=0, max_tokens=40, logprobs=1)),
         postprocess=lambda row: dict(answer=row["generated_text"], **row))
     ds = ray.data.from_items(ITEMS)
     return processor(ds).materialize()
@@ -63,8 +64,16 @@ def test_ray_data_llms_example_runs_on_ours_with_the_import_changed_and_the_same
         assert our_rows[item]["answer"] == our_rows[item]["generated_text"]
         assert list(our_rows[item]["prompt_token_ids"]) == list(their_rows[item]["prompt_token_ids"])
         assert our_rows[item][INFERENCE_ERROR] == "" and our_rows[item]["finish_reason"] in FINISH_REASONS
+        ours_logprobs, their_logprobs = our_rows[item]["logprobs"], their_rows[item]["logprobs"]
+        assert len(ours_logprobs) == len(their_logprobs) == len(our_rows[item]["generated_tokens"])
+        for token, mine, theirs_at in zip(our_rows[item]["generated_tokens"], ours_logprobs, their_logprobs):
+            assert mine[token]["logprob"] == pytest.approx(theirs_at[token]["logprob"], abs=1e-3)
+            assert mine[token]["decoded_token"] == theirs_at[token]["decoded_token"]
+        assert our_rows[item]["params"].startswith("SamplingParams(") and "logprobs=1" in our_rows[item]["params"]
     their_schema, our_schema = theirs.schema(), ours.schema()
-    for name, kind in zip(their_schema.names, their_schema.types):  # every column of theirs, the same type
+    # Every column of theirs, the same type; but the input's `messages`, which ray.data.llm's rows
+    # carry as pickled objects once a column beside them (the log probabilities) needed pickling.
+    for name, kind in zip(their_schema.names, their_schema.types):
         assert name in our_schema.names, name
-        assert our_schema.types[our_schema.names.index(name)] == kind, (name, kind)
-    assert set(RAY_LLM_COLUMNS.names) - {"embeddings", "metrics", "logprobs", "prompt_logprobs"} <= set(their_schema.names)
+        assert our_schema.types[our_schema.names.index(name)] == kind or name == "messages", (name, kind)
+    assert set(RAY_LLM_COLUMNS.names) - {"embeddings", "metrics", "prompt_logprobs"} <= set(their_schema.names)

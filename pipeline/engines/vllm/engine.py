@@ -1,8 +1,8 @@
 """The vLLM engine: vLLM's `LLM` runs the model; our drafter, if any, is its proposer.
 
-The engine runs inside the process that builds it (VLLM_ENABLE_V1_MULTIPROCESSING=0): on this
-2-core CPU that is 1.4-1.5x faster than vLLM's separate engine and worker processes and starts in
-seconds, and it lets the proposer take the drafter tables by reference (one read-only copy in
+The engine runs inside the process that builds it (VLLM_ENABLE_V1_MULTIPROCESSING=0): on a CPU
+that is faster than vLLM's separate engine and worker processes and starts in seconds
+(docs/benchmarks.md, "Figures behind the defaults"), and it lets the proposer take the drafter tables by reference (one read-only copy in
 Ray's object store per node). One engine per Ray actor, kept full across the actor's batches
 (feeder.py). With tensor parallelism (engine.tensor_parallel_size) the
 ranks are worker processes of the actor, each with its own copy of the drafter.
@@ -136,12 +136,16 @@ def vllm_params(request: Request, max_tokens: int):
             structured = StructuredOutputsParams(**request.structured_outputs)
         except (TypeError, ValueError, VLLMError) as error:
             raise RequestError(f"request {request.request_id!r}: structured_outputs: {error}") from error
-    # The text is decoded here from the tokens (result()): vLLM detokenizes only to find stop strings.
-    extra = {key: value for key, value in (request.vllm_sampling or {}).items() if key not in TEXT_SETTINGS}
+    # The text is decoded here from the tokens (result()): vLLM detokenizes only to find stop strings
+    # and to name the tokens of log probabilities (unless the request says detokenize False).
+    settings = request.vllm_sampling or {}
+    extra = {key: value for key, value in settings.items() if key not in TEXT_SETTINGS}
+    named_logprobs = settings.get("detokenize", True) and (settings.get("logprobs") is not None
+                                                           or settings.get("prompt_logprobs") is not None)
     try:
         return SamplingParams(max_tokens=max_tokens, temperature=sampling.temperature, top_k=sampling.top_k,
                               top_p=sampling.top_p, seed=None if sampling.greedy else sampling.seed,
-                              stop=list(request.stop) or None, detokenize=bool(request.stop),
+                              stop=list(request.stop) or None, detokenize=bool(request.stop) or named_logprobs,
                               structured_outputs=structured, **extra)
     except (TypeError, ValueError, VLLMError) as error:
         raise RequestError(f"request {request.request_id!r}: sampling_params: {error}") from error
@@ -236,21 +240,11 @@ class VllmEngine:
         self.feeder.close()
         self.feeder.thread.join()
 
-    def generate(self, requests: Sequence[Request]) -> list[Result | Failed]:
-        """Any thread may call it, several at once: their requests run together in the one engine."""
-        return self._generate(requests, self.feeder.generate)
-
-    def generate_all_at_once(self, requests: Sequence[Request]) -> list[Result | Failed]:
-        """vLLM's own LLM.generate over all of `requests` in one call, on this engine and its
-        proposer (what continuous batching over a whole corpus gives: the feeding benchmark's ideal)."""
-        llm = self.feeder.llm
-
-        def run(prompts, params):
-            outputs = self.feeder.call(lambda: llm.generate(prompts, params, use_tqdm=False))
-            return outputs, (self.feeder.call(lambda: self.finished(outputs)) if self.ours and outputs else {})
-        return self._generate(requests, run)
-
-    def _generate(self, requests: Sequence[Request], run) -> list[Result | Failed]:
+    def generate(self, requests: Sequence[Request], run=None) -> list[Result | Failed]:
+        """Any thread may call it, several at once: their requests run together in the one engine.
+        `run(prompts, params) -> (vLLM's outputs, tracked by request id)` runs them instead of the
+        engine's feeder (the feeding benchmark's vLLM LLM.generate over a whole corpus)."""
+        run = run or self.feeder.generate
         results: list[Result | Failed | None] = [None] * len(requests)
         runnable, prompts, params = [], [], []
         for index, request in enumerate(requests):
@@ -265,12 +259,12 @@ class VllmEngine:
         started = time.perf_counter()
         outputs, tracked = run(prompts, params)
         wall = time.perf_counter() - started
-        for index, output in zip(runnable, outputs):
+        for index, output, settings in zip(runnable, outputs, params):
             if isinstance(output, Exception):  # vLLM refused the request: it fails alone
                 results[index] = Failed(requests[index].request_id,
                                         f"request {requests[index].request_id!r}: vLLM refused it: {output}")
             else:
-                results[index] = self.result(requests[index], output, tracked.get(output.request_id), wall)
+                results[index] = self.result(requests[index], output, tracked.get(output.request_id), wall, settings)
         return results
 
     def check_sampling(self, request: Request) -> None:
@@ -281,7 +275,8 @@ class VllmEngine:
                                f"this platform's vLLM (docs/vllm-cpu-sampling.md); use one of our drafters (sampled rows "
                                f"then run without drafts), decoder.drafter=none, or greedy decoding")
 
-    def result(self, request: Request, output, tracked: Tracked | None, wall: float) -> Result:
+    def result(self, request: Request, output, tracked: Tracked | None, wall: float, params) -> Result:
+        """vLLM's output for `request`, run with `params` (vLLM's SamplingParams), as our Result."""
         completion = output.outputs[0]
         token_ids = list(completion.token_ids)
         if completion.finish_reason == "length":
@@ -298,7 +293,18 @@ class VllmEngine:
         metrics = output.metrics
         stats.total_seconds = (metrics.last_token_ts - metrics.scheduled_ts) if metrics is not None else wall
         record = dataclasses.asdict(metrics) if dataclasses.is_dataclass(metrics) else None
-        return Result(request.request_id, token_ids, text, finish, stats, record)
+        return Result(request.request_id, token_ids, text, finish, stats, record, logprob_rows(completion.logprobs),
+                      logprob_rows(output.prompt_logprobs), repr(params))
+
+
+def logprob_rows(positions) -> list | None:
+    """vLLM's log probabilities (per position, None or {token id: Logprob}) as ray.data.llm's rows
+    hold them: {token id: {"logprob", "rank", "decoded_token"}} per position."""
+    if positions is None:
+        return None
+    return [None if position is None else
+            {int(token): {"logprob": float(p.logprob), "rank": p.rank, "decoded_token": p.decoded_token}
+             for token, p in position.items()} for position in positions]
 
 
 def request_stats(prompt_length: int, token_ids: list[int], metrics, tracked: Tracked | None, w: int,
@@ -316,7 +322,7 @@ def request_stats(prompt_length: int, token_ids: list[int], metrics, tracked: Tr
     # vLLM and its own methods), the steps follow from the emitted tokens. vLLM's metrics count a
     # final step's accepted drafts in full even where the request's end (max_tokens, EOS) cut them,
     # so for vLLM's own methods this undercounts steps by those tokens: their tokens per call read
-    # high (HumanEval at B = 1, vllm_suffix: 2.70 reported where a replay of its drafts gives 2.51).
+    # high (docs/benchmarks.md, "Against vLLM's own speculation").
     steps = tracked.steps if tracked is not None else max(len(token_ids) - accepted, 1)
     histogram[0] += max(steps - sum(histogram), 0)  # steps that verified no draft accepted none
     stats = RequestStats(num_prompt_tokens=prompt_length, num_generated_tokens=len(token_ids),

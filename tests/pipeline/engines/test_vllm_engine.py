@@ -175,6 +175,41 @@ def test_vllms_other_sampling_settings_run_exactly_with_drafts(engines, requests
     assert isinstance(bad, Failed) and "sampling_params" in bad.message and "repetition_penalty" in bad.message
 
 
+def test_log_probabilities_come_with_the_drafts_as_without_them(engines, requests, tiny_model_dir, tmp_path):
+    """logprobs / prompt_logprobs asked: every generated position carries its token's log
+    probability and the top ones', as vLLM plain gives them (with drafts: from the verifying
+    forward), the prompt's positions theirs; the row's params are vLLM's own."""
+    plain, ours = engines
+    swap(ours, tiny_model_dir, tmp_path, "unigram")
+    asked = [dataclasses.replace(r, vllm_sampling={"logprobs": 2, "prompt_logprobs": 1}) for r in requests]
+    expected, results = plain.generate(asked), ours.generate(asked)
+    assert sum(r.stats.num_verified_tokens - r.stats.num_target_calls for r in results) > 0
+    for want, got, request in zip(expected, results, asked):
+        assert got.token_ids == want.token_ids and len(got.logprobs) == len(got.token_ids)
+        for token, position, wanted in zip(got.token_ids, got.logprobs, want.logprobs):
+            assert 2 <= len(position) <= 3 and position[token]["decoded_token"] is not None
+            assert position[token]["logprob"] == pytest.approx(wanted[token]["logprob"], abs=1e-3)
+            assert position[token]["rank"] == wanted[token]["rank"]
+        assert len(got.prompt_logprobs) == len(request.prompt_ids) and got.prompt_logprobs[0] is None
+        assert all(request.prompt_ids[i] in got.prompt_logprobs[i] for i in range(1, len(request.prompt_ids)))
+    assert "logprobs=2" in results[0].params and results[0].params.startswith("SamplingParams(")
+    unnamed = ours.generate([dataclasses.replace(requests[0], vllm_sampling={"logprobs": 1, "detokenize": False})])[0]
+    assert all(p["decoded_token"] is None for position in unnamed.logprobs for p in position.values())
+    assert ours.generate(requests[:1])[0].logprobs is None
+
+
+def test_a_callers_own_run_of_vllm_gives_the_same_results(engines, requests, reference, tiny_model_dir, tmp_path):
+    """The feeding benchmark's ideal: vLLM's LLM.generate over every request at once, on the engine
+    and its proposer, instead of the engine's feeder."""
+    from jobs.benchmark.feeding import all_at_once
+
+    ours = engines[1]
+    swap(ours, tiny_model_dir, tmp_path, "unigram")
+    results = ours.generate(requests, all_at_once(ours))
+    assert [r.token_ids for r in results] == reference
+    assert sum(r.stats.num_verified_tokens - r.stats.num_target_calls for r in results) > 0
+
+
 def test_vllms_other_engine_arguments_reach_it_as_given(engines):
     assert engines[0].feeder.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching is False
     assert engines[1].feeder.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching is True  # vLLM's default
