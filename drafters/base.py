@@ -11,9 +11,10 @@ Terms used across the project:
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Hashable, Protocol, Sequence
 
+import numpy as np
 import torch
 
 from pipeline.sampling import GREEDY, RandomState, SamplingParams
@@ -91,9 +92,59 @@ def common_prefix(a, b) -> int:
 
 
 class Drafter(Protocol):
-    """Proposes exactly k drafts of w tokens for a context."""
+    """Proposes exactly k drafts of w tokens for a context (one request at a time: the
+    transformers engine's decoders, and drafters/each_request.py for a batch)."""
 
     def propose(self, context: DraftContext, k: int, w: int) -> Drafts: ...
+
+
+@dataclass(frozen=True)
+class BatchDrafts:
+    """One step's drafts: request b drafts tokens[b, :lengths[b]] (strategy strategies[sources[b]]
+    of its drafter, when it drafts), confidence[b, j] the probability that its first j + 1 tokens
+    are accepted. failures: the requests whose drafting raised this step (they draft nothing)."""
+    tokens: np.ndarray  # [B, w] int64
+    lengths: np.ndarray  # [B] int64
+    confidence: np.ndarray  # [B, w] float64
+    sources: np.ndarray  # [B] int64, -1: no draft
+    failures: dict[int, Exception] = field(default_factory=dict)
+
+    @classmethod
+    def zeros(cls, batch: int, w: int) -> "BatchDrafts":
+        return cls(np.zeros((batch, w), np.int64), np.zeros(batch, np.int64), np.zeros((batch, w)), np.zeros(batch, np.int64))
+
+
+class BatchDrafter(Protocol):
+    """Drafts for every running request of an engine step in one call (what vLLM's proposer
+    holds). A request's life: `start` once, before its first step; `step` at each engine step it
+    runs in; `finish` once, when it ends or leaves the engine (a request that comes back starts
+    again). Stepping a request not started, or starting one twice, raises `LifecycleError`."""
+    strategies: Sequence[str]  # what BatchDrafts.sources index
+
+    def start(self, key: Hashable, prompt_length: int, limit: int) -> None:
+        """A request begins: its first prompt_length tokens are its prompt; it may reach `limit` tokens."""
+
+    def step(self, keys: Sequence[Hashable], tokens: np.ndarray, rows: np.ndarray, lengths: np.ndarray,
+             step_cost: np.ndarray | None = None) -> BatchDrafts:
+        """Request i (keys[i]) is tokens[rows[i], :lengths[i]]; step_cost[n], the step's seconds when it
+        feeds n tokens, cuts the drafts to what pays (None: no budget). The arrays returned may be
+        the drafter's buffers: read them before the next step."""
+
+    def finish(self, key: Hashable, generated: Sequence[int] = ()) -> None:
+        """A request ended (or left the engine); `generated`: its generated tokens, all of them."""
+
+
+class LifecycleError(ValueError):
+    """A batch drafter used out of a request's order: start, steps, finish."""
+
+
+def not_started(keys) -> LifecycleError:
+    return LifecycleError(f"requests {list(keys)[:5]} were not started (or were finished): start(key, prompt_length, "
+                          f"limit) comes before a request's first step")
+
+
+def started_twice(key) -> LifecycleError:
+    return LifecycleError(f"request {key!r} was started already: finish it before starting it again")
 
 
 def pad_rows(rows: list[list[int]], strategies: list[str], k: int, w: int, pad_token: int) -> Drafts:

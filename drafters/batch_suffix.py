@@ -38,13 +38,12 @@ from __future__ import annotations
 
 import time
 import weakref
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from drafters import suffix_kernels as kernels
-from drafters.base import PADDING, DraftContext, Drafts
+from drafters.base import PADDING, BatchDrafts, DraftContext, Drafts, not_started, started_twice
 from drafters.budget import CALIBRATION_BINS, DraftingPays, calibrated_gains
 from drafters.datastore import Datastore
 from drafters.suffix import PRIOR
@@ -61,21 +60,8 @@ STRATEGIES = tuple(f"suffix_{source}" for source in kernels.SOURCES)
 PENDING = 16  # candidates awaiting judgement per request (more are not judged)
 
 
-@dataclass(frozen=True)
-class BatchDrafts:
-    """One step's drafts: request b drafts tokens[b, :lengths[b]] (strategy STRATEGIES[sources[b]]
-    when it drafts), confidence[b, j] the probability that its first j + 1 tokens are accepted."""
-    tokens: np.ndarray  # [B, w] int64
-    lengths: np.ndarray  # [B] int64
-    confidence: np.ndarray  # [B, w] float64
-    sources: np.ndarray  # [B] int64, -1: no draft
-
-    @classmethod
-    def zeros(cls, batch: int, w: int) -> "BatchDrafts":
-        return cls(np.zeros((batch, w), np.int64), np.zeros(batch, np.int64), np.zeros((batch, w)), np.zeros(batch, np.int64))
-
-
 class BatchSuffixDrafter:
+    """A BatchDrafter (drafters/base.py), and a per-request Drafter for the transformers engine."""
     strategies = STRATEGIES  # by BatchDrafts.sources
 
     def __init__(self, w: int, max_q: int, min_q: int, max_match: int = 24, max_occurrences: int = 16,
@@ -115,17 +101,16 @@ class BatchSuffixDrafter:
         self._allocate_slots(64)
         self._positions = np.arange(self.w)  # a draft's positions, against its length
         self.pays = DraftingPays()  # with a step budget: whether drafting at all pays for its time
-        # The transformers engine drafts one DraftContext at a time (propose): each holds a slot for its
-        # life (by id; freed when the context is collected), its tokens when first seen its prompt.
-        self._prompt_of: dict[int, int] = {}
+        # (The transformers engine drafts one DraftContext at a time, `propose`: each is a request,
+        # started when first seen, by its id, and finished when the context is collected.)
         self._compile()
 
     def _compile(self) -> None:
         """Compiles the step for vLLM's rows of int32 tokens (or loads it from numba's cache) now, at
         the engine's start, not in its first batch (seconds when nothing is cached): a call for no
         request, which changes nothing but the count of calls."""
-        kernels.step(self._state, _NONE, _NONE, _ZERO_OFFSETS, _NONE, np.zeros((1, 1), np.int32), _NONE, _NONE, _NONE,
-                     _NONE, _NO_COST)
+        kernels.step(self._state, _NONE, _NONE, _ZERO_OFFSETS, _NONE, np.zeros((1, 1), np.int32), _NONE, _NONE, 0,
+                     _NO_COST)
 
     def __getstate__(self) -> dict:
         """Pickled (the vLLM engine sends the drafter to each tensor-parallel rank's worker): its
@@ -169,42 +154,41 @@ class BatchSuffixDrafter:
             out_tokens=self._out.tokens, out_lengths=self._out.lengths, out_confidence=self._out.confidence,
             out_sources=self._out.sources, **self._scratch)
 
-    def slot(self, key) -> int:
-        slot = self.slot_of.get(key)
-        if slot is None:
-            if not self.free:
-                self._allocate_slots(2 * self.slots.shape[0])
-            slot = self.slot_of[key] = self.free.pop()
-        return slot
+    def start(self, key, prompt_length: int, limit: int) -> None:
+        """A request begins (drafters/base.py BatchDrafter): a slot for it; its arena segment is
+        reserved at its first step, as long as it may generate (limit - prompt_length)."""
+        if key in self.slot_of:
+            raise started_twice(key)
+        if not self.free:
+            self._allocate_slots(2 * self.slots.shape[0])
+        slot = self.slot_of[key] = self.free.pop()
+        self.slots[slot, kernels.PROMPT], self.slots[slot, kernels.LIMIT] = prompt_length, limit
 
-    def finish(self, key, generated: list[int] | None = None) -> None:
+    def finish(self, key, generated=()) -> None:
         """A request ended: its slot is freed at the next step, its generated tokens (all of them: the
         drafter may not have seen the last step's) stay among the outputs."""
         slot = self.slot_of.pop(key, None)
-        if slot is not None:
-            self.finished.append((slot, list(generated or ())))
+        if slot is None:
+            raise not_started([key])
+        self.finished.append((slot, list(generated)))
 
-    def step(self, keys, tokens: np.ndarray, rows: np.ndarray, lengths: np.ndarray, prompt_lengths: np.ndarray,
-             limits: np.ndarray, step_cost: np.ndarray | None = None) -> BatchDrafts:
-        """Drafts for one engine step. Request i (named keys[i]) is tokens[rows[i], :lengths[i]], its
-        first prompt_lengths[i] the prompt; it may reach limits[i] tokens. step_cost[n]: the step's
-        seconds when it feeds n tokens (None: no budget; only the confidence cut). The arrays
-        returned are this drafter's buffers: read them before the next step."""
+    def step(self, keys, tokens: np.ndarray, rows: np.ndarray, lengths: np.ndarray,
+             step_cost: np.ndarray | None = None, width: int | None = None) -> BatchDrafts:
+        """Drafts for one engine step (drafters/base.py BatchDrafter), of at most `width` tokens
+        (default: the drafter's w). step_cost None: no budget, only the confidence cut."""
         batch = len(keys)
         out, request_slots = self._views.get(batch) or self._buffers(batch)
         known_slots = list(map(self.slot_of.get, keys))  # dict lookups in C: no Python loop per request
-        request_slots[:] = [self.slot(key) for key in keys] if None in known_slots else known_slots
-        if not (rows.dtype is _INT64 and lengths.dtype is _INT64 and prompt_lengths.dtype is _INT64
-                and limits.dtype is _INT64):  # (one test where all four are int64 already: the usual case)
-            rows, lengths, prompt_lengths, limits = (_int64(a) for a in (rows, lengths, prompt_lengths, limits))
-        drafting = step_cost is None or self.pays.drafting()
-        if not drafting:  # only take in the new tokens: no request may draft (a request new to the
-            # drafter, or rewound, keeps its limit: its slot's arena segment is sized by it)
-            known = (self.slots[request_slots, kernels.ACTIVE] == 1) & (lengths >= self.slots[request_slots, kernels.SEEN])
-            limits = np.where(known, lengths, limits)
+        if None in known_slots:
+            raise not_started(key for key, slot in zip(keys, known_slots) if slot is None)
+        request_slots[:] = known_slots
+        if not (rows.dtype is _INT64 and lengths.dtype is _INT64):  # (the usual case: both int64 already)
+            rows, lengths = _int64(rows), _int64(lengths)
+        drafting = step_cost is None or self.pays.drafting()  # not drafting: only take in the new tokens
         started = time.perf_counter() if step_cost is not None else 0.0
         finished, flat, offsets = self._take_finished() if self.finished else (_NONE, _NONE, _ZERO_OFFSETS)
-        kernels.step(self._state, finished, flat, offsets, request_slots, tokens, rows, lengths, prompt_lengths, limits,
+        kernels.step(self._state, finished, flat, offsets, request_slots, tokens, rows, lengths,
+                     (self.w if width is None else width) if drafting else 0,
                      _NO_COST if step_cost is None else np.asarray(step_cost, dtype=np.float64))
         if step_cost is not None and drafting:  # (the step compiled when the drafter was made: this is its time)
             expected = float(out.confidence[self._positions < out.lengths[:, None]].sum())
@@ -258,12 +242,12 @@ class BatchSuffixDrafter:
         """One context's draft (its tokens when first seen taken as its prompt), in k rows of w
         tokens: the draft, then padding rows."""
         key = id(context)
-        if key not in self._prompt_of:
-            self._prompt_of[key] = len(context)
-            weakref.finalize(context, self._forget, key)
         n = len(context)
+        if key not in self.slot_of:  # its tokens when first seen are its prompt; its length unknown
+            self.start(key, n, n + self.settings.segment_cap)
+            weakref.finalize(context, self._forget, key)
         drafts = self.step([key], np.asarray(context.tokens, dtype=np.int64)[None, :], np.zeros(1), np.array([n]),
-                           np.array([self._prompt_of[key]]), np.array([n + min(w, self.w) + 1]))
+                           width=min(w, self.w))
         length = int(drafts.lengths[0])
         rows = [drafts.tokens[0, :length].tolist() + [self.pad_token] * (w - length)] + [[self.pad_token] * w] * (k - 1)
         strategy = STRATEGIES[drafts.sources[0]] if length else PADDING
@@ -272,5 +256,5 @@ class BatchSuffixDrafter:
                       confidence=(tuple(drafts.confidence[0, :length].tolist()),) + ((),) * (k - 1))
 
     def _forget(self, key: int) -> None:
-        self._prompt_of.pop(key, None)
-        self.finish(key)
+        if key in self.slot_of:
+            self.finish(key)

@@ -1,7 +1,7 @@
 """The draft budget: how many of a step's draft tokens to feed the model, from what a step costs
 and how likely each token is to be accepted. One allocator and one family of step costs, used by
-every engine and drafter (the vLLM proposer for any drafter, the batched suffix drafter's compiled
-step, the replay's projection).
+every drafter under vLLM (the batched suffix drafter's compiled step, and drafters/each_request.py
+for the others) and the replay's projection.
 
 `allocate`: a step that feeds n tokens (one per running request plus their drafts) takes c(n)
 seconds and emits B + Σ P tokens in expectation (P a kept draft token's probability that it and

@@ -2,8 +2,9 @@
 
 The names and what each needs are pipeline/drafter_kinds.py's (the config validates against them);
 a new drafter is one module in drafters/, one kind there and one factory in FACTORIES here. The
-engines build a drafter only through `make_drafter`, and the tables a drafter needs only through
-`build_tables`.
+engines build a drafter only through `make_drafter` (one request at a time: the transformers
+engine) or `make_batch_drafter` (a batch per call: vLLM's proposer), and the tables a drafter
+needs only through `build_tables`.
 """
 from __future__ import annotations
 
@@ -14,12 +15,13 @@ from typing import Callable
 import numpy as np
 
 from drafters import model_tables
-from drafters.base import Drafter
+from drafters.base import BatchDrafter, Drafter
 from drafters.batch_suffix import BatchSuffixDrafter
 from drafters.bigram import BigramDrafter
 from drafters.context_ngram import ContextNgramDrafter
 from drafters.datastore import Datastore
 from drafters.draft_model import DraftModelDrafter, self_draft_model
+from drafters.each_request import EachRequest
 from drafters.mixed import MixedDrafter
 from drafters.retrieval import RetrievalDrafter, check_vocabulary
 from drafters.suffix import SuffixDrafter
@@ -185,3 +187,16 @@ def make_drafter(config: DecoderConfig, tables: DrafterTables | None, pad_token:
     if make is None or config.w == 0:
         return None
     return make(DrafterParts(config, tables or DrafterTables(), pad_token, draft_model, vocab_size))
+
+
+def make_batch_drafter(config: DecoderConfig, tables: DrafterTables | None, pad_token: int,
+                       vocab_size: int | None = None) -> BatchDrafter | None:
+    """The drafter `config.drafter` names as a BatchDrafter (what vLLM's proposer holds): a batched
+    one as it is, any other adapted by drafters/each_request.py (given each finished request's
+    output where it learns from them); None for plain decoding (or a method vLLM runs itself)."""
+    drafter = make_drafter(config, tables, pad_token, None, vocab_size)
+    kind = DRAFTER_KINDS[config.drafter]
+    if drafter is None or kind.batched:
+        return drafter
+    return EachRequest(drafter, config.w, config.ngram_max_q, vocab_size,
+                       drafter.learn if kind.learns_outputs else None)

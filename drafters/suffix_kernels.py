@@ -16,8 +16,9 @@ Layout of the state arrays (see BatchSuffixDrafter):
   from a q-gram to the arena position just after its latest occurrence, and from each such position
   to the one before it (-1: none): the occurrences of a q-gram, newest first;
 - slots [S, SLOT_FIELDS] int64: per request slot its segment (start, reserved, written), the tokens
-  of its context taken so far, its prompt's length, whether it is in use, and its last store match
-  (its length and suffix-array range [lo, hi); lo -1: none known);
+  of its context taken so far, its prompt's length and the most tokens it may reach (set when the
+  request starts), whether its segment is in use, and its last store match (its length and
+  suffix-array range [lo, hi); lo -1: none known);
 - docs [C + 1, 2] int64: the finished segments (start, tokens), oldest first; counters [COUNTERS];
 - pending_* : per slot, the candidates awaiting judgement (position, length, tokens, features);
 - weights, prior [F]; ring_x [R, F], ring_y [R]: the acceptance model and its judged tokens.
@@ -43,8 +44,8 @@ FEATURE = namedtuple("Feature", FEATURES)(*range(NUM_FEATURES))
 GIVEN = NUM_FEATURES
 CONTEXT, OUTPUTS, STORE = range(len(SOURCES))
 # slots[s, :]
-START, RESERVED, WRITTEN, SEEN, PROMPT, ACTIVE, STORE_MATCH, STORE_LO, STORE_HI = range(9)
-SLOT_FIELDS = 9
+START, RESERVED, WRITTEN, SEEN, PROMPT, LIMIT, ACTIVE, STORE_MATCH, STORE_LO, STORE_HI = range(10)
+SLOT_FIELDS = 10
 # counters[:]
 USED, DOCS, JUDGED, SINCE_FIT, CALLS = range(5)
 COUNTERS = 5
@@ -106,7 +107,7 @@ def _new_state(*values):
 
 def settings_values(settings: Settings) -> dict:
     """The settings as State fields: integers as int64, probabilities as float64 (one compiled type)."""
-    return {f.name: (float if f.type == "float" else int)(getattr(settings, f.name)) for f in fields(Settings)}
+    return {f.name: (float if f.type in (float, "float") else int)(getattr(settings, f.name)) for f in fields(Settings)}
 
 
 def scratch(max_occurrences: int, w: int) -> dict[str, np.ndarray]:
@@ -649,11 +650,11 @@ def _judge(state, s, values, n):
 # -- the step, phase by phase ----------------------------------------------------------------
 
 @nb.njit(cache=True)
-def step(state, finished, finished_tokens, finished_offsets,
-         request_slots, tokens, rows, lengths, prompt_lengths, limits, step_cost):
-    """One engine step for a batch of requests. Request b is tokens[rows[b], :lengths[b]] (its
-    prompt the first prompt_lengths[b]), in slot request_slots[b], never to pass limits[b] tokens.
-    finished[i]: the slots of requests that ended since the last step, their generated tokens
+def step(state, finished, finished_tokens, finished_offsets, request_slots, tokens, rows, lengths, width, step_cost):
+    """One engine step for a batch of requests. Request b is tokens[rows[b], :lengths[b]], in slot
+    request_slots[b] (its prompt's length and limit set there when it started); it drafts at most
+    `width` tokens (0: it only takes in its tokens) and never past its limit. finished[i]: the
+    slots of requests that ended since the last step, their generated tokens
     finished_tokens[finished_offsets[i]:finished_offsets[i + 1]]. step_cost[n]: the step's seconds
     when it feeds n tokens (empty: no budget).
 
@@ -665,17 +666,17 @@ def step(state, finished, finished_tokens, finished_offsets,
     out_sources[b] its source, -1: none) and returns the number of draft tokens kept."""
     state.counters[CALLS] += 1
     _retire(state, finished, finished_tokens, finished_offsets)
-    batch, max_w = request_slots.shape[0], state.out_tokens.shape[1]
+    batch, max_w = request_slots.shape[0], min(width, state.out_tokens.shape[1])
     for b in range(batch):
         s, n, values = request_slots[b], lengths[b], tokens[rows[b]]
         state.out_lengths[b], state.out_sources[b] = 0, -1
-        _start(state, s, n, prompt_lengths[b], limits[b])
+        _start(state, s, n)
         store_bound = _take_in(state, s, values, n)
         if _judge(state, s, values, n) and state.counters[SINCE_FIT] >= state.refit_every:
             _fit(state.weights, state.prior, state.ring_x, state.ring_y, min(state.counters[JUDGED], state.ring_y.shape[0]),
                  state.prior_strength, state.newton_steps)
             state.counters[SINCE_FIT] = 0
-        w = min(max_w, limits[b] - n - 1)
+        w = min(max_w, state.slots[s, LIMIT] - n - 1)
         if w <= 0 or n == 0:  # nothing to draft; the store was not searched: no bound next time
             state.slots[s, STORE_MATCH], state.slots[s, STORE_LO] = state.max_match, -1
             continue
@@ -704,17 +705,18 @@ def _retire(state, finished, finished_tokens, finished_offsets):
 
 
 @nb.njit(cache=True, inline="always")  # (a phase of step: compiled into it)
-def _start(state, s, n, prompt_length, limit):
-    """Slot s for a request of n tokens: kept while its tokens only grow. Started afresh when new
-    or rewound (fewer tokens than it has taken in: the old segment becomes an output): an arena
-    segment as long as its generation may run (up to segment_cap), no store match known."""
+def _start(state, s, n):
+    """Slot s's segment for a request of n tokens: kept while its tokens only grow. Made at its
+    first step, and again when its tokens were rewound (fewer than it has taken in: the old
+    segment becomes an output): as long as its generation may run (up to segment_cap), no store
+    match known."""
     slots = state.slots
     if slots[s, ACTIVE] and n < slots[s, SEEN]:
         _finish(slots, state.docs, state.counters, state.pending_count, s)
     if not slots[s, ACTIVE]:
-        slots[s, ACTIVE], slots[s, SEEN], slots[s, PROMPT] = 1, 0, prompt_length
+        slots[s, ACTIVE], slots[s, SEEN] = 1, 0
         slots[s, STORE_MATCH], slots[s, STORE_LO] = state.max_match, -1  # no earlier match known: no bound
-        size = min(max(limit - prompt_length, 0) + 1, state.segment_cap)
+        size = min(max(slots[s, LIMIT] - slots[s, PROMPT], 0) + 1, state.segment_cap)
         _reserve(state.arena, state.heads, state.prev, slots, state.docs, state.counters, s, size, state.min_q,
                  state.max_q)
 

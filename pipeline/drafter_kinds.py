@@ -14,6 +14,8 @@ class DrafterKind:
     engines: tuple[str, ...] = ("vllm", "transformers")  # where it runs
     vllm_method: str = ""  # vLLM's own speculative_config method, for a method vLLM runs itself
     datastore: bool = False  # whether it drafts from decoder.datastore
+    batched: bool = False  # a BatchDrafter itself (drafters/base.py); else drafters/each_request.py adapts it for vLLM
+    learns_outputs: bool = False  # it drafts from finished requests' outputs, given to its `learn`
 
 
 DRAFTER_KINDS: dict[str, DrafterKind] = {
@@ -27,10 +29,10 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
     "rest": DrafterKind(datastore=True),
     # The request's context, this actor's finished outputs and (decoder.datastore) earlier runs'
     # outputs, by frequency; the model bigram where none matches (drafters/suffix.py).
-    "suffix": DrafterKind(("chained",), datastore=True),
+    "suffix": DrafterKind(("chained",), datastore=True, learns_outputs=True),
     # The same sources and acceptance model for every request of a step in one compiled call,
     # learning from answers in flight, with a step budget under `w: auto` (drafters/batch_suffix.py).
-    "batch_suffix": DrafterKind(datastore=True),
+    "batch_suffix": DrafterKind(datastore=True, batched=True),
     # vLLM's own learning-free methods, run by vLLM itself: n-gram prompt lookup and suffix
     # decoding (arctic-inference).
     "vllm_ngram": DrafterKind(engines=("vllm",), vllm_method="ngram"),

@@ -68,24 +68,27 @@ class Ours:
     is also scored against what its tokens were predicted to do (`DepthCalibration`)."""
 
     def __init__(self, args, store, answers, cost=None):
-        from drafters.registry import DrafterTables, make_drafter
+        from drafters.registry import DrafterTables, make_batch_drafter
         from pipeline.config import DecoderConfig
 
         # as a job builds it: the config's defaults, drafts of up to --max-draft tokens
         config = DecoderConfig(drafter="batch_suffix", w=args.max_draft, datastore="store" if store is not None else "")
-        warm = make_drafter(config, DrafterTables(datastore=store), 0)  # its compiled code loaded here, not timed
+        warm = make_batch_drafter(config, DrafterTables(datastore=store), 0)  # its compiled code loaded here, not timed
         del warm
         gc.collect()
-        self.drafter = make_drafter(config, DrafterTables(datastore=store), 0)
+        self.drafter = make_batch_drafter(config, DrafterTables(datastore=store), 0)
         self.cost = cost
         self.calibration = DepthCalibration(args.max_draft)
         self.predicted: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.out = None
 
+    def start(self, key: int, prompt: np.ndarray, limit: int) -> None:
+        self.drafter.start(key, len(prompt), limit)
+
     def draft(self, batch: list[int], rows: np.ndarray, lengths: np.ndarray, prompts: np.ndarray,
               limits: np.ndarray, tokens: np.ndarray) -> list[np.ndarray]:
         table = None if self.cost is None else cost_table(self.cost(len(batch), lengths), len(batch), self.drafter.w)
-        self.out = out = self.drafter.step(batch, tokens, rows, lengths, prompts, limits, table)
+        self.out = out = self.drafter.step(batch, tokens, rows, lengths, table)
         return [out.tokens[i, :out.lengths[i]] for i in range(len(batch))]
 
     def predict(self, batch: list[int]) -> None:
@@ -146,12 +149,13 @@ class ArcticSuffix:
             self.cache.stop_request(f"store-{number}")
         self.max_draft, self.seen = args.max_draft, {}
 
+    def start(self, key, prompt, limit):
+        self.cache.start_request(key, np.asarray(prompt, np.int32))
+        self.seen[key] = len(prompt)
+
     def draft(self, batch, rows, lengths, prompts, limits, tokens):
         drafts = []
         for key, row, n, prompt, limit in zip(batch, rows, lengths, prompts, limits):
-            if key not in self.seen:
-                self.cache.start_request(key, tokens[row, :prompt])
-                self.seen[key] = prompt
             self.cache.add_active_response(key, tokens[row, self.seen[key]:n].tolist())
             self.seen[key] = n
             draft = self.cache.speculate(key, tokens[row, max(0, n - 24):n], max_spec_tokens=min(self.max_draft, limit - n - 1),
@@ -172,6 +176,9 @@ class VllmNgram:
 
         self.propose, self.args = batch_propose_numba, args
 
+    def start(self, key, prompt, limit):
+        pass
+
     def draft(self, batch, rows, lengths, prompts, limits, tokens):
         args = self.args
         drafts = np.zeros((tokens.shape[0], args.max_draft), np.int32)
@@ -190,6 +197,9 @@ class Plain:
     """No drafts: every request-step emits one token (the projection's reference)."""
 
     def __init__(self, args, store, answers, cost=None):
+        pass
+
+    def start(self, key, prompt, limit):
         pass
 
     def draft(self, batch, rows, lengths, prompts, limits, tokens):
@@ -290,12 +300,16 @@ def replay(args, method: str, batch: int, answers: list[Answer], store, budget: 
     totals = {"steps": 0, "emitted": 0, "drafted": 0}
     seconds, calls, per_step = 0.0, 0, []  # per_step: each step's drafter seconds per request it served
     while waiting or active:
+        step_seconds = 0.0
         while waiting and free_rows:  # a free slot takes the next request: its prefill step emits one token
             key, row = waiting.pop(), free_rows.pop()
-            tokens[row, :len(answers[key].prompt) + len(answers[key].output)] = np.concatenate(
-                [answers[key].prompt, answers[key].output])
+            answer = answers[key]
+            tokens[row, :len(answer.prompt) + len(answer.output)] = np.concatenate([answer.prompt, answer.output])
             active[key] = [row, 0, None]
-        step_seconds = verify(active, answers, drafter, free_rows, totals, clock)
+            started = time.perf_counter()
+            drafter.start(key, answer.prompt, len(answer.prompt) + answer.max_tokens)
+            step_seconds += time.perf_counter() - started
+        step_seconds += verify(active, answers, drafter, free_rows, totals, clock)
         if active:
             keys = list(active)
             prompts = np.array([len(answers[k].prompt) for k in keys], np.int64)

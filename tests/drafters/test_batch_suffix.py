@@ -115,6 +115,14 @@ class Reference:
         return best if best is not None else ([], None)
 
 
+def stepped(drafter, keys, tokens, rows, lengths, prompts, limits, **kwargs):
+    """drafter.step, each request started first where it is new (with its prompt's length and limit)."""
+    for key, prompt, limit in zip(keys, np.broadcast_to(prompts, len(keys)), np.broadcast_to(limits, len(keys))):
+        if key not in drafter.slot_of:
+            drafter.start(key, int(prompt), int(limit))
+    return drafter.step(keys, tokens, rows, lengths, **kwargs)
+
+
 def compiled(store=None):
     return BatchSuffixDrafter(W, MAX_Q, MIN_Q, MAX_MATCH, OCCURRENCES, MIN_PROBABILITY, capacity=1 << 14, store=store,
                               refit_every=1 << 40)
@@ -136,7 +144,7 @@ def run_both(streams, prompts, store=None, batch=3, drafter=None):
             rows = np.array(group)
             n = np.array([lengths[i] for i in group])
             limits = np.array([len(streams[i]) + 4 for i in group])
-            out = drafter.step(group, tokens, rows, n, np.array([prompts[i] for i in group]), limits)
+            out = stepped(drafter, group, tokens, rows, n, np.array([prompts[i] for i in group]), limits)
             for b, i in enumerate(group):
                 ours = out.tokens[b, :out.lengths[b]].tolist()
                 theirs, source = reference.draft(i, list(streams[i][:lengths[i]]), prompts[i], int(limits[b]))
@@ -222,10 +230,10 @@ def test_a_pickled_drafter_goes_on_drafting_as_the_original(tmp_path):
     original = compiled(Datastore.open(tmp_path / "store"))
     rows, prompts, limits = np.arange(3), np.full(3, 10), np.full(3, 90)
     for n in range(11, 30, 2):
-        original.step([0, 1, 2], tokens, rows, np.full(3, n), prompts, limits)
+        stepped(original, [0, 1, 2], tokens, rows, np.full(3, n), prompts, limits)
     copy = pickle.loads(pickle.dumps(original))
     for n in range(31, 70, 3):
-        ours, theirs = (d.step([0, 1, 2], tokens, rows, np.full(3, n), prompts, limits) for d in (original, copy))
+        ours, theirs = (stepped(d, [0, 1, 2], tokens, rows, np.full(3, n), prompts, limits) for d in (original, copy))
         assert ours.lengths.tolist() == theirs.lengths.tolist() and np.array_equal(ours.tokens, theirs.tokens)
         assert not np.shares_memory(ours.tokens, theirs.tokens)
     assert ours.lengths.sum() > 0
@@ -238,8 +246,8 @@ def test_answers_in_flight_are_drafted_from():
     answer = list(range(100, 140))
     tokens = np.array([[1, 2, 3] + answer, [7, 8, 9] + answer])
     # request 0 has generated 30 tokens of the answer; request 1 has just begun it
-    drafter.step([0], tokens, np.array([0]), np.array([33]), np.array([3]), np.array([60]))
-    out = drafter.step([1], tokens, np.array([1]), np.array([6]), np.array([3]), np.array([60]))
+    stepped(drafter, [0], tokens, np.array([0]), np.array([33]), np.array([3]), np.array([60]))
+    out = stepped(drafter, [1], tokens, np.array([1]), np.array([6]), np.array([3]), np.array([60]))
     length = int(out.lengths[0])
     assert length >= 1 and out.tokens[0, :length].tolist() == answer[3:3 + length]
     assert drafter.strategies[out.sources[0]] == "suffix_outputs"
@@ -250,7 +258,7 @@ def test_one_compiled_call_drafts_for_256_requests():
     rng = np.random.default_rng(3)
     tokens = rng.integers(0, 50, (256, 200))
     calls = drafter.compiled_calls
-    out = drafter.step(list(range(256)), tokens, np.arange(256), np.full(256, 150), np.full(256, 100), np.full(256, 199))
+    out = stepped(drafter, list(range(256)), tokens, np.arange(256), np.full(256, 150), np.full(256, 100), np.full(256, 199))
     assert drafter.compiled_calls == calls + 1 and out.lengths.shape == (256,)
 
 
@@ -260,10 +268,10 @@ def test_memory_is_bounded_past_the_capacity():
     rng = np.random.default_rng(4)
     for key in range(200):  # 200 x 100 generated tokens: five times the arena
         stream = rng.integers(0, 30, 130)
-        drafter.step([key], stream[None, :], np.zeros(1), np.array([130]), np.array([30]), np.array([140]))
+        stepped(drafter, [key], stream[None, :], np.zeros(1), np.array([130]), np.array([30]), np.array([140]))
         drafter.finish(key, stream[30:].tolist())
     assert drafter.memory_bytes() == size
-    out = drafter.step(["new"], stream[None, :], np.zeros(1), np.array([60]), np.array([30]), np.array([140]))
+    out = stepped(drafter, ["new"], stream[None, :], np.zeros(1), np.array([60]), np.array([30]), np.array([140]))
     assert out.lengths[0] > 0  # still drafts after the old outputs were dropped
 
 
@@ -276,9 +284,9 @@ def budgeted(cost, batch=64):
     tokens = np.tile(base, (batch, 3))  # every request repeats itself: long, likely drafts
     drafter = compiled()
     args = (list(range(batch)), tokens, np.arange(batch), np.full(batch, 150), np.full(batch, 60), np.full(batch, 179))
-    uncut = int(drafter.step(*args).lengths.sum())
+    uncut = int(stepped(drafter, *args).lengths.sum())
     drafter = compiled()
-    kept = int(drafter.step(*args, step_cost=cost_table(cost, batch, W)).lengths.sum())
+    kept = int(stepped(drafter, *args, step_cost=cost_table(cost, batch, W)).lengths.sum())
     return kept, uncut
 
 
@@ -315,7 +323,7 @@ def test_a_drafter_that_skips_still_takes_in_the_batch_and_drafts_again_when_pro
     drafted = []
     for step in range(steps):
         n = 100 + step
-        out = drafter.step(list(range(batch)), tokens, np.arange(batch), np.full(batch, n), np.full(batch, 60),
+        out = stepped(drafter, list(range(batch)), tokens, np.arange(batch), np.full(batch, n), np.full(batch, 60),
                            np.full(batch, 179), step_cost=free)
         drafted.append(int(out.lengths.sum()))
     # The first step drafts (nothing is known yet) and is judged by its time, which is not a compile's:
@@ -344,9 +352,9 @@ def test_budget_keeps_the_most_likely_tokens_as_prefixes(batch):
     rng = np.random.default_rng(6)
     tokens = np.tile(rng.integers(0, 5, 40), (batch, 4))
     args = (list(range(batch)), tokens, np.arange(batch), np.full(batch, 120), np.full(batch, 40), np.full(batch, 159))
-    full = drafter.step(*args)
+    full = stepped(drafter, *args)
     full_tokens, full_lengths = full.tokens.copy(), full.lengths.copy()
-    cut = compiled().step(*args, step_cost=cost_table(LinearStepCost(1.0, 0.05), batch, W))
+    cut = stepped(compiled(), *args, step_cost=cost_table(LinearStepCost(1.0, 0.05), batch, W))
     for b in range(batch):
         assert cut.lengths[b] <= full_lengths[b]
         assert cut.tokens[b, :cut.lengths[b]].tolist() == full_tokens[b, :cut.lengths[b]].tolist()
@@ -372,6 +380,24 @@ def test_judged_drafts_fill_the_calibration():
     rng = np.random.default_rng(7)
     for step in range(40):  # contexts that repeat, continued by tokens that do not: drafts fail
         tokens = np.concatenate([np.tile([1, 2, 3, 4], 10), rng.integers(5, 60, step + 1)])[None, :]
-        drafter.step(["r"], tokens, np.zeros(1), np.array([tokens.shape[1]]), np.array([40]), np.array([200]))
+        stepped(drafter, ["r"], tokens, np.zeros(1), np.array([tokens.shape[1]]), np.array([40]), np.array([200]))
     hits, judged = drafter.calibration
     assert judged.sum() > 0 and hits.sum() < judged.sum()
+
+
+def test_misuse_of_the_lifecycle_raises():
+    from drafters.base import LifecycleError
+
+    drafter = compiled()
+    tokens = np.zeros((1, 20), np.int64)
+    with pytest.raises(LifecycleError, match=r"requests \['a'\] were not started"):
+        drafter.step(["a"], tokens, np.zeros(1), np.array([5]))
+    drafter.start("a", 3, 20)
+    with pytest.raises(LifecycleError, match="started already"):
+        drafter.start("a", 3, 20)
+    drafter.step(["a"], tokens, np.zeros(1), np.array([5]))
+    drafter.finish("a")
+    with pytest.raises(LifecycleError, match="were not started"):
+        drafter.finish("a")
+    drafter.start("a", 3, 20)  # a request that comes back starts again
+    assert drafter.step(["a"], tokens, np.zeros(1), np.array([6])).lengths.shape == (1,)

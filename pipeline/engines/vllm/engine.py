@@ -24,7 +24,7 @@ import time
 from contextlib import contextmanager
 from typing import Sequence
 
-from drafters.registry import DrafterTables, make_drafter
+from drafters.registry import DrafterTables, make_batch_drafter
 from pipeline.config import CPU_MAX_NUM_SEQS, Config, ConfigError, DecoderConfig
 from pipeline.drafter_kinds import VLLM_METHODS
 from pipeline.engines.base import (
@@ -210,9 +210,8 @@ class VllmEngine:
         assert self.ours and decoder.drafter not in VLLM_METHODS and 1 <= decoder.w <= self.max_w, (
             f"the engine was started for drafts of up to {self.max_w} tokens, not {decoder.w}")
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        drafter = make_drafter(decoder, tables or DrafterTables(), pad, None, len(self.tokenizer))
-        self.collective_rpc(attach_drafter, (drafter, decoder.w, decoder.ngram_max_q, decoder.auto_w,
-                                             self.exact_sampling))
+        drafter = make_batch_drafter(decoder, tables or DrafterTables(), pad, len(self.tokenizer))
+        self.collective_rpc(attach_drafter, (drafter, decoder.w, decoder.auto_w, self.exact_sampling))
         self.config = dataclasses.replace(self.config, decoder=decoder)
 
     def collective_rpc(self, function, args: tuple = ()) -> list:

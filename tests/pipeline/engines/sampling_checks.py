@@ -15,9 +15,9 @@ def generate_tracking(engine, requests: list[Request]) -> tuple[list[Result], di
     """The results, and the drafts our proposer made for each request (Proposal lists), by request id."""
     proposals, result = {}, engine.result
 
-    def keep(request, output, tracked, wall):
+    def keep(request, output, tracked, wall, params):
         proposals[request.request_id] = tracked.proposals if tracked is not None else []
-        return result(request, output, tracked, wall)
+        return result(request, output, tracked, wall, params)
     engine.result = keep
     try:
         results = engine.generate(requests)

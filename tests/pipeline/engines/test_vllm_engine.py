@@ -259,10 +259,11 @@ class FailingFor:
 
 @pytest.mark.parametrize("junk", [False, True])
 def test_a_drafter_failing_for_one_request_costs_it_its_drafts_and_nothing_else(engines, requests, reference, junk):
+    from drafters.each_request import EachRequest
     from pipeline.engines.vllm.proposer import attach_drafter
 
     ours = engines[1]
-    ours.collective_rpc(attach_drafter, (FailingFor(requests[1].prompt_ids, junk), W, 3, False))
+    ours.collective_rpc(attach_drafter, (EachRequest(FailingFor(requests[1].prompt_ids, junk), W, 3), W, False))
     results = ours.generate(requests)
     assert [r.token_ids for r in results] == reference  # every row back, the engine never stopped
     failed = [r.stats.num_drafter_failed_steps for r in results]

@@ -1,64 +1,19 @@
-"""The vLLM proposer's pure parts, without vLLM: the draft-length choice (drafters/budget.py's allocator) and
-the per-request statistics taken from vLLM's metrics and the proposer's drafts."""
+"""The vLLM proposer's pure parts, without vLLM: the requests' lifecycle with the drafter, the step
+costs it learns, and the per-request statistics taken from vLLM's metrics and the proposer's drafts."""
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 
-from drafters.adaptive import AdaptiveController
+from drafters.budget import StepCostFit
+from drafters.each_request import EachRequest
 from pipeline.engines.vllm.engine import request_stats
-from drafters.budget import LinearStepCost, StepCostFit
 from pipeline.engines.vllm.proposer import (
     Proposal,
     Tracked,
-    allocate,
     external_request_id,
 )
-
-
-def geometric(alpha: float, length: int) -> list[float]:
-    """Gains of a draft whose tokens are each accepted with probability alpha: α, α², ..."""
-    return [alpha ** (j + 1) for j in range(length)]
-
-
-def test_allocation_drafts_while_a_token_pays_for_its_cost():
-    # Free tokens: every candidate is drafted in full; a token costing a whole step: none.
-    assert allocate([geometric(0.9, 8), geometric(0.2, 3)], LinearStepCost(0.05, 0.0)) == [8, 3]
-    assert allocate([geometric(0.9, 8), geometric(0.2, 3)], LinearStepCost(0.05, 10.0)) == [0, 0]
-    # One request alone (a = 50 ms, b = 2 ms a token): drafting pays while α^j > b T / C.
-    taken = allocate([geometric(0.6, 8)], LinearStepCost(0.05, 0.002))
-    expected, cost = 1 + sum(0.6 ** j for j in range(1, taken[0] + 1)), 0.05 + 0.002 * (1 + taken[0])
-    assert taken == [5] and 0.6 ** 6 <= 0.002 * expected / cost
-    # Tokens go to the request most likely to accept them, not to the one that asked first.
-    assert allocate([geometric(0.1, 4), geometric(0.95, 4)], LinearStepCost(0.1, 0.01)) == [0, 4]
-
-
-def test_a_confident_drafter_gets_long_drafts_where_it_is_sure_and_short_where_not():
-    # Gains are the drafter's own path probabilities: a sure path is drafted in full, an unsure
-    # one stops where its probability no longer pays for a token (b T / C is about 0.5 here).
-    sure, unsure = [0.95, 0.9, 0.9, 0.85], [0.6, 0.2, 0.15, 0.1]
-    assert allocate([sure, unsure], LinearStepCost(0.1, 0.02)) == [4, 1]
-
-
-def test_drafts_that_fail_after_their_first_token_are_cut_to_it():
-    from drafters.base import DraftContext
-
-    depths = {}
-    tracked = Tracked(context=DraftContext([1, 2, 3], 2), prompt_length=3, limit=100,
-                      controller=AdaptiveController(None, {}))
-    prior = tracked.gains("suffix_context", 3, None, depths)
-    assert prior[1] == pytest.approx(prior[0] * 0.5)  # no evidence: a prior of one in two per depth
-    for _ in range(20):  # each verified draft: its first token right, its second wrong
-        tracked.last_draft = (len(tracked.context), (7, 8, 9), "suffix_context")
-        tracked.context.append([7, 5])
-        tracked.settle(depths)
-    assert depths["suffix_context"].reached[1] == 20 and depths["suffix_context"].passed[1] == 0
-    gains = tracked.gains("suffix_context", 3, None, depths)
-    assert gains[1] < 0.05 * gains[0] and gains[2] <= gains[1]
-    assert allocate([gains], LinearStepCost(0.05, 0.002)) == [1]
-    # A drafter that gives its own (calibrated) confidence is taken at its word, depth evidence or not.
-    assert tracked.gains("suffix_context", 3, (0.9, 0.8, 0.7), depths) == [0.9, 0.8, 0.7]
-    assert tracked.gains("suffix_context", 2, (0.9, 0.8, 0.7), depths) == [0.9, 0.8]
 
 
 @dataclass
@@ -75,7 +30,7 @@ def test_statistics_map_vllm_metrics_and_attribute_each_strategy():
     token_ids = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
     proposals = [Proposal(2, (12, 13, 14, 99), "context_ngram"), Proposal(6, (77,), "bigram"),
                  Proposal(7, (17, 99), "context_ngram"), Proposal(10, (5, 6), "context_ngram")]
-    tracked = Tracked(context=None, prompt_length=4, limit=100, controller=None, steps=6, draft_seconds=0.01, proposals=proposals)
+    tracked = Tracked(prompt_length=4, limit=100, steps=6, draft_seconds=0.01, proposals=proposals)
     metrics = Metrics(histogram=[1, 1, 0, 1, 0], num_draft_tokens=7, per_step_accepted=[3, 0, 1],
                       per_step_drafted=[4, 1, 2])
     stats = request_stats(4, token_ids, metrics, tracked, w=4)
@@ -102,18 +57,17 @@ class FakeRunner:
     """What the proposer reads of vLLM's model runner: the running requests' ids and limits."""
 
     def __init__(self):
-        self.input_batch = SimpleNamespace(req_ids=[])
+        self.input_batch = SimpleNamespace(req_ids=[], req_id_to_index={}, num_prompt_tokens=np.zeros(1, np.int64))
         self.requests = {}
 
-    def run(self, request_id: str, max_tokens: int = 100) -> None:
-        self.input_batch.req_ids = [request_id]
+    def run(self, request_id: str, prompt_length: int, max_tokens: int = 100) -> None:
+        self.input_batch = SimpleNamespace(req_ids=[request_id], req_id_to_index={request_id: 0},
+                                           num_prompt_tokens=np.array([prompt_length]))
         self.requests = {request_id: SimpleNamespace(sampling_params=SimpleNamespace(max_tokens=max_tokens))}
 
 
 def test_step_costs_see_decoding_steps_only_not_prefills_or_pauses_between_generate_calls():
     import time
-
-    import numpy as np
 
     from drafters.context_ngram import ContextNgramDrafter
     from pipeline.engines.vllm.proposer import NgrammysProposer
@@ -121,12 +75,12 @@ def test_step_costs_see_decoding_steps_only_not_prefills_or_pauses_between_gener
     config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
                              model_config=SimpleNamespace(max_model_len=64, get_vocab_size=lambda: 100))
     proposer, runner = NgrammysProposer(config), FakeRunner()
-    proposer.configure(runner, ContextNgramDrafter(2), 4, 2, adaptive=True)
+    proposer.configure(runner, EachRequest(ContextNgramDrafter(2), 4, 2), 4, adaptive=True)
     proposer.costs = StepCostFit(memory=1.0)
     tokens = np.arange(64)[None, :] % 7  # [1, max_model_len]
 
     def step(request_id, length, emitted):
-        runner.run(request_id)
+        runner.run(request_id, 9)
         proposer.propose([list(tokens[0, length - emitted:length])], np.array([length]), tokens)
 
     step("a-00000000", 10, 1)  # its prefill ran in the step before: nothing measured
@@ -141,8 +95,6 @@ def test_step_costs_see_decoding_steps_only_not_prefills_or_pauses_between_gener
 
 def fake_proposer(drafter, w: int, requests: int, adaptive: bool):
     """NgrammysProposer as vLLM builds it, with a runner holding `requests` running requests."""
-    import numpy as np
-
     from pipeline.engines.vllm.proposer import NgrammysProposer
 
     config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=w),
@@ -153,13 +105,11 @@ def fake_proposer(drafter, w: int, requests: int, adaptive: bool):
                             num_prompt_tokens=np.full(requests, 40))
     runner = SimpleNamespace(input_batch=batch, requests={key: SimpleNamespace(
         sampling_params=SimpleNamespace(max_tokens=100)) for key in ids})
-    proposer.configure(runner, drafter, w, 3, adaptive)
+    proposer.configure(runner, drafter, w, adaptive)
     return proposer
 
 
 def test_a_proposer_call_for_256_requests_is_one_compiled_call():
-    import numpy as np
-
     from drafters.batch_suffix import BatchSuffixDrafter
 
     drafter = BatchSuffixDrafter(4, 3, 1)
@@ -176,18 +126,62 @@ def test_a_proposer_call_for_256_requests_is_one_compiled_call():
 
 
 def test_a_batched_drafter_that_raises_costs_the_step_its_drafts_and_nothing_else():
-    import numpy as np
-
     class Failing:
         strategies = ("x",)
+
+        def start(self, key, prompt_length, limit):
+            pass
 
         def step(self, *args):
             raise RuntimeError("broken")
 
-        def finish(self, key, generated=None):
+        def finish(self, key, generated=()):
             pass
 
     proposer = fake_proposer(Failing(), 4, 3, adaptive=False)
     drafts = proposer.propose([[5], [6], []], np.full(3, 50), np.zeros((3, 60), np.int32))
     assert drafts == [[], [], []]
     assert sorted(t.failed_steps for t in proposer.tracked.values()) == [1, 1]
+
+
+class Recording:
+    """A BatchDrafter that records its lifecycle calls and drafts nothing."""
+    strategies = ("x",)
+
+    def __init__(self):
+        self.calls = []
+
+    def start(self, key, prompt_length, limit):
+        self.calls.append(("start", key, prompt_length, limit))
+
+    def step(self, keys, tokens, rows, lengths, step_cost=None):
+        from drafters.base import BatchDrafts
+
+        self.calls.append(("step", tuple(keys)))
+        return BatchDrafts.zeros(len(keys), 4)
+
+    def finish(self, key, generated=()):
+        self.calls.append(("finish", key, tuple(generated)))
+
+
+def test_each_request_starts_once_and_finishes_once_with_its_tokens_or_when_it_leaves():
+    """Started when first seen; finished by `take` with its generated tokens when it ends, or when
+    it leaves the engine's batch (preempted): then started again if it comes back."""
+    drafter = Recording()
+    proposer = fake_proposer(drafter, 4, 2, adaptive=False)
+    batch, tokens = proposer.runner.input_batch, np.zeros((2, 60), np.int32)
+    proposer.propose([[5], [6]], np.full(2, 50), tokens)
+    proposer.propose([[5], [6]], np.full(2, 51), tokens)
+    assert drafter.calls[:2] == [("start", "r0-abcdefgh", 40, 140), ("start", "r1-abcdefgh", 40, 140)]
+    assert [c[0] for c in drafter.calls] == ["start", "start", "step", "step"]
+    proposer.take({"r0": [1, 2, 3]})  # r0 ended: finished with its tokens
+    assert drafter.calls[-1] == ("finish", "r0-abcdefgh", (1, 2, 3))
+    batch.req_ids, batch.req_id_to_index = ["r1-abcdefgh"], {"r1-abcdefgh": 0}  # r1 stays
+    proposer.propose([[6]], np.full(1, 52), tokens)
+    batch.req_ids, batch.req_id_to_index = [], {}  # r1 preempted: it left the batch
+    proposer.propose([], np.zeros(0), tokens)
+    assert drafter.calls[-1] == ("finish", "r1-abcdefgh", ())
+    batch.req_ids, batch.req_id_to_index = ["r1-abcdefgh"], {"r1-abcdefgh": 0}  # back: started again
+    proposer.propose([[7]], np.full(1, 53), tokens)
+    assert drafter.calls[-2:] == [("start", "r1-abcdefgh", 40, 140), ("step", ("r1-abcdefgh",))]
+    assert proposer.tracked["r1-abcdefgh"].steps == 4

@@ -133,11 +133,11 @@ def test_where_sampling_is_not_exact_no_request_drafts_beside_a_sampled_one(engi
     greedy = [dataclasses.replace(r, request_id=f"g{i}", sampling=SamplingParams()) for i, r in enumerate(sampled)]
     drafter = ours.collective_rpc(lambda worker: worker.model_runner.drafter.drafter)[0]
     try:
-        ours.collective_rpc(attach_drafter, (drafter, W, ours.config.decoder.ngram_max_q, False, False))
+        ours.collective_rpc(attach_drafter, (drafter, W, False, False))
         mixed = ours.generate(sampled + greedy)
         greedy_alone = ours.generate(greedy)
     finally:
-        ours.collective_rpc(attach_drafter, (drafter, W, ours.config.decoder.ngram_max_q, False, True))
+        ours.collective_rpc(attach_drafter, (drafter, W, False, True))
     assert all(r.stats.num_checked_draft_tokens == 0 and set(r.stats.strategy_rows) == {"none"} for r in mixed)
     assert sum(r.stats.num_checked_draft_tokens for r in greedy_alone) > 0
     assert [r.token_ids for r in greedy_alone] == [r.token_ids for r in mixed[4:]]
