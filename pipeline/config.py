@@ -155,7 +155,7 @@ class DecoderConfig:
     bigram_top_k: int = 32
     # What the model sees before token x when the bigram table p(.|x) is computed.
     # "assistant_header": the chat template's assistant turn start (chat models); "bos": the
-    # BOS token; "none": x alone (degenerate for most models: measured 0 % top-1 agreement).
+    # BOS token; "none": x alone (degenerate for most models: docs/benchmarks.md, "Figures behind the defaults").
     bigram_prefix: Literal["assistant_header", "bos", "none"] = "assistant_header"
     # Tokens in the bigram build batch; bounds memory of the one-off table build.
     bigram_batch_size: int = 512

@@ -285,7 +285,8 @@ def run_totals(output: str) -> dict:
     """Rows, errored rows, generated tokens, target calls (per request) and forward calls (shared
     calls counted once) in the run's files, summed per block by Ray Data tasks where the files
     are: one small row per block reaches the driver, never a row of the outputs. (Ray Data's
-    `aggregate` gives the same through a hash shuffle that took 6-10 s for a few rows here.)"""
+    `aggregate` gives the same through a hash shuffle that takes seconds even for a few rows:
+    docs/benchmarks.md, "Figures behind the defaults".)"""
     filesystem, inner = storage.resolve(output)
     import pyarrow.fs as pafs
 

@@ -63,7 +63,24 @@ def load_answers(run_dirs: str, max_tokens: int) -> list[Answer]:
     return answers
 
 
-class Ours:
+class Method:
+    """A drafting method as the replay drives it: `start` a request, `draft` for the running ones,
+    `finish` one; `predict` and `judged` feed the calibration (ours only)."""
+
+    def start(self, key: int, prompt: np.ndarray, limit: int) -> None:
+        pass
+
+    def predict(self, batch: list[int]) -> None:
+        pass
+
+    def judged(self, key: int, accepted: int) -> None:
+        pass
+
+    def finish(self, key: int, output: np.ndarray) -> None:
+        pass
+
+
+class Ours(Method):
     """drafters/batch_suffix.py: one call per step for every running request. Each verified draft
     is also scored against what its tokens were predicted to do (`DepthCalibration`)."""
 
@@ -135,7 +152,7 @@ class DepthCalibration:
         return float(np.abs(calibrated - held).sum() / max(drafts.sum(), 1))
 
 
-class ArcticSuffix:
+class ArcticSuffix(Method):
     """vLLM's `suffix` method: arctic-inference's cache, called as vLLM's SuffixDecodingProposer does."""
 
     def __init__(self, args, store, answers, cost=None):
@@ -168,16 +185,13 @@ class ArcticSuffix:
         self.seen.pop(key, None)
 
 
-class VllmNgram:
+class VllmNgram(Method):
     """vLLM's `ngram` method: its numba batch lookup over the running requests' token rows."""
 
     def __init__(self, args, store, answers, cost=None):
         from vllm.v1.spec_decode.ngram_proposer import batch_propose_numba
 
         self.propose, self.args = batch_propose_numba, args
-
-    def start(self, key, prompt, limit):
-        pass
 
     def draft(self, batch, rows, lengths, prompts, limits, tokens):
         args = self.args
@@ -189,24 +203,15 @@ class VllmNgram:
         room = limits - lengths - 1
         return [drafts[row, :max(min(counts[row], limit), 0)].astype(np.int64) for row, limit in zip(rows, room)]
 
-    def finish(self, key, output):
-        pass
 
-
-class Plain:
+class Plain(Method):
     """No drafts: every request-step emits one token (the projection's reference)."""
 
     def __init__(self, args, store, answers, cost=None):
         pass
 
-    def start(self, key, prompt, limit):
-        pass
-
     def draft(self, batch, rows, lengths, prompts, limits, tokens):
         return [np.zeros(0, np.int64)] * len(batch)
-
-    def finish(self, key, output):
-        pass
 
 
 METHODS = {"ours": Ours, "vllm_suffix": ArcticSuffix, "vllm_ngram": VllmNgram, "plain": Plain}
@@ -319,8 +324,7 @@ def replay(args, method: str, batch: int, answers: list[Answer], store, budget: 
             started = time.perf_counter()
             drafts = drafter.draft(keys, rows, lengths, prompts, limits, tokens)
             step_seconds += time.perf_counter() - started
-            if hasattr(drafter, "predict"):
-                drafter.predict(keys)
+            drafter.predict(keys)
             calls += len(keys)
             per_step.append(step_seconds / len(keys))
             for key, draft in zip(keys, drafts):
@@ -351,8 +355,7 @@ def verify(active: dict, answers: list[Answer], drafter, free_rows: list, totals
         accepted = 0
         while accepted < len(draft) and state[1] + accepted < len(output) - 1 and draft[accepted] == output[state[1] + accepted]:
             accepted += 1
-        if hasattr(drafter, "judged"):
-            drafter.judged(key, accepted)
+        drafter.judged(key, accepted)
         fed, context = fed + 1 + len(draft), context + len(answers[key].prompt) + state[1]
         state[1] += accepted + 1
         totals["steps"], totals["emitted"], totals["drafted"] = (

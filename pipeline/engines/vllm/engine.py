@@ -61,7 +61,8 @@ def set_vllm_environment(config: Config) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine runs in this process
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     # vLLM's n-gram method runs numba's parallel loops; numba's default (OpenMP) threads spin after
-    # each loop and, here, slowed the torch work of the whole process 4-5x. Its own work queue blocks.
+    # each loop and slow the torch work of the whole process (docs/benchmarks.md, "Figures behind
+    # the defaults"). Its own work queue blocks.
     os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(config.engine.cpu_kv_cache_gib)
     # On a CPU, vLLM binds its threads to cores and keeps one core for a scheduler process that
