@@ -58,6 +58,7 @@ def _int64(values) -> np.ndarray:
 
 STRATEGIES = tuple(f"suffix_{source}" for source in kernels.SOURCES)
 PENDING = 16  # candidates awaiting judgement per request (more are not judged)
+NO_LIMIT = 1 << 62  # the limit of a request whose length is not known (`propose`'s contexts)
 
 
 class BatchSuffixDrafter:
@@ -243,8 +244,8 @@ class BatchSuffixDrafter:
         tokens: the draft, then padding rows."""
         key = id(context)
         n = len(context)
-        if key not in self.slot_of:  # its tokens when first seen are its prompt; its length unknown
-            self.start(key, n, n + self.settings.segment_cap)
+        if key not in self.slot_of:  # its tokens when first seen are its prompt; its length unknown:
+            self.start(key, n, NO_LIMIT)  # its segment as long as any, its drafts bounded by w alone
             weakref.finalize(context, self._forget, key)
         drafts = self.step([key], np.asarray(context.tokens, dtype=np.int64)[None, :], np.zeros(1), np.array([n]),
                            width=min(w, self.w))

@@ -190,13 +190,14 @@ def make_drafter(config: DecoderConfig, tables: DrafterTables | None, pad_token:
 
 
 def make_batch_drafter(config: DecoderConfig, tables: DrafterTables | None, pad_token: int,
-                       vocab_size: int | None = None) -> BatchDrafter | None:
+                       vocab_size: int | None = None, model_vocab_size: int | None = None) -> BatchDrafter | None:
     """The drafter `config.drafter` names as a BatchDrafter (what vLLM's proposer holds): a batched
     one as it is, any other adapted by drafters/each_request.py (given each finished request's
-    output where it learns from them); None for plain decoding (or a method vLLM runs itself)."""
+    output where it learns from them; its drafts checked to be ids below `model_vocab_size`, else
+    `vocab_size`, the tokenizer's); None for plain decoding (or a method vLLM runs itself)."""
     drafter = make_drafter(config, tables, pad_token, None, vocab_size)
     kind = DRAFTER_KINDS[config.drafter]
     if drafter is None or kind.batched:
         return drafter
-    return EachRequest(drafter, config.w, config.ngram_max_q, vocab_size,
+    return EachRequest(drafter, config.w, config.ngram_max_q, model_vocab_size or vocab_size,
                        drafter.learn if kind.learns_outputs else None)

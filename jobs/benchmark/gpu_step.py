@@ -1,5 +1,5 @@
-"""A GPU step's cost, measured, against the roofline the draft budget and the replay's projection use
-(drafters/budget.py): for B running requests of context ctx each fed n tokens (1 + drafts), the
+"""A GPU step's cost, measured, against the roofline the replay's projection uses
+(jobs/benchmark/step_costs.py): for B running requests of context ctx each fed n tokens (1 + drafts), the
 seconds of a decoder step's matrix products and attention for the named model shape, random bf16
 weights, replayed as one CUDA graph (no launch overhead, as vLLM's CUDA graphs).
 

@@ -246,7 +246,7 @@ class HostedStepCost:
 
 class StepClock:
     """The replayed steps' projected seconds (--project): each step's GPU cost for the tokens it fed
-    and its requests' own context (drafters/budget.py: the roofline, or --step-costs as measured),
+    and its requests' own context (jobs/benchmark/step_costs.py: the roofline, or --step-costs as measured),
     summed, and apart from it the host's seconds of each step (--host-step, by running requests)."""
 
     def __init__(self, projection: str, measured: dict | None = None, host: dict | None = None):
@@ -449,7 +449,7 @@ def _warm_up(args, answers, store, methods) -> None:
 def projection(rows: list[dict], name: str, measured: dict | None = None, host: dict | None = None) -> dict:
     """Each row's projected tokens/s against plain decoding's at its batch size. A replayed step t
     of B_t running requests that feeds n_t tokens (one per request plus their drafts) over requests
-    of mean context ctx_t takes c(n_t, ctx_t) on the GPU (drafters/budget.py's roofline, or with
+    of mean context ctx_t takes c(n_t, ctx_t) on the GPU (jobs/benchmark/step_costs.py's roofline, or with
     `measured` (--step-costs) the step cost measured on that GPU), h(B_t) on the host (scheduling,
     inputs, outputs: `host`, --host-step, measured by jobs.benchmark.host_step; 0 without it) and
     d_t for the drafter on the CPU (vLLM runs a `custom_class` or `suffix` proposer between steps):

@@ -211,7 +211,8 @@ class VllmEngine:
         assert self.ours and decoder.drafter not in VLLM_METHODS and 1 <= decoder.w <= self.max_w, (
             f"the engine was started for drafts of up to {self.max_w} tokens, not {decoder.w}")
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        drafter = make_batch_drafter(decoder, tables or DrafterTables(), pad, len(self.tokenizer))
+        drafter = make_batch_drafter(decoder, tables or DrafterTables(), pad, len(self.tokenizer),
+                                     self.feeder.llm.llm_engine.model_config.get_vocab_size())
         self.collective_rpc(attach_drafter, (drafter, decoder.w, decoder.auto_w, self.exact_sampling))
         self.config = dataclasses.replace(self.config, decoder=decoder)
 

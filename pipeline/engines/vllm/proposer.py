@@ -9,8 +9,9 @@ the worker with `LLM.collective_rpc`). Until then it proposes nothing.
 The drafter is a BatchDrafter (drafters/base.py; drafters/registry.py `make_batch_drafter`): each
 step, one call drafts for every decoding request, reading their tokens from vLLM's own token
 array. A request starts with the drafter when the proposer first sees it, and finishes when it
-ends (with its generated tokens) or leaves the engine's batch (preempted or aborted: it starts
-again if it comes back). With `w: auto` the drafter cuts its drafts to the step's budget: what a
+ends (with its generated tokens) or vLLM lets it go (aborted); a request preempted or not
+scheduled for a step stays started. Errors of the drafter's start, step or finish cost the
+requests concerned their drafts, never the engine. With `w: auto` the drafter cuts its drafts to the step's budget: what a
 step costs by the tokens it feeds is learned online from the engine's own steps
 (drafters/budget.py StepCostFit; a token fed costs at least `prior_slope` of a step, so a noisy
 fit never makes drafts free). The proposer keeps, per request, the drafts it proposed, which the
@@ -95,12 +96,22 @@ class NgrammysProposer:
         keys = [batch.req_ids[row] for row in rows]
         # A step that ran a prefill (a request still in prefill, or one new here) is not a decoding step.
         fresh = len(rows) < len(sampled_token_ids) or any(key not in self.tracked for key in keys)
-        self.finish_absent(batch.req_id_to_index)
+        self.finish_ended()
         tracked = [self.track(key, int(batch.num_prompt_tokens[row])) for key, row in zip(keys, rows)]
         self.observe_step(started, measurable=not fresh)
-        if not rows or self.paused():
-            return drafts
-        lengths = np.asarray(num_tokens_no_spec[:len(sampled_token_ids)], dtype=np.int64)[rows]
+        if rows and not self.paused():
+            self.draft(started, keys, rows, tracked, num_tokens_no_spec, token_ids_cpu, drafts)
+        self.last_step = (time.perf_counter(), len(sampled_token_ids) + sum(map(len, drafts)))
+        return drafts
+
+    def draft(self, started: float, keys: list[str], rows: list[int], tracked: list[Tracked], num_tokens_no_spec,
+              token_ids_cpu: np.ndarray, drafts: list[list[int]]) -> None:
+        """The drafter's step for the decoding requests it has started, into `drafts` (vLLM's rows)."""
+        runnable = [i for i, key in enumerate(keys) if key in self.started]  # (a start that failed: none)
+        keys, rows, tracked = [keys[i] for i in runnable], [rows[i] for i in runnable], [tracked[i] for i in runnable]
+        if not rows:
+            return
+        lengths = np.asarray(num_tokens_no_spec, dtype=np.int64)[rows]
         step_cost = cost_table(self.costs.cost(), len(rows), self.w) if self.adaptive else None
         try:
             out = self.drafter.step(keys, token_ids_cpu, np.array(rows, dtype=np.int64), lengths, step_cost)
@@ -108,13 +119,11 @@ class NgrammysProposer:
             for t in tracked:
                 t.failed_steps += 1
             self.report_failure(keys[0], error)
-            return drafts
+            return
         self.record(out, rows, keys, tracked, lengths, drafts)
         elapsed = time.perf_counter() - started
         for t in tracked:
             t.draft_seconds += elapsed / len(tracked)
-        self.last_step = (time.perf_counter(), len(sampled_token_ids) + sum(map(len, drafts)))
-        return drafts
 
     def record(self, out: BatchDrafts, rows: list[int], keys: list[str], tracked: list[Tracked],
                lengths: np.ndarray, drafts: list[list[int]]) -> None:
@@ -142,17 +151,28 @@ class NgrammysProposer:
             limit = min(self.max_model_len, prompt_length + (params.max_tokens or self.max_model_len))
             tracked = self.tracked[request_id] = Tracked(prompt_length, limit)
         if request_id not in self.started:
-            self.drafter.start(request_id, tracked.prompt_length, tracked.limit)
-            self.started.add(request_id)
+            try:
+                self.drafter.start(request_id, tracked.prompt_length, tracked.limit)
+                self.started.add(request_id)
+            except Exception as error:  # noqa: BLE001 - the engine must survive its drafter
+                tracked.failed_steps += 1
+                self.report_failure(request_id, error)
         tracked.steps += 1
         return tracked
 
-    def finish_absent(self, present: dict) -> None:
-        """Requests that left the engine's batch (aborted or preempted; finished ones were handed
-        over by `take`) finish with the drafter; a preempted one starts again when it comes back."""
-        for request_id in self.started - present.keys():
-            self.drafter.finish(request_id)
-            self.started.discard(request_id)
+    def finish_ended(self) -> None:
+        """Requests vLLM no longer holds (aborted, or finished and not handed over by `take`, as
+        when the caller takes them only after LLM.generate returns) finish with the drafter, without
+        their tokens. A request merely not scheduled this step, or preempted, stays: vLLM keeps it."""
+        for request_id in self.started - self.runner.requests.keys():
+            self.finish(request_id)
+
+    def finish(self, request_id: str, generated: list[int] = ()) -> None:
+        self.started.discard(request_id)
+        try:
+            self.drafter.finish(request_id, generated)
+        except Exception as error:  # noqa: BLE001 - the engine must survive its drafter
+            self.report_failure(request_id, error)
 
     def report_failure(self, request_id: str, error: Exception) -> None:
         kind = f"{type(error).__name__}: {error}"
@@ -183,8 +203,7 @@ class NgrammysProposer:
                 continue
             taken[request_id] = tracked
             if key in self.started:
-                self.drafter.finish(key, token_ids)
-                self.started.discard(key)
+                self.finish(key, token_ids)
         return taken
 
 

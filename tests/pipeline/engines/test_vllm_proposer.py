@@ -145,13 +145,15 @@ def test_a_batched_drafter_that_raises_costs_the_step_its_drafts_and_nothing_els
 
 
 class Recording:
-    """A BatchDrafter that records its lifecycle calls and drafts nothing."""
+    """A BatchDrafter that records its lifecycle calls and drafts nothing; its start fails for `failing`."""
     strategies = ("x",)
 
-    def __init__(self):
-        self.calls = []
+    def __init__(self, failing: str = ""):
+        self.calls, self.failing = [], failing
 
     def start(self, key, prompt_length, limit):
+        if key == self.failing:
+            raise RuntimeError("no room")
         self.calls.append(("start", key, prompt_length, limit))
 
     def step(self, keys, tokens, rows, lengths, step_cost=None):
@@ -164,9 +166,10 @@ class Recording:
         self.calls.append(("finish", key, tuple(generated)))
 
 
-def test_each_request_starts_once_and_finishes_once_with_its_tokens_or_when_it_leaves():
-    """Started when first seen; finished by `take` with its generated tokens when it ends, or when
-    it leaves the engine's batch (preempted): then started again if it comes back."""
+def test_each_request_starts_once_and_finishes_once_with_its_tokens_or_when_vllm_lets_it_go():
+    """Started when first seen; finished by `take` with its generated tokens when it ends, or
+    without them once vLLM no longer holds it (aborted). A request that is not scheduled for a
+    step (or preempted) stays started: vLLM keeps it."""
     drafter = Recording()
     proposer = fake_proposer(drafter, 4, 2, adaptive=False)
     batch, tokens = proposer.runner.input_batch, np.zeros((2, 60), np.int32)
@@ -175,13 +178,22 @@ def test_each_request_starts_once_and_finishes_once_with_its_tokens_or_when_it_l
     assert drafter.calls[:2] == [("start", "r0-abcdefgh", 40, 140), ("start", "r1-abcdefgh", 40, 140)]
     assert [c[0] for c in drafter.calls] == ["start", "start", "step", "step"]
     proposer.take({"r0": [1, 2, 3]})  # r0 ended: finished with its tokens
+    del proposer.runner.requests["r0-abcdefgh"]
     assert drafter.calls[-1] == ("finish", "r0-abcdefgh", (1, 2, 3))
-    batch.req_ids, batch.req_id_to_index = ["r1-abcdefgh"], {"r1-abcdefgh": 0}  # r1 stays
-    proposer.propose([[6]], np.full(1, 52), tokens)
-    batch.req_ids, batch.req_id_to_index = [], {}  # r1 preempted: it left the batch
+    batch.req_ids, batch.req_id_to_index = [], {}  # r1 not scheduled this step: it stays
     proposer.propose([], np.zeros(0), tokens)
-    assert drafter.calls[-1] == ("finish", "r1-abcdefgh", ())
-    batch.req_ids, batch.req_id_to_index = ["r1-abcdefgh"], {"r1-abcdefgh": 0}  # back: started again
+    batch.req_ids, batch.req_id_to_index = ["r1-abcdefgh"], {"r1-abcdefgh": 0}
     proposer.propose([[7]], np.full(1, 53), tokens)
-    assert drafter.calls[-2:] == [("start", "r1-abcdefgh", 40, 140), ("step", ("r1-abcdefgh",))]
-    assert proposer.tracked["r1-abcdefgh"].steps == 4
+    assert drafter.calls[-1] == ("step", ("r1-abcdefgh",)) and [c[0] for c in drafter.calls].count("start") == 2
+    del proposer.runner.requests["r1-abcdefgh"]  # aborted: vLLM let it go
+    batch.req_ids, batch.req_id_to_index = [], {}
+    proposer.propose([], np.zeros(0), tokens)
+    assert drafter.calls[-1] == ("finish", "r1-abcdefgh", ()) and proposer.started == set()
+
+
+def test_a_drafter_whose_start_fails_costs_that_request_its_drafts_and_nothing_else():
+    drafter = Recording(failing="r1-abcdefgh")
+    proposer = fake_proposer(drafter, 4, 3, adaptive=False)
+    drafts = proposer.propose([[5], [6], [7]], np.full(3, 50), np.zeros((3, 60), np.int32))
+    assert drafts == [[], [], []] and drafter.calls[-1] == ("step", ("r0-abcdefgh", "r2-abcdefgh"))
+    assert [proposer.tracked[f"r{i}-abcdefgh"].failed_steps for i in range(3)] == [0, 1, 0]
