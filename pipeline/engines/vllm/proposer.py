@@ -107,8 +107,9 @@ class NgrammysProposer:
     def draft(self, started: float, keys: list[str], rows: list[int], tracked: list[Tracked], num_tokens_no_spec,
               token_ids_cpu: np.ndarray, drafts: list[list[int]]) -> None:
         """The drafter's step for the decoding requests it has started, into `drafts` (vLLM's rows)."""
-        runnable = [i for i, key in enumerate(keys) if key in self.started]  # (a start that failed: none)
-        keys, rows, tracked = [keys[i] for i in runnable], [rows[i] for i in runnable], [tracked[i] for i in runnable]
+        if not self.started.issuperset(keys):  # a start that failed: that request drafts nothing
+            runnable = [i for i, key in enumerate(keys) if key in self.started]
+            keys, rows, tracked = [keys[i] for i in runnable], [rows[i] for i in runnable], [tracked[i] for i in runnable]
         if not rows:
             return
         lengths = np.asarray(num_tokens_no_spec, dtype=np.int64)[rows]
