@@ -6,6 +6,14 @@ weights, replayed as one CUDA graph (no launch overhead, as vLLM's CUDA graphs).
     python -m jobs.benchmark.gpu_step --model 8b --gpu h100 --batch 1,16,64,256 --fed 1,2,3,5,9 \
         --context 320 --out gpu_step.json
 
+Attention (`--attention`): `gqa` is torch's SDPA with grouped-query heads (one query row per fed
+token and head: at 2 or more fed tokens torch picks a kernel that reads the KV cache once per query
+head); `packed` folds each KV head's query heads and fed tokens into the query rows of one head
+(B, KV heads, group x fed, dim), as FlashAttention's `pack_gqa` and FlashInfer's decode kernels do,
+so the KV cache is read once per KV head however many tokens are fed (what vLLM's FlashAttention
+backend does on Hopper). Both attend every fed token to the whole context + fed (non-causal among
+the fed tokens: the same work within a few %).
+
 Needs a CUDA GPU and torch only (no vLLM, no Ray: it runs on a bare GPU machine). What a step of
 vLLM's also does (norms, rotary embeddings, sampling, the scheduler) is left out: a few % of a
 large step, more of a small one, so the measured times are a lower bound on vLLM's step.
@@ -24,11 +32,24 @@ from jobs.benchmark.step_costs import GPUS, MODELS, RooflineStepCost
 SHAPES = {"8b": (4096, 14336, 32, 32, 8, 128, 128256), "70b": (8192, 28672, 80, 64, 8, 128, 128256)}
 
 
+def attend(q, keys, values, how: str = "gqa"):
+    """q: (batch, heads, fed, dim) attended over keys, values: (batch, KV heads, context, dim);
+    `how` is "gqa" or "packed" (the module's docstring). Both give the same result."""
+    import torch.nn.functional as F
+
+    if how == "gqa":
+        return F.scaled_dot_product_attention(q, keys, values, enable_gqa=True)
+    batch, heads, fed, dim = q.shape
+    kv_heads = keys.shape[1]
+    packed = q.reshape(batch, kv_heads, (heads // kv_heads) * fed, dim)
+    return F.scaled_dot_product_attention(packed, keys, values).reshape(batch, heads, fed, dim)
+
+
 class Layers:
     """One layer's weights, used by every layer (a step reads them once per layer all the same:
     they do not stay in a 50 MB L2), and the whole step as a function of the fed tokens x."""
 
-    def __init__(self, shape: tuple, batch: int, fed: int, context: int, parts: str = "all"):
+    def __init__(self, shape: tuple, batch: int, fed: int, context: int, parts: str = "all", attention: str = "gqa"):
         import torch
 
         hidden, inner, self.layers, heads, kv_heads, dim, vocab = shape
@@ -42,6 +63,7 @@ class Layers:
         self.values = torch.randn(self.layers, batch, kv_heads, context + fed, dim, **new)
         self.shape = (batch, fed, heads, kv_heads, dim, inner)
         self.parts = parts  # "all", "linear" (the matrix products alone) or "attention" (alone)
+        self.attention = attention  # "gqa" or "packed" (see the module's docstring)
 
     def step(self, x):
         import torch.nn.functional as F
@@ -52,8 +74,7 @@ class Layers:
         for layer in range(self.layers):
             if linear:
                 q = (x @ self.qkv)[:, :heads * dim].view(batch, fed, heads, dim).transpose(1, 2)
-            attended = (F.scaled_dot_product_attention(q, self.keys[layer], self.values[layer], enable_gqa=True)
-                        if attention else q)
+            attended = attend(q, self.keys[layer], self.values[layer], self.attention) if attention else q
             if linear:
                 x = x + attended.transpose(1, 2).reshape(batch * fed, heads * dim) @ self.out
                 gate, up = (x @ self.up).split(inner, dim=-1)
@@ -63,12 +84,13 @@ class Layers:
         return x @ self.head if linear else q
 
 
-def step_seconds(shape: tuple, batch: int, fed: int, context: int, repeats: int, parts: str = "all") -> float:
+def step_seconds(shape: tuple, batch: int, fed: int, context: int, repeats: int, parts: str = "all",
+                 attention: str = "gqa") -> float:
     """Median seconds of one step feeding `fed` tokens to each of `batch` requests whose cache
     holds `context` tokens (attention over context + fed, non-causal: the same work)."""
     import torch
 
-    layers = Layers(shape, batch, fed, context, parts)
+    layers = Layers(shape, batch, fed, context, parts, attention)
     x = torch.randn(batch * fed, shape[0], device="cuda", dtype=torch.bfloat16)  # hidden = heads x head dim here
     with torch.no_grad():
         stream = torch.cuda.Stream()
@@ -100,6 +122,7 @@ def main(argv=None) -> dict:
     parser.add_argument("--fed", default="1,2,3,5,9", help="tokens fed per request (1 + drafts)")
     parser.add_argument("--context", type=int, default=320)
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--attention", default="gqa", choices=("gqa", "packed"), help="see the module's docstring")
     parser.add_argument("--out", default="")
     args = parser.parse_args(argv)
     import torch
@@ -110,7 +133,8 @@ def main(argv=None) -> dict:
         roofline = RooflineStepCost(GPUS[args.gpu], MODELS[args.model], batch, args.context)
         base = None
         for fed in map(int, args.fed.split(",")):
-            seconds = {part: step_seconds(SHAPES[args.model], batch, fed, args.context, args.repeats, part)
+            seconds = {part: step_seconds(SHAPES[args.model], batch, fed, args.context, args.repeats, part,
+                                          args.attention)
                        for part in ("all", "linear", "attention")}
             base = base or seconds
             predicted = float(roofline.seconds(batch * fed))
@@ -123,7 +147,7 @@ def main(argv=None) -> dict:
                          "roofline_vs_one_token": round(predicted / float(roofline.seconds(batch)), 3)})
             print(json.dumps(rows[-1]), flush=True)
     report = {"device": torch.cuda.get_device_name(), "model": MODELS[args.model].name, "gpu_spec": GPUS[args.gpu].name,
-              "context": args.context, "torch": torch.__version__, "seconds": round(time.time() - started, 1), "rows": rows}
+              "context": args.context, "attention": args.attention, "torch": torch.__version__, "seconds": round(time.time() - started, 1), "rows": rows}
     if args.out:
         with open(args.out, "w") as handle:
             json.dump(report, handle, indent=2)

@@ -13,13 +13,14 @@ import time
 
 from pipeline.config import load_config
 from pipeline.prompts import load_prompts
-from pipeline.ray_job import run_job
-from pipeline.stage import GenerationStage
 
 
 def pipeline_comparison(args) -> dict:
     """Tokens/s of the Ray job (after its actors have started) and of the same stage in-process."""
     import ray
+
+    from pipeline.ray_job import run_job  # here, as the stage: the replay runs on a GPU machine's host without Ray
+    from pipeline.stage import GenerationStage
 
     output = tempfile.mkdtemp(prefix="pipeline-benchmark-")
     config = load_config(args.config, [f"model.name={json.dumps(args.model)}", f"input.path={json.dumps(args.dataset)}",

@@ -484,7 +484,9 @@ def projection(rows: list[dict], name: str, measured: dict | None = None, host: 
     step = ("c(n, B) measured (MeasuredStepCost over --step-costs, context "
             f"{measured['context']}, {measured['device']})" if measured is not None
             else "c(n, ctx) = max((2 P + B ctx kv) / bandwidth, 2 P n / flops)")
-    hosted = ("h(B) = this CPU's vLLM host milliseconds per step (--host-step): "
+    source = ("this CPU's vLLM host milliseconds per step, scaled to another host by jobs.benchmark.host_speed"
+              if host is not None and "scaled_by" in host else "this CPU's vLLM host milliseconds per step")
+    hosted = (f"h(B) = {source} (--host-step): "
               + ", ".join(f"B {r['batch']}: {r['host_ms_per_step']}" for r in host["median"]) if host is not None
               else "h(B) = 0 (no --host-step)")
     return {"gpu": GPUS[gpu].name, "model": MODELS[model].name,
