@@ -1,14 +1,16 @@
 """Generates for a prompt corpus on Ray Data and writes Parquet plus a summary.
 
-    python -m jobs.generate --config configs/default.yaml [--input PATH] [--output DIR] \\
-        [--run-id ID] [--set section.key=value ...]
+    python -m jobs.generate [--config FILE] [--input PATH] [--output DIR] \\
+        [--run-id ID] [--set section.key=value ...] [--show-config]
 
-With no cluster it starts a local Ray; under `ray job submit`, or with RAY_ADDRESS set, it joins
+Settings: pipeline/config.py's defaults, then --config's file, then --set (and --input, --output,
+--run-id). With no cluster it starts a local Ray; under `ray job submit`, or with RAY_ADDRESS set, it joins
 that cluster. Outputs go under <output>/run=<run-id>/; re-running a run id resumes it.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -28,11 +30,14 @@ from pipeline.storage import StorageError  # noqa: E402
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default="configs/default.yaml")
+    parser.add_argument("--config", default=None,
+                        help="a YAML file of the settings it changes from the defaults (pipeline/config.py)")
     parser.add_argument("--input", help="input file, directory or glob (overrides input.path)")
     parser.add_argument("--output", help="output directory (overrides job.output)")
     parser.add_argument("--run-id", help="run to write or resume (overrides job.run_id)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--show-config", action="store_true",
+                        help="print every setting this run would use (the defaults, the file, --set) as YAML and exit")
     return parser.parse_args(argv)
 
 
@@ -43,6 +48,9 @@ def main(argv=None) -> dict:
         if flag is not None:
             overrides.append(f"{key}={json.dumps(flag)}")  # JSON-quoted: read back as a string by YAML
     config = load_config(args.config, overrides)
+    if args.show_config:
+        print(config_yaml(config), end="")
+        return {}
     run_id = config.job.run_id or new_run_id()
     join_or_start_ray()
     summary = run_job(config, run_id)
@@ -50,6 +58,18 @@ def main(argv=None) -> dict:
     print(rows_line(summary, config.input.limit))
     print(f"Parquet: {summary['run_dir']}/*.parquet\nSummary: {summary['run_dir']}/summary.json")
     return summary
+
+
+def config_yaml(config) -> str:
+    """Every setting of `config` as YAML that load_config reads back to the same Config."""
+    import yaml
+
+    def plain(value):
+        return list(value) if isinstance(value, tuple) else value
+
+    sections = {name: {key: plain(value) for key, value in section.items()}
+                for name, section in dataclasses.asdict(config).items()}
+    return yaml.safe_dump(sections, sort_keys=False)
 
 
 def join_or_start_ray() -> None:

@@ -1,5 +1,9 @@
 """Typed configuration: frozen dataclasses loaded from YAML and validated at load.
 
+The dataclasses hold every default (a YAML file holds only what it changes; `python -m
+jobs.generate --show-config` prints them all) and resolve `auto` themselves, so the job's loader,
+pipeline.llm's processor and a program building a Config get the same settings.
+
 Every error names the field (as `section.field`) and what is allowed, so a typo in a
 scheduled job's YAML fails at start instead of after an hour of generation.
 """
@@ -8,10 +12,11 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Union
 
 import yaml
 
@@ -22,6 +27,8 @@ from pipeline.drafter_kinds import DRAFTER_KINDS
 # where the evidence is long, as vLLM's own suffix decoding drafts (16 in our comparisons).
 AUTO_MAX = {"k": 8, "w": 8}
 AUTO_MAX_VLLM_W = 16
+# drafter draft_model's w when none is set: its draft length γ (a call of the draft model per token).
+DRAFT_MODEL_W = 5
 
 
 class ConfigError(ValueError):
@@ -120,8 +127,10 @@ class ModelConfig:
     trust_remote_code: bool = False
     # Where converted GGUF models and drafter tables are cached; "" means ~/.cache/ngrammys.
     cache_dir: str = ""
-    # Torch intra-op threads for this process; 0 leaves torch's default.
-    num_threads: int = 0
+    # Torch (and vLLM's CPU kernels') threads per actor; 0 leaves torch's default, which under Ray
+    # is the actor's num_cpus rounded down (one thread for a fractional actor). 2 suits a laptop;
+    # on a CPU node give an actor the cores it may use.
+    num_threads: int = 2
 
     def __post_init__(self):
         _require(bool(self.name), "model.name", "a model directory, a .gguf file or 'smollm2-135m-instruct'")
@@ -134,17 +143,22 @@ class DecoderConfig:
     # The names are pipeline/drafter_kinds.py's (vllm_ngram, vllm_suffix: vLLM's own methods).
     drafter: str = "batch_suffix"
     # Number of draft rows verified per target call (engine vllm: 1).
-    k: int = 1
-    # Tokens per draft row; w = 0 means no drafts (plain decoding).
-    w: int = 5
-    # Set by `k: auto` / `w: auto` in YAML or --set: each step then chooses k (and/or w) up to
-    # AUTO_MAX from the request's acceptance history and this hardware's measured call costs.
+    k: int | Literal["auto"] = 1
+    # Tokens per draft row; w = 0 means no drafts (plain decoding). "auto": each step keeps only the
+    # draft tokens that pay for what they cost the step, up to AUTO_MAX_VLLM_W on the vLLM engine and
+    # AUTO_MAX["w"] on the transformers engine (the step's cost is measured as the engine runs:
+    # docs/benchmarks.md has what was measured where). Unset: "auto", or DRAFT_MODEL_W with drafter
+    # draft_model (whose drafts cost a call per token: it drafts a fixed length).
+    w: int | Literal["auto"] | None = None
+    # Set with `k: auto` / `w: auto` (k or w is then the largest a step may choose, from the
+    # request's acceptance history and this hardware's measured call costs).
     auto_k: bool = False
     auto_w: bool = False
     # Transformers engine, throughput mode: up to this many requests of an actor's batch share each
     # forward call, each with its own drafts; a finished request's row goes to the next at once.
-    # 1: one at a time. (The vLLM engine's slots are engine.max_num_seqs.)
-    max_batch_requests: int = 1
+    # 1: one at a time. Unset: 4, or 1 with drafter draft_model (its draft cache follows one
+    # request). Keep ray.batch_size a multiple of it. (The vLLM engine's slots are engine.max_num_seqs.)
+    max_batch_requests: int | None = None
     # Cap on tokens fed per call in throughput mode (requests x widest draft tree + 1); 0: none.
     max_batch_tokens: int = 0
     # Longest context suffix the n-gram drafter matches; it falls back to shorter ones down to
@@ -205,6 +219,17 @@ class DecoderConfig:
     lenience: float = 1.0
 
     def __post_init__(self):
+        draft_model = self.drafter == "draft_model"  # frozen: what is unset or `auto` is resolved once, here
+        if self.w is None:
+            object.__setattr__(self, "w", DRAFT_MODEL_W if draft_model else "auto")
+        if self.max_batch_requests is None:
+            object.__setattr__(self, "max_batch_requests", 1 if draft_model else 4)
+        for name in ("k", "w"):  # (Config raises w's `auto` limit on vLLM)
+            if getattr(self, name) == "auto":
+                object.__setattr__(self, name, AUTO_MAX[name])
+                object.__setattr__(self, f"auto_{name}", True)
+            elif isinstance(getattr(self, name), str):
+                raise ConfigError(f"decoder.{name}: must be an integer or 'auto', got {getattr(self, name)!r}")
         if self.drafter not in DRAFTER_KINDS:
             raise ConfigError(f"decoder.drafter: {self.drafter!r} is not allowed; choose one of "
                               f"{', '.join(map(repr, DRAFTER_KINDS))}")
@@ -281,7 +306,7 @@ class InputConfig:
 @dataclass(frozen=True)
 class JobConfig:
     # Outputs go under <output>/run=<run_id>/; re-running a run id skips ids already written.
-    output: str = "outputs/demo"
+    output: str = "outputs"
     # "" starts a new run named after the current UTC time.
     run_id: str = ""
     # The job fails once more rows than this have failed; -1 never fails for row errors.
@@ -304,14 +329,16 @@ class RayConfig:
     # The actor pool: each actor holds the model and a decoder; Ray Data autoscales between these.
     min_actors: int = 1
     max_actors: int = 1
-    # Fractional on purpose: on a 2-CPU machine a pool that takes every CPU starves Ray Data's
-    # read and write tasks and the job hangs forever.
-    num_cpus_per_actor: float = 1.0
+    # Fractional on purpose: Ray's CPU count is a reservation (the actor's threads are
+    # model.num_threads), and on a 2-CPU machine a pool that takes every CPU starves Ray Data's read
+    # and write tasks and the job hangs forever. A resumed run adds Ray Data's checkpoint-filter
+    # actor, which takes a whole CPU; with reads and writes at 0.25 each, 0.5 still fits 2 CPUs.
+    num_cpus_per_actor: float = 0.5
     num_gpus_per_actor: float = 0.0
     # Rows per map_batches call: the blocks Ray moves to an actor and writes back. The vLLM engine
     # runs several at once (max_concurrent_batches), so its slots never wait for a batch to drain;
     # small batches keep outputs streaming to disk (and resumable).
-    batch_size: int = 4
+    batch_size: int = 8
     # Batches an actor works on at once. 0 (auto): one with the transformers engine; with vLLM
     # enough to hold 3x the engine's slots, plus one (concurrent_batches below).
     max_concurrent_batches: int = 0
@@ -347,6 +374,9 @@ class Config:
     ray: RayConfig = field(default_factory=RayConfig)
 
     def __post_init__(self):
+        if self.engine.name == "vllm" and self.decoder.auto_w and self.decoder.w == AUTO_MAX["w"]:
+            # `w: auto` on vLLM (one row per request, a draft costs only its tokens) goes up to 16
+            object.__setattr__(self, "decoder", dataclasses.replace(self.decoder, w=AUTO_MAX_VLLM_W))
         if self.engine.name == "transformers":
             # Its actor sees ray.batch_size rows per call; fewer than max_batch_requests leaves rows idle.
             _require(self.ray.batch_size >= self.decoder.max_batch_requests, "ray.batch_size",
@@ -416,6 +446,17 @@ def _require(ok: bool, name: str, allowed: str) -> None:
 def _convert(value: Any, hint: Any, name: str) -> Any:
     """Checks one YAML value against a field's type hint; returns it in the field's type."""
     origin = typing.get_origin(hint)
+    if hint is type(None):
+        if value is not None:
+            raise ConfigError(f"{name}: must be null, got {value!r}")
+        return None
+    if origin in (Union, types.UnionType):  # int | Literal["auto"]: the first type that takes it
+        for arm in typing.get_args(hint):
+            try:
+                return _convert(value, arm, name)
+            except ConfigError:
+                pass
+        raise ConfigError(f"{name}: must be {' or '.join(_describe(arm) for arm in typing.get_args(hint))}, got {value!r}")
     if origin is Literal:
         allowed = typing.get_args(hint)
         if value not in allowed:
@@ -450,6 +491,13 @@ def _convert(value: Any, hint: Any, name: str) -> Any:
     if dataclasses.is_dataclass(hint):
         return build(hint, value, name)
     raise TypeError(f"{name}: unsupported config type {hint!r}")
+
+
+def _describe(hint: Any) -> str:
+    if typing.get_origin(hint) is Literal:
+        return " or ".join(map(repr, typing.get_args(hint)))
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+            type(None): "unset (null)"}.get(hint, str(hint))
 
 
 def build(cls: type, mapping: Any, prefix: str = ""):
@@ -491,21 +539,4 @@ def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Co
             if not isinstance(node, dict):
                 raise ConfigError(f"--set {text!r}: {key!r} is not a section")
         node[keys[-1]] = value
-    return build(Config, resolve_auto(data))
-
-
-def resolve_auto(data: dict) -> dict:
-    """The sections with decoder.k / decoder.w `auto` turned into their engine's limit and
-    auto_k / auto_w (the job's loader and the processor both build their Config through this)."""
-    decoder = data.get("decoder")
-    if isinstance(decoder, dict):
-        engine = data.get("engine")
-        engine_name = engine.get("name", "auto") if isinstance(engine, dict) else "auto"
-        limits = dict(AUTO_MAX)
-        if (installed_engine() if engine_name == "auto" else engine_name) == "vllm":
-            limits["w"] = AUTO_MAX_VLLM_W
-        for name in ("k", "w"):
-            if decoder.get(name) == "auto":
-                decoder[name], decoder[f"auto_{name}"] = limits[name], True
-    return data
-
+    return build(Config, data)

@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import secrets
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -33,7 +34,7 @@ import pyarrow as pa
 from ray.data._internal.tensor_extensions.arrow import convert_to_pyarrow_array
 
 from pipeline.actor_pool import generation_stage, prepared_tables
-from pipeline.config import Config, ConfigError, build, resolve_auto
+from pipeline.config import Config, ConfigError, DecoderConfig, build
 from pipeline.engines.base import Request, RequestError, Result
 from pipeline.output import SCHEMA
 from pipeline.sampling import SamplingParams, request_seed
@@ -136,7 +137,10 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
     tokenize_stage: bool = True
     detokenize_stage: bool = True
     placement_group_config: Mapping[str, Any] | None = None
-    log_engine_metrics: bool = True  # accepted; our engine's steps are in the live metrics either way
+    # Live metrics from every actor, through Ray's metrics (Ray's dashboard, Prometheus): the job's
+    # counters (pipeline/metrics.py: rows, tokens, target calls, accepted drafts, engine steps and
+    # occupancy), tagged run_id "processor-<id>".
+    log_engine_metrics: bool = True
     task_type: str = "generate"
     # Ours: decoder.* settings as in a job's config (our default drafter when empty), and the engine.
     decoder: Mapping[str, Any] = field(default_factory=dict)
@@ -245,10 +249,10 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         resources = self.resources()
         # On a CPU the engine's threads are the CPUs the actor reserved (Ray starts it with one otherwise).
         threads = 0 if resources["GPU"] else max(1, int(resources["CPU"]))
-        # The job's default drafter (configs/default.yaml): w auto unless the decoder names it.
+        # The job's default drafter (pipeline/config.py's defaults) unless `decoder` names another.
         sections: dict[str, dict] = {"model": {"name": self.model_source, "num_threads": threads},
                                      "engine": {"name": self.engine, "request_metrics": self.engine == "vllm"},
-                                     "decoder": {"w": "auto", **self.decoder}, "ray": {}}
+                                     "decoder": dict(self.decoder), "ray": {}}
         vllm_args = {}
         for key, value in self.engine_kwargs.items():
             if key in ENGINE_KWARGS:
@@ -266,10 +270,14 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         batches = self.max_concurrent_batches if self.engine == "vllm" else 1  # transformers: one at a time
         if self.max_pending_requests:
             batches = max(1, min(batches, math.ceil(self.max_pending_requests / self.batch_size)))
+        if self.engine == "transformers" and "max_batch_requests" not in self.decoder:
+            # its requests per forward call come from one batch: no more than the batch holds
+            default = build(DecoderConfig, dict(self.decoder), "decoder")
+            sections["decoder"]["max_batch_requests"] = min(default.max_batch_requests, self.batch_size)
         sections["ray"] = {"min_actors": low, "max_actors": high, "batch_size": self.batch_size,
                            "max_concurrent_batches": batches, "num_cpus_per_actor": resources["CPU"],
                            "num_gpus_per_actor": resources["GPU"], "accelerator_type": self.accelerator_type or ""}
-        return build(Config, resolve_auto(sections))
+        return build(Config, sections)
 
 
     def speculative_decoder(self, spec: Any) -> dict:
@@ -403,8 +411,12 @@ class ProcessorStage:
 
     def __init__(self, config: Config, tables=None, chat_template: bool = True, continue_on_error: bool = False,
                  seed: int | None = None, statistics: Sequence[str] | None = None, template: str | None = None,
-                 template_kwargs: Mapping[str, Any] | None = None):
-        self.stage = GenerationStage(config, tables)
+                 template_kwargs: Mapping[str, Any] | None = None, live_metrics: bool = False, run_id: str = ""):
+        import ray
+
+        # Live metrics (log_engine_metrics): the job's counters (pipeline/metrics.py), tagged with
+        # this processor's run id, from each actor Ray Data runs (not from a stage built outside Ray).
+        self.stage = GenerationStage(config, tables, run_id=run_id, live_metrics=live_metrics and ray.is_initialized())
         self.dropped = [] if statistics is None else [f.name for f in STATISTICS if f.name not in statistics]
         self.seed = seed  # engine_kwargs' seed: a row without one samples with one derived from it
         self.vllm_keys = vllm_sampling_keys() if config.engine.name == "vllm" else None
@@ -454,10 +466,23 @@ class ProcessorStage:
         with self.stage.tokenizer_lock:
             prompt, ids = self.prompt(row, name)
         return Request(str(request_id), ids, settings.max_tokens, settings.stop, settings.sampling,
-                       settings.structured_outputs, settings.vllm_sampling), prompt
+                       settings.structured_outputs, settings.vllm_sampling, self.adapter(row, name)), prompt
+
+    def adapter(self, row: dict, name: str) -> str | None:
+        """The row's LoRA adapter: its `model`, where it names another than model_source (as
+        ray.data.llm reads it: a local directory; vLLM needs engine_kwargs enable_lora)."""
+        model = row.get("model")
+        if model is None or model == self.stage.config.model.name:
+            return None
+        if not isinstance(model, str) or not model:
+            raise RequestError(f"{name}: model must be a LoRA adapter's directory (or model_source), got {model!r}")
+        if "://" in model:
+            raise RequestError(f"{name}: model {model!r}: a LoRA adapter is read from a local directory here "
+                               "(dynamic_lora_loading_path is not taken); copy it to the nodes first")
+        return model
 
     def __call__(self, batch: pa.Table) -> pa.Table:
-        batch_uuid = uuid.uuid4().hex
+        batch_uuid, started = uuid.uuid4().hex, time.time()
 
         def request_of(row: dict) -> tuple[Request, str]:
             return self.request(row, next(self.request_ids))
@@ -471,6 +496,7 @@ class ProcessorStage:
         out = self.stage.run_requests(batch.to_pylist(), request_of,
                                       lambda made, result, seconds: self.generated(*made, result, batch_uuid, seconds),
                                       error_of)
+        self.stage.report(out, [bool(row.get(INFERENCE_ERROR)) for row in out], started)
         generated = pa.Table.from_pylist(out, schema=pa.schema([f for f in GENERATED if f.name not in TYPED_BY_THE_DATA]))
         for name in TYPED_BY_THE_DATA:  # in GENERATED's order, each at its place
             generated = generated.add_column(GENERATED.get_field_index(name), name,
@@ -495,6 +521,8 @@ class ProcessorStage:
                "seed": sampling.seed, INFERENCE_ERROR: ""}
         row.update(result.stats.as_row())
         row.update(self.stage.settings)
+        if request.adapter is not None:
+            row["model"] = request.adapter  # what ran: the adapter on model_source
         return row
 
     def failed(self, message: str, prompt: Any, batch_uuid: str) -> dict:
@@ -607,6 +635,7 @@ def build_processor(config: vLLMEngineProcessorConfig, preprocess: Callable | No
                         "(it takes chat_template_kwargs)")
     rows = RowFormat(ProcessorStage, {**config.chat_template((builder_kwargs or {}).get("chat_template_kwargs")),
                                       "continue_on_error": config.should_continue_on_error,
+                                      "live_metrics": config.log_engine_metrics, "run_id": f"processor-{uuid.uuid4().hex[:8]}",
                                       "seed": config.engine_kwargs.get("seed"), "statistics": config.statistics()})
     return Processor(config.pipeline_config(), rows, config.checkpoint(), dict(config.runtime_env or {}),
                      preprocess, postprocess, dict(preprocess_map_kwargs or {}), dict(postprocess_map_kwargs or {}))

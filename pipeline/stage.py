@@ -62,7 +62,7 @@ def request_key(raw) -> str:
 
 class GenerationStage:
     def __init__(self, config: Config, tables: DrafterTables | None = None, engine: Engine | None = None,
-                 progress=None, run_id: str = ""):
+                 progress=None, run_id: str = "", live_metrics: bool | None = None):
         if tables is not None and not isinstance(tables, DrafterTables):
             import ray  # an ObjectRef: the job puts the tables in the object store once
             tables = ray.get(tables)
@@ -70,8 +70,9 @@ class GenerationStage:
         self.tables = tables
         self.progress = progress  # the run's RunProgress actor, when Ray Data runs this stage
         self.engine = engine or build_engine(config, tables)
-        # Live Ray metrics, when Ray Data runs this stage (pipeline/metrics.py).
-        self.metrics = RunMetrics(self.engine.name, config.decoder.drafter, run_id) if progress is not None else None
+        # Live Ray metrics (pipeline/metrics.py): by default when the job's Ray Data runs this stage.
+        live = progress is not None if live_metrics is None else live_metrics
+        self.metrics = RunMetrics(self.engine.name, config.decoder.drafter, run_id) if live else None
         # What ran, the same on every row this stage writes.
         self.settings = {"model": config.model.name, **self.engine.columns()}
         source = config.input
@@ -115,7 +116,8 @@ class GenerationStage:
             seed = self.row_value(row, "seed", request_id, int, lambda v: v >= 0, "an integer >= 0")
         return SamplingParams(
             temperature=self.row_value(row, "temperature", request_id, float, lambda v: v >= 0, "a number >= 0"),
-            top_k=self.row_value(row, "top_k", request_id, int, lambda v: v >= 0, "an integer >= 0"),
+            top_k=max(self.row_value(row, "top_k", request_id, int, lambda v: v >= -1, "an integer >= -1 (0 or -1: no cut)"),
+                      0),  # as pipeline.llm reads it (vLLM's -1)
             top_p=self.row_value(row, "top_p", request_id, float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
             seed=seed)
 
@@ -191,34 +193,36 @@ class GenerationStage:
         size = len(batch[self.input_columns[0]])
         rows = [{name: python_value(batch[name][i]) for name in present} for i in range(size)]
         started = time.time()
-        table = pa.Table.from_pylist(self.generate_rows(rows), schema=SCHEMA)
-        self.report(table, started)
-        return table
+        out = self.generate_rows(rows)
+        self.report(out, [row["error"] is not None for row in out], started)
+        return pa.Table.from_pylist(out, schema=SCHEMA)
 
-    def report(self, table: pa.Table, started: float) -> None:
-        """Tells the run's progress actor and Ray's metrics about the batch; stops the run when the
-        progress actor says so."""
-        if self.progress is None:
+    def report(self, rows: list[dict], errored: list[bool], started: float) -> None:
+        """Tells Ray's metrics and the run's progress actor about a finished batch (`rows`: its output
+        rows, `errored`: which failed); stops the run when the progress actor says so."""
+        if self.progress is None and self.metrics is None:
             return
-        import pyarrow.compute as pc
         import ray
 
         context = ray.get_runtime_context()
+        done = [row for row, failed in zip(rows, errored) if not failed]
         with self.report_lock:
             steps = self.engine.steps()
-            batch = BatchReport(rows=table.num_rows, errored_rows=table.num_rows - table.column("error").null_count,
-                                generated_tokens=pc.sum(table.column("num_generated_tokens")).as_py() or 0,
-                                target_calls=pc.sum(table.column("num_target_calls")).as_py() or 0,
+            batch = BatchReport(rows=len(rows), errored_rows=sum(errored),
+                                generated_tokens=sum(row.get("num_generated_tokens") or 0 for row in done),
+                                target_calls=sum(row.get("num_target_calls") or 0 for row in done),
                                 started=started, finished=time.time(), node=context.get_node_id(),
                                 actor=context.get_actor_id() or "", engine_steps=steps,
                                 peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
-            accepted = sum(length * count for histogram in table.column("accepted_length_histogram").to_pylist()
-                           for length, count in enumerate(histogram or []))
-            self.metrics.record({**vars(batch), "accepted_draft_tokens": accepted}, steps, self.reported_steps)
+            if self.metrics is not None:
+                accepted = sum(length * count for row in done
+                               for length, count in enumerate(row.get("accepted_length_histogram") or []))
+                self.metrics.record({**vars(batch), "accepted_draft_tokens": accepted}, steps, self.reported_steps)
             self.reported_steps = steps or self.reported_steps
-        stop = ray.get(self.progress.report.remote(batch))
-        if stop:
-            raise JobStopped(stop)
+        if self.progress is not None:
+            stop = ray.get(self.progress.report.remote(batch))
+            if stop:
+                raise JobStopped(stop)
 
 
 assert set(RequestStats().as_row()) <= set(SCHEMA.names), \

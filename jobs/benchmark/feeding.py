@@ -120,6 +120,7 @@ def all_at_once(engine):
     llm = engine.feeder.llm
 
     def run(prompts, params):
+        assert not any("lora_request" in prompt for prompt in prompts), "the benchmark's requests have no adapter"
         outputs = engine.feeder.call(lambda: llm.generate(prompts, params, use_tqdm=False))
         return outputs, (engine.feeder.call(lambda: engine.finished(outputs)) if engine.ours and outputs else {})
     return run

@@ -31,6 +31,9 @@ class Request:
     # vLLM's other SamplingParams keys (penalties, stop_token_ids, min_tokens, ...), given to vLLM as
     # they are (vLLM engine only); skip_special_tokens and include_stop_str_in_output shape the text.
     vllm_sampling: Mapping[str, Any] | None = field(default=None, hash=False)
+    # A LoRA adapter's directory to run the request with (ray.data.llm's per-row `model`): vLLM
+    # engine started with enable_lora only; vLLM refuses the request otherwise.
+    adapter: str | None = None
 
 
 @dataclass

@@ -16,7 +16,6 @@ from pipeline.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = ROOT / "configs" / "cluster"
-DEFAULT_CONFIG = ROOT / "configs" / "default.yaml"
 GENERATE = ["python", "-m", "jobs.generate"]
 
 
@@ -175,9 +174,9 @@ def test_the_configs_run_or_document_at_least_the_rayjob_cronjob_and_submit_comm
 
 
 @pytest.mark.parametrize("where", sorted(ENTRYPOINTS))
-def test_entrypoint_runs_generate_with_config_output_and_run_id(where):
+def test_entrypoint_runs_generate_with_output_and_run_id_not_the_demo_config(where):
     argv = argv_of(ENTRYPOINTS[where])
-    assert flag_value(argv, "--config").endswith("configs/default.yaml")
+    assert "--config" not in argv, "configs/default.yaml is the demo's; a job runs on the defaults and its --set"
     assert flag_value(argv, "--output")
     assert flag_value(argv, "--run-id")
     assert flag_value(argv, "--input")
@@ -199,4 +198,4 @@ def test_every_set_key_exists_in_the_config(where):
     overrides = set_overrides(argv_of(ENTRYPOINTS[where]))
     assert overrides, "no --set in the entrypoint"
     # Raises pipeline.config.ConfigError naming the key on an unknown key or a bad value.
-    load_config(DEFAULT_CONFIG, overrides)
+    load_config(None, overrides)  # the defaults, as the entrypoint runs them

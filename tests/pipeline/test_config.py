@@ -1,6 +1,10 @@
-import pytest
+import dataclasses
 
-from pipeline.config import ConfigError, load_config
+import pytest
+import yaml
+
+from pipeline.config import (AUTO_MAX, AUTO_MAX_VLLM_W, Config, ConfigError, DecoderConfig, EngineConfig, build,
+                             load_config)
 
 
 def write(tmp_path, text):
@@ -20,7 +24,7 @@ def test_unknown_key_is_named_with_the_allowed_ones(tmp_path):
 
 
 def test_wrong_type_names_the_field(tmp_path):
-    with pytest.raises(ConfigError, match="decoder.k: must be an integer, got 'four'"):
+    with pytest.raises(ConfigError, match="decoder.k: must be an integer or 'auto', got 'four'"):
         load_config(write(tmp_path, "decoder:\n  k: four\n"))
 
 
@@ -173,3 +177,43 @@ def test_vllm_args_refuse_what_the_config_sets_naming_the_field():
         load_config("configs/default.yaml", ["engine.name=vllm", "engine.vllm_args=[1]"])
     config = load_config("configs/default.yaml", ["engine.name=vllm", "engine.vllm_args={enable_prefix_caching: false}"])
     assert config.engine.vllm_args == {"enable_prefix_caching": False}
+
+
+def _leaves(mapping: dict, prefix: str = ""):
+    for key, value in mapping.items():
+        if isinstance(value, dict) and not prefix:
+            yield from _leaves(value, key)
+        else:
+            yield f"{prefix}.{key}", value
+
+
+def test_the_demo_config_holds_only_what_it_changes_from_the_defaults():
+    """The dataclasses hold every default: configs/default.yaml may set only what differs."""
+    data = yaml.safe_load(open("configs/default.yaml"))
+    defaults = Config()
+    leaves = dict(_leaves(data))
+    assert leaves, "the demo config sets nothing"
+    for name, value in leaves.items():
+        section, key = name.split(".")
+        assert getattr(getattr(defaults, section), key) != value, f"{name} repeats its default {value!r}"
+
+
+def test_auto_is_resolved_by_the_classes_the_same_for_every_caller():
+    assert DecoderConfig().auto_w and DecoderConfig().w == AUTO_MAX["w"]
+    assert DecoderConfig(w="auto", k="auto").auto_k
+    assert build(Config, {"engine": {"name": "vllm"}, "decoder": {"w": "auto"}}).decoder.w == AUTO_MAX_VLLM_W
+    assert load_config(None, ["engine.name=vllm"]).decoder == Config(engine=EngineConfig(name="vllm")).decoder
+    assert not load_config(None, ["decoder.w=3"]).decoder.auto_w
+    with pytest.raises(ConfigError, match="decoder.w: must be an integer or 'auto'"):
+        load_config(None, ["decoder.w=always"])
+
+
+def test_show_config_prints_every_setting_and_reads_back_the_same(tmp_path):
+    from jobs.generate import config_yaml
+
+    config = load_config("configs/default.yaml", ["decoder.stop=['END']", "engine.name=transformers"])
+    text = config_yaml(config)
+    (tmp_path / "all.yaml").write_text(text)
+    assert load_config(tmp_path / "all.yaml") == config
+    every_field = sum(len(dataclasses.fields(getattr(config, section.name))) for section in dataclasses.fields(config))
+    assert len(list(_leaves(yaml.safe_load(text)))) == every_field

@@ -278,7 +278,7 @@ def test_the_chat_template_stage_takes_rays_forms_and_its_template_and_kwargs(ti
     def settings(**kwargs):
         config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers", **kwargs)
         processor = build_processor(config, builder_kwargs=kwargs.pop("builder", None))
-        return processor.rows.settings
+        return {key: value for key, value in processor.rows.settings.items() if key != "run_id"}  # each its own
 
     template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}{% if shout %}!{% endif %}\n{% endfor %}"
     assert settings(chat_template_stage=False)["chat_template"] is False
@@ -356,3 +356,68 @@ def test_rows_whose_sampling_params_carry_different_keys_run_together(stage):
     assert [row[INFERENCE_ERROR] for row in out] == ["", "", ""]
     assert [row["temperature"] for row in out] == [0.0, 0.8, 0.0] and out[1]["seed"] == 1
     assert [row["num_generated_tokens"] <= limit for row, limit in zip(out, (3, 5, 4))] == [True] * 3
+
+
+def test_log_engine_metrics_reports_each_batch_to_the_live_metrics(tiny_model_dir, monkeypatch):
+    """The processor's actors count rows, errors, tokens, target calls and accepted drafts into
+    the job's live counters (pipeline/metrics.py), tagged with the processor's run id."""
+    import ray
+
+    import pipeline.stage
+
+    recorded, tags = [], []
+
+    class Recording:
+        def __init__(self, engine, drafter, run_id):
+            tags.append((engine, drafter, run_id))
+
+        def record(self, counts, steps=None, previous=None):
+            recorded.append(counts)
+
+    monkeypatch.setattr(pipeline.stage, "RunMetrics", Recording)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)  # as in a Ray Data actor
+
+    class Context:
+        def get_node_id(self):
+            return "node"
+
+        def get_actor_id(self):
+            return "actor"
+
+    monkeypatch.setattr(ray, "get_runtime_context", Context)
+    config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers",
+                                       should_continue_on_error=True)
+    processor = build_processor(config)
+    settings = processor.rows.settings
+    assert settings["live_metrics"] and settings["run_id"].startswith("processor-")
+    stage = ProcessorStage(processor.config, **settings)
+    assert tags == [("transformers", "batch_suffix", settings["run_id"])]
+    rows = [{"prompt": "Count: 1 2 3 4 1 2 3 4", "sampling_params": {"temperature": 0, "max_tokens": 8}},
+            {"prompt": "x", "sampling_params": {"max_tokens": 0}}]
+    out = stage(rows_table(rows)).to_pylist()
+    (counts,) = recorded
+    assert (counts["rows"], counts["errored_rows"]) == (2, 1)
+    assert counts["generated_tokens"] == out[0]["num_generated_tokens"] > 0
+    assert counts["target_calls"] == out[0]["num_target_calls"]
+    assert counts["accepted_draft_tokens"] == counts["generated_tokens"] - counts["target_calls"]
+    quiet = ProcessorStage(processor.config, **{**settings, "live_metrics": False})
+    quiet(rows_table(rows[:1]))
+    assert len(recorded) == 1 and len(tags) == 1
+
+
+def test_a_rows_model_names_its_lora_adapter_as_ray_data_llm_reads_it(stage, tiny_model_dir):
+    """model_source (or none) runs the model; another local directory is the row's LoRA adapter,
+    which runs on the vLLM engine only (tests/pipeline/engines/test_vllm_engine.py); a remote
+    path is refused by name."""
+    greedy = {"temperature": 0, "max_tokens": 4}
+    rows = [{"model": str(tiny_model_dir), "prompt": "Hi", "sampling_params": greedy},
+            {"model": None, "prompt": "Hi", "sampling_params": greedy},
+            {"model": "/adapters/my-lora", "prompt": "Hi", "sampling_params": greedy},
+            {"model": "s3://bucket/my-lora", "prompt": "Hi", "sampling_params": greedy}]
+    base, unnamed, adapter, remote = stage(rows_table(rows)).to_pylist()
+    assert base[INFERENCE_ERROR] == unnamed[INFERENCE_ERROR] == ""
+    assert base["model"] == unnamed["model"] == str(tiny_model_dir) and base["generated_tokens"] == unnamed["generated_tokens"]
+    assert "LoRA adapters (model '/adapters/my-lora') run on the vLLM engine" in adapter[INFERENCE_ERROR]
+    assert "read from a local directory here" in remote[INFERENCE_ERROR]
+    request, _ = stage.request({"model": "/adapters/my-lora", "prompt": "Hi", "sampling_params": greedy}, 7)
+    assert request.adapter == "/adapters/my-lora"

@@ -74,7 +74,8 @@ class TransformersEngine:
         runnable = []
         for request in requests:
             vllm_only = "structured outputs" if request.structured_outputs else (
-                f"sampling_params {', '.join(sorted(request.vllm_sampling))}" if request.vllm_sampling else "")
+                f"sampling_params {', '.join(sorted(request.vllm_sampling))}" if request.vllm_sampling else
+                f"LoRA adapters (model {request.adapter!r})" if request.adapter is not None else "")
             if vllm_only:
                 results[index_of[id(request)]] = Failed(request.request_id, f"request {request.request_id!r}: "
                                                         f"{vllm_only} run on the vLLM engine (engine.name vllm)")

@@ -20,6 +20,7 @@ import dataclasses
 import logging
 import os
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from typing import Sequence
@@ -163,6 +164,8 @@ class VllmEngine:
         # Ours run as vLLM's proposer; vLLM's own methods (vllm_ngram, vllm_suffix) run as vLLM has them.
         self.ours = self.drafts and decoder.drafter not in VLLM_METHODS
         self.tokenizer = load_tokenizer(model_dir, config.model)
+        self.adapters: dict = {}  # LoRA adapter -> its LoRARequest (vLLM's ids count from 1)
+        self.adapters_lock = threading.Lock()
         # One thread runs every vLLM call and keeps the engine fed (feeder.py).
         self.feeder = EngineFeeder(lambda: self.start(model_dir), self.finished if self.ours else None)
         self.max_model_len = self.feeder.llm.llm_engine.model_config.max_model_len
@@ -257,6 +260,8 @@ class VllmEngine:
                 continue
             runnable.append(index)
             prompts.append({"prompt_token_ids": list(request.prompt_ids)})
+            if request.adapter is not None:
+                prompts[-1]["lora_request"] = self.adapter(request.adapter)
         started = time.perf_counter()
         outputs, tracked = run(prompts, params)
         wall = time.perf_counter() - started
@@ -267,6 +272,15 @@ class VllmEngine:
             else:
                 results[index] = self.result(requests[index], output, tracked.get(output.request_id), wall, settings)
         return results
+
+    def adapter(self, path: str):
+        """vLLM's LoRARequest for an adapter's directory, the same one each time it is named."""
+        from vllm.lora.request import LoRARequest
+
+        with self.adapters_lock:
+            if path not in self.adapters:
+                self.adapters[path] = LoRARequest(lora_name=path, lora_int_id=len(self.adapters) + 1, lora_path=path)
+            return self.adapters[path]
 
     def check_sampling(self, request: Request) -> None:
         """A sampled request with vLLM's own drafting where its rejection sampler is not exact fails."""

@@ -154,8 +154,10 @@ class EngineFeeder:
         added, refused = [], []
         for entry in admitted:
             batch, index, prompt, params = entry
-            try:
-                added.append((llm.enqueue([prompt], [params], use_tqdm=False)[0], entry))
+            try:  # a prompt may name its LoRA adapter (VllmEngine.generate): vLLM takes it beside the prompt
+                adapter = {key: value for key, value in prompt.items() if key != "lora_request"}
+                added.append((llm.enqueue([adapter], [params], lora_request=prompt.get("lora_request"),
+                                          use_tqdm=False)[0], entry))
             except Exception as error:  # noqa: BLE001 - vLLM's refusals have several types; the engine goes on
                 refused.append((batch, index, error))
         done = []

