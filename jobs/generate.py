@@ -69,6 +69,10 @@ def config_yaml(config) -> str:
 
     sections = {name: {key: plain(value) for key, value in section.items()}
                 for name, section in dataclasses.asdict(config).items()}
+    decoder = sections["decoder"]
+    for name in ("k", "w"):  # `auto`, not the engine's limit: the file then reads right on either engine
+        if decoder.pop(f"auto_{name}"):
+            decoder[name] = "auto"
     return yaml.safe_dump(sections, sort_keys=False)
 
 

@@ -26,6 +26,7 @@ import secrets
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 import pyarrow as pa
@@ -479,6 +480,9 @@ class ProcessorStage:
         if "://" in model:
             raise RequestError(f"{name}: model {model!r}: a LoRA adapter is read from a local directory here "
                                "(dynamic_lora_loading_path is not taken); copy it to the nodes first")
+        if not (Path(model) / "adapter_config.json").is_file():  # vLLM would fail its engine step, not the row
+            raise RequestError(f"{name}: model {model!r} is neither model_source nor a LoRA adapter's directory "
+                               "(one holding adapter_config.json) on this node")
         return model
 
     def __call__(self, batch: pa.Table) -> pa.Table:
@@ -491,7 +495,7 @@ class ProcessorStage:
             if made is None:  # the message names the row already
                 return self.failed(message, row.get("prompt"), batch_uuid)
             request, prompt = made
-            return self.failed(f"row (request_id {request.request_id}): {message}", prompt, batch_uuid)
+            return self.failed(f"row (request_id {request.request_id}): {message}", prompt, batch_uuid, request.adapter)
 
         out = self.stage.run_requests(batch.to_pylist(), request_of,
                                       lambda made, result, seconds: self.generated(*made, result, batch_uuid, seconds),
@@ -525,13 +529,14 @@ class ProcessorStage:
             row["model"] = request.adapter  # what ran: the adapter on model_source
         return row
 
-    def failed(self, message: str, prompt: Any, batch_uuid: str) -> dict:
+    def failed(self, message: str, prompt: Any, batch_uuid: str, adapter: str | None = None) -> dict:
         """ray.data.llm's error row (request_id -1, time_taken_llm -1), or the error raised."""
         if not self.continue_on_error:
             raise ValueError(message)
         return {"prompt": prompt if isinstance(prompt, str) else "", "num_input_tokens": 0, "generated_tokens": [],
                 "generated_text": "", "num_generated_tokens": 0, "request_id": -1, "batch_uuid": batch_uuid,
-                "time_taken_llm": -1.0, "params": "", INFERENCE_ERROR: message, **self.stage.settings}
+                "time_taken_llm": -1.0, "params": "", INFERENCE_ERROR: message, **self.stage.settings,
+                **({"model": adapter} if adapter is not None else {})}
 
 
 # --- The processor ------------------------------------------------------------------------------

@@ -199,6 +199,7 @@ def test_the_demo_config_holds_only_what_it_changes_from_the_defaults():
 
 
 def test_auto_is_resolved_by_the_classes_the_same_for_every_caller():
+    pytest.importorskip("vllm")
     assert DecoderConfig().auto_w and DecoderConfig().w == AUTO_MAX["w"]
     assert DecoderConfig(w="auto", k="auto").auto_k
     assert build(Config, {"engine": {"name": "vllm"}, "decoder": {"w": "auto"}}).decoder.w == AUTO_MAX_VLLM_W
@@ -208,12 +209,20 @@ def test_auto_is_resolved_by_the_classes_the_same_for_every_caller():
         load_config(None, ["decoder.w=always"])
 
 
-def test_show_config_prints_every_setting_and_reads_back_the_same(tmp_path):
+@pytest.mark.parametrize("engine", ["transformers", "vllm"])
+def test_show_config_prints_every_setting_and_reads_back_the_same(tmp_path, engine):
     from jobs.generate import config_yaml
 
-    config = load_config("configs/default.yaml", ["decoder.stop=['END']", "engine.name=transformers"])
+    if engine == "vllm":
+        pytest.importorskip("vllm")
+    config = load_config("configs/default.yaml", ["decoder.stop=['END']", f"engine.name={engine}"])
     text = config_yaml(config)
     (tmp_path / "all.yaml").write_text(text)
     assert load_config(tmp_path / "all.yaml") == config
+    # `w: auto` as such (not the engine's limit), so the file reads right on the other engine too
+    assert yaml.safe_load(text)["decoder"]["w"] == "auto"
+    other = "vllm" if engine == "transformers" else "transformers"
+    assert load_config(tmp_path / "all.yaml", [f"engine.name={other}"]).decoder.w == load_config(
+        None, [f"engine.name={other}"]).decoder.w
     every_field = sum(len(dataclasses.fields(getattr(config, section.name))) for section in dataclasses.fields(config))
-    assert len(list(_leaves(yaml.safe_load(text)))) == every_field
+    assert len(list(_leaves(yaml.safe_load(text)))) == every_field - 2  # auto_k, auto_w: said by k and w

@@ -405,19 +405,25 @@ def test_log_engine_metrics_reports_each_batch_to_the_live_metrics(tiny_model_di
     assert len(recorded) == 1 and len(tags) == 1
 
 
-def test_a_rows_model_names_its_lora_adapter_as_ray_data_llm_reads_it(stage, tiny_model_dir):
-    """model_source (or none) runs the model; another local directory is the row's LoRA adapter,
-    which runs on the vLLM engine only (tests/pipeline/engines/test_vllm_engine.py); a remote
-    path is refused by name."""
+def test_a_rows_model_names_its_lora_adapter_as_ray_data_llm_reads_it(stage, tiny_model_dir, tmp_path):
+    """model_source (or none) runs the model; another local directory holding an adapter is the
+    row's LoRA adapter, which runs on the vLLM engine only (tests/pipeline/engines/test_vllm_engine.py);
+    a directory that holds none, or a remote path, is refused by name, as the row's error."""
+    lora = tmp_path / "my-lora"
+    lora.mkdir()
+    (lora / "adapter_config.json").write_text("{}")
     greedy = {"temperature": 0, "max_tokens": 4}
     rows = [{"model": str(tiny_model_dir), "prompt": "Hi", "sampling_params": greedy},
             {"model": None, "prompt": "Hi", "sampling_params": greedy},
-            {"model": "/adapters/my-lora", "prompt": "Hi", "sampling_params": greedy},
+            {"model": str(lora), "prompt": "Hi", "sampling_params": greedy},
+            {"model": str(tmp_path / "missing"), "prompt": "Hi", "sampling_params": greedy},
             {"model": "s3://bucket/my-lora", "prompt": "Hi", "sampling_params": greedy}]
-    base, unnamed, adapter, remote = stage(rows_table(rows)).to_pylist()
+    base, unnamed, adapter, missing, remote = stage(rows_table(rows)).to_pylist()
     assert base[INFERENCE_ERROR] == unnamed[INFERENCE_ERROR] == ""
     assert base["model"] == unnamed["model"] == str(tiny_model_dir) and base["generated_tokens"] == unnamed["generated_tokens"]
-    assert "LoRA adapters (model '/adapters/my-lora') run on the vLLM engine" in adapter[INFERENCE_ERROR]
+    assert f"LoRA adapters (model {str(lora)!r}) run on the vLLM engine" in adapter[INFERENCE_ERROR]
+    assert adapter["model"] == str(lora)  # what the row asked for
+    assert "is neither model_source nor a LoRA adapter's directory" in missing[INFERENCE_ERROR]
     assert "read from a local directory here" in remote[INFERENCE_ERROR]
-    request, _ = stage.request({"model": "/adapters/my-lora", "prompt": "Hi", "sampling_params": greedy}, 7)
-    assert request.adapter == "/adapters/my-lora"
+    request, _ = stage.request({"model": str(lora), "prompt": "Hi", "sampling_params": greedy}, 7)
+    assert request.adapter == str(lora)
