@@ -81,10 +81,11 @@ def unplaceable(config: Config) -> JobFailed:
                      f"{ray.cluster_resources()} (an autoscaler may not offer such a node)")
 
 
-def prepared_tables(config: Config):
-    """Prepares the model on a worker like the actors; the tables stay there (an ObjectRef). A
-    cluster that cannot place it within ray.wait_for_actors_s fails the job, naming what it asked for."""
-    task = prepare_model.options(**actor_resources(config))
+def prepared_tables(config: Config, runtime_env: dict | None = None):
+    """Prepares the model on a worker like the actors (their resources and runtime_env: a hub cache
+    named in its env_vars is found there too); the tables stay there (an ObjectRef). A cluster that
+    cannot place it within ray.wait_for_actors_s fails the job, naming what it asked for."""
+    task = prepare_model.options(**actor_resources(config), runtime_env=stage_environment(config, runtime_env))
     report, tables = task.remote(config)
     try:
         ray.get(report, timeout=config.ray.wait_for_actors_s)
@@ -94,6 +95,15 @@ def prepared_tables(config: Config):
         ray.cancel(report, force=True)
         raise unplaceable(config) from error
     return tables
+
+
+def stage_environment(config: Config, runtime_env: dict | None) -> dict | None:
+    """The user's runtime_env with the actors' own variables (actor_environment) added; None if empty."""
+    environment = dict(runtime_env or {})
+    variables = {**environment.get("env_vars", {}), **actor_environment(config).get("env_vars", {})}
+    if variables:
+        environment["env_vars"] = variables
+    return environment or None
 
 
 def actor_environment(config: Config) -> dict:
@@ -106,16 +116,14 @@ def actor_environment(config: Config) -> dict:
     return {"env_vars": {"OMP_NUM_THREADS": str(config.model.num_threads)}}
 
 
-def generation_stage(dataset: ray.data.Dataset, config: Config, stage: type, constructor_kwargs: dict,
-                     batch_format: str, runtime_env: dict | None = None) -> ray.data.Dataset:
+def generation_stage(dataset: ray.data.Dataset, config: Config, constructor_kwargs: dict,
+                     runtime_env: dict | None = None) -> ray.data.Dataset:
     """The one place the engine's actor pool joins a Dataset, for the job and for pipeline.llm's
     processor alike: the pool, each actor's resources and threads, batches of ray.batch_size, and
     a lost actor (node gone, process killed) restarted with its batch retried (Ray Data's default for
     actor pools: max_restarts and max_task_retries -1)."""
-    environment = dict(runtime_env or {})
-    variables = {**environment.get("env_vars", {}), **actor_environment(config).get("env_vars", {})}
-    if variables:
-        environment["env_vars"] = variables
-    return dataset.map_batches(stage, fn_constructor_kwargs=constructor_kwargs, compute=actor_pool(config),
-                               **actor_resources(config), batch_size=config.ray.batch_size, batch_format=batch_format,
-                               runtime_env=environment or None)
+    from pipeline.stage import GenerationStage
+
+    return dataset.map_batches(GenerationStage, fn_constructor_kwargs=constructor_kwargs, compute=actor_pool(config),
+                               **actor_resources(config), batch_size=config.ray.batch_size, batch_format="pyarrow",
+                               runtime_env=stage_environment(config, runtime_env))

@@ -13,62 +13,24 @@ acceptance statistics, `finish_reason`, the drafter that ran).
 Errors as ray.data.llm has them: a row that cannot be generated raises (`should_continue_on_error`
 False, its default); with True it comes back with `__inference_error__` naming the row and the field,
 its generated columns empty ("", [], 0), past the postprocess, and the other rows' postprocess
-output gets `__inference_error__` "". `sampling_params` keys our engine cannot run (logprobs,
-n > 1, ...) are such an error, never ignored.
+output gets `__inference_error__` "". `sampling_params` keys our engine cannot run (n > 1,
+min_p, ...) are such an error, never ignored.
 """
 from __future__ import annotations
 
-import itertools
-import json
 import logging
 import math
-import secrets
-import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-import pyarrow as pa
-# How Ray Data turns a column of Python values into Arrow (its own types where it can, else its
-# object extension type), as ray.data.llm's rows get it.
-from ray.data._internal.tensor_extensions.arrow import convert_to_pyarrow_array
-
 from pipeline.actor_pool import generation_stage, prepared_tables
+from pipeline.checkpoint import checkpoint_config
 from pipeline.config import Config, ConfigError, DecoderConfig, build
-from pipeline.engines.base import Request, RequestError, Result
-from pipeline.output import SCHEMA
-from pipeline.sampling import SamplingParams, request_seed
+from pipeline.rows import INFERENCE_ERROR, STATISTICS
 from pipeline.stage import GenerationStage
 
 logger = logging.getLogger(__name__)
-
-INFERENCE_ERROR = "__inference_error__"
-
-# What ray.data.llm's vLLM stage adds to a row (ray/llm/_internal/batch/stages/vllm_engine_stage.py:
-# vLLMOutputData, then request_id, batch_uuid, time_taken_llm, params).
-RAY_LLM_COLUMNS = pa.schema([
-    ("prompt", pa.string()),
-    ("prompt_token_ids", pa.list_(pa.int64())),
-    ("num_input_tokens", pa.int64()),
-    ("generated_tokens", pa.list_(pa.int64())),
-    ("generated_text", pa.string()),
-    ("num_generated_tokens", pa.int64()),
-    ("embeddings", pa.null()),
-    ("metrics", pa.null()),  # the engine's per-request record (vLLM's RequestStateStats): its type is the data's
-    ("logprobs", pa.null()),
-    ("prompt_logprobs", pa.null()),
-    ("request_id", pa.int64()),
-    ("batch_uuid", pa.string()),
-    ("time_taken_llm", pa.float64()),
-    ("params", pa.string()),
-])
-# Ours: the output table's columns that ray.data.llm lacks (its id/text/token_ids/error are the job's names).
-STATISTICS = [f for f in SCHEMA if f.name not in {*RAY_LLM_COLUMNS.names, "id", "text", "token_ids", "error"}]
-GENERATED = pa.schema([*RAY_LLM_COLUMNS, *STATISTICS, (INFERENCE_ERROR, pa.string())])
-# ray.data.llm's columns whose Arrow type is the data's (vLLM's per-request metrics; log
-# probabilities, keyed by token id), converted as Ray Data converts them.
-TYPED_BY_THE_DATA = ("metrics", "logprobs", "prompt_logprobs")
 
 # engine_kwargs (vLLM's names) -> (our config section, key); a value maps through as it is.
 ENGINE_KWARGS = {"max_num_seqs": ("engine", "max_num_seqs"),
@@ -99,21 +61,6 @@ SPECULATIVE_METHODS = {"ngram": "vllm_ngram", "suffix": "vllm_suffix"}
 SPECULATIVE_KEYS = {"method": None, "num_speculative_tokens": "w", "prompt_lookup_min": "ngram_min_q",
                     "prompt_lookup_max": "ngram_max_q"}
 
-# sampling_params keys both engines run (checked here). Any other key of vLLM's SamplingParams goes
-# to vLLM as it is on the vLLM engine (vLLM checks its value), but REFUSED_SAMPLING's.
-SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "structured_outputs")
-REFUSED_SAMPLING = {
-    "min_p": "vLLM does not run it with speculative decoding",
-    "logit_bias": "vLLM does not run it with speculative decoding",
-    "logits_processors": "vLLM does not run it with speculative decoding",
-    "spaces_between_special_tokens": "the actor decodes the text itself (skip_special_tokens is honoured)",
-    "output_kind": "the processor takes each request's final output", "extra_args": "not run here"}
-# vLLM's StructuredOutputsParams: one constraint, and options.
-CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
-CONSTRAINT_OPTIONS = ("disable_any_whitespace", "disable_additional_properties", "whitespace_pattern")
-# max_tokens None: as many as the model's length leaves (each engine cuts a request's budget to it).
-UP_TO_THE_MODELS_LENGTH = 2**31 - 1
-VLLM_DEFAULTS = {"max_tokens": 16, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
 
 
 @dataclass(frozen=True)
@@ -150,7 +97,8 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
     statistics_columns: Sequence[str] | None = None
     # Ours: resume. With both, processor(ds) turns on Ray Data's checkpointing for ds's pipeline
     # (ds.context.checkpoint_config): writing the Dataset records each id under checkpoint_path, kept
-    # after success, and running it again generates only the ids no earlier run wrote.
+    # after success, and running it again generates only the ids no earlier run wrote. Errors then
+    # name a row by its id, and a row without one is an error row.
     id_column: str | None = None
     checkpoint_path: str | None = None
 
@@ -181,7 +129,7 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         self.pipeline_config()  # its own checks, naming decoder.* and engine.* fields
 
     def chat_template(self, fallback_kwargs: Mapping[str, Any] | None = None) -> dict:
-        """chat_template_stage as ProcessorStage's settings: enabled, template, template_kwargs
+        """chat_template_stage as GenerationStage's settings: enabled, template, template_kwargs
         (the stage's own chat_template_kwargs, else build_processor's)."""
         stage = self.chat_template_stage
         if isinstance(stage, bool):
@@ -228,9 +176,7 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         """Ray Data's checkpointing for these keywords, or None."""
         if self.id_column is None:
             return None
-        from ray.data.checkpoint import CheckpointConfig
-        return CheckpointConfig(id_column=self.id_column, checkpoint_path=self.checkpoint_path,
-                                delete_checkpoint_on_success=False)
+        return checkpoint_config(self.id_column, self.checkpoint_path)
 
     def resources(self) -> dict[str, float]:
         """One actor's resources: the placement group's bundles summed (ray.data.llm places one per
@@ -300,245 +246,6 @@ def check(ok: bool, name: str, allowed: str) -> None:
         raise ConfigError(f"vLLMEngineProcessorConfig.{name}: must be {allowed}")
 
 
-# --- One row: its prompt and sampling params ----------------------------------------------------
-
-def without_nulls(value: Any) -> Any:
-    """A mapping as an Arrow struct column gives it back: with every key any row had, None where
-    this row had none."""
-    if isinstance(value, dict):
-        return {key: without_nulls(item) for key, item in value.items() if item is not None}
-    if isinstance(value, list):
-        return [without_nulls(item) for item in value]
-    return value
-
-
-def structured_outputs_of(value: Any, name: str) -> dict:
-    """`sampling_params.structured_outputs` checked here, so that a bad one names its row and key."""
-    import jsonschema
-
-    where = f"{name}: sampling_params.structured_outputs"
-    if not isinstance(value, dict):
-        raise RequestError(f"{where} must be a mapping such as {{'json': schema}}, got {type(value).__name__}")
-    value = without_nulls(value)
-    unknown = sorted(set(value) - {*CONSTRAINTS, *CONSTRAINT_OPTIONS})
-    given = [key for key in CONSTRAINTS if key in value]
-    if unknown or len(given) != 1:
-        raise RequestError(f"{where} must set one of {', '.join(CONSTRAINTS)} (and options "
-                           f"{', '.join(CONSTRAINT_OPTIONS)}); got {sorted(value)}")
-    schema = value.get("json")
-    if isinstance(schema, str):
-        try:
-            schema = json.loads(schema)
-        except ValueError as error:
-            raise RequestError(f"{where}.json is not JSON: {error}") from error
-    if "json" in value:
-        try:
-            jsonschema.validators.validator_for(schema).check_schema(schema)
-        except (jsonschema.SchemaError, TypeError, AttributeError) as error:
-            message = error.message if isinstance(error, jsonschema.SchemaError) else str(error)
-            raise RequestError(f"{where}.json is not a JSON schema: {message}") from error
-        value["json"] = schema
-    if "choice" in value and not (isinstance(value["choice"], list) and value["choice"]
-                                  and all(isinstance(c, str) for c in value["choice"])):
-        raise RequestError(f"{where}.choice must be a non-empty list of strings")
-    return value
-
-
-@dataclass(frozen=True)
-class RowSettings:
-    sampling: SamplingParams
-    max_tokens: int
-    stop: tuple[str, ...]
-    structured_outputs: dict | None
-    vllm_sampling: dict | None = None  # vLLM's other SamplingParams keys, as given
-
-
-def vllm_sampling_keys() -> frozenset:
-    from vllm import SamplingParams as VllmSamplingParams
-
-    return frozenset(VllmSamplingParams.__struct_fields__)
-
-
-def sampling_of(params: Any, name: str, seed: int | None = None, vllm_keys: frozenset | None = None) -> RowSettings:
-    """vLLM's `sampling_params` (its defaults where a key is absent or None) as our settings.
-    `vllm_keys`: vLLM's SamplingParams fields, on the vLLM engine (None: the transformers engine)."""
-    if not isinstance(params, (dict, type(None))):
-        raise RequestError(f"{name}: sampling_params must be a mapping, got {type(params).__name__}")
-    # Arrow gives a struct column every key any row has: None is "not set", as in vLLM.
-    # max_tokens given as None: vLLM's "up to the model's length" (absent: its default, 16).
-    to_the_end = "max_tokens" in (params or {}) and params["max_tokens"] is None
-    params = {key: value for key, value in (params or {}).items() if value is not None}
-    extra = {key: params.pop(key) for key in sorted(set(params) - set(SAMPLING_KEYS))}
-    for key in extra:
-        if vllm_keys is None:
-            raise RequestError(f"{name}: sampling_params.{key} runs on the vLLM engine only (this one runs "
-                               f"{', '.join(SAMPLING_KEYS)})")
-        if key not in vllm_keys:
-            raise RequestError(f"{name}: sampling_params.{key} is not one of vLLM's SamplingParams")
-        if key in REFUSED_SAMPLING:
-            raise RequestError(f"{name}: sampling_params.{key} is not run here: {REFUSED_SAMPLING[key]}")
-    values = {**VLLM_DEFAULTS, **params}
-
-    def number(key: str, kind: type, ok: Callable, allowed: str):
-        value = values[key]
-        usable = (isinstance(value, (int, float)) and not isinstance(value, bool)
-                  and (kind is float or value == int(value)) and ok(value))
-        if not usable:
-            raise RequestError(f"{name}: sampling_params.{key} must be {allowed}, got {value!r}")
-        return kind(value)
-
-    if values.get("n", 1) != 1:
-        raise RequestError(f"{name}: sampling_params.n must be 1 (one completion per row), got {values['n']!r}")
-    stop = values.get("stop") or ()
-    stop = (stop,) if isinstance(stop, str) else tuple(stop)
-    if not all(isinstance(text, str) and text for text in stop):
-        raise RequestError(f"{name}: sampling_params.stop must be a string or a list of non-empty strings")
-    top_k = number("top_k", int, lambda v: v >= -1, "an integer >= -1 (0 or -1: no cut)")
-    sampling = SamplingParams(
-        temperature=number("temperature", float, lambda v: v >= 0, "a number >= 0"),
-        top_k=max(top_k, 0), top_p=number("top_p", float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
-        seed=number("seed", int, lambda v: v >= 0, "an integer >= 0") if "seed" in values
-        else (seed if seed is not None else secrets.randbits(63)))  # vLLM: no seed, a fresh one
-    structured = values.get("structured_outputs")
-    max_tokens = (UP_TO_THE_MODELS_LENGTH if to_the_end
-                  else number("max_tokens", int, lambda v: v >= 1, "an integer >= 1"))
-    return RowSettings(sampling, max_tokens, stop,
-                       None if structured is None else structured_outputs_of(structured, name), extra or None)
-
-
-class ProcessorStage:
-    """The actor's callable: the engine (built once), rows in, rows out with ray.data.llm's columns
-    and ours appended to their own."""
-
-    def __init__(self, config: Config, tables=None, chat_template: bool = True, continue_on_error: bool = False,
-                 seed: int | None = None, statistics: Sequence[str] | None = None, template: str | None = None,
-                 template_kwargs: Mapping[str, Any] | None = None, live_metrics: bool = False, run_id: str = ""):
-        import ray
-
-        # Live metrics (log_engine_metrics): the job's counters (pipeline/metrics.py), tagged with
-        # this processor's run id, from each actor Ray Data runs (not from a stage built outside Ray).
-        self.stage = GenerationStage(config, tables, run_id=run_id, live_metrics=live_metrics and ray.is_initialized())
-        self.dropped = [] if statistics is None else [f.name for f in STATISTICS if f.name not in statistics]
-        self.seed = seed  # engine_kwargs' seed: a row without one samples with one derived from it
-        self.vllm_keys = vllm_sampling_keys() if config.engine.name == "vllm" else None
-        self.chat_template = chat_template
-        self.template, self.template_kwargs = template, dict(template_kwargs or {})
-        self.continue_on_error = continue_on_error
-        self.request_ids = itertools.count()
-
-    @staticmethod
-    def input_columns_of(config: Config) -> tuple[dict[str, str], dict[str, str]]:
-        """(required, optional) input columns and what each holds, as ray.data.llm logs them."""
-        return ({"messages | prompt | tokenized_prompt": "chat messages (templated), a text prompt (tokenized as "
-                 "it is) or token ids: one of them"},
-                {"sampling_params": "vLLM's SamplingParams keys (vLLM's defaults where absent)"})
-
-    def prompt(self, row: dict, name: str) -> tuple[str, list[int]]:
-        """The text prompt and its ids, as ray.data.llm's chat-template and tokenize stages make them."""
-        tokenizer = self.stage.engine.tokenizer
-        if row.get("tokenized_prompt") is not None:
-            ids = [int(t) for t in row["tokenized_prompt"]]
-            return row.get("prompt") or "", ids
-        if self.chat_template and row.get("messages") is not None:
-            messages = row["messages"]
-            if not (isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages)):
-                raise RequestError(f"{name}: messages must be a non-empty list of chat messages")
-            last_is_user = messages[-1].get("role") == "user"
-            try:
-                prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=last_is_user,
-                                                       continue_final_message=not last_is_user,
-                                                       chat_template=self.template, **self.template_kwargs)
-            except Exception as error:  # a template's own errors are of any type
-                raise RequestError(f"{name}: messages cannot be chat-templated: {error}") from error
-        elif isinstance(row.get("prompt"), str):
-            prompt = row["prompt"]
-        else:
-            need = "messages, prompt or tokenized_prompt" if self.chat_template else "prompt or tokenized_prompt"
-            raise RequestError(f"{name}: the row has no {need}")
-        ids = list(tokenizer(prompt)["input_ids"])
-        if not ids:
-            raise RequestError(f"{name}: the prompt is empty")
-        return prompt, ids
-
-    def request(self, row: dict, request_id: int) -> tuple[Request, str]:
-        name = f"row (request_id {request_id})"
-        seed = request_seed(self.seed, name) if self.seed is not None else None
-        settings = sampling_of(row.get("sampling_params"), name, seed, self.vllm_keys)
-        with self.stage.tokenizer_lock:
-            prompt, ids = self.prompt(row, name)
-        return Request(str(request_id), ids, settings.max_tokens, settings.stop, settings.sampling,
-                       settings.structured_outputs, settings.vllm_sampling, self.adapter(row, name)), prompt
-
-    def adapter(self, row: dict, name: str) -> str | None:
-        """The row's LoRA adapter: its `model`, where it names another than model_source (as
-        ray.data.llm reads it: a local directory; vLLM needs engine_kwargs enable_lora)."""
-        model = row.get("model")
-        if model is None or model == self.stage.config.model.name:
-            return None
-        if not isinstance(model, str) or not model:
-            raise RequestError(f"{name}: model must be a LoRA adapter's directory (or model_source), got {model!r}")
-        if "://" in model:
-            raise RequestError(f"{name}: model {model!r}: a LoRA adapter is read from a local directory here "
-                               "(dynamic_lora_loading_path is not taken); copy it to the nodes first")
-        if not (Path(model) / "adapter_config.json").is_file():  # vLLM would fail its engine step, not the row
-            raise RequestError(f"{name}: model {model!r} is neither model_source nor a LoRA adapter's directory "
-                               "(one holding adapter_config.json) on this node")
-        return model
-
-    def __call__(self, batch: pa.Table) -> pa.Table:
-        batch_uuid, started = uuid.uuid4().hex, time.time()
-
-        def request_of(row: dict) -> tuple[Request, str]:
-            return self.request(row, next(self.request_ids))
-
-        def error_of(row: dict, made: tuple | None, message: str) -> dict:
-            if made is None:  # the message names the row already
-                return self.failed(message, row.get("prompt"), batch_uuid)
-            request, prompt = made
-            return self.failed(f"row (request_id {request.request_id}): {message}", prompt, batch_uuid, request.adapter)
-
-        out = self.stage.run_requests(batch.to_pylist(), request_of,
-                                      lambda made, result, seconds: self.generated(*made, result, batch_uuid, seconds),
-                                      error_of)
-        self.stage.report(out, [bool(row.get(INFERENCE_ERROR)) for row in out], started)
-        generated = pa.Table.from_pylist(out, schema=pa.schema([f for f in GENERATED if f.name not in TYPED_BY_THE_DATA]))
-        for name in TYPED_BY_THE_DATA:  # in GENERATED's order, each at its place
-            generated = generated.add_column(GENERATED.get_field_index(name), name,
-                                             convert_to_pyarrow_array([row.get(name) for row in out], name))
-        kept = batch.drop_columns([name for name in GENERATED.names if name in batch.column_names])
-        for column in generated.drop_columns(self.dropped).schema:
-            kept = kept.append_column(column, generated.column(column.name))
-        return kept
-
-    def generated(self, request: Request, prompt: str, result: Result, batch_uuid: str, seconds: float) -> dict:
-        sampling = request.sampling
-        row = {"prompt": prompt, "prompt_token_ids": request.prompt_ids, "num_input_tokens": len(request.prompt_ids),
-               "generated_tokens": result.token_ids, "generated_text": result.text,
-               "num_generated_tokens": len(result.token_ids), "request_id": int(request.request_id),
-               "metrics": result.engine_metrics, "logprobs": result.logprobs, "prompt_logprobs": result.prompt_logprobs,
-               # The request's own time in the engine (scheduled to its last token), as ray.data.llm's.
-               "batch_uuid": batch_uuid, "time_taken_llm": result.stats.total_seconds or seconds,
-               "params": result.params or (f"SamplingParams(max_tokens={request.max_new_tokens}, temperature="
-                                           f"{sampling.temperature}, top_p={sampling.top_p}, top_k={sampling.top_k}, "
-                                           f"seed={sampling.seed}, stop={list(request.stop)})"),
-               "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
-               "seed": sampling.seed, INFERENCE_ERROR: ""}
-        row.update(result.stats.as_row())
-        row.update(self.stage.settings)
-        if request.adapter is not None:
-            row["model"] = request.adapter  # what ran: the adapter on model_source
-        return row
-
-    def failed(self, message: str, prompt: Any, batch_uuid: str, adapter: str | None = None) -> dict:
-        """ray.data.llm's error row (request_id -1, time_taken_llm -1), or the error raised."""
-        if not self.continue_on_error:
-            raise ValueError(message)
-        return {"prompt": prompt if isinstance(prompt, str) else "", "num_input_tokens": 0, "generated_tokens": [],
-                "generated_text": "", "num_generated_tokens": 0, "request_id": -1, "batch_uuid": batch_uuid,
-                "time_taken_llm": -1.0, "params": "", INFERENCE_ERROR: message, **self.stage.settings,
-                **({"model": adapter} if adapter is not None else {})}
-
-
 # --- The processor ------------------------------------------------------------------------------
 
 def merged(preprocess: Callable) -> Callable:
@@ -560,23 +267,13 @@ def unless_failed(postprocess: Callable, continue_on_error: bool) -> Callable:
 
 
 @dataclass(frozen=True)
-class RowFormat:
-    """The rows the actors take and give: the stage class each actor builds once (with the config,
-    the drafter tables and these settings), and the batch format Ray Data hands it. ray.data.llm's
-    rows are ProcessorStage's; the job's (pipeline.ray_job) are GenerationStage's. Both run their
-    requests through GenerationStage.run_requests on the same engine."""
-    stage: type
-    settings: Mapping[str, Any] = field(default_factory=dict)
-    batch_format: str = "pyarrow"
-
-
-@dataclass(frozen=True)
 class Processor:
     """A Dataset in, the lazy Dataset of its generated rows out: the preprocess, the stage of
     actors, the postprocess. build_processor makes one from ray.data.llm's config; the job makes
     one from its own."""
     config: Config  # the pipeline's settings: model, engine, drafter, actors
-    rows: RowFormat
+    # GenerationStage's keywords beside the config and the tables (how it reads and writes rows).
+    stage_settings: Mapping[str, Any]
     checkpoint: Any = None  # ray.data.checkpoint.CheckpointConfig for the input's pipeline, or None
     runtime_env: Mapping[str, Any] = field(default_factory=dict)
     preprocess: Callable | None = None
@@ -598,30 +295,30 @@ class Processor:
                                  f"id_column and checkpoint_path would replace it")
             dataset.context.checkpoint_config = checkpoint  # shared by ds's pipeline, its read included
         dataset.context.wait_for_min_actors_s = int(math.ceil(config.ray.wait_for_actors_s))
-        tables = prepared_tables(config)
+        tables = prepared_tables(config, dict(self.runtime_env))
         if self.preprocess is not None:
             dataset = dataset.map(merged(self.preprocess), **self.preprocess_map_kwargs)
-        dataset = generation_stage(dataset, config, self.rows.stage,
-                                   {"config": config, "tables": tables, **self.rows.settings},
-                                   self.rows.batch_format, dict(self.runtime_env))
+        dataset = generation_stage(dataset, config, {"config": config, "tables": tables, **self.stage_settings},
+                                   dict(self.runtime_env))
         if self.postprocess is not None:
-            dataset = dataset.map(unless_failed(self.postprocess, self.rows.settings.get("continue_on_error", False)),
+            dataset = dataset.map(unless_failed(self.postprocess, self.stage_settings.get("continue_on_error", False)),
                                   **self.postprocess_map_kwargs)
         return dataset
 
 
     def list_stage_names(self) -> list[str]:
         """The stages between the preprocess and the postprocess, as ray.data.llm names its own: one."""
-        return [self.rows.stage.__name__]
+        return [GenerationStage.__name__]
 
-    def get_stage_by_name(self, name: str) -> RowFormat:
+    def get_stage_by_name(self, name: str) -> Mapping[str, Any]:
+        """The stage's settings (GenerationStage's keywords)."""
         if name in self.list_stage_names():
-            return self.rows
+            return self.stage_settings
         raise ValueError(f"Stage {name} not found (this processor has {self.list_stage_names()})")
 
     def log_input_column_names(self) -> None:
         """Logs the first stage's input columns, as ray.data.llm's processor does."""
-        required, optional = self.rows.stage.input_columns_of(self.config)
+        required, optional = GenerationStage.input_columns_of(self.config)
         message = f"The first stage of the processor is {self.list_stage_names()[0]}."
         message += "\nRequired input columns:\n" + "\n".join(f"\t{k}: {v}" for k, v in required.items())
         message += "\nOptional input columns:\n" + "\n".join(f"\t{k}: {v}" for k, v in optional.items())
@@ -638,12 +335,12 @@ def build_processor(config: vLLMEngineProcessorConfig, preprocess: Callable | No
     if unknown:
         raise TypeError(f"build_processor: builder_kwargs {unknown} are not taken by this processor "
                         "(it takes chat_template_kwargs)")
-    rows = RowFormat(ProcessorStage, {**config.chat_template((builder_kwargs or {}).get("chat_template_kwargs")),
-                                      "continue_on_error": config.should_continue_on_error,
-                                      "live_metrics": config.log_engine_metrics, "run_id": f"processor-{uuid.uuid4().hex[:8]}",
-                                      "seed": config.engine_kwargs.get("seed"), "statistics": config.statistics()})
-    return Processor(config.pipeline_config(), rows, config.checkpoint(), dict(config.runtime_env or {}),
+    settings = {**config.chat_template((builder_kwargs or {}).get("chat_template_kwargs")),
+                "continue_on_error": config.should_continue_on_error, "id_column": config.id_column,
+                "live_metrics": config.log_engine_metrics, "run_id": f"processor-{uuid.uuid4().hex[:8]}",
+                "seed": config.engine_kwargs.get("seed"), "statistics": config.statistics()}
+    return Processor(config.pipeline_config(), settings, config.checkpoint(), dict(config.runtime_env or {}),
                      preprocess, postprocess, dict(preprocess_map_kwargs or {}), dict(postprocess_map_kwargs or {}))
 
 
-__all__ = ["Processor", "RowFormat", "build_processor", "vLLMEngineProcessorConfig"]
+__all__ = ["Processor", "build_processor", "vLLMEngineProcessorConfig"]

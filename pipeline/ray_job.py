@@ -28,19 +28,17 @@ from pathlib import Path
 
 import ray
 from ray.data.checkpoint import CheckpointConfig
-from ray.data.checkpoint.checkpoint_filter import (
-    IdColumnCheckpointManager,
-    NumpyArrayBasedCheckpointFilter,
-)
+from ray.data.checkpoint.checkpoint_filter import IdColumnCheckpointManager
 
 from drafters.datastore import Datastore
 from pipeline import storage
 from pipeline.actor_pool import JobFailed, unplaceable
 from pipeline.config import Config, InputConfig
-from pipeline.llm import Processor, RowFormat
+from pipeline import job_rows
+from pipeline.checkpoint import checkpoint_config as ids_checkpoint
+from pipeline.llm import Processor
 from pipeline.progress import RunProgress, empty_totals
 from pipeline.prompts import load_prompts
-from pipeline.stage import GenerationStage, request_key
 
 BUILTIN_DATASETS = ("humaneval", "gsm8k")
 # Small and fractional on purpose: on a 2-CPU machine reads and writes that wait for a whole CPU
@@ -121,29 +119,10 @@ def with_checked_datastore(config: Config) -> Config:
 
 # --- Resume: Ray Data's checkpointing ---------------------------------------------------------
 
-class InputIdCheckpointFilter(NumpyArrayBasedCheckpointFilter):
-    """Skips input rows whose id the run already wrote. The output's `id` is the input id as the
-    stage names it (request_key: any type, as text; "" when missing), so the input ids are named
-    the same way here before the lookup."""
-    input_id_column = "id"
-
-    def filter_rows_for_block(self, block):
-        import numpy as np
-        import pyarrow as pa
-        from ray.data.block import BlockAccessor
-
-        if self.checkpointed_ids.shape[0] == 0 or len(block) == 0:
-            return block
-        table = BlockAccessor.for_block(block).to_arrow()  # Ray's line-JSON reader makes pandas blocks
-        keys = np.array([request_key(value) for value in table[self.input_id_column].to_pylist()], dtype=object)
-        return table.filter(pa.array(~np.isin(keys, self.checkpointed_ids)))
-
-
 def checkpoint_config(config: Config, run_id: str) -> CheckpointConfig:
-    """Checkpoints of a run live beside the runs, not in the run's directory of outputs."""
-    filter_cls = type("InputIdFilter", (InputIdCheckpointFilter,), {"input_id_column": config.input.id_column})
-    return CheckpointConfig(id_column="id", checkpoint_path=checkpoint_dir(config, run_id),
-                            delete_checkpoint_on_success=False, checkpoint_filter_cls=filter_cls)
+    """Checkpoints of a run live beside the runs, not in the run's directory of outputs. The output's
+    `id` is the input's id column as the job names it (request_key)."""
+    return ids_checkpoint("id", checkpoint_dir(config, run_id), config.input.id_column)
 
 
 def checkpoint_dir(config: Config, run_id: str) -> str:
@@ -242,16 +221,17 @@ def run_with_task_readers(config: Config, run_id: str) -> dict:
     if new_rows == 0:  # nothing new (a finished run, or a series run over a corpus that did not grow)
         return write_run_summary(config, run_id, output, time.perf_counter() - started, empty_totals(), counts)
     progress = RunProgress.remote(config.job.max_errored_rows)
-    # The processor of pipeline.llm with the job's rows (GenerationStage's): it prepares the model
-    # where the actors run, and the checkpoint makes the read skip the rows this run (or its
-    # series) already wrote.
-    processor = Processor(config, RowFormat(GenerationStage, {"progress": progress, "run_id": run_id}, "numpy"),
-                          checkpoint_config(config, run_id))
+    # The processor of pipeline.llm, the job's rows turned into its own by the preprocess (and back
+    # by the map after it, error rows included): it prepares the model where the actors run, and the
+    # checkpoint makes the read skip the rows this run (or its series) already wrote.
+    processor = Processor(config, job_rows.stage_settings(progress, run_id), checkpoint_config(config, run_id),
+                          preprocess=job_rows.request_row(config), preprocess_map_kwargs={"num_cpus": IO_CPUS})
     try:
         dataset = read_input(config.input)  # read again: with the checkpoint, it skips the rows done
         if config.input.limit:
             dataset = dataset.limit(config.input.limit)
-        outputs = processor(dataset)
+        outputs = processor(dataset).map_batches(job_rows.output_table, batch_format="pyarrow", batch_size=None,
+                                                 num_cpus=IO_CPUS)
         outputs.write_parquet(output, filesystem=storage.resolve(output)[0], ray_remote_args={"num_cpus": IO_CPUS})
     except Exception as error:
         stopped = ray.get(progress.stop_reason.remote())

@@ -4,9 +4,9 @@ circle, and nothing outside an engine's folder reaches past its public surface (
 Layers, top to bottom (README.md, "Where things are"; ../shared/ARCHITECTURE.md):
 
     jobs                 entry points and the benchmark
-    job                  pipeline/ray_job (read -> the processor -> Parquet; checkpoints, summary)
+    job                  pipeline/ray_job (read -> the processor -> Parquet; checkpoints, summary), job_rows
     processor            pipeline/llm (ray.data.llm's API)
-    stage                pipeline/actor_pool, stage, storage, progress, metrics, output
+    stage                pipeline/actor_pool, stage, rows, checkpoint, storage, progress, metrics, output
     engine builder       pipeline/engines/build
     engines              pipeline/engines/vllm/, pipeline/engines/transformers/ (siblings)
     engine interface     pipeline/engines/base
@@ -30,9 +30,9 @@ ENGINES = ("pipeline.engines.vllm", "pipeline.engines.transformers")
 # the module itself and everything below it).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("jobs", ("jobs",)),
-    ("job", ("pipeline.ray_job",)),
+    ("job", ("pipeline.ray_job", "pipeline.job_rows")),
     ("processor", ("pipeline.llm",)),
-    ("stage", ("pipeline.actor_pool", "pipeline.stage", "pipeline.storage", "pipeline.progress", "pipeline.metrics",
+    ("stage", ("pipeline.actor_pool", "pipeline.stage", "pipeline.rows", "pipeline.checkpoint", "pipeline.storage", "pipeline.progress", "pipeline.metrics",
                "pipeline.output")),
     ("engine builder", ("pipeline.engines.build",)),
     ("engines", ENGINES),

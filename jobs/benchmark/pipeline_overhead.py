@@ -20,17 +20,17 @@ def pipeline_comparison(args) -> dict:
     import ray
 
     from pipeline.ray_job import run_job  # here, as the stage: the replay runs on a GPU machine's host without Ray
-    from pipeline.stage import GenerationStage
+    from pipeline import job_rows
 
     output = tempfile.mkdtemp(prefix="pipeline-benchmark-")
     config = load_config(args.config, [f"model.name={json.dumps(args.model)}", f"input.path={json.dumps(args.dataset)}",
                                        f"input.limit={args.limit}", f"decoder.max_new_tokens={args.max_new_tokens}",
                                        f"job.output={json.dumps(output)}"])
     prompts = load_prompts(args.dataset, args.limit)
-    stage = GenerationStage(config)
+    stage = job_rows.job_stage(config)
     size = config.ray.batch_size  # the same batches as the job's actor gets
     started = time.perf_counter()
-    tables = [stage({"id": [p.request_id for p in prompts[i:i + size]], "prompt": [p.prompt for p in prompts[i:i + size]]})
+    tables = [job_rows.generate(stage, {"id": [p.request_id for p in prompts[i:i + size]], "prompt": [p.prompt for p in prompts[i:i + size]]})
               for i in range(0, len(prompts), size)]
     in_process_seconds = time.perf_counter() - started
     in_process_tokens = sum(sum(table.column("num_generated_tokens").to_pylist()) for table in tables)

@@ -7,7 +7,7 @@ import pipeline.engines.transformers.engine as stage_module
 from jobs import report
 from pipeline.config import load_config
 from pipeline.engines.transformers.cost_model import CostModel
-from pipeline.stage import GenerationStage
+from pipeline import job_rows
 
 
 def flat_costs(*args) -> CostModel:
@@ -23,7 +23,7 @@ def auto_run(tiny_model_dir, tmp_path_factory):
         config = load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}", "decoder.drafter=context_ngram",
                                         "decoder.k=auto", "decoder.w=auto", "decoder.max_new_tokens=24",
                                         f"model.cache_dir={tmp_path_factory.mktemp('cache')}"])
-        table = GenerationStage(config)({"id": ["a", "b", "bad"],
+        table = job_rows.generate(job_rows.job_stage(config), {"id": ["a", "b", "bad"],
                                          "prompt": ["def add(a, b):\n    return a + b\n" * 3, "x = 1\n" * 8, " "]})
     output = tmp_path_factory.mktemp("out")
     (output / "run=r1").mkdir()

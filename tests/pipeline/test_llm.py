@@ -10,15 +10,9 @@ import pytest
 
 from pipeline.config import ConfigError, load_config
 from pipeline.engines.base import FINISH_REASONS, Request, RequestError
-from pipeline.llm import (
-    GENERATED,
-    INFERENCE_ERROR,
-    RAY_LLM_COLUMNS,
-    ProcessorStage,
-    build_processor,
-    sampling_of,
-    vLLMEngineProcessorConfig,
-)
+from pipeline.llm import build_processor, vLLMEngineProcessorConfig
+from pipeline.rows import GENERATED, INFERENCE_ERROR, RAY_LLM_COLUMNS, sampling_of
+from pipeline.stage import GenerationStage
 
 
 def test_the_config_maps_ray_data_llm_keywords_onto_ours():
@@ -166,7 +160,7 @@ def test_bad_sampling_params_name_the_row_and_the_key(params, named):
 
 def test_vllms_other_sampling_params_pass_through_on_vllm_and_fail_by_name_elsewhere():
     pytest.importorskip("vllm")
-    from pipeline.llm import vllm_sampling_keys
+    from pipeline.rows import vllm_sampling_keys
 
     keys = vllm_sampling_keys()
     given = {"repetition_penalty": 1.2, "stop_token_ids": [2], "min_tokens": 3, "ignore_eos": True,
@@ -196,7 +190,7 @@ def test_stop_strings_cut_the_text_with_or_without_themselves():
 def stage(tiny_model_dir):
     config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers",
                                        decoder={"drafter": "batch_suffix", "max_batch_requests": 4})
-    return ProcessorStage(config.pipeline_config(), continue_on_error=True)
+    return GenerationStage(config.pipeline_config(), continue_on_error=True)
 
 
 def rows_table(rows: list[dict]) -> pa.Table:
@@ -220,7 +214,7 @@ def test_rows_come_back_with_their_columns_ray_data_llms_and_ours(stage):
         assert table.schema.field(field.name).type == field.type, field.name
     first, second, bad, empty = out
     assert first["prompt"].startswith("<|im_start|>") and first["prompt"].endswith("<|im_start|>assistant\n")
-    assert first["prompt_token_ids"] == list(stage.stage.engine.tokenizer(first["prompt"])["input_ids"])
+    assert first["prompt_token_ids"] == list(stage.engine.tokenizer(first["prompt"])["input_ids"])
     assert second["prompt"] == "def add(a, b):"  # a text prompt is tokenized as it is, no chat template
     for row in (first, second):
         assert row[INFERENCE_ERROR] == "" and 1 <= row["num_generated_tokens"] <= 12
@@ -237,7 +231,7 @@ def test_greedy_output_equals_plain_decoding_of_the_same_rows(stage, tiny_model_
     rows = [{"prompt": f"Count from {i} to {i + 20}:", "sampling_params": {"temperature": 0, "max_tokens": 24}}
             for i in range(6)]
     rows.append({"tokenized_prompt": [1, 2, 3, 4, 5, 1, 2, 3], "sampling_params": {"temperature": 0, "max_tokens": 24}})
-    plain = ProcessorStage(vLLMEngineProcessorConfig(
+    plain = GenerationStage(vLLMEngineProcessorConfig(
         model_source=str(tiny_model_dir), engine="transformers",
         decoder={"drafter": "none", "w": 0, "max_batch_requests": 4}).pipeline_config())
     ours, reference = stage(rows_table(rows)).to_pylist(), plain(rows_table(rows)).to_pylist()
@@ -249,7 +243,7 @@ def test_statistics_columns_choose_which_of_ours_a_row_gets(tiny_model_dir):
     config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers",
                                        statistics_columns=["tokens_per_call", "finish_reason"])
     assert config.statistics() == ("finish_reason", "tokens_per_call")  # the output's order
-    chosen = ProcessorStage(config.pipeline_config(), statistics=config.statistics(), continue_on_error=True)
+    chosen = GenerationStage(config.pipeline_config(), statistics=config.statistics(), continue_on_error=True)
     rows = [{"item": "a", "prompt": "Hi", "sampling_params": {"temperature": 0, "max_tokens": 4}},
             {"item": "b", "prompt": "Hi", "sampling_params": {"max_tokens": 0}}]  # an error row too
     table = chosen(rows_table(rows))
@@ -278,7 +272,7 @@ def test_the_chat_template_stage_takes_rays_forms_and_its_template_and_kwargs(ti
     def settings(**kwargs):
         config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers", **kwargs)
         processor = build_processor(config, builder_kwargs=kwargs.pop("builder", None))
-        return {key: value for key, value in processor.rows.settings.items() if key != "run_id"}  # each its own
+        return {key: value for key, value in processor.stage_settings.items() if key != "run_id"}  # each its own
 
     template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}{% if shout %}!{% endif %}\n{% endfor %}"
     assert settings(chat_template_stage=False)["chat_template"] is False
@@ -287,7 +281,7 @@ def test_the_chat_template_stage_takes_rays_forms_and_its_template_and_kwargs(ti
     dict_form = settings(chat_template_stage={"chat_template": template, "chat_template_kwargs": {"shout": True}})
     assert ray_form == dict_form == {**dict_form, "chat_template": True, "template": template,
                                      "template_kwargs": {"shout": True}}
-    stage = ProcessorStage(vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers")
+    stage = GenerationStage(vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers")
                            .pipeline_config(), template=template, template_kwargs={"shout": True})
     prompt, _ = stage.prompt({"messages": [{"role": "user", "content": "hi"}]}, "row 0")
     assert prompt == "[user] hi!"  # (Jinja drops the last newline)
@@ -296,7 +290,7 @@ def test_the_chat_template_stage_takes_rays_forms_and_its_template_and_kwargs(ti
 def test_build_processor_takes_chat_template_kwargs_as_ray_data_llms_builder_does(tiny_model_dir):
     config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers")
     processor = build_processor(config, builder_kwargs={"chat_template_kwargs": {"enable_thinking": False}})
-    assert processor.rows.settings["template_kwargs"] == {"enable_thinking": False}
+    assert processor.stage_settings["template_kwargs"] == {"enable_thinking": False}
     with pytest.raises(TypeError, match="builder_kwargs \\['telemetry_agent'\\]"):
         build_processor(config, builder_kwargs={"telemetry_agent": None})
 
@@ -304,7 +298,7 @@ def test_build_processor_takes_chat_template_kwargs_as_ray_data_llms_builder_doe
 def test_a_bad_row_raises_by_default_as_ray_data_llms_does(tiny_model_dir):
     config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers")
     assert config.should_continue_on_error is False
-    strict = ProcessorStage(config.pipeline_config(), continue_on_error=config.should_continue_on_error)
+    strict = GenerationStage(config.pipeline_config(), continue_on_error=config.should_continue_on_error)
     with pytest.raises(ValueError, match="sampling_params.top_p"):
         strict(rows_table([{"prompt": "Hi", "sampling_params": {"top_p": 2.0}}]))
 
@@ -323,8 +317,8 @@ def test_the_processor_lists_its_stage_and_logs_its_input_columns_as_ray_data_ll
 
     config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers")
     processor = build_processor(config)
-    assert processor.list_stage_names() == ["ProcessorStage"]
-    assert processor.get_stage_by_name("ProcessorStage") is processor.rows
+    assert processor.list_stage_names() == ["GenerationStage"]
+    assert processor.get_stage_by_name("GenerationStage") is processor.stage_settings
     with pytest.raises(ValueError, match="Stage vLLMEngineStage not found"):
         processor.get_stage_by_name("vLLMEngineStage")
     with caplog.at_level(logging.INFO, logger="pipeline.llm"):
@@ -335,7 +329,7 @@ def test_the_processor_lists_its_stage_and_logs_its_input_columns_as_ray_data_ll
 
 def test_max_tokens_none_runs_to_the_models_length_as_in_vllm():
     from pipeline.engines.base import budget
-    from pipeline.llm import UP_TO_THE_MODELS_LENGTH
+    from pipeline.rows import UP_TO_THE_MODELS_LENGTH
 
     settings = sampling_of({"temperature": 0, "max_tokens": None}, "row 7")
     assert settings.max_tokens == UP_TO_THE_MODELS_LENGTH
@@ -388,9 +382,9 @@ def test_log_engine_metrics_reports_each_batch_to_the_live_metrics(tiny_model_di
     config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers",
                                        should_continue_on_error=True)
     processor = build_processor(config)
-    settings = processor.rows.settings
+    settings = processor.stage_settings
     assert settings["live_metrics"] and settings["run_id"].startswith("processor-")
-    stage = ProcessorStage(processor.config, **settings)
+    stage = GenerationStage(processor.config, **settings)
     assert tags == [("transformers", "batch_suffix", settings["run_id"])]
     rows = [{"prompt": "Count: 1 2 3 4 1 2 3 4", "sampling_params": {"temperature": 0, "max_tokens": 8}},
             {"prompt": "x", "sampling_params": {"max_tokens": 0}}]
@@ -400,7 +394,7 @@ def test_log_engine_metrics_reports_each_batch_to_the_live_metrics(tiny_model_di
     assert counts["generated_tokens"] == out[0]["num_generated_tokens"] > 0
     assert counts["target_calls"] == out[0]["num_target_calls"]
     assert counts["accepted_draft_tokens"] == counts["generated_tokens"] - counts["target_calls"]
-    quiet = ProcessorStage(processor.config, **{**settings, "live_metrics": False})
+    quiet = GenerationStage(processor.config, **{**settings, "live_metrics": False})
     quiet(rows_table(rows[:1]))
     assert len(recorded) == 1 and len(tags) == 1
 
@@ -425,5 +419,5 @@ def test_a_rows_model_names_its_lora_adapter_as_ray_data_llm_reads_it(stage, tin
     assert adapter["model"] == str(lora)  # what the row asked for
     assert "is neither model_source nor a LoRA adapter's directory" in missing[INFERENCE_ERROR]
     assert "read from a local directory here" in remote[INFERENCE_ERROR]
-    request, _ = stage.request({"model": str(lora), "prompt": "Hi", "sampling_params": greedy}, 7)
+    request, _, _ = stage.request({"model": str(lora), "prompt": "Hi", "sampling_params": greedy}, 7)
     assert request.adapter == str(lora)

@@ -61,7 +61,7 @@ def test_every_input_row_yields_one_output_row(local_ray, tiny_model_dir, tmp_pa
     assert "must be text" in out["number"]["error"]
     assert "no room to generate" in out["long"]["error"]
     assert out["hot"]["error"] is None and out["hot"]["temperature"] == pytest.approx(0.7) and out["hot"]["seed"] is not None
-    assert "no prompt in column 'prompt'" in out["none"]["error"]
+    assert "the row has no messages, prompt" in out["none"]["error"]
     assert summary["rows"] == 7 and summary["errored_rows"] == 4
     generated = sum(len(row["token_ids"] or []) for row in out.values())
     assert json.loads((tmp_path / "out" / "run=r1" / "summary.json").read_text())["generated_tokens"] == generated
@@ -238,7 +238,7 @@ def test_a_series_generates_only_what_no_earlier_run_generated(local_ray, tiny_m
     assert second["rows_this_invocation"] == 100 and second["rows_skipped_already_done"] == 1000
     assert sorted(series_ids(tmp_path, "r2"), key=int) == [str(i) for i in range(1000, 1100)]
 
-    def no_actors(config):
+    def no_actors(*args):
         raise AssertionError("a run with nothing new prepared the model for actors")
 
     monkeypatch.setattr(llm, "prepared_tables", no_actors)

@@ -1,7 +1,7 @@
 import pytest
 
 from pipeline.config import load_config
-from pipeline.stage import GenerationStage
+from pipeline.job_rows import generate, job_stage
 
 
 @pytest.fixture(scope="module")
@@ -9,28 +9,23 @@ def stage(tiny_model_dir, tmp_path_factory):
     config = load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}", "decoder.drafter=context_ngram",
                                     "decoder.max_new_tokens=12",
                                     f"model.cache_dir={tmp_path_factory.mktemp('cache')}"])
-    return GenerationStage(config)
+    return job_stage(config)
 
 
 def test_every_row_comes_back_and_bad_rows_carry_an_error(stage):
     batch = {"id": ["good", "empty", "not-text", "too-long", "chat"],
              "prompt": ["def add(a, b):", "   ", 42, "word " * 1000,
                         [{"role": "user", "content": "Say hi"}]]}
-    out = stage(batch).to_pydict()
+    out = generate(stage, batch).to_pydict()
     rows = dict(zip(out["id"], out["error"]))
     assert out["id"] == batch["id"]
     assert rows["good"] is None and rows["chat"] is None
-    assert "request 'empty': the prompt is empty" in rows["empty"]
-    assert "request 'not-text'" in rows["not-text"] and "int" in rows["not-text"]
-    assert "request 'too-long'" in rows["too-long"] and "no room to generate" in rows["too-long"]
+    assert "row 'empty': the prompt is empty" in rows["empty"]
+    assert "row 'not-text'" in rows["not-text"] and "int" in rows["not-text"]
+    assert "row 'too-long'" in rows["too-long"] and "no room to generate" in rows["too-long"]
     good = out["id"].index("good")
     assert len(out["token_ids"][good]) == 12 and out["finish_reason"][good] == "length"
     assert out["num_target_calls"][good] >= 1 and out["drafter"][good] == "context_ngram"
-
-
-def test_a_missing_input_column_is_named(stage):
-    with pytest.raises(KeyError, match=r"missing column\(s\) \['prompt'\]"):
-        stage({"id": ["a"]})
 
 
 def test_rows_sample_with_their_own_settings_and_reproduce(stage):
@@ -39,11 +34,11 @@ def test_rows_sample_with_their_own_settings_and_reproduce(stage):
              "temperature": [None, 1.0, 1.0, 1.0, "warm", 0.5],
              "top_p": [None, None, None, 0.9, None, 2.0],
              "seed": [None, None, None, 11, None, None]}
-    first, second = stage(batch).to_pydict(), stage(batch).to_pydict()
+    first, second = generate(stage, batch).to_pydict(), generate(stage, batch).to_pydict()
     assert first["token_ids"] == second["token_ids"], "same seeds and settings must give the same output"
     rows = {row_id: i for i, row_id in enumerate(first["id"])}
-    assert "request 'bad-temperature': temperature must be a number >= 0, got 'warm'" in first["error"][rows["bad-temperature"]]
-    assert "request 'bad-top-p': top_p must be a number in (0, 1], got 2.0" in first["error"][rows["bad-top-p"]]
+    assert "row 'bad-temperature': sampling_params.temperature must be a number >= 0, got 'warm'" in first["error"][rows["bad-temperature"]]
+    assert "row 'bad-top-p': sampling_params.top_p must be a number in (0, 1], got 2.0" in first["error"][rows["bad-top-p"]]
     hot, again = rows["hot"], rows["hot-again"]
     assert first["error"][hot] is None and first["temperature"][hot] == 1.0
     # No seed given: each row gets its own (derived from decoder.seed and the id), recorded.
@@ -56,7 +51,7 @@ def test_a_self_draft_stage_reports_alpha_and_draft_cost(tiny_model_dir, tmp_pat
     config = load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}", "decoder.drafter=draft_model", "decoder.k=1",
                                     "decoder.w=3", "decoder.draft_layers=1", "decoder.max_new_tokens=10",
                                     "decoder.temperature=0.7", f"model.cache_dir={tmp_path}"])
-    out = GenerationStage(config)({"id": ["a", "b"], "prompt": ["def f(x):", "Hello"]}).to_pydict()
+    out = generate(job_stage(config), {"id": ["a", "b"], "prompt": ["def f(x):", "Hello"]}).to_pydict()
     assert out["error"] == [None, None] and out["drafter"] == ["draft_model"] * 2
     assert all(0 <= alpha <= 1 for alpha in out["alpha"]) and all(c > 0 for c in out["draft_cost_ratio"])
     assert all(calls > 0 for calls in out["num_draft_model_calls"])
@@ -71,10 +66,10 @@ def test_throughput_mode_returns_every_row_in_order_with_the_same_tokens(tiny_mo
         config = load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}", "decoder.drafter=context_ngram",
                                         "decoder.max_new_tokens=12", f"decoder.max_batch_requests={requests}",
                                         f"ray.batch_size={max(requests, 2)}", f"model.cache_dir={tmp_path}"])
-        outputs.append(GenerationStage(config)(batch).to_pydict())
+        outputs.append(generate(job_stage(config), batch).to_pydict())
     one, many = outputs
     assert many["id"] == batch["id"]  # order kept, a repeated id included
-    assert "request 'bad': the prompt is empty" in many["error"][1]
+    assert "row 'bad': the prompt is empty" in many["error"][1]
     assert many["token_ids"] == one["token_ids"] and [len(t or []) for t in many["token_ids"]] == [12, 0, 5, 9, 14]
 
 
@@ -84,6 +79,6 @@ def test_the_verify_column_says_what_ran(tiny_model_dir, tmp_path, max_batch_req
     config = load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}",
                                     f"decoder.max_batch_requests={max_batch_requests}", f"decoder.k={k}",
                                     "decoder.verify=batch", "decoder.max_new_tokens=4", f"model.cache_dir={tmp_path}"])
-    out = GenerationStage(config)({"id": ["a", "b"], "prompt": ["def add(a, b):", "Hi"]}).to_pydict()
+    out = generate(job_stage(config), {"id": ["a", "b"], "prompt": ["def add(a, b):", "Hi"]}).to_pydict()
     assert out["verify"] == [verify, verify]
     assert all(share <= calls for share, calls in zip(out["forward_call_share"], out["num_target_calls"]))
