@@ -5,8 +5,9 @@ are the processor's (pipeline/stage.py, pipeline/rows.py).
 
 A job row's settings are the config's decoder.* where the row's column is null or absent:
 max_new_tokens (vLLM's max_tokens), temperature, top_k, top_p and seed; a row without a seed samples
-with one derived from decoder.seed and its id, so a rerun samples the same. A text prompt is one user
-message, templated where the tokenizer has a chat template.
+with one derived from decoder.seed and its id, so a rerun samples the same. Prompts are encoded as the
+job always has (pipeline/prompts.encode_prompt): a text prompt is one user message, messages get the
+generation prompt, templated where the tokenizer has a chat template.
 """
 from __future__ import annotations
 
@@ -30,10 +31,17 @@ REQUEST_COLUMNS = ("messages", "prompt", "tokenized_prompt", "model")
 
 def stage_settings(progress=None, run_id: str = "") -> dict[str, Any]:
     """GenerationStage's keywords for the job's rows: every row comes back (an error row where it
-    fails), errors name the row by its id, text prompts are chat-templated, and each batch is told
+    fails), errors name the row by its id, prompts are encoded by the job's rule, and each batch is told
     to the run's progress actor and to Ray's metrics."""
-    return {"continue_on_error": True, "id_column": "id", "text_as_message": True, "progress": progress,
+    return {"continue_on_error": True, "id_column": "id", "job_prompts": True, "progress": progress,
             "live_metrics": progress is not None, "run_id": run_id}
+
+
+def input_columns(config: Config, names: list[str]) -> list[str]:
+    """The input's columns the job reads (of `names`, the input's): the id, the prompt, the row settings."""
+    source = config.input
+    return list(dict.fromkeys([source.id_column, source.prompt_column or source.messages_column,
+                               *(name for name in ROW_SETTINGS if name in names)]))
 
 
 def request_row(config: Config) -> Callable[[dict], dict]:

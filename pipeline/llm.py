@@ -97,8 +97,9 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
     statistics_columns: Sequence[str] | None = None
     # Ours: resume. With both, processor(ds) turns on Ray Data's checkpointing for ds's pipeline
     # (ds.context.checkpoint_config): writing the Dataset records each id under checkpoint_path, kept
-    # after success, and running it again generates only the ids no earlier run wrote. Errors then
-    # name a row by its id, and a row without one is an error row.
+    # after success, and running it again generates only the ids no earlier run wrote (ids compared
+    # as text: 1 and "1" are one id). Errors then name a row by its id, and a row without one fails
+    # (raises, or is an error row with should_continue_on_error).
     id_column: str | None = None
     checkpoint_path: str | None = None
 

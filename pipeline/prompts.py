@@ -27,29 +27,32 @@ def chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool) -> li
     return list(ids)
 
 
-def encode_prompt(tokenizer, prompt, request_id: str) -> list[int]:
-    """Chat models get their chat template (a plain text prompt becomes one user message)."""
+def encode_prompt(tokenizer, prompt, request_id: str, name: str | None = None) -> list[int]:
+    """Chat models get their chat template (a plain text prompt becomes one user message; messages
+    get the generation prompt), tokenized as the template writes it. Errors name the request
+    (`name`, else by its id)."""
+    name = name or f"request {request_id!r}"
     if isinstance(prompt, str):
         if not prompt.strip():
-            raise RequestError(f"request {request_id!r}: the prompt is empty")
+            raise RequestError(f"{name}: the prompt is empty")
         messages = [{"role": "user", "content": prompt}]
     elif isinstance(prompt, list) and prompt:
         for i, message in enumerate(prompt):
             if not (isinstance(message, dict) and isinstance(message.get("role"), str)
                     and isinstance(message.get("content"), str)):
-                raise RequestError(f"request {request_id!r}: message {i} needs a string 'role' and 'content'")
+                raise RequestError(f"{name}: message {i} needs a string 'role' and 'content'")
         messages = prompt
     else:
-        raise RequestError(f"request {request_id!r}: the prompt must be text or a non-empty list of chat "
+        raise RequestError(f"{name}: the prompt must be text or a non-empty list of chat "
                           f"messages, got {type(prompt).__name__}")
     if not tokenizer.chat_template and not isinstance(prompt, str):
-        raise RequestError(f"request {request_id!r}: chat messages need a tokenizer with a chat template")
+        raise RequestError(f"{name}: chat messages need a tokenizer with a chat template")
     try:
         if tokenizer.chat_template:
             return chat_ids(tokenizer, messages, add_generation_prompt=True)
         return list(tokenizer(prompt)["input_ids"])
     except (UnicodeError, ValueError, TypeError) as error:
-        raise RequestError(f"request {request_id!r}: the prompt cannot be encoded: {error}") from error
+        raise RequestError(f"{name}: the prompt cannot be encoded: {error}") from error
 
 
 def sharegpt_prompts(limit: int) -> Iterator[Prompt]:

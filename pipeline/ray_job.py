@@ -214,6 +214,7 @@ def run_with_task_readers(config: Config, run_id: str) -> dict:
         raise JobFailed(str(error)) from error
     dataset = read_input(config.input)
     check_columns(dataset, config.input)
+    read_columns = job_rows.input_columns(config, dataset.schema().names)  # the rest stay unread
     # Counted so that a run that read part of its input never looks complete.
     input_rows, new_rows = count_input(config, run_id, output, dataset)
     rows_read = min(input_rows, config.input.limit) if config.input.limit else input_rows
@@ -227,7 +228,8 @@ def run_with_task_readers(config: Config, run_id: str) -> dict:
     processor = Processor(config, job_rows.stage_settings(progress, run_id), checkpoint_config(config, run_id),
                           preprocess=job_rows.request_row(config), preprocess_map_kwargs={"num_cpus": IO_CPUS})
     try:
-        dataset = read_input(config.input)  # read again: with the checkpoint, it skips the rows done
+        # Read again: with the checkpoint, it skips the rows done.
+        dataset = read_input(config.input).select_columns(read_columns)
         if config.input.limit:
             dataset = dataset.limit(config.input.limit)
         outputs = processor(dataset).map_batches(job_rows.output_table, batch_format="pyarrow", batch_size=None,

@@ -4,6 +4,7 @@ parser: the job's rows reach it through the job's preprocess (pipeline/job_rows.
 from __future__ import annotations
 
 import json
+import math
 import secrets
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -138,7 +139,7 @@ def sampling_of(params: Any, name: str, seed: int | None = None, vllm_keys: froz
 
     def number(key: str, kind: type, ok: Callable, allowed: str):
         value = values[key]
-        usable = (isinstance(value, (int, float)) and not isinstance(value, bool)
+        usable = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
                   and (kind is float or value == int(value)) and ok(value))
         if not usable:
             raise RequestError(f"{name}: sampling_params.{key} must be {allowed}, got {value!r}")

@@ -33,6 +33,7 @@ from pipeline.engines.base import Engine, EngineSteps, Failed, Request, RequestE
 from pipeline.engines.build import build_engine
 from pipeline.metrics import RunMetrics
 from pipeline.progress import BatchReport, JobStopped
+from pipeline.prompts import encode_prompt
 from pipeline.rows import GENERATED, INFERENCE_ERROR, STATISTICS, TYPED_BY_THE_DATA, sampling_of, vllm_sampling_keys
 from pipeline.sampling import request_seed
 
@@ -74,15 +75,16 @@ class GenerationStage:
     chat_template (template `messages`), template and template_kwargs (a Jinja template instead of
     the tokenizer's; apply_chat_template's keywords), continue_on_error, seed (rows without one
     sample with one derived from it), statistics (which of our columns a row gets; None: all),
-    id_column (errors name a row by its id, and a row without one is an error), text_as_message (a
-    text prompt is one user message, templated where the tokenizer has a chat template: the job's
-    prompts), progress (the job's RunProgress actor, told of each batch) and live_metrics with run_id
+    id_column (errors name a row by its id, and a row without one is an error), job_prompts (the
+    job's prompt rule, pipeline/prompts.encode_prompt: a text prompt is one user message, messages get
+    the generation prompt, both tokenized as the chat template writes them where the tokenizer has
+    one), progress (the job's RunProgress actor, told of each batch) and live_metrics with run_id
     (Ray metrics from the actor, pipeline/metrics.py)."""
 
     def __init__(self, config: Config, tables=None, engine: Engine | None = None, chat_template: bool = True,
                  continue_on_error: bool = False, seed: int | None = None, statistics: Sequence[str] | None = None,
                  template: str | None = None, template_kwargs: Mapping[str, Any] | None = None,
-                 id_column: str | None = None, text_as_message: bool = False, progress=None,
+                 id_column: str | None = None, job_prompts: bool = False, progress=None,
                  live_metrics: bool = False, run_id: str = ""):
         if tables is not None and not isinstance(tables, DrafterTables):
             import ray  # an ObjectRef: the tables are put in the object store once
@@ -92,7 +94,7 @@ class GenerationStage:
         self.dropped = [] if statistics is None else [f.name for f in STATISTICS if f.name not in statistics]
         self.seed = seed
         self.vllm_keys = vllm_sampling_keys() if config.engine.name == "vllm" else None
-        self.chat_template, self.text_as_message = chat_template, text_as_message
+        self.chat_template, self.job_prompts = chat_template, job_prompts
         self.template, self.template_kwargs = template, dict(template_kwargs or {})
         self.continue_on_error, self.id_column = continue_on_error, id_column
         self.request_ids = itertools.count()
@@ -127,13 +129,7 @@ class GenerationStage:
         return f"row {key!r}"
 
     def messages_of(self, row: dict, name: str) -> list | None:
-        """The row's chat messages: `messages`, or (text_as_message) its text prompt as one user message
-        where the tokenizer has a chat template."""
-        text = row.get("prompt")
-        if self.text_as_message and isinstance(text, str) and row.get("messages") is None:
-            if not text.strip():
-                raise RequestError(f"{name}: the prompt is empty")
-            return [{"role": "user", "content": text}] if self.engine.tokenizer.chat_template else None
+        """The row's chat messages, to be templated (None: none, or not templated)."""
         messages = row.get("messages")
         if messages is None or not self.chat_template:
             return None
@@ -148,6 +144,11 @@ class GenerationStage:
         if row.get("tokenized_prompt") is not None:
             ids = [int(t) for t in row["tokenized_prompt"]]
             return row.get("prompt") or "", ids
+        if self.job_prompts:
+            given = row["messages"] if row.get("messages") is not None else row.get("prompt")
+            if given is None:
+                raise RequestError(f"{name}: no prompt")
+            return (given if isinstance(given, str) else ""), encode_prompt(tokenizer, given, "", name)
         messages = self.messages_of(row, name)
         if messages is not None:
             last_is_user = messages[-1].get("role") == "user"

@@ -55,3 +55,24 @@ def test_a_processor_with_an_id_column_names_rows_by_their_id(tiny_model_dir):
     bad, unnamed = stage(rows_table(rows)).to_pylist()
     assert bad[INFERENCE_ERROR].startswith("row '5': sampling_params.max_tokens must be")
     assert "has no 'item'" in unnamed[INFERENCE_ERROR]
+
+
+def test_the_job_encodes_prompts_as_it_always_has(tiny_model_dir, tmp_path):
+    """A job row's prompt is encoded by pipeline/prompts.encode_prompt (the chat template's own token
+    ids, the generation prompt after any last message), its message checks included; a processor
+    row with the same messages is templated as ray.data.llm does."""
+    from pipeline.job_rows import generate, job_stage
+    from pipeline.prompts import encode_prompt
+
+    config = load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}", "decoder.max_new_tokens=2",
+                                    f"model.cache_dir={tmp_path}"])
+    stage = job_stage(config)
+    prefill = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    out = generate(stage, {"id": ["text", "prefill", "no-content", "inf"],
+                           "prompt": ["Say hi", prefill, [{"role": "user"}], "Say hi"],
+                           "max_new_tokens": [None, None, None, float("inf")]}).to_pydict()
+    tokenizer = stage.engine.tokenizer
+    assert out["prompt_token_ids"][:2] == [encode_prompt(tokenizer, "Say hi", "text"), encode_prompt(tokenizer, prefill, "p")]
+    assert out["error"][:2] == [None, None]
+    assert "row 'no-content': message 0 needs a string 'role' and 'content'" in out["error"][2]
+    assert "row 'inf': sampling_params.max_tokens must be an integer >= 1, got inf" in out["error"][3]

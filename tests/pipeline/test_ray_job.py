@@ -61,7 +61,7 @@ def test_every_input_row_yields_one_output_row(local_ray, tiny_model_dir, tmp_pa
     assert "must be text" in out["number"]["error"]
     assert "no room to generate" in out["long"]["error"]
     assert out["hot"]["error"] is None and out["hot"]["temperature"] == pytest.approx(0.7) and out["hot"]["seed"] is not None
-    assert "the row has no messages, prompt" in out["none"]["error"]
+    assert "row 'none': no prompt" in out["none"]["error"]
     assert summary["rows"] == 7 and summary["errored_rows"] == 4
     generated = sum(len(row["token_ids"] or []) for row in out.values())
     assert json.loads((tmp_path / "out" / "run=r1" / "summary.json").read_text())["generated_tokens"] == generated
