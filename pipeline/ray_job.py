@@ -1,6 +1,7 @@
-"""The Ray Data job: input -> pipeline.llm's processor (its stage of actors, with the job's rows) ->
-Parquet written by the workers. The job is a user of the processor: reading, checkpoints, the
-Parquet and the summary are the job's; the model, the actors and the requests are the processor's.
+"""The Ray Data job: input -> pipeline.llm's processor (the job's rows turned into ray.data.llm's
+form by its preprocess, pipeline/job_rows.py; the one stage of actors; the map back into the job's
+schema) -> Parquet written by the workers. The job is a user of the processor: reading, checkpoints,
+the Parquet and the summary are the job's; the model, the actors and the requests are the processor's.
 
 Nothing funnels through the driver:
 - the model is prepared where it runs: a Ray task with the actors' resources converts a GGUF file

@@ -292,8 +292,8 @@ def test_a_run_drafts_from_an_earlier_runs_outputs_and_refuses_a_store_of_anothe
 
 
 def test_the_job_and_the_processor_write_the_same_rows(local_ray, tiny_model_dir, tmp_path):
-    """The CLI job is a user of pipeline.llm's Processor (one stage of actors, one request loop, one
-    engine; the job's own row format): the same prompts and settings give the same Parquet, column for column,
+    """The CLI job is a pipeline.llm Processor (its preprocess and postprocess around the one stage
+    class, request parser and engine): the same prompts and settings give the same Parquet, column for column,
     wherever both have the column (timings, and the shares of calls that depend on how Ray Data cut
     the batches, aside). The drafter drafts from each request and the model's tables alone, at a
     fixed k and w, so its statistics do not depend on the batches either (batch_suffix's would:
