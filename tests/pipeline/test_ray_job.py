@@ -164,7 +164,7 @@ def shared_memory_location(array) -> tuple[str, str, int] | None:
     return None
 
 
-@ray.remote(num_cpus=0.5)
+@ray.remote(num_cpus=0.5, max_calls=1)  # a process of its own for each call (Ray may reuse a worker otherwise)
 def tables_in_an_actor_process(config, refs):
     stage = GenerationStage(config, tables=refs[0])  # an ObjectRef, as map_batches hands it to each actor
     tables = stage.tables
@@ -187,7 +187,7 @@ def test_drafter_tables_reach_actors_as_read_only_shared_memory(local_ray, tiny_
     assert len({actor["pid"] for actor in seen} | {os.getpid()}) == 3
 
 
-@ray.remote(num_cpus=0.5)
+@ray.remote(num_cpus=0.5, max_calls=1)
 def datastore_in_an_actor_process(config, refs):
     stage = GenerationStage(config, tables=refs[0])
     store = stage.engine.decoder.drafter.store  # what the actor's suffix drafter drafts from
