@@ -82,10 +82,11 @@ def unplaceable(config: Config) -> JobFailed:
 
 
 def prepared_tables(config: Config, runtime_env: dict | None = None):
-    """Prepares the model on a worker like the actors (their resources and runtime_env: a hub cache
-    named in its env_vars is found there too); the tables stay there (an ObjectRef). A cluster that
-    cannot place it within ray.wait_for_actors_s fails the job, naming what it asked for."""
-    task = prepare_model.options(**actor_resources(config), runtime_env=stage_environment(config, runtime_env))
+    """Prepares the model on a worker like the actors (their resources, and the user's runtime_env: a
+    hub cache named in its env_vars is found there too; without one, any idle worker, as a worker
+    with its own environment is a process started for it); the tables stay there (an ObjectRef). A
+    cluster that cannot place it within ray.wait_for_actors_s fails the job, naming what it asked for."""
+    task = prepare_model.options(**actor_resources(config), runtime_env=runtime_env or None)
     report, tables = task.remote(config)
     try:
         ray.get(report, timeout=config.ray.wait_for_actors_s)
