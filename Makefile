@@ -33,8 +33,8 @@ demo: install
 test: install
 	$(PYTHON) -m pytest -q -m "not scale and not slow" --durations=10 tests
 
-# Tests that start clusters, Ray heads, vLLM in an actor or several job runs, and SmolLM2 checks (about 17 minutes
-# more); CI runs them after make test.
+# Tests that start clusters, Ray heads, vLLM in an actor or several job runs, and SmolLM2 checks (the README says
+# how long each tier takes); CI runs them after make test.
 test-slow: install
 	$(PYTHON) -m pytest -q -m slow --durations=10 tests
 

@@ -44,7 +44,7 @@ import torch
 
 from drafters import suffix_kernels as kernels
 from drafters.base import PADDING, BatchDrafts, DraftContext, Drafts, not_started, started_twice
-from drafters.budget import CALIBRATION_BINS, DraftingPays, calibrated_gains
+from drafters.budget import DraftingPays, calibrated_gains, empty_calibration
 from drafters.datastore import Datastore
 from drafters.suffix import PRIOR
 
@@ -88,7 +88,7 @@ class BatchSuffixDrafter:
         self.weights = self.prior.copy()
         self.ring_x = np.zeros((ring, kernels.NUM_FEATURES))
         self.ring_y = np.zeros(ring)
-        self.calibration = np.zeros((2, CALIBRATION_BINS))  # per bin: drafts held to that token, tokens judged
+        self.calibration = empty_calibration()  # per depth and bin: drafts held to that token, tokens judged
         self.store_tokens = np.asarray(store.tokens) if store is not None else np.zeros(0, np.uint32)
         self.suffix_array = np.asarray(store.suffix_array) if store is not None else np.zeros(0, np.int32)
         # the store's q-grams (q its shortest match) and their suffix-array ranges: where searches start
@@ -134,8 +134,8 @@ class BatchSuffixDrafter:
         pending = {"pending_count": np.zeros(count, np.int64), "pending_position": np.zeros((count, PENDING), np.int64),
                    "pending_length": np.zeros((count, PENDING), np.int64),
                    "pending_tokens": np.zeros((count, PENDING, self.w), np.int64),
-                   # the features, then the probability given (kernels.GIVEN)
-                   "pending_features": np.zeros((count, PENDING, self.w, kernels.NUM_FEATURES + 1))}
+                   # the features, then the probability given and whether it was the draft (kernels.GIVEN, CHOSEN)
+                   "pending_features": np.zeros((count, PENDING, self.w, kernels.CANDIDATE_COLUMNS))}
         if old is not None:
             slots[:held] = old
             for name, new in pending.items():

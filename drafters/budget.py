@@ -9,7 +9,7 @@ the draft before it are accepted). Draft tokens are taken most likely first whil
 the expected tokens per second: P > T (c(n + 1) - c(n)) / c(n), T and n the totals so far. A
 request's probabilities never rise along its draft, so each kept draft is a prefix and taking the
 largest first is optimal for a linear c (and a fair rule for a convex one). `calibrated`: a
-drafter's probability as the judged tokens of its bin bore it out.
+drafter's probability as the judged tokens of its depth and bin bore it out.
 
 The step cost, c(n) as `seconds(n)`: `LinearStepCost`, c(n) = a + b n, fitted online from the
 engine's own steps (`StepCostFit`), so only the tokens likely enough to pay for what they cost are
@@ -23,9 +23,12 @@ from dataclasses import dataclass
 import numba as nb
 import numpy as np
 
-# calibrated(): judged draft tokens, binned by the probability the drafter gave them; a bin's rate
-# is shrunk towards the drafter's own probability by CALIBRATION_PRIOR tokens.
-CALIBRATION_BINS, CALIBRATION_PRIOR = 20, 20.0
+# calibrated(): judged draft tokens, binned by their depth in the draft (1 .. CALIBRATION_DEPTHS - 1,
+# then the rest together) and by the probability the drafter gave them; a bin's rate is shrunk
+# towards the drafter's own probability by CALIBRATION_PRIOR tokens. (By depth: a drafter's model
+# that under-predicts first tokens may over-predict deep ones, and one table by probability alone
+# averages the two away.)
+CALIBRATION_DEPTHS, CALIBRATION_BINS, CALIBRATION_PRIOR = 8, 20, 20.0
 
 
 @dataclass(frozen=True)
@@ -96,18 +99,32 @@ def cost_table(cost, batch: int, max_draft: int) -> np.ndarray:
     return cost.seconds(np.arange(batch * (max_draft + 1) + 1))
 
 
+def empty_calibration() -> np.ndarray:
+    """[2, CALIBRATION_DEPTHS, CALIBRATION_BINS]: per depth and bin, the judged draft tokens held
+    to that token (0) and judged (1); none yet."""
+    return np.zeros((2, CALIBRATION_DEPTHS, CALIBRATION_BINS))
+
+
 @nb.njit(cache=True)
 def calibration_bin(probability):
     return min(int(probability * CALIBRATION_BINS), CALIBRATION_BINS - 1)
 
 
 @nb.njit(cache=True)
-def calibrated(probability, calibration):
-    """The drafter's `probability` that a draft token (and the draft before it) is accepted, as the
-    judged tokens of its bin bore it out: calibration[0, bin] of them held, calibration[1, bin]
-    judged, shrunk towards the drafter's own probability by CALIBRATION_PRIOR tokens."""
-    index = calibration_bin(probability)
-    return (calibration[0, index] + CALIBRATION_PRIOR * probability) / (calibration[1, index] + CALIBRATION_PRIOR)
+def calibration_depth(j):
+    """The depth row of a draft's token j (0-based)."""
+    return min(j, CALIBRATION_DEPTHS - 1)
+
+
+@nb.njit(cache=True)
+def calibrated(probability, j, calibration):
+    """The drafter's `probability` that a draft's first j + 1 tokens are accepted, as the judged
+    tokens of its depth and bin bore it out: calibration[0, depth, bin] of them held,
+    calibration[1, depth, bin] judged, shrunk towards the drafter's own probability by
+    CALIBRATION_PRIOR tokens."""
+    depth, index = calibration_depth(j), calibration_bin(probability)
+    return ((calibration[0, depth, index] + CALIBRATION_PRIOR * probability)
+            / (calibration[1, depth, index] + CALIBRATION_PRIOR))
 
 
 @nb.njit(cache=True)
@@ -117,7 +134,7 @@ def calibrated_gains(confidence, lengths, calibration, gains):
     for b in range(lengths.shape[0]):
         gain = 1.0
         for j in range(lengths[b]):
-            gain = min(gain, calibrated(confidence[b, j], calibration))
+            gain = min(gain, calibrated(confidence[b, j], j, calibration))
             gains[b, j] = gain
     return gains
 

@@ -34,14 +34,17 @@ import numpy as np
 from numba.core import types
 from numba.experimental import structref
 
-from drafters.budget import allocate, calibrated_gains, calibration_bin
+from drafters.budget import allocate, calibrated_gains, calibration_bin, calibration_depth
 from drafters.suffix import FEATURES, SOURCES
 
 NUM_FEATURES = len(FEATURES)
 # Feature columns by name (drafters/suffix.py's FEATURES): FEATURE.log_match is its column. A
-# candidate's feature rows carry one more column, GIVEN: the probability the model gave the token.
+# candidate's feature rows carry two more columns: GIVEN, the probability the model gave the token,
+# and CHOSEN, 1 where the candidate was the request's draft (the calibration learns from those only:
+# the best of a step's candidates is accepted more often than others given the same probability).
 FEATURE = namedtuple("Feature", FEATURES)(*range(NUM_FEATURES))
-GIVEN = NUM_FEATURES
+GIVEN, CHOSEN = NUM_FEATURES, NUM_FEATURES + 1
+CANDIDATE_COLUMNS = NUM_FEATURES + 2
 CONTEXT, OUTPUTS, STORE = range(len(SOURCES))
 # slots[s, :]
 START, RESERVED, WRITTEN, SEEN, PROMPT, LIMIT, ACTIVE, STORE_MATCH, STORE_LO, STORE_HI = range(10)
@@ -75,7 +78,7 @@ ARRAYS = ("arena", "heads", "prev", "slots", "docs", "counters", "pending_count"
           "suffix_array", "store_ranges", "logs")
 OUTPUTS_FIELDS = ("out_tokens", "out_lengths", "out_confidence", "out_sources")
 SCRATCH = ("rows", "row_lengths", "ends", "tally", "alive", "paths", "path_lengths", "members", "counts", "features",
-           "confidence")
+           "confidence", "queued")
 STATE_FIELDS = ARRAYS + tuple(f.name for f in fields(Settings)) + OUTPUTS_FIELDS + tuple(f"scratch_{n}" for n in SCRATCH)
 
 
@@ -118,8 +121,8 @@ def scratch(max_occurrences: int, w: int) -> dict[str, np.ndarray]:
               "ends": np.zeros(occurrences, np.int64), "tally": np.zeros(occurrences, np.int64),
               "alive": np.zeros(occurrences, np.int64), "paths": np.zeros((sources, w), np.int64),
               "path_lengths": np.zeros(sources, np.int64), "members": np.zeros(w, np.int64),
-              "counts": np.zeros(w, np.int64), "features": np.zeros((sources, w, NUM_FEATURES + 1)),
-              "confidence": np.zeros((sources, w))}
+              "counts": np.zeros(w, np.int64), "features": np.zeros((sources, w, CANDIDATE_COLUMNS)),
+              "confidence": np.zeros((sources, w)), "queued": np.zeros(sources, np.int64)}
     return {f"scratch_{name}": arrays[name] for name in SCRATCH}
 
 
@@ -612,7 +615,8 @@ def _fit(weights, prior, ring_x, ring_y, held, prior_strength, newton_steps):
 def _judge(state, s, values, n):
     """Judges slot s's waiting candidates whose fate its tokens values[:n] now show: each token up
     to the first wrong one, accepted or not, into the model's ring; every token's cumulative
-    outcome against the probability it was given (column GIVEN) into the calibration. A candidate
+    outcome against the probability it was given (column GIVEN) into the calibration, for the
+    candidates that were drafts (column CHOSEN). A candidate
     right so far whose rest is not emitted yet waits on. Returns the tokens judged."""
     pending_position, pending_length = state.pending_position, state.pending_length
     pending_tokens, pending_features = state.pending_tokens, state.pending_features
@@ -631,10 +635,10 @@ def _judge(state, s, values, n):
                 pending_features[s, still, :, :] = pending_features[s, p, :, :]
             still += 1
             continue
-        for j in range(size):  # the draft's first j + 1 tokens were all accepted, or not
-            index = calibration_bin(pending_features[s, p, j, GIVEN])
-            calibration[0, index] += 1.0 if j < right else 0.0
-            calibration[1, index] += 1.0
+        for j in range(size if pending_features[s, p, 0, CHOSEN] else 0):  # its first j + 1 tokens held, or not
+            depth, index = calibration_depth(j), calibration_bin(pending_features[s, p, j, GIVEN])
+            calibration[0, depth, index] += 1.0 if j < right else 0.0
+            calibration[1, depth, index] += 1.0
         judged = min(right + 1, size)
         for j in range(judged):
             slot = counters[JUDGED] % capacity
@@ -685,6 +689,7 @@ def step(state, finished, finished_tokens, finished_offsets, request_slots, toke
         best = _score_and_queue(state, s, n)
         if best >= 0:
             _write_draft(state, b, best)
+            _mark_chosen(state, s, best)
     if step_cost.shape[0]:
         return _budget(state.out_lengths[:batch], state.out_confidence[:batch], step_cost, state.calibration)
     return state.out_lengths[:batch].sum()
@@ -782,7 +787,8 @@ def _mark_agreement(state):
 def _score_and_queue(state, s, n):
     """Scores each candidate with the acceptance model: confidence[source, j], the probability that
     its first j + 1 tokens are all accepted (also kept as column GIVEN), and its score, their sum.
-    Every candidate is queued for judgement (while slot s has room). Returns the source of the best
+    Every candidate is queued for judgement (while slot s has room: scratch_queued[source] its
+    place, -1 none). Returns the source of the best
     candidate with at least one token of min_probability (-1: none)."""
     features, confidence, weights = state.scratch_features, state.scratch_confidence, state.weights
     best_source, best_score = -1, 0.0
@@ -803,20 +809,32 @@ def _score_and_queue(state, s, n):
                 kept += 1
         if kept and (best_source < 0 or score > best_score):
             best_source, best_score = source, score
-        _queue(state, s, n, source, size)
+        state.scratch_queued[source] = _queue(state, s, n, source, size)
     return best_source
 
 
 @nb.njit(cache=True, inline="always")  # (a phase of step: compiled into it)
 def _queue(state, s, n, source, size):
     """A candidate drafted at position n of slot s's request, to be judged once its tokens are
-    emitted (dropped when PENDING candidates wait already)."""
+    emitted (dropped when PENDING candidates wait already). Returns its place (-1: dropped), not
+    chosen yet."""
     p = state.pending_count[s]
-    if p < state.pending_position.shape[1]:
-        state.pending_position[s, p], state.pending_length[s, p] = n, size
-        state.pending_tokens[s, p, :size] = state.scratch_paths[source, :size]
-        state.pending_features[s, p, :size, :] = state.scratch_features[source, :size, :]
-        state.pending_count[s] = p + 1
+    if p >= state.pending_position.shape[1]:
+        return -1
+    state.pending_position[s, p], state.pending_length[s, p] = n, size
+    state.pending_tokens[s, p, :size] = state.scratch_paths[source, :size]
+    state.pending_features[s, p, :size, :] = state.scratch_features[source, :size, :]
+    state.pending_features[s, p, 0, CHOSEN] = 0.0
+    state.pending_count[s] = p + 1
+    return p
+
+
+@nb.njit(cache=True, inline="always")  # (a phase of step: compiled into it)
+def _mark_chosen(state, s, source):
+    """The source's queued candidate is slot s's draft this step."""
+    p = state.scratch_queued[source]
+    if p >= 0:
+        state.pending_features[s, p, 0, CHOSEN] = 1.0
 
 
 @nb.njit(cache=True, inline="always")  # (a phase of step: compiled into it)

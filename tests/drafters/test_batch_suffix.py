@@ -9,10 +9,11 @@ from drafters.acceptance import AcceptanceModel
 from drafters.base import common_prefix
 from drafters.batch_suffix import BatchSuffixDrafter
 from drafters.budget import (
-    CALIBRATION_BINS,
     DraftingPays,
     LinearStepCost,
+    calibrated_gains,
     cost_table,
+    empty_calibration,
 )
 from drafters.datastore import (
     SEPARATOR,
@@ -366,13 +367,33 @@ def test_the_budget_trusts_the_model_only_as_far_as_its_judged_tokens_bear_it_ou
     batch, w = 8, 4
     confidence = np.tile([0.9, 0.88, 0.86, 0.84], (batch, 1))
     cost = cost_table(LinearStepCost(a=1.0, b=0.05), batch, w)  # a token pays above ~0.4 here
-    fresh = np.zeros((2, CALIBRATION_BINS))
+    fresh = empty_calibration()
     lengths = np.full(batch, w)
     assert kernels._budget(lengths, confidence, cost, fresh) == batch * w  # no evidence: the model's word
     overconfident = fresh.copy()
-    overconfident[:, 16:19] = [[5.0] * 3, [100.0] * 3]  # tokens rated 0.8-0.95 held 5 times in 100
+    overconfident[:, :, 16:19] = np.array([[5.0] * 3, [100.0] * 3])[:, None, :]  # rated 0.8-0.95, held 5 in 100
     lengths = np.full(batch, w)
     assert kernels._budget(lengths, confidence, cost, overconfident) == 0
+
+
+def test_the_calibration_is_kept_by_depth():
+    """A model whose first tokens are held more often than it says and whose deeper tokens less
+    often: each depth is corrected by its own judged tokens, not by the average of both."""
+    from drafters import suffix_kernels as kernels
+
+    batch, w = 8, 4
+    confidence = np.tile([0.55, 0.55, 0.55, 0.55], (batch, 1))  # one probability bin at every depth
+    calibration = empty_calibration()
+    bin_ = int(0.55 * calibration.shape[2])
+    calibration[:, 0, bin_] = [950.0, 1000.0]  # first tokens: held 95 %
+    calibration[:, 1:, bin_] = np.array([[100.0], [1000.0]])  # deeper: 10 %
+    gains = calibrated_gains(confidence, np.full(batch, w), calibration, np.zeros_like(confidence))
+    assert gains[0, 0] == pytest.approx((950 + 20 * 0.55) / 1020)
+    assert gains[0, 1] == pytest.approx((100 + 20 * 0.55) / 1020)
+    cost = cost_table(LinearStepCost(a=1.0, b=0.05), batch, w)  # a token pays above ~0.4 here
+    lengths = np.full(batch, w)
+    assert kernels._budget(lengths, confidence, cost, calibration) == batch  # the first token of each, no more
+    assert lengths.tolist() == [1] * batch
 
 
 def test_judged_drafts_fill_the_calibration():
@@ -383,6 +404,23 @@ def test_judged_drafts_fill_the_calibration():
         stepped(drafter, ["r"], tokens, np.zeros(1), np.array([tokens.shape[1]]), np.array([40]), np.array([200]))
     hits, judged = drafter.calibration
     assert judged.sum() > 0 and hits.sum() < judged.sum()
+
+
+def test_the_calibration_learns_from_the_drafts_not_every_candidate():
+    """Two sources draft every step (the request's own context and an earlier answer of the same
+    pattern); only the candidate written as the draft is scored into the calibration, so its
+    first-token count is the drafts judged, not twice that."""
+    drafter = compiled()
+    pattern = np.tile([1, 2, 3, 4, 5, 6, 7], 12)
+    stepped(drafter, ["earlier"], pattern[None, :], np.zeros(1), np.array([len(pattern)]), np.array([7]),
+            np.array([200]))
+    drafter.finish("earlier", pattern[7:].tolist())
+    drafts = 0
+    for n in range(14, 70):  # one emitted token per step, the pattern continued: every draft holds
+        out = stepped(drafter, ["now"], pattern[None, :], np.zeros(1), np.array([n]), np.array([14]), np.array([200]))
+        drafts += int(out.lengths[0] > 0)
+    first_tokens_judged = drafter.calibration[1, 0].sum()
+    assert 0.8 * drafts <= first_tokens_judged <= drafts
 
 
 def test_misuse_of_the_lifecycle_raises():

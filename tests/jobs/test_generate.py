@@ -102,6 +102,7 @@ def assert_golden(run_dir: Path, golden: Path) -> None:
         assert row == want, f"row {want['id']} differs from {golden.name}"
 
 
+@pytest.mark.slow  # two job runs, each its own Ray (about 2 minutes): make test-slow
 def test_a_job_given_an_input_reads_all_of_it_and_says_what_it_read(tiny_model_dir, tmp_path, processes):
     """The default config (the README's form) on a 30-row file writes 30 rows, the same as the
     golden run's; a limit is the user's to set, and then the summary and the printed line say how
@@ -192,6 +193,7 @@ def test_benchmark_throughput_compares_batched_methods_at_each_batch_size(tiny_m
     assert json.loads(out.read_text())["throughput"]["runs"] == runs
 
 
+@pytest.mark.slow  # vLLM started beside our engine (about 1.5 minutes): make test-slow
 def test_benchmark_compares_engines_side_by_side_on_the_same_prompts(tiny_model_dir, tmp_path, processes):
     """--throughput --engine vllm: vLLM plain, vLLM's n-gram, ours on vLLM and ours on the
     transformers engine, per batch size, each checked against plain greedy on the same engine.

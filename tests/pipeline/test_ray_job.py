@@ -291,6 +291,7 @@ def test_a_run_drafts_from_an_earlier_runs_outputs_and_refuses_a_store_of_anothe
                            f"decoder.datastore={foreign}"), "foreign")
 
 
+@pytest.mark.slow  # the job and the processor on the same rows (about 1 minute): make test-slow
 def test_the_job_and_the_processor_write_the_same_rows(local_ray, tiny_model_dir, tmp_path):
     """The CLI job is a pipeline.llm Processor (its preprocess and postprocess around the one stage
     class, request parser and engine): the same prompts and settings give the same Parquet, column for column,
@@ -332,6 +333,7 @@ def test_the_job_and_the_processor_write_the_same_rows(local_ray, tiny_model_dir
         assert {name: job[request_id][name] for name in shared} == {name: api[request_id][name] for name in shared}
 
 
+@pytest.mark.slow  # two processor runs, the second resumed (about 45 s): make test-slow
 def test_the_processor_resumes_with_its_id_column_and_checkpoint_path(local_ray, tiny_model_dir, tmp_path):
     """id_column and checkpoint_path turn on Ray Data's checkpointing for the input's pipeline: a rerun
     over a grown corpus writes only the ids no earlier run wrote."""

@@ -77,7 +77,8 @@ def test_the_step_clock_sums_each_steps_roofline_cost():
                                           + (2 * 8.03e9 + 2 * 100 * 131072) / 2.039e12, rel=1e-9)
 
 
-CALIBRATION_MARGIN = 0.06  # per depth, absolute; 0.04 weighted over depths
+# per depth, absolute; 0.02 weighted over depths (a table by probability alone, of every candidate: 0.051, 0.028)
+CALIBRATION_MARGIN = 0.04
 
 
 def test_predicted_acceptance_by_depth_is_within_the_margin_of_observed():
@@ -102,6 +103,6 @@ def test_predicted_acceptance_by_depth_is_within_the_margin_of_observed():
     assert len(depths) == 8 and row["tokens_per_step"] > 2
     for depth in depths:
         assert abs(depth["predicted_calibrated"] - depth["observed"]) <= CALIBRATION_MARGIN, depth
-    assert row["calibration_error"] <= 0.04
+    assert row["calibration_error"] <= 0.02
     # the drafter's probabilities fall with depth, as what held does
     assert all(a["predicted_calibrated"] > b["predicted_calibrated"] for a, b in zip(depths, depths[1:]))
