@@ -20,8 +20,8 @@ emits, and the model refits as it goes.
 A draft budget: given the engine step's cost as a function of the tokens it feeds (`step_cost`,
 from drafters/budget.py), the batch's draft tokens are cut to those that raise the expected tokens
 per second, least likely first; at large batch on a GPU most requests then draft nothing. The
-probabilities it weighs are the model's as calibrated by its judged tokens (how often tokens it
-rated alike were accepted, per bin of rating). With a budget, the drafting itself is skipped while
+probabilities it weighs are the model's as calibrated by its judged tokens (how often the tokens
+of its drafts rated alike were accepted, per draft depth and bin of rating). With a budget, the drafting itself is skipped while
 what its kept tokens were worth stays below the drafter's own time (`DraftingPays`): the new tokens
 are still taken in, and one step in 16 drafts to see whether that changed.
 

@@ -21,7 +21,9 @@ Layout of the state arrays (see BatchSuffixDrafter):
   suffix-array range [lo, hi); lo -1: none known);
 - docs [C + 1, 2] int64: the finished segments (start, tokens), oldest first; counters [COUNTERS];
 - pending_* : per slot, the candidates awaiting judgement (position, length, tokens, features);
-- weights, prior [F]; ring_x [R, F], ring_y [R]: the acceptance model and its judged tokens.
+- weights, prior [F]; ring_x [R, F], ring_y [R]: the acceptance model and its judged tokens;
+- calibration [2, CALIBRATION_DEPTHS, CALIBRATION_BINS]: the drafts' judged tokens by depth and by
+  the probability they were given (drafters/budget.py), what the budget weighs them by.
 """
 from __future__ import annotations
 
