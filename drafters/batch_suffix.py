@@ -21,9 +21,10 @@ A draft budget: given the engine step's cost as a function of the tokens it feed
 from drafters/budget.py), the batch's draft tokens are cut to those that raise the expected tokens
 per second, least likely first; at large batch on a GPU most requests then draft nothing. The
 probabilities it weighs are the model's as calibrated by its judged tokens (how often the tokens
-of its drafts rated alike were accepted, per draft depth and bin of rating). With a budget, the drafting itself is skipped while
-what its kept tokens were worth stays below the drafter's own time (`DraftingPays`): the new tokens
-are still taken in, and one step in 16 drafts to see whether that changed.
+of its drafts rated alike were accepted, per draft depth and bin of rating). With a budget, the
+drafting itself is skipped while what its kept tokens were worth stays below the drafter's own
+time (`DraftingPays`): the new tokens are still taken in, and one step in 16 drafts to see whether
+that changed.
 
 The acceptance model's `bigram_top1` feature stays 0 here: it needs the model bigram table, which
 costs a model pass over the vocabulary at start (the per-request `suffix` drafter reads it when
