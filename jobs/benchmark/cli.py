@@ -61,6 +61,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="--engine vllm and --feeding: model dtype")
     parser.add_argument("--rounds", type=int, default=1,
                         help="--engine vllm: runs per batch size, each on --limit prompts no earlier run used; tokens/s is the median")
+    parser.add_argument("--per-call", type=int, default=0,
+                        help="--engine vllm: requests per generate call (0: the batch size, each call draining from B "
+                             "running requests to 1; a multiple of B keeps B running for most of the call, as a job does)")
     parser.add_argument("--pipeline", action="store_true",
                         help="instead: the same prompts through the Ray job and in-process, with the "
                              "decoder of --config, compared in tokens/s after start-up")
@@ -87,13 +90,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--ngram-min", type=int, default=2, help="--replay: vllm_ngram's shortest n-gram")
     parser.add_argument("--ngram-max", type=int, default=4, help="--replay: vllm_ngram's longest n-gram")
     parser.add_argument("--project", default="a100-8b", help="--replay: GPU-model for the roofline projection "
-                        "(a100|h100 - 8b|70b; empty: none); adds ours with that step budget")
+                        "(a100|h100 - 8b|70b; empty: none), or `cpu`: this CPU's vLLM engine as --host-step "
+                        "measured it; adds ours with that step budget")
     parser.add_argument("--step-costs", default="", metavar="GPU_STEP_JSON",
                         help="--replay: step costs measured on that GPU (python -m jobs.benchmark.gpu_step) "
                              "for the projection and the budget, instead of the roofline")
     parser.add_argument("--host-step", default="", metavar="HOST_STEP_JSON",
                         help="--replay: the host's time per step (python -m jobs.benchmark.host_step), which "
-                             "async scheduling hides: the projection compares with plain vLLM with and without it")
+                             "async scheduling hides: the projection compares with plain vLLM with and without it "
+                             "(with --project cpu: the CPU's whole step, host and device)")
     return parser.parse_args(argv)
 
 

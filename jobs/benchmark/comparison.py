@@ -123,10 +123,13 @@ def build_engines(base: list[str], methods: list[Method], batches: list[int]) ->
 
 
 def compare(base: list[str], methods: list[Method], prompts: list[str], batches: list[int], max_new_tokens: int,
-            rounds: int = 1, structured_outputs: dict | None = None) -> dict:
+            rounds: int = 1, structured_outputs: dict | None = None, per_call: int = 0) -> dict:
     """Runs every method at every batch size, `rounds` times, each run on its own chunk of
     len(prompts) // (rounds * len(batches)) prompts; returns the rows of the comparison. With
-    `structured_outputs` every request carries it (its answers constrained, for every method)."""
+    `structured_outputs` every request carries it (its answers constrained, for every method).
+    A batch size B is the engine's running requests at most; each generate call gets `per_call`
+    requests (0: B, so a call starts with B running and drains to 1 as its requests finish; more
+    keeps B running for most of the call, as a job's feeding keeps its engine full)."""
     per_run = len(prompts) // (rounds * len(batches))
     if per_run < 1:
         raise ValueError(f"{len(prompts)} prompts cannot give {rounds} rounds x {len(batches)} batch sizes a prompt each")
@@ -142,11 +145,12 @@ def compare(base: list[str], methods: list[Method], prompts: list[str], batches:
         chunk = requests[run * per_run:(run + 1) * per_run]
         chunks.append({"round": round_index + 1, "batch": batch, "prompts": [r.request_id for r in chunk]})
         engines_now = {method: engines[method, batch if method.engine == "transformers" else max(batches)] for method in methods}
-        for method, (seconds, results) in run_methods(engines_now, methods, chunk, batch, first=run).items():
+        for method, (seconds, results) in run_methods(engines_now, methods, chunk, per_call or batch, first=run).items():
             measured[method, batch].add(seconds, results)
             print(f"round {round_index + 1}/{rounds} B={batch} prompts {chunk[0].request_id}..{chunk[-1].request_id} "
                   f"{method.engine}:{method.name} {measured[method, batch].tokens[-1] / seconds:.2f} tok/s", flush=True)
-    return {"prompts": rounds * len(batches) * per_run, "prompts_per_run": per_run, "max_new_tokens": max_new_tokens,
+    return {"prompts": rounds * len(batches) * per_run, "prompts_per_run": per_run,
+            "requests_per_call": per_call or "the batch size", "max_new_tokens": max_new_tokens,
             "rounds": rounds, "chunks": chunks, "runs": summarize(list(measured.values()))}
 
 
@@ -219,5 +223,5 @@ def engine_comparison(args) -> dict:
     except ValueError as error:
         raise SystemExit(f"--json-schema: {error}") from error
     report = compare(base, parse_methods(",".join(names), "vllm"), prompts, batches,
-                     args.max_new_tokens, args.rounds, structured)
+                     args.max_new_tokens, args.rounds, structured, args.per_call)
     return {"dataset": args.dataset, "model": args.model, "dtype": args.dtype, "structured_outputs": structured, **report}

@@ -18,7 +18,9 @@ tokens plus one. Every method drafts at most --max-draft tokens per request-step
 - `vllm_ngram`: vLLM's numba n-gram lookup (`batch_propose_numba`, as its `ngram` method calls it)
   per step over every running request, n-grams of --ngram-min to --ngram-max tokens;
 - `plain`: no drafts (the projection's reference).
-With --project every row also has its projected tokens/s on that GPU (see `projection`).
+With --project every row also has its projected tokens/s on that GPU (see `projection`), or with
+`--project cpu --host-step R` on this CPU's vLLM engine as jobs.benchmark.host_step measured it
+(`cpu_projection`), the budget of `ours_budget_cpu` weighing that CPU step.
 Time is the drafter's own, everything it does over the request-steps it serves (starting and
 finishing requests, taking in emitted tokens, drafting); memory is the resident growth of a fresh
 process running that replay (forked, so code already loaded is not counted).
@@ -36,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from drafters.budget import cost_table
-from jobs.benchmark.step_costs import GPUS, MODELS, MeasuredStepCost, RooflineStepCost
+from jobs.benchmark.step_costs import GPUS, MODELS, CpuStepCost, MeasuredStepCost, RooflineStepCost
 
 
 @dataclass(frozen=True)
@@ -254,13 +256,23 @@ class StepClock:
     summed, and apart from it the host's seconds of each step (--host-step, by running requests)."""
 
     def __init__(self, projection: str, measured: dict | None = None, host: dict | None = None):
-        gpu, model = (part.lower() for part in projection.split("-"))
-        self.gpu, self.model, self.seconds, self.host_seconds = GPUS[gpu], MODELS[model], 0.0, 0.0
+        self.seconds, self.host_seconds, self.prefill_seconds = 0.0, 0.0, 0.0
+        # `cpu`: this CPU's vLLM step as host_step measured it, host included (a synchronous engine);
+        # a request's first step feeds its prompt (`prefill`), each token costed as a decoding step's
+        # (about a third more than the live engine's steps suggest): corpus prompts are 2-6 times
+        # their answers, so the live benchmark's ratios are diluted by that time, alike for every method.
+        self.cpu = cpu_step_cost(host) if projection == "cpu" else None
+        self.prefill = self.cpu is not None
+        if self.cpu is None:
+            gpu, model = (part.lower() for part in projection.split("-"))
+            self.gpu, self.model = GPUS[gpu], MODELS[model]
         self.measured = measured  # a jobs.benchmark.gpu_step report: its step costs, not the roofline's
-        self.host = host  # a jobs.benchmark.host_step report: the host's milliseconds per step by batch
+        self.host = host if self.cpu is None else None  # a jobs.benchmark.host_step report: the host's ms per step by batch
         self.measured_costs: dict[int, HostedStepCost] = {}  # by running requests (measured costs only)
 
     def device_cost(self, running: int, lengths: np.ndarray):
+        if self.cpu is not None:
+            return self.cpu
         if self.measured is not None:
             return MeasuredStepCost.from_report(self.measured, running)
         return RooflineStepCost(self.gpu, self.model, running, float(np.mean(lengths)))
@@ -268,15 +280,27 @@ class StepClock:
     def cost(self, running: int, lengths: np.ndarray) -> HostedStepCost:
         """A synchronous step's (what our budget weighs): the GPU's and the host's (a measured one
         depends on the running requests alone: made once for each count)."""
+        if self.cpu is not None:
+            return HostedStepCost(self.cpu, 0.0)
         if self.measured is None:
             return HostedStepCost(self.device_cost(running, lengths), host_seconds(self.host, running))
         if running not in self.measured_costs:
             self.measured_costs[running] = HostedStepCost(self.device_cost(running, lengths), host_seconds(self.host, running))
         return self.measured_costs[running]
 
-    def step(self, running: int, fed: int, context: int) -> None:
-        self.seconds += float(self.device_cost(running, np.array([context / running])).seconds(fed))
+    def step(self, running: int, fed: int, context: int, prompts: int = 0) -> None:
+        """A step of `running` requests that fed `fed` tokens and, with `prefill`, `prompts` more of
+        the prompts it prefilled (their seconds also kept apart: `prefill_seconds`)."""
+        cost = self.device_cost(running, np.array([context / running]))
+        self.seconds += float(cost.seconds(fed + prompts))
+        self.prefill_seconds += float(cost.seconds(fed + prompts) - cost.seconds(fed)) if prompts else 0.0
         self.host_seconds += host_seconds(self.host, running)
+
+
+def cpu_step_cost(host: dict | None) -> CpuStepCost:
+    if host is None:
+        raise SystemExit("--project cpu needs --host-step: this CPU's step by batch size (python -m jobs.benchmark.host_step)")
+    return CpuStepCost.from_report(host)
 
 
 def host_seconds(report: dict | None, running: int) -> float:
@@ -352,13 +376,15 @@ def replay(args, method: str, batch: int, answers: list[Answer], store, budget: 
     if clock is not None:  # seconds on the GPU, the host's per step, the drafter's (see `projection`)
         row["projected_seconds"] = {"gpu": round(clock.seconds, 6), "host": round(clock.host_seconds, 6),
                                     "drafter": round(seconds, 6)}
+        if clock.prefill:  # (within "gpu": the steps' seconds)
+            row["projected_seconds"]["prefill"] = round(clock.prefill_seconds, 6)
     return row
 
 
 def verify(active: dict, answers: list[Answer], drafter, free_rows: list, totals: dict, clock) -> float:
     """One step for the running requests: each verifies its draft against its recorded output and
     emits the accepted tokens plus one; those that end are finished (returns the drafter's seconds for that)."""
-    seconds, fed, context, running = 0.0, 0, 0, len(active)
+    seconds, fed, context, running, prompts = 0.0, 0, 0, len(active), 0
     for key, state in list(active.items()):
         output = answers[key].output
         draft = state[2] if state[2] is not None else np.zeros(0, np.int64)
@@ -366,6 +392,8 @@ def verify(active: dict, answers: list[Answer], drafter, free_rows: list, totals
         while accepted < len(draft) and state[1] + accepted < len(output) - 1 and draft[accepted] == output[state[1] + accepted]:
             accepted += 1
         drafter.judged(key, accepted)
+        if clock is not None and clock.prefill and state[2] is None:  # its first step: its prompt, not one token
+            prompts += len(answers[key].prompt) - 1
         fed, context = fed + 1 + len(draft), context + len(answers[key].prompt) + state[1]
         state[1] += accepted + 1
         totals["steps"], totals["emitted"], totals["drafted"] = (
@@ -377,7 +405,7 @@ def verify(active: dict, answers: list[Answer], drafter, free_rows: list, totals
             free_rows.append(state[0])
             del active[key]
     if clock is not None and running:
-        clock.step(running, fed, context)
+        clock.step(running, fed, context, prompts)
     return seconds
 
 
@@ -403,6 +431,9 @@ def replay_comparison(args) -> dict:
     os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")  # as the vLLM engine sets it
     from drafters.datastore import Datastore
 
+    if args.project == "cpu" and (args.step_costs or not args.host_step):
+        raise SystemExit("--project cpu: this CPU's step comes from --host-step (python -m jobs.benchmark.host_step), "
+                         "not --step-costs (a GPU's)")
     answers = load_answers(args.replay, args.max_new_tokens)
     store = Datastore.open(args.store) if args.store else None
     methods = [m for m in (args.methods or ",".join(METHODS)).split(",") if m]
@@ -433,7 +464,9 @@ def replay_comparison(args) -> dict:
         runs = ", ".join(Path(run).parent.name or run for run in args.replay.split(","))
         report["calibration_plot"] = str(calibration_plot(calibration, Path(args.plots), runs))
     if args.project:
-        report["projection"] = projection(rows, args.project, step_costs(args), read_json(args.host_step))
+        host = read_json(args.host_step)
+        report["projection"] = (cpu_projection(rows, host) if args.project == "cpu"
+                                else projection(rows, args.project, step_costs(args), host))
     return report
 
 
@@ -456,6 +489,44 @@ def _warm_up(args, answers, store, methods) -> None:
             replay(args, method, 2, few, store)
 
 
+def rate(row: dict, *parts: str) -> float:
+    """A replayed row's projected tokens/s with the named parts of its projected seconds."""
+    return row["tokens_per_step"] * row["request_steps"] / sum(row["projected_seconds"][p] for p in parts)
+
+
+def decoding_rate(row: dict) -> float:
+    """A replayed row's projected tokens/s without its prompts' prefill (`--project cpu`)."""
+    spent = row["projected_seconds"]
+    return row["tokens_per_step"] * row["request_steps"] / (spent["gpu"] - spent["prefill"] + spent["drafter"])
+
+
+def cpu_projection(rows: list[dict], host: dict) -> dict:
+    """Each row's projected tokens/s on this CPU's vLLM engine (`--project cpu`) against plain
+    decoding's at its batch size: a replayed step t that feeds n_t tokens takes c(n_t) (host and
+    device: step_costs.py's CpuStepCost over the --host-step report) and d_t for the drafter, on
+    the same cores one after the other: tokens / Σ_t (c(n_t) + d_t), a request's first step feeding its
+    whole prompt (its prefill: the same for every method, on this CPU about as long as the
+    answers' decoding for corpus work; `decoding_vs_plain` leaves it out). The live benchmark
+    (--throughput --engine vllm) on the same machine measures what this projects, with its drift;
+    the projection has none, so it tells apart differences of a few % that live runs cannot."""
+    projected = []
+    for batch in sorted({row["batch"] for row in rows}):
+        plain = next((r for r in rows if r["batch"] == batch and r["method"] == "plain"), None)
+        for row in (r for r in rows if r["batch"] == batch):
+            spent = row["projected_seconds"]
+            entry = {"method": row["method"], "batch": batch, "tokens_per_second": round(rate(row, "gpu", "drafter"), 1),
+                     "prefill_share": round(spent["prefill"] / (spent["gpu"] + spent["drafter"]), 3)}
+            if plain is not None:
+                entry["vs_plain"] = round(rate(row, "gpu", "drafter") / rate(plain, "gpu", "drafter"), 3)
+                entry["decoding_vs_plain"] = round(decoding_rate(row) / decoding_rate(plain), 3)
+            projected.append(entry)
+    measured = ", ".join(f"B {r['batch']}: {r['host_ms_per_step'] + r['device_ms_per_step']:.1f}" for r in host["median"])
+    return {"gpu": "none: this CPU", "model": host.get("model", ""),
+            "formula": "tokens/s = sum tokens / sum_t (c(n_t) + d_t), n_t counting a request's prompt at its first step; "
+                       "c(n) = a plain step of n requests on this CPU's "
+                       f"vLLM engine, host and device, ms (--host-step): {measured}", "rows": projected}
+
+
 def projection(rows: list[dict], name: str, measured: dict | None = None, host: dict | None = None) -> dict:
     """Each row's projected tokens/s against plain decoding's at its batch size. A replayed step t
     of B_t running requests that feeds n_t tokens (one per request plus their drafts) over requests
@@ -474,10 +545,6 @@ def projection(rows: list[dict], name: str, measured: dict | None = None, host: 
     asynchronously: ours under model runner V2 with a device-side drafter; vllm_ngram stands for
     `ngram_gpu`, whose V2 kernel looks up the same n-grams on the GPU)."""
     gpu, model = (part.lower() for part in name.split("-"))
-
-    def rate(row: dict, *parts: str) -> float:
-        return row["tokens_per_step"] * row["request_steps"] / sum(row["projected_seconds"][p] for p in parts)
-
     projected = []
     for batch in sorted({row["batch"] for row in rows}):
         plain = next((r for r in rows if r["batch"] == batch and r["method"] == "plain"), None)

@@ -4,7 +4,9 @@ allocator takes them:
   with bytes the weights plus the batch's KV cache and flops(n) = 2 x parameters x n. Tokens are
   free until the step turns compute-bound, then cost their FLOPs. A projection, not a measurement;
 - `MeasuredStepCost`: a GPU step as measured on one (jobs/benchmark/gpu_step.py), for the replay's
-  projection where a GPU was at hand.
+  projection where a GPU was at hand;
+- `CpuStepCost`: this CPU's vLLM step as measured (jobs/benchmark/host_step.py), for the replay's
+  projection onto the machine the live benchmarks run on (`--project cpu`).
 """
 from __future__ import annotations
 
@@ -66,6 +68,34 @@ class MeasuredStepCost:
     def seconds(self, fed: np.ndarray) -> np.ndarray:
         index = int(np.argmin(np.abs(np.log(np.asarray(self.batches, dtype=np.float64)) - np.log(max(self.batch, 1)))))
         x, y = np.asarray(self.fed_per_request[index]), np.asarray(self.step_seconds[index])
-        per_request = np.asarray(fed, dtype=np.float64) / max(self.batch, 1)
-        slope = (y[-1] - y[-2]) / (x[-1] - x[-2])
-        return np.where(per_request <= x[-1], np.interp(per_request, x, y), y[-1] + slope * (per_request - x[-1]))
+        return interpolated(x, y, np.asarray(fed, dtype=np.float64) / max(self.batch, 1))
+
+
+@dataclass(frozen=True)
+class CpuStepCost:
+    """A step of the vLLM CPU engine, host and device together (it runs synchronously), from a
+    jobs/benchmark/host_step.py report of plain steps of B requests: a step that feeds n tokens
+    costs what a plain step of n requests did, interpolated between the measured batch sizes and
+    extrapolated along the last two. (On a CPU a step's work grows with the tokens it feeds,
+    whichever requests they belong to: the weights' products dominate; attention over a request's
+    context, which a plain step of n requests has n of, is a tenth of a token's work at the
+    replayed contexts for SmolLM2.)"""
+    tokens: tuple[float, ...]  # the measured batch sizes: tokens a plain step feeds
+    step_seconds: tuple[float, ...]
+
+    @classmethod
+    def from_report(cls, report: dict) -> "CpuStepCost":
+        points = sorted((row["batch"], 1e-3 * (row["host_ms_per_step"] + row["device_ms_per_step"]))
+                        for row in report["median"])
+        if len(points) < 2:
+            raise ValueError("a CPU step cost needs a host_step report of at least two batch sizes")
+        return cls(tuple(float(b) for b, _ in points), tuple(t for _, t in points))
+
+    def seconds(self, fed: np.ndarray) -> np.ndarray:
+        return interpolated(np.asarray(self.tokens), np.asarray(self.step_seconds), np.asarray(fed, dtype=np.float64))
+
+
+def interpolated(x: np.ndarray, y: np.ndarray, at: np.ndarray) -> np.ndarray:
+    """y at `at`: linear between the points (x increasing), extended along the last two past them."""
+    slope = (y[-1] - y[-2]) / (x[-1] - x[-2])
+    return np.where(at <= x[-1], np.interp(at, x, y), y[-1] + slope * (at - x[-1]))

@@ -48,3 +48,34 @@ def test_methods_take_turns_call_by_call_in_a_rotating_order():
     assert [name for name, _ in calls] == ["b", "c", "a", "c", "a", "b", "a", "b", "c"]
     assert [ids for _, ids in calls[::3]] == [["0", "1"], ["2", "3"], ["4"]]
     assert out["a"][1] == [f"a:{i}" for i in range(5)] and all(seconds >= 0 for seconds, _ in out.values())
+
+
+def test_each_call_takes_per_call_requests_so_the_engine_stays_full(monkeypatch):
+    """--per-call: a batch size is the engine's running requests at most, and a call of more
+    requests than that keeps it full for most of the call (a call of B drains from B to 1)."""
+    from types import SimpleNamespace
+
+    from jobs.benchmark import comparison
+
+    calls = []
+
+    class Engine:
+        tokenizer = None
+
+        def __init__(self, name):
+            self.name = name
+
+        def generate(self, requests):
+            calls.append((self.name, len(requests)))
+            return [SimpleNamespace(token_ids=[1, 2], stats=SimpleNamespace(num_target_calls=1)) for _ in requests]
+
+    monkeypatch.setattr(comparison, "build_engines", lambda base, methods, batches: {
+        (method, max(batches)): Engine(method.name) for method in methods})
+    monkeypatch.setattr(comparison, "encode_prompt", lambda tokenizer, prompt, request_id: [1])
+    methods = [Method("vllm", "plain"), Method("vllm", "batch_suffix:1:auto")]
+    report = comparison.compare([], methods, [f"p{i}" for i in range(24)], [4], 8, rounds=2, per_call=12)
+    assert calls == [("plain", 12), ("batch_suffix:1:auto", 12), ("batch_suffix:1:auto", 12), ("plain", 12)]
+    assert report["requests_per_call"] == 12
+    calls.clear()
+    comparison.compare([], methods, [f"p{i}" for i in range(24)], [4], 8, rounds=2)
+    assert [size for _, size in calls] == [4] * 12  # by default a call is one batch

@@ -9,6 +9,7 @@ import pytest
 
 from jobs.benchmark.cli import main
 from jobs.benchmark.replay import StepClock
+from jobs.benchmark.step_costs import CpuStepCost
 
 FIELDS = {"method", "batch", "tokens_per_step", "draft_tokens_per_step", "us_per_request_step_mean",
           "us_per_request_step_p99", "memory_mb"}
@@ -65,6 +66,50 @@ def test_the_projection_charges_the_host_to_synchronous_steps_only(run_dir, tmp_
     spent = sum(ours["projected_seconds"].values())
     assert projected["ours"]["tokens_per_second"] == pytest.approx(ours["tokens_per_step"] * ours["request_steps"] / spent, rel=1e-3)
     assert "h(B)" in report["projection"]["formula"]
+
+
+def test_the_cpu_projection_charges_a_step_the_plain_step_of_as_many_tokens(run_dir, tmp_path):
+    """--project cpu: a step that feeds n tokens costs what host_step measured for a plain step of
+    n requests (host and device: the CPU engine is synchronous), then the drafter's time; the
+    budget of ours_budget_cpu weighs that step."""
+    host = tmp_path / "host.json"  # 10 ms for one token, 40 ms for 8: 30 / 7 ms a token more
+    host.write_text(json.dumps({"model": "m", "median": [{"batch": 1, "host_ms_per_step": 1.0, "device_ms_per_step": 9.0},
+                                                         {"batch": 8, "host_ms_per_step": 2.0, "device_ms_per_step": 38.0}]}))
+    report = main(["--replay", str(run_dir), "--batch", "1", "--methods", "ours,plain", "--max-draft", "6",
+                   "--project", "cpu", "--host-step", str(host), "--out", str(tmp_path / "r.json")])
+    rows = {r["method"]: r for r in report["replay"]}
+    assert set(rows) == {"ours", "plain", "ours_budget_cpu"}
+    plain, ours = rows["plain"]["projected_seconds"], rows["ours"]
+    prefill = 12 * (30e-3 / 7) * 19  # each of the 12 prompts' 20 tokens at its first step, not one: 19 more tokens
+    assert plain["prefill"] == pytest.approx(prefill, rel=1e-6)
+    assert plain["gpu"] == pytest.approx(rows["plain"]["request_steps"] * 10e-3 + prefill, rel=1e-6)
+    assert plain["host"] == 0.0  # in the step already
+    drafted = ours["draft_tokens_per_step"] * ours["request_steps"]  # B = 1: one request a step
+    assert ours["projected_seconds"]["gpu"] == pytest.approx(ours["request_steps"] * 10e-3 + drafted * 30e-3 / 7 + prefill,
+                                                             rel=1e-3)
+    projected = {r["method"]: r for r in report["projection"]["rows"]}
+    assert projected["plain"]["vs_plain"] == 1.0 and projected["plain"]["decoding_vs_plain"] == 1.0
+    spent = ours["projected_seconds"]["gpu"] + ours["projected_seconds"]["drafter"]
+    assert projected["ours"]["tokens_per_second"] == pytest.approx(ours["tokens_per_step"] * ours["request_steps"] / spent, rel=1e-3)
+    assert projected["ours"]["prefill_share"] == pytest.approx(prefill / spent, rel=1e-3)
+    budget = projected["ours_budget_cpu"]  # the answers repeat: a draft token costs 0.43 of a step and is kept
+    assert budget["decoding_vs_plain"] > 1.5 and 1.0 < budget["vs_plain"] < budget["decoding_vs_plain"]
+    assert "c(n) = a plain step of n requests" in report["projection"]["formula"]
+
+
+def test_the_cpu_projection_needs_this_cpus_step(run_dir, tmp_path):
+    with pytest.raises(SystemExit, match="--project cpu: this CPU's step comes from --host-step"):
+        main(["--replay", str(run_dir), "--batch", "1", "--methods", "plain", "--project", "cpu",
+              "--out", str(tmp_path / "r.json")])
+
+
+def test_a_cpu_step_interpolates_between_the_measured_batches_and_extends_the_last_slope():
+    cost = CpuStepCost.from_report({"median": [{"batch": 16, "host_ms_per_step": 5.0, "device_ms_per_step": 95.0},
+                                               {"batch": 1, "host_ms_per_step": 1.0, "device_ms_per_step": 39.0},
+                                               {"batch": 64, "host_ms_per_step": 10.0, "device_ms_per_step": 250.0}]})
+    assert cost.seconds(np.array([1, 16, 40, 64, 112])) == pytest.approx([0.040, 0.100, 0.180, 0.260, 0.420])
+    with pytest.raises(ValueError, match="at least two batch sizes"):
+        CpuStepCost.from_report({"median": [{"batch": 16, "host_ms_per_step": 5.0, "device_ms_per_step": 95.0}]})
 
 
 def test_the_step_clock_sums_each_steps_roofline_cost():
