@@ -259,7 +259,7 @@ class StepClock:
         self.seconds, self.host_seconds, self.prefill_seconds = 0.0, 0.0, 0.0
         # `cpu`: this CPU's vLLM step as host_step measured it, host included (a synchronous engine);
         # a request's first step feeds its prompt (`prefill`), each token costed as a decoding step's
-        # (about a third more than the live engine's steps suggest): corpus prompts are 2-6 times
+        # (about half again what the live engine's steps suggest): corpus prompts are 2-6 times
         # their answers, so the live benchmark's ratios are diluted by that time, alike for every method.
         self.cpu = cpu_step_cost(host) if projection == "cpu" else None
         self.prefill = self.cpu is not None
