@@ -150,7 +150,7 @@ def compare(base: list[str], methods: list[Method], prompts: list[str], batches:
             print(f"round {round_index + 1}/{rounds} B={batch} prompts {chunk[0].request_id}..{chunk[-1].request_id} "
                   f"{method.engine}:{method.name} {measured[method, batch].tokens[-1] / seconds:.2f} tok/s", flush=True)
     return {"prompts": rounds * len(batches) * per_run, "prompts_per_run": per_run,
-            "requests_per_call": per_call or "the batch size", "max_new_tokens": max_new_tokens,
+            "requests_per_call": {batch: per_call or batch for batch in batches}, "max_new_tokens": max_new_tokens,
             "rounds": rounds, "chunks": chunks, "runs": summarize(list(measured.values()))}
 
 
@@ -212,6 +212,8 @@ def engine_comparison(args) -> dict:
     names += [name for name in args.spec.split(",") if name.strip()]
     names += [f"transformers:{name}" for name in args.reference.split(",") if name.strip()]
     batches = [int(b) for b in args.batch.split(",")]
+    if args.per_call < 0:
+        raise SystemExit(f"--per-call {args.per_call}: requests per generate call must be 0 (the batch size) or more")
     needed = args.limit * args.rounds * len(batches)
     prompts = [p.prompt for p in load_prompts(args.dataset, needed)]
     if args.rounds < 1 or len(prompts) < needed:

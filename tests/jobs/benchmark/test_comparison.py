@@ -75,7 +75,13 @@ def test_each_call_takes_per_call_requests_so_the_engine_stays_full(monkeypatch)
     methods = [Method("vllm", "plain"), Method("vllm", "batch_suffix:1:auto")]
     report = comparison.compare([], methods, [f"p{i}" for i in range(24)], [4], 8, rounds=2, per_call=12)
     assert calls == [("plain", 12), ("batch_suffix:1:auto", 12), ("batch_suffix:1:auto", 12), ("plain", 12)]
-    assert report["requests_per_call"] == 12
+    assert report["requests_per_call"] == {4: 12}
     calls.clear()
-    comparison.compare([], methods, [f"p{i}" for i in range(24)], [4], 8, rounds=2)
+    report = comparison.compare([], methods, [f"p{i}" for i in range(24)], [4], 8, rounds=2)
     assert [size for _, size in calls] == [4] * 12  # by default a call is one batch
+    assert report["requests_per_call"] == {4: 4}
+
+
+def test_a_negative_per_call_is_refused_naming_the_flag(tmp_path):
+    with pytest.raises(SystemExit, match="--per-call -1: requests per generate call must be 0"):
+        benchmark.main(["--throughput", "--engine", "vllm", "--per-call", "-1", "--out", str(tmp_path / "never.json")])
