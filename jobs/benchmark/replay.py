@@ -253,7 +253,8 @@ class HostedStepCost:
 class StepClock:
     """The replayed steps' projected seconds (--project): each step's GPU cost for the tokens it fed
     and its requests' own context (jobs/benchmark/step_costs.py: the roofline, or --step-costs as measured),
-    summed, and apart from it the host's seconds of each step (--host-step, by running requests)."""
+    summed, and apart from it the host's seconds of each step (--host-step, by running requests);
+    with `--project cpu`, this CPU's whole step for the tokens it fed, prompts included."""
 
     def __init__(self, projection: str, measured: dict | None = None, host: dict | None = None):
         self.seconds, self.host_seconds, self.prefill_seconds = 0.0, 0.0, 0.0
