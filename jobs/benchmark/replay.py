@@ -262,14 +262,18 @@ class StepClock:
         # a request's first step feeds its prompt (`prefill`), each token costed as a decoding step's
         # (about half again what the live engine's steps suggest): corpus prompts are 2-6 times
         # their answers, so the live benchmark's ratios are diluted by that time, alike for every method.
-        self.cpu = cpu_step_cost(host) if projection == "cpu" else None
-        self.prefill = self.cpu is not None
+        self.cpu = CpuStepCost.from_report(host) if projection == "cpu" else None  # (replay_comparison checks host)
         if self.cpu is None:
             gpu, model = (part.lower() for part in projection.split("-"))
             self.gpu, self.model = GPUS[gpu], MODELS[model]
         self.measured = measured  # a jobs.benchmark.gpu_step report: its step costs, not the roofline's
         self.host = host if self.cpu is None else None  # a jobs.benchmark.host_step report: the host's ms per step by batch
         self.measured_costs: dict[int, HostedStepCost] = {}  # by running requests (measured costs only)
+
+    @property
+    def prefill(self) -> bool:
+        """Whether a request's first step feeds its whole prompt (the CPU projection's)."""
+        return self.cpu is not None
 
     def device_cost(self, running: int, lengths: np.ndarray):
         if self.cpu is not None:
@@ -293,15 +297,10 @@ class StepClock:
         """A step of `running` requests that fed `fed` tokens and, with `prefill`, `prompts` more of
         the prompts it prefilled (their seconds also kept apart: `prefill_seconds`)."""
         cost = self.device_cost(running, np.array([context / running]))
-        self.seconds += float(cost.seconds(fed + prompts))
-        self.prefill_seconds += float(cost.seconds(fed + prompts) - cost.seconds(fed)) if prompts else 0.0
+        seconds = float(cost.seconds(fed + prompts))
+        self.seconds += seconds
+        self.prefill_seconds += seconds - float(cost.seconds(fed)) if prompts else 0.0
         self.host_seconds += host_seconds(self.host, running)
-
-
-def cpu_step_cost(host: dict | None) -> CpuStepCost:
-    if host is None:
-        raise SystemExit("--project cpu needs --host-step: this CPU's step by batch size (python -m jobs.benchmark.host_step)")
-    return CpuStepCost.from_report(host)
 
 
 def host_seconds(report: dict | None, running: int) -> float:
