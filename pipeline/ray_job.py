@@ -42,8 +42,12 @@ from pipeline.progress import RunProgress, empty_totals
 from pipeline.prompts import load_prompts
 
 BUILTIN_DATASETS = ("humaneval", "gsm8k")
-# Small and fractional on purpose: on a 2-CPU machine reads and writes that wait for a whole CPU
-# beside the actors hang (and so does a resumed run's checkpoint filter).
+# Small and fractional on purpose, for every operator beside the actors (a column selection too):
+# Ray Data's default is a whole CPU, which a node whose actors hold part of its CPUs never has
+# free; such a task waits for ever, and the job with it (on 2 nodes of 1 CPU, with 2 actors of
+# 0.5, a selection placed after the actors hung the run). So does a resumed run's checkpoint filter.
+# (Ray's Parquet reader samples its files in tasks of a whole CPU, but when the read is built: before
+# the actors start, or after they end.)
 IO_CPUS = 0.25
 
 
@@ -230,7 +234,7 @@ def run_with_task_readers(config: Config, run_id: str) -> dict:
                           preprocess=job_rows.request_row(config), preprocess_map_kwargs={"num_cpus": IO_CPUS})
     try:
         # Read again: with the checkpoint, it skips the rows done.
-        dataset = read_input(config.input).select_columns(read_columns)
+        dataset = read_input(config.input).select_columns(read_columns, num_cpus=IO_CPUS)
         if config.input.limit:
             dataset = dataset.limit(config.input.limit)
         outputs = processor(dataset).map_batches(job_rows.output_table, batch_format="pyarrow", batch_size=None,
@@ -279,7 +283,7 @@ def run_totals(output: str) -> dict:
     if not files:
         return totals
     blocks = (ray.data.read_parquet(files, filesystem=filesystem, num_cpus=IO_CPUS)
-              .select_columns(["error", *SUMS.values()])
+              .select_columns(["error", *SUMS.values()], num_cpus=IO_CPUS)
               .map_batches(block_totals, batch_format="pyarrow", batch_size=None, num_cpus=IO_CPUS))
     for block in blocks.iter_batches(batch_size=None, batch_format="pyarrow"):
         for name in totals:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 from pathlib import Path
 
 import datasets
@@ -265,6 +266,36 @@ def test_actors_asking_for_an_accelerator_the_cluster_lacks_fail_within_the_wait
                         "ray.wait_for_actors_s=5")
     with pytest.raises(JobFailed, match=r"'accelerator_type': 'A100'.*within ray.wait_for_actors_s \(5 s\)"):
         run_job(config, "nowhere")
+
+
+@ray.remote
+class CpuHolder:
+    """Other work on the node: holds the CPUs it was given."""
+
+    def ready(self) -> bool:
+        return True
+
+
+@pytest.mark.slow  # a job run beside other work (about 45 s): make test-slow
+def test_a_job_runs_on_a_node_with_no_whole_cpu_free(local_ray, tiny_model_dir, tmp_path):
+    """Other work holds 1 of the 2 CPUs and the actor 0.5: every task that runs beside the actor
+    (read, column selection, preprocess, write) must fit in the 0.5 left. One asking Ray Data's
+    default whole CPU would wait for ever, as on two nodes of 1 CPU with an actor of 0.5 on each."""
+    holder = CpuHolder.options(num_cpus=1).remote()
+    ray.get(holder.ready.remote())
+    rows = [{"id": f"r{i}", "prompt": f"Question {i}", "extra": i} for i in range(3)]
+    config = job_config(tiny_model_dir, tmp_path, f"input.path={write_jsonl(tmp_path / 'in.jsonl', rows)}",
+                        "ray.num_cpus_per_actor=0.5")
+    finished: dict = {}
+    job = threading.Thread(target=lambda: finished.update(summary=run_job(config, "r")), daemon=True)
+    job.start()
+    job.join(timeout=180)
+    hung = job.is_alive()
+    ray.kill(holder)  # frees the CPUs: a waiting job goes on, and later tests have them
+    job.join(timeout=180)
+    assert not hung, "the job waited for a CPU that no node had free"
+    assert finished["summary"]["rows"] == len(rows)
+    assert sorted(row["id"] for row in read_run(tmp_path, "r")) == [row["id"] for row in rows]
 
 
 @pytest.mark.slow  # several job runs: make test-slow

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -17,8 +17,6 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 
-from pipeline.config import load_config
-from pipeline.ray_job import run_job
 from tests import outputs
 from tests.processes import environment, free_port
 
@@ -50,36 +48,45 @@ def map_worker_pids() -> list[int]:
 
 
 @pytest.mark.slow  # a cluster of its own: make test-slow
-def test_actors_run_on_workers_not_the_head_and_survive_a_killed_actor(tiny_model_dir, tmp_path):
+def test_actors_run_on_workers_not_the_head_and_survive_a_killed_actor(tiny_model_dir, tmp_path, processes):
+    """The job runs as a user's driver does, in a process of its own joined to the cluster by
+    RAY_ADDRESS: a failure kills that process, so the cluster always shuts down (a driver thread in
+    this process would join it again and keep it alive for the next test), and the report shows the
+    driver's output (Ray Data's progress: which operator waited, and on what)."""
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "object_store_memory": 150 * 2**20})
     workers = [cluster.add_node(num_cpus=1, object_store_memory=150 * 2**20) for _ in range(2)]
-    ray.init(address=cluster.address)
+    ray.init(address=cluster.address)  # for the state API: the actors' processes
     try:
         ids = [f"q{i:02d}" for i in range(32)]
-        config = load_config(REPO / "configs/default.yaml", [
-            "engine.name=transformers", f"model.name={tiny_model_dir}", f"model.cache_dir={tmp_path / 'cache'}",
-            f"input.path={write_jsonl(tmp_path / 'in.jsonl', ids)}", f"job.output={tmp_path / 'out'}",
-            "input.limit=0", "decoder.max_new_tokens=120", "ray.batch_size=1", "decoder.max_batch_requests=1",
-            "ray.min_actors=2", "ray.max_actors=2"])
-        finished: dict = {}
-        job = threading.Thread(target=lambda: finished.update(summary=run_job(config, "r")))
-        job.start()
-        run_dir = tmp_path / "out" / "run=r"
+        command = generate_command(tiny_model_dir, tmp_path / "cache", str(write_jsonl(tmp_path / "in.jsonl", ids)),
+                                   str(tmp_path / "out"), "decoder.max_new_tokens=120", "ray.batch_size=1",
+                                   "decoder.max_batch_requests=1", "ray.min_actors=2", "ray.max_actors=2")
+        # The cluster's authentication mode (this process's): the job would otherwise turn tokens on, and the
+        # cluster's workers, sending none, could not reach it.
+        mode = os.environ.get("RAY_AUTH_MODE", "disabled")
+        driver = processes.start(command, cwd=REPO, env=environment(RAY_ADDRESS=cluster.address, RAY_AUTH_MODE=mode))
+        run_dir = tmp_path / "out" / "run=nightly"
         deadline = time.time() + 240
-        while time.time() < deadline and len(map_worker_pids()) < 2:
+        while time.time() < deadline and len(map_worker_pids()) < 2 and driver.poll() is None:
             time.sleep(0.2)
         time.sleep(3)  # both actors are generating now
-        killed = map_worker_pids()[0]
+        running = map_worker_pids()
+        assert len(running) == 2, "both actors should be running"
+        killed = running[0]
         os.kill(killed, signal.SIGKILL)  # the actor's process dies mid-run, as on a lost node
-        assert job.is_alive() and len(outputs.read_run(run_dir)) < len(ids), "the kill should land mid-run"
-        job.join(timeout=400)
-        assert not job.is_alive() and "summary" in finished, "the job should finish despite the killed actor"
+        assert driver.poll() is None and len(outputs.read_run(run_dir)) < len(ids), "the kill should land mid-run"
+        try:
+            driver.wait(timeout=400)
+        except subprocess.TimeoutExpired:
+            pass
+        assert driver.poll() == 0, "the job should finish despite the killed actor"
         assert killed not in map_worker_pids()
         assert sorted(row["id"] for row in outputs.read_run(run_dir)) == ids, "every id exactly once"
-        nodes = set(finished["summary"]["actor_nodes"])
+        nodes = set(json.loads((run_dir / "summary.json").read_text())["actor_nodes"])
         assert nodes and nodes <= {worker.node_id for worker in workers}
         assert cluster.head_node.node_id not in nodes
     finally:
+        processes.stop_all()
         ray.shutdown()
         cluster.shutdown()
 
