@@ -143,6 +143,7 @@ def test_a_model_the_engine_cannot_run_fails_the_job_at_start(local_ray, tiny_ge
     assert not outputs.run_files(tmp_path / "out" / "run=never")
 
 
+@pytest.mark.slow  # a job stopped part-way (about 35 s): make test-slow
 def test_too_many_errored_rows_fail_the_job(local_ray, tiny_model_dir, tmp_path):
     path = write_jsonl(tmp_path / "in.jsonl", [{"id": str(i), "prompt": ""} for i in range(4)])
     config = job_config(tiny_model_dir, tmp_path, f"input.path={path}", "job.max_errored_rows=1", "ray.batch_size=2",
@@ -197,6 +198,7 @@ def datastore_in_an_actor_process(config, refs):
             "pid": os.getpid()}
 
 
+@pytest.mark.slow  # a job with a datastore (about 33 s): make test-slow
 def test_actors_draft_from_one_copy_of_the_datastore_in_the_object_store(local_ray, tiny_model_dir, tmp_path):
     """The task that prepares the model puts the datastore beside the tables; the actors map that
     one copy (read-only, at the same place of the object store's shared memory) and never open

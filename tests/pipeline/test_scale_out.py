@@ -151,6 +151,7 @@ def test_s3_input_output_and_checkpoints_resume_a_killed_driver_exactly_once(tin
     assert summary["rows"] == len(ids) and summary["rows_skipped_already_done"] == len(before)
 
 
+@pytest.mark.slow  # a job process that starts its own Ray (about 35 s): make test-slow
 def test_an_unreachable_output_fails_at_start_naming_the_setting(tiny_model_dir, tmp_path, processes):
     command = generate_command(tiny_model_dir, tmp_path / "cache", "humaneval", "s3://nowhere/out")
     env = environment(AWS_ENDPOINT_URL=f"http://127.0.0.1:{free_port()}", AWS_ACCESS_KEY_ID="x",
