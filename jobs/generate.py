@@ -88,7 +88,7 @@ def join_or_start_ray() -> None:
             f"Ray token authentication is on and no token was found for the Ray at {where}. For a local "
             "head run `ray get-auth-token --generate` once (it writes ~/.ray/auth_token), then "
             "`RAY_AUTH_MODE=token ray start --head`; for a remote cluster set RAY_AUTH_TOKEN (or "
-            f"RAY_AUTH_TOKEN_PATH) to that cluster's token; for a cluster without token authentication set "
+            "RAY_AUTH_TOKEN_PATH) to that cluster's token; for a cluster without token authentication set "
             f"RAY_AUTH_MODE=disabled. Ray said: {error}") from error
 
 
