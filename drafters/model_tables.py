@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from pipeline.built_once import code_key
 from pipeline.forward import expanded_copy, prefill
 from pipeline.prompts import chat_ids
 
@@ -106,8 +107,13 @@ def model_extension(model, bigram: np.ndarray, prefix: list[int], k: int, w: int
     return extended.reshape(vocab, k, w)
 
 
+# The code each table is built by: its cache key names it (a change of it builds the table again).
+BUILT_BY = {"bigram": code_key(compute_bigram_table, prefill, expanded_copy),
+            "extended": code_key(compute_bigram_table, model_extension, prefill, expanded_copy)}
+
+
 def table_path(cache_dir: Path, fingerprint: str, name: str, settings: str) -> Path:
-    key = hashlib.sha256(f"{fingerprint}|{settings}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{fingerprint}|{settings}|{BUILT_BY.get(name, '')}".encode()).hexdigest()[:16]
     return cache_dir / "tables" / f"{name}-{key}.npy"
 
 

@@ -1,7 +1,8 @@
 """Loads the target model and tokenizer from a model directory, a GGUF file, or the embedded default.
 
 A GGUF file is converted by transformers once (about 30 s for SmolLM2) and the result is saved as
-safetensors under the cache directory, keyed by the file's SHA-256, so later loads take seconds.
+safetensors under the cache directory, keyed by the file's SHA-256 (and the conversion's code and
+transformers' version), so later loads take seconds.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import transformers
 from transformers import (
     AutoModelForCausalLM,
     AutoTokenizer,
@@ -22,6 +24,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from pipeline.built_once import code_key
 from pipeline.config import ModelConfig
 
 EMBEDDED_DEFAULT = "smollm2-135m-instruct"
@@ -76,7 +79,9 @@ def file_sha256(path: Path, chunk_bytes: int = 1 << 24) -> str:
 def converted_gguf_dir(gguf_path: Path, config: ModelConfig) -> tuple[Path, str]:
     """Converts a GGUF file to a safetensors model directory once; returns it and the file hash."""
     digest = file_sha256(gguf_path)
-    target = cache_root(config) / "models" / digest[:16]
+    # converted again when this conversion or transformers' changes
+    code = code_key(converted_gguf_dir, extra=transformers.__version__)
+    target = cache_root(config) / "models" / f"{digest[:16]}-{code}"
     if (target / "config.json").exists():
         return target, digest
     target.parent.mkdir(parents=True, exist_ok=True)

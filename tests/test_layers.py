@@ -11,7 +11,7 @@ Layers, top to bottom (README.md, "Where things are"; ../shared/ARCHITECTURE.md)
     engines              pipeline/engines/vllm/, pipeline/engines/transformers/ (siblings)
     engine interface     pipeline/engines/base
     drafters             drafters/
-    lowest               pipeline/config, drafter_kinds, model_loading, forward, prompts, sampling, stats
+    lowest               pipeline/config, drafter_kinds, model_loading, forward, prompts, sampling, stats, built_once
 
 Every import counts, the ones inside functions and under TYPE_CHECKING too.
 """
@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engine interface", ("pipeline.engines.base", "pipeline.engines")),
     ("drafters", ("drafters",)),
     ("lowest", ("pipeline.config", "pipeline.drafter_kinds", "pipeline.model_loading", "pipeline.forward",
-                "pipeline.prompts", "pipeline.sampling", "pipeline.stats", "pipeline")),
+                "pipeline.prompts", "pipeline.sampling", "pipeline.stats", "pipeline.built_once", "pipeline")),
 ]
 
 

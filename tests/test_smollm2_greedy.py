@@ -19,13 +19,14 @@ from pipeline.engines.transformers.decoder import SpeculativeDecoder
 from pipeline.model_loading import cache_root
 from pipeline.prompts import encode_prompt, load_prompts
 
+# The transformers engine on SmolLM2 (about 4 minutes, SmolLM2's bigram table included: one forward
+# pass per vocabulary token, ~2.5 minutes here, then cached in the clone): make test-slow. make test
+# checks every drafter's identity on tiny models (tests/pipeline/engines/transformers/test_decoder.py)
+# and SmolLM2's on the vLLM engine (tests/test_smollm2_vllm.py).
+pytestmark = pytest.mark.slow
+
 NUM_PROMPTS, NEW_TOKENS = 6, 64
-# The model tables' and mixed cases need SmolLM2's bigram table, built first (one forward pass per
-# vocabulary token, ~2.5 minutes here, cached after): they run with the slow tests, to keep
-# `make test` short; the tiny-model tests check those drafters' identity in `make test`.
-NEEDS_BIGRAM = pytest.mark.slow
-CONFIGS = [("none", 1, 0), ("context_ngram", 2, 3), pytest.param("model_tables", 1, 2, marks=NEEDS_BIGRAM),
-           pytest.param("mixed", 1, 5, marks=NEEDS_BIGRAM)]
+CONFIGS = [("none", 1, 0), ("context_ngram", 2, 3), ("model_tables", 1, 2), ("mixed", 1, 5)]
 # extended_bigram is left out: its table runs the model over V x k sequences (hours for SmolLM2 on
 # a CPU); the tiny-model tests cover it.
 MODEL_TABLE_DRAFTERS = ("unigram", "bigram")
@@ -94,9 +95,7 @@ def test_output_is_token_identical_to_greedy(smollm2, prompts, hf_reference, dra
         assert generated / calls > 1.2, "drafts were hardly ever accepted"
 
 
-# The self-draft on two real prompts takes half a minute: make test-slow (make test keeps the tiny draft model).
-@pytest.mark.parametrize("draft_model,gamma,num_prompts", [pytest.param("self", 4, 2, marks=pytest.mark.slow),
-                                                           ("tiny_model_dir", 3, 1)])
+@pytest.mark.parametrize("draft_model,gamma,num_prompts", [("self", 4, 2), ("tiny_model_dir", 3, 1)])
 def test_draft_model_greedy_is_token_identical(smollm2, prompts, hf_reference, tiny_model_dir, draft_model,
                                                gamma, num_prompts):
     """Through a self-draft (first 8 layers) and through another model directory sharing the
@@ -128,7 +127,6 @@ def stdlib_datastore(smollm2, tmp_path_factory):
     return directory
 
 
-@pytest.mark.slow  # half a minute on SmolLM2: make test-slow (tests/pipeline/test_decoder.py covers tree mode in make test)
 def test_tree_mode_is_batch_mode_with_fewer_tokens_for_retrieval_mixed(smollm2, prompts, hf_reference,
                                                                       stdlib_datastore):
     """Mixed = context n-gram + REST retrieval + bigram rows, k = 4, w = 4, in both modes."""

@@ -8,13 +8,11 @@ import dataclasses
 
 import pytest
 
-pytest.importorskip("vllm")
-
-from pipeline.config import load_config  # noqa: E402
-from pipeline.engines.base import Request  # noqa: E402
-from pipeline.engines.build import build_engine, model_tables  # noqa: E402
-from pipeline.prompts import encode_prompt, load_prompts  # noqa: E402
-from tests.test_smollm2_greedy import stdlib_datastore  # noqa: E402,F401  (a fixture)
+from pipeline.config import load_config
+from pipeline.engines.base import Request
+from pipeline.engines.build import build_engine, model_tables
+from pipeline.prompts import encode_prompt, load_prompts
+from tests.test_smollm2_greedy import stdlib_datastore  # noqa: F401  (a fixture)
 
 NUM_PROMPTS, NEW_TOKENS = 4, 48
 
@@ -28,7 +26,9 @@ def smollm2_config(*overrides):
 def engines():
     plain = build_engine(smollm2_config("decoder.drafter=none", "decoder.w=0"))
     ours = build_engine(smollm2_config("decoder.drafter=context_ngram", "decoder.w=auto"))
-    return plain, ours
+    yield plain, ours
+    plain.close()
+    ours.close()
 
 
 @pytest.fixture(scope="module")

@@ -36,8 +36,10 @@ def scrape_counters(port: str, run_id: str, expected: dict, timeout: float = 60)
 
 @pytest.mark.slow  # a Ray head of its own: make test-slow
 def test_ray_job_submit_runs_the_job_on_a_ray_head(tiny_model_dir, tmp_path, processes):
+    """As users launch it, with a limit of the user's: the summary and the printed line say how many
+    of the input's rows were not read."""
     inputs = tmp_path / "in.jsonl"
-    inputs.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Count to {i}"}) + "\n" for i in range(3)))
+    inputs.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Count to {i}"}) + "\n" for i in range(4)))
     # Token authentication stays on. Ray refuses to start a token head without a token, so the
     # test makes its own, as the README tells a user to, in a home directory of its own.
     env = environment(HOME=str(tmp_path / "home"), RAY_AUTH_MODE="token", RAY_metrics_report_interval_ms="1000")
@@ -49,7 +51,7 @@ def test_ray_job_submit_runs_the_job_on_a_ray_head(tiny_model_dir, tmp_path, pro
             [RAY, "job", "submit", "--address", head["dashboard"], "--working-dir", ".", "--",
              sys.executable, "-m", "jobs.generate", "--config", "configs/default.yaml", "--input", str(inputs),
              "--output", str(tmp_path / "out"), "--run-id", "submitted", "--set", f"model.name={tiny_model_dir}",
-             "--set", f"model.cache_dir={tmp_path / 'cache'}", "--set", "decoder.max_new_tokens=5"],
+             "--set", "decoder.max_new_tokens=5", "--set", "input.limit=3"],
             cwd=REPO, env=env, timeout=400)
         counters = scrape_counters(head["metrics_port"], "submitted", {"rows": 3, "generation_tokens": 15})
         # A user who joins it without the token (and without RAY_AUTH_MODE) is told what to run.
@@ -68,7 +70,9 @@ def test_ray_job_submit_runs_the_job_on_a_ray_head(tiny_model_dir, tmp_path, pro
     rows = read_run(run_dir)
     assert sorted(row["id"] for row in rows) == ["p0", "p1", "p2"]
     assert all(row["error"] is None and len(row["token_ids"]) == 5 for row in rows)
-    assert json.loads((run_dir / "summary.json").read_text())["rows"] == 3
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert (summary["input_rows"], summary["rows_read"], summary["rows"]) == (4, 3, 3)
+    assert "Read 3 of the input's 4 rows (input.limit=3: 1 rows NOT read): 3 generated" in submitted.stdout
 
 
 GOLDEN = REPO / "tests" / "data" / "golden_job_run.json"
@@ -102,29 +106,23 @@ def assert_golden(run_dir: Path, golden: Path) -> None:
         assert row == want, f"row {want['id']} differs from {golden.name}"
 
 
-@pytest.mark.slow  # two job runs, each its own Ray (about 2 minutes): make test-slow
+@pytest.mark.slow  # a job run in a process of its own (about 35 s): make test-slow
 def test_a_job_given_an_input_reads_all_of_it_and_says_what_it_read(tiny_model_dir, tmp_path, processes):
     """The default config (the README's form) on a 30-row file writes 30 rows, the same as the
-    golden run's; a limit is the user's to set, and then the summary and the printed line say how
-    many rows were not read."""
+    golden run's, and says so. (A limit, the user's to set: test_ray_job_submit_runs_the_job_on_a_ray_head.)"""
     inputs = tmp_path / "corpus.jsonl"
     inputs.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"Say {i}"}) + "\n" for i in range(30)))
-    common = [sys.executable, "-m", "jobs.generate", "--config", "configs/default.yaml", "--input", str(inputs),
-              "--output", str(tmp_path / "out"), "--set", f"model.name={tiny_model_dir}",
-              "--set", f"model.cache_dir={tmp_path / 'cache'}", "--set", "decoder.max_new_tokens=6",
-              "--set", "engine.name=transformers"]  # the rows read are the point here, not the engine
-    full = processes.run([*common, "--run-id", "all"], cwd=REPO, env=environment(), timeout=400)
+    command = [sys.executable, "-m", "jobs.generate", "--config", "configs/default.yaml", "--input", str(inputs),
+               "--output", str(tmp_path / "out"), "--run-id", "all", "--set", f"model.name={tiny_model_dir}",
+               "--set", "decoder.max_new_tokens=6",
+               "--set", "engine.name=transformers"]  # the rows read are the point here, not the engine
+    full = processes.run(command, cwd=REPO, env=environment(), timeout=400)
     rows = read_run(tmp_path / "out" / "run=all")
     assert sorted(row["id"] for row in rows) == sorted(f"q{i}" for i in range(30))
     assert_golden(tmp_path / "out" / "run=all", GOLDEN)
     summary = json.loads((tmp_path / "out" / "run=all" / "summary.json").read_text())
     assert (summary["input_rows"], summary["rows_read"], summary["rows"]) == (30, 30, 30)
     assert "Read 30 of the input's 30 rows: 30 generated, 0 errored, 0 skipped as already done." in full.stdout
-    short = processes.run([*common, "--run-id", "some", "--set", "input.limit=20"], cwd=REPO, env=environment(),
-                          timeout=400)
-    summary = json.loads((tmp_path / "out" / "run=some" / "summary.json").read_text())
-    assert (summary["input_rows"], summary["rows_read"], summary["rows"]) == (30, 20, 20)
-    assert "(input.limit=20: 10 rows NOT read)" in short.stdout
 
 
 def test_benchmark_writes_results_with_identity_checked(tiny_model_dir, tmp_path):
@@ -193,12 +191,11 @@ def test_benchmark_throughput_compares_batched_methods_at_each_batch_size(tiny_m
     assert json.loads(out.read_text())["throughput"]["runs"] == runs
 
 
-@pytest.mark.slow  # vLLM started beside our engine (about 1.5 minutes): make test-slow
+@pytest.mark.nightly  # vLLM started beside our engine (about 1.5 minutes): make test-nightly
 def test_benchmark_compares_engines_side_by_side_on_the_same_prompts(tiny_model_dir, tmp_path, processes):
     """--throughput --engine vllm: vLLM plain, vLLM's n-gram, ours on vLLM and ours on the
     transformers engine, per batch size, each checked against plain greedy on the same engine.
     A process of its own: vLLM's n-gram imports numba, which no later vLLM start in a process survives."""
-    pytest.importorskip("vllm")
     out = tmp_path / "engines.json"
     processes.run([sys.executable, "-m", "jobs.benchmark", "--throughput", "--engine", "vllm", "--batch", "1,2",
                    "--spec", "context_ngram:1:3,mixed:1:auto", "--reference", "context_ngram:2:3",

@@ -21,8 +21,7 @@ def auto_run(tiny_model_dir, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(stage_module, "cached_cost_model", flat_costs)
         config = load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}", "decoder.drafter=context_ngram",
-                                        "decoder.k=auto", "decoder.w=auto", "decoder.max_new_tokens=24",
-                                        f"model.cache_dir={tmp_path_factory.mktemp('cache')}"])
+                                        "decoder.k=auto", "decoder.w=auto", "decoder.max_new_tokens=24"])
         table = job_rows.generate(job_rows.job_stage(config), {"id": ["a", "b", "bad"],
                                          "prompt": ["def add(a, b):\n    return a + b\n" * 3, "x = 1\n" * 8, " "]})
     output = tmp_path_factory.mktemp("out")

@@ -66,7 +66,7 @@ def test_a100_workers_scale_from_zero_for_the_job_and_back(tiny_model_dir, tmp_p
         head_id = nodes(processes, env)[0]["id"]
         processes.run([sys.executable, "-m", "jobs.generate", "--config", "configs/default.yaml", "--input", str(inputs),
                        "--output", str(tmp_path / "out"), "--run-id", "scaled", "--set", f"model.name={tiny_model_dir}",
-                       "--set", f"model.cache_dir={tmp_path / 'cache'}", "--set", "engine.name=transformers",
+                       "--set", "engine.name=transformers",
                        "--set", "decoder.max_new_tokens=4", "--set", "ray.accelerator_type=A100",
                        "--set", "ray.num_gpus_per_actor=1", "--set", "ray.num_cpus_per_actor=0.5",
                        "--set", "ray.wait_for_actors_s=300"], cwd=REPO, env=env, timeout=600)

@@ -122,14 +122,12 @@ def test_engine_auto_is_vllm_where_it_is_installed_and_is_recorded_resolved():
     ("decoder.max_batch_tokens=64", "decoder.max_batch_tokens"), ("ray.num_gpus_per_actor=2", "ray.num_gpus_per_actor")])
 def test_vllm_refuses_what_it_cannot_honour_naming_the_field(override, field):
     """What only the transformers engine does is refused on vLLM, not silently run some other way."""
-    pytest.importorskip("vllm")
     with pytest.raises(ConfigError, match=rf"^{field}: must be .*engine.name"):
         load_config("configs/default.yaml", ["engine.name=vllm", override])
     load_config("configs/default.yaml", ["engine.name=transformers", override])
 
 
 def test_tensor_parallel_ranks_take_one_gpu_each_on_vllm_only():
-    pytest.importorskip("vllm")
     split = load_config("configs/default.yaml", ["engine.name=vllm", "engine.tensor_parallel_size=2",
                                                  "ray.num_gpus_per_actor=2"])
     assert (split.engine.tensor_parallel_size, split.ray.num_gpus_per_actor) == (2, 2)
@@ -143,7 +141,6 @@ def test_tensor_parallel_ranks_take_one_gpu_each_on_vllm_only():
 
 
 def test_vllm_refuses_the_draft_model():
-    pytest.importorskip("vllm")
     with pytest.raises(ConfigError, match="decoder.drafter: must be a point drafter with engine.name vllm"):
         load_config(overrides=["engine.name=vllm", "decoder.drafter=draft_model"])
 
@@ -199,7 +196,6 @@ def test_the_demo_config_holds_only_what_it_changes_from_the_defaults():
 
 
 def test_auto_is_resolved_by_the_classes_the_same_for_every_caller():
-    pytest.importorskip("vllm")
     assert DecoderConfig().auto_w and DecoderConfig().w == AUTO_MAX["w"]
     assert DecoderConfig(w="auto", k="auto").auto_k
     assert build(Config, {"engine": {"name": "vllm"}, "decoder": {"w": "auto"}}).decoder.w == AUTO_MAX_VLLM_W
@@ -213,8 +209,6 @@ def test_auto_is_resolved_by_the_classes_the_same_for_every_caller():
 def test_show_config_prints_every_setting_and_reads_back_the_same(tmp_path, engine):
     from jobs.generate import config_yaml
 
-    if engine == "vllm":
-        pytest.importorskip("vllm")
     config = load_config("configs/default.yaml", ["decoder.stop=['END']", f"engine.name={engine}"])
     text = config_yaml(config)
     (tmp_path / "all.yaml").write_text(text)

@@ -64,8 +64,7 @@ def test_the_job_encodes_prompts_as_it_always_has(tiny_model_dir, tmp_path):
     from pipeline.job_rows import generate, job_stage
     from pipeline.prompts import encode_prompt
 
-    config = load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}", "decoder.max_new_tokens=2",
-                                    f"model.cache_dir={tmp_path}"])
+    config = load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}", "decoder.max_new_tokens=2"])
     stage = job_stage(config)
     prefill = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
     out = generate(stage, {"id": ["text", "prefill", "no-content", "inf"],

@@ -54,7 +54,6 @@ def test_vllms_other_engine_arguments_pass_through_and_its_speculation_runs_as_v
 
 
 def test_engine_arguments_vllm_does_not_take_fail_in_the_driver_naming_them(tmp_path):
-    pytest.importorskip("vllm")
     from pipeline.engines.build import ModelRefused, check_vllm_args
     from pipeline.model_loading import resolve_model_dir
 
@@ -159,7 +158,6 @@ def test_bad_sampling_params_name_the_row_and_the_key(params, named):
 
 
 def test_vllms_other_sampling_params_pass_through_on_vllm_and_fail_by_name_elsewhere():
-    pytest.importorskip("vllm")
     from pipeline.rows import vllm_sampling_keys
 
     keys = vllm_sampling_keys()

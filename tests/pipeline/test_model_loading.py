@@ -55,6 +55,11 @@ def test_missing_gguf_file_is_named(tmp_path):
 
 def test_a_conversion_that_another_process_published_first_is_used(monkeypatch, tmp_path):
     converted, digest = model_loading.resolve_model_dir(ModelConfig())
+    # The second conversion reads the first one's output (seconds, not SmolLM2's conversion again):
+    # what is tested is how it is published.
+    for loader in (model_loading.AutoModelForCausalLM, model_loading.AutoTokenizer):
+        monkeypatch.setattr(loader, "from_pretrained",
+                            lambda *args, read=loader.from_pretrained, **kwargs: read(converted))
     replace = model_loading.os.replace
 
     def the_other_process_wins(staging, target):

@@ -33,8 +33,7 @@ def local_ray():
 
 def job_config(tiny_model_dir, tmp_path, *overrides):
     return load_config(REPO / "configs/default.yaml", [
-        "engine.name=transformers", f"model.name={tiny_model_dir}", f"model.cache_dir={tmp_path / 'cache'}",
-        "decoder.max_new_tokens=6",
+        "engine.name=transformers", f"model.name={tiny_model_dir}", "decoder.max_new_tokens=6",
         f"job.output={tmp_path / 'out'}", "input.limit=0", *overrides])
 
 
@@ -233,32 +232,32 @@ def series_ids(tmp_path, *run_ids) -> list[str]:
 def test_a_series_generates_only_what_no_earlier_run_generated(local_ray, tiny_model_dir, tmp_path, monkeypatch):
     import pipeline.llm as llm  # the job's processor prepares the model
 
-    settings = ["job.series=nightly", "decoder.max_new_tokens=2", "ray.batch_size=100"]
-    first = run_job(job_config(tiny_model_dir, tmp_path, f"input.path={corpus(tmp_path, 1000)}", *settings), "r1")
-    assert first["rows_this_invocation"] == 1000 and first["series"] == "nightly"
-    grown = corpus(tmp_path, 1100)
+    settings = ["job.series=nightly", "decoder.max_new_tokens=2", "ray.batch_size=4"]
+    first = run_job(job_config(tiny_model_dir, tmp_path, f"input.path={corpus(tmp_path, 30)}", *settings), "r1")
+    assert first["rows_this_invocation"] == 30 and first["series"] == "nightly"
+    grown = corpus(tmp_path, 33)
     second = run_job(job_config(tiny_model_dir, tmp_path, f"input.path={grown}", *settings), "r2")
-    assert second["rows_this_invocation"] == 100 and second["rows_skipped_already_done"] == 1000
-    assert sorted(series_ids(tmp_path, "r2"), key=int) == [str(i) for i in range(1000, 1100)]
+    assert second["rows_this_invocation"] == 3 and second["rows_skipped_already_done"] == 30
+    assert sorted(series_ids(tmp_path, "r2"), key=int) == [str(i) for i in range(30, 33)]
 
     def no_actors(*args):
         raise AssertionError("a run with nothing new prepared the model for actors")
 
     monkeypatch.setattr(llm, "prepared_tables", no_actors)
     third = run_job(job_config(tiny_model_dir, tmp_path, f"input.path={grown}", *settings), "r3")
-    assert third["rows_this_invocation"] == 0 and third["rows_skipped_already_done"] == 1100
+    assert third["rows_this_invocation"] == 0 and third["rows_skipped_already_done"] == 33
     monkeypatch.undo()
     # Another output setting is another fingerprint: everything is generated again, once.
     fourth = run_job(job_config(tiny_model_dir, tmp_path, f"input.path={grown}", *settings,
                                 "decoder.max_new_tokens=3"), "r4")
-    assert fourth["rows_this_invocation"] == 1100 and fourth["fingerprint"] != first["fingerprint"]
+    assert fourth["rows_this_invocation"] == 33 and fourth["fingerprint"] != first["fingerprint"]
     for runs in (("r1", "r2", "r3"), ("r4",)):  # every id once per fingerprint
         ids = series_ids(tmp_path, *runs)
-        assert len(ids) == len(set(ids)) == 1100
+        assert len(ids) == len(set(ids)) == 33
     from jobs import report
 
     history = report.main([str(tmp_path / "out" / "series=nightly"), "--out", str(tmp_path / "report")])
-    assert [run["rows_this_invocation"] for run in history["runs"]] == [1000, 100, 0, 1100]
+    assert [run["rows_this_invocation"] for run in history["runs"]] == [30, 3, 0, 33]
     assert (tmp_path / "report" / "series.png").stat().st_size > 0
 
 

@@ -28,11 +28,11 @@ def write_jsonl(path: Path, ids: list[str]) -> Path:
     return path
 
 
-def generate_command(tiny_model_dir, cache: Path, input_path: str, output: str, *overrides: str) -> list[str]:
+def generate_command(tiny_model_dir, input_path: str, output: str, *overrides: str) -> list[str]:
     command = [sys.executable, "-m", "jobs.generate", "--config", "configs/default.yaml", "--input", input_path,
                "--output", output, "--run-id", "nightly",
                "--set", "engine.name=transformers", "--set", f"model.name={tiny_model_dir}",
-               "--set", f"model.cache_dir={cache}", "--set", "input.limit=0"]
+               "--set", "input.limit=0"]
     for override in overrides:
         command += ["--set", override]
     return command
@@ -58,7 +58,7 @@ def test_actors_run_on_workers_not_the_head_and_survive_a_killed_actor(tiny_mode
     ray.init(address=cluster.address)  # for the state API: the actors' processes
     try:
         ids = [f"q{i:02d}" for i in range(32)]
-        command = generate_command(tiny_model_dir, tmp_path / "cache", str(write_jsonl(tmp_path / "in.jsonl", ids)),
+        command = generate_command(tiny_model_dir, str(write_jsonl(tmp_path / "in.jsonl", ids)),
                                    str(tmp_path / "out"), "decoder.max_new_tokens=120", "ray.batch_size=1",
                                    "decoder.max_batch_requests=1", "ray.min_actors=2", "ray.max_actors=2")
         # The cluster's authentication mode (this process's): the job would otherwise turn tokens on, and the
@@ -128,7 +128,7 @@ def test_s3_input_output_and_checkpoints_resume_a_killed_driver_exactly_once(tin
     ids = [f"q{i:02d}" for i in range(12)]
     with filesystem.open_output_stream("corpus/in.jsonl") as stream:
         stream.write(write_jsonl(tmp_path / "in.jsonl", ids).read_bytes())
-    command = generate_command(tiny_model_dir, tmp_path / "cache", "s3://corpus/in.jsonl", "s3://corpus/out",
+    command = generate_command(tiny_model_dir, "s3://corpus/in.jsonl", "s3://corpus/out",
                                "ray.batch_size=1", "decoder.max_batch_requests=1", "decoder.max_new_tokens=120")
     driver = processes.start(command, cwd=REPO, env=environment(**env))
     deadline = time.time() + 240
@@ -153,7 +153,7 @@ def test_s3_input_output_and_checkpoints_resume_a_killed_driver_exactly_once(tin
 
 @pytest.mark.slow  # a job process that starts its own Ray (about 35 s): make test-slow
 def test_an_unreachable_output_fails_at_start_naming_the_setting(tiny_model_dir, tmp_path, processes):
-    command = generate_command(tiny_model_dir, tmp_path / "cache", "humaneval", "s3://nowhere/out")
+    command = generate_command(tiny_model_dir, "humaneval", "s3://nowhere/out")
     env = environment(AWS_ENDPOINT_URL=f"http://127.0.0.1:{free_port()}", AWS_ACCESS_KEY_ID="x",
                       AWS_SECRET_ACCESS_KEY="x", AWS_DEFAULT_REGION="us-east-1", AWS_EC2_METADATA_DISABLED="true")
     result = processes.run(command, cwd=REPO, env=env, timeout=120, check=False)
@@ -168,7 +168,7 @@ def test_driver_memory_does_not_grow_with_the_corpus(tiny_model_dir, tmp_path, p
     peaks = {}
     for rows in (2_000, 20_000):
         path = write_jsonl(tmp_path / f"in{rows}.jsonl", [f"r{i}" for i in range(rows)])
-        command = generate_command(tiny_model_dir, tmp_path / "cache", str(path), str(tmp_path / f"out{rows}"),
+        command = generate_command(tiny_model_dir, str(path), str(tmp_path / f"out{rows}"),
                                    "decoder.max_new_tokens=4", "ray.batch_size=1000", "decoder.max_batch_requests=500")
         processes.run(command, cwd=REPO, env=environment(), timeout=600)
         summary = json.loads((tmp_path / f"out{rows}" / "run=nightly" / "summary.json").read_text())
@@ -183,11 +183,10 @@ def test_driver_memory_does_not_grow_with_the_corpus(tiny_model_dir, tmp_path, p
 def test_the_streaming_actor_memory_does_not_grow_with_the_corpus(tiny_model_dir, tmp_path, processes):
     """The vLLM engine is fed continuously from several batches at once: what it holds is bounded
     by the batches in flight, not by the corpus."""
-    pytest.importorskip("vllm")
     peaks = {}
     for rows in (2_000, 20_000):
         path = write_jsonl(tmp_path / f"in{rows}.jsonl", [f"r{i}" for i in range(rows)])
-        command = generate_command(tiny_model_dir, tmp_path / "cache", str(path), str(tmp_path / f"out{rows}"),
+        command = generate_command(tiny_model_dir, str(path), str(tmp_path / f"out{rows}"),
                                    "engine.name=vllm", "engine.execution=eager", "engine.cpu_kv_cache_gib=1",
                                    "engine.max_model_len=384", "engine.max_num_seqs=64", "decoder.drafter=context_ngram",
                                    "decoder.max_new_tokens=4", "ray.batch_size=256")

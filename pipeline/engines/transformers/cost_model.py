@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from pipeline.built_once import code_key
 from pipeline.engines.transformers.kv_cache import keep_row, share_context
 from pipeline.forward import prefill
 
@@ -106,12 +107,16 @@ def measure(model, ks=GRID_K, widths=GRID_WIDTH, context_lengths=GRID_CONTEXT, r
     return CostModel(tuple(ks), tuple(widths), tuple(context_lengths), relative, single, str(model.device))
 
 
+# The code a cached cost model was measured by: another measures it again.
+MEASURED_BY = code_key(measure, timed_call)
+
+
 def cached_cost_model(model, fingerprint: str, cache_dir: Path) -> CostModel:
     """The cost model of this model on this device: measured once, then read from the cache."""
     device = str(model.device)
     if device == "cuda" or device.startswith("cuda:"):
         device = torch.cuda.get_device_name(model.device).replace(" ", "_")
-    path = cache_dir / "costs" / f"{fingerprint[:16]}-{device}-{model.dtype}.json".replace("torch.", "")
+    path = cache_dir / "costs" / f"{fingerprint[:16]}-{device}-{model.dtype}-{MEASURED_BY}.json".replace("torch.", "")
     if path.is_file():
         return CostModel.load(path)
     costs = measure(model)

@@ -18,5 +18,4 @@ def test_the_transformers_engine_refuses_sliding_window_attention_at_start(tiny_
 
 
 def test_vllm_takes_what_transformers_refuses(tiny_gemma3_dir):
-    pytest.importorskip("vllm")
     check_engine_can_run(load_config(overrides=["engine.name=vllm", f"model.name={tiny_gemma3_dir}"]), tiny_gemma3_dir)

@@ -9,10 +9,8 @@ import importlib.util
 import pytest
 import torch
 
-pytest.importorskip("vllm")
-
-from pipeline.engines.vllm.engine import llvmlite_set_aside  # noqa: E402
-from pipeline.engines.vllm.cpu_sampling import expand, install, sampling_is_exact  # noqa: E402
+from pipeline.engines.vllm.engine import llvmlite_set_aside
+from pipeline.engines.vllm.cpu_sampling import expand, install, sampling_is_exact
 
 
 @pytest.fixture(scope="module")

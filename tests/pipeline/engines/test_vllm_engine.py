@@ -6,32 +6,31 @@ import os
 
 import pytest
 
-pytest.importorskip("vllm")
-
-from drafters.datastore import build_datastore  # noqa: E402
-from pipeline.config import load_config  # noqa: E402
-from pipeline.engines.base import Failed, Request, Result  # noqa: E402
-from pipeline.engines.build import build_engine, model_tables  # noqa: E402
-from pipeline.sampling import SamplingParams  # noqa: E402
+from drafters.datastore import build_datastore
+from pipeline.config import load_config
+from pipeline.engines.base import Failed, Request, Result
+from pipeline.engines.build import build_engine, model_tables
+from pipeline.sampling import SamplingParams
 
 W = 4
 PROMPTS = ["def fib(n):\n    if n < 2:\n        return n", "Count: one two three one two three one",
            "The cat sat on the mat. The cat", "x = [1, 2, 3]\ny = [1, 2, 3]\nz = ["]
 
 
-def config(tiny_model_dir, tmp_path, *overrides):
+def config(tiny_model_dir, *overrides):
     return load_config("configs/default.yaml", [
-        "engine.name=vllm", f"model.name={tiny_model_dir}", f"model.cache_dir={tmp_path}", "engine.execution=eager",
+        "engine.name=vllm", f"model.name={tiny_model_dir}", "engine.execution=eager",
         "engine.cpu_kv_cache_gib=1", "engine.max_model_len=384", "engine.max_num_seqs=4", *overrides])
 
 
 @pytest.fixture(scope="module")
-def engines(tiny_model_dir, tmp_path_factory):
-    cache = tmp_path_factory.mktemp("cache")
-    plain = build_engine(config(tiny_model_dir, cache, "decoder.drafter=none", "decoder.w=0",
+def engines(tiny_model_dir):
+    plain = build_engine(config(tiny_model_dir, "decoder.drafter=none", "decoder.w=0",
                                 "engine.vllm_args={enable_prefix_caching: false}"))
-    ours = build_engine(config(tiny_model_dir, cache, "decoder.drafter=context_ngram", "decoder.w=auto"))
-    return plain, ours
+    ours = build_engine(config(tiny_model_dir, "decoder.drafter=context_ngram", "decoder.w=auto"))
+    yield plain, ours
+    plain.close()
+    ours.close()
 
 
 @pytest.fixture(scope="module")
@@ -47,8 +46,8 @@ def reference(engines, requests):
     return [result.token_ids for result in engines[0].generate(requests)]
 
 
-def swap(ours, tiny_model_dir, tmp_path, drafter, *overrides):
-    decoder = config(tiny_model_dir, tmp_path, f"decoder.drafter={drafter}", f"decoder.w={W}", *overrides).decoder
+def swap(ours, tiny_model_dir, drafter, *overrides):
+    decoder = config(tiny_model_dir, f"decoder.drafter={drafter}", f"decoder.w={W}", *overrides).decoder
     ours.set_decoder(decoder, model_tables(dataclasses.replace(ours.config, decoder=decoder)))
 
 
@@ -57,11 +56,14 @@ DRAFTERS = ["context_ngram", "unigram", "bigram", "extended_bigram", "mixed", "s
 
 # Every drafter at a fixed w, and at w: auto all but extended_bigram, whose table at auto's width (16)
 # takes two minutes to build here; auto's path through the proposer is the same for every drafter.
-@pytest.mark.parametrize("w,drafter", [(str(W), drafter) for drafter in DRAFTERS] +
+# extended_bigram's table at w = 4 (the model over every token of the vocabulary, 20-30 s) is built
+# in the slow tier.
+@pytest.mark.parametrize("w,drafter", [pytest.param(str(W), drafter, marks=[pytest.mark.slow] * (drafter == "extended_bigram"))
+                                       for drafter in DRAFTERS] +
                          [("auto", drafter) for drafter in DRAFTERS if drafter != "extended_bigram"])
-def test_each_drafter_on_vllm_is_vllm_plain_greedy(engines, requests, reference, tiny_model_dir, tmp_path, drafter, w):
+def test_each_drafter_on_vllm_is_vllm_plain_greedy(engines, requests, reference, tiny_model_dir, drafter, w):
     ours = engines[1]
-    swap(ours, tiny_model_dir, tmp_path, drafter, "decoder.w=auto" if w == "auto" else f"decoder.w={W}")
+    swap(ours, tiny_model_dir, drafter, "decoder.w=auto" if w == "auto" else f"decoder.w={W}")
     results = ours.generate(requests)
     assert [r.token_ids for r in results] == reference
     rows = {}
@@ -97,10 +99,10 @@ def set_costs(worker, a, b):
 
 
 @pytest.mark.parametrize("per_token,drafts", [(0.0, True), (10.0, False)])
-def test_auto_drafts_when_tokens_are_cheap_and_not_when_they_cost_a_step(
-        engines, requests, reference, tiny_model_dir, tmp_path, per_token, drafts):
+def test_auto_drafts_when_tokens_are_cheap_and_not_when_they_cost_a_step(engines, requests, reference, tiny_model_dir,
+                                                                       per_token, drafts):
     ours = engines[1]
-    swap(ours, tiny_model_dir, tmp_path, "mixed", "decoder.w=auto")
+    swap(ours, tiny_model_dir, "mixed", "decoder.w=auto")
     ours.collective_rpc(set_costs, (0.01, per_token))
     results = ours.generate(requests)
     assert [r.token_ids for r in results] == reference
@@ -108,9 +110,9 @@ def test_auto_drafts_when_tokens_are_cheap_and_not_when_they_cost_a_step(
     assert (verified > 0) == drafts
 
 
-def test_context_drafts_are_accepted_and_save_steps(engines, requests, reference, tiny_model_dir, tmp_path):
+def test_context_drafts_are_accepted_and_save_steps(engines, requests, reference, tiny_model_dir):
     ours = engines[1]
-    swap(ours, tiny_model_dir, tmp_path, "context_ngram", "decoder.ngram_min_q=1")
+    swap(ours, tiny_model_dir, "context_ngram", "decoder.ngram_min_q=1")
     results = ours.generate(requests)
     assert [r.token_ids for r in results] == reference
     accepted = sum(r.stats.strategy_accepted_tokens.get("context_ngram", 0) for r in results)
@@ -124,7 +126,7 @@ def test_retrieval_on_vllm_is_vllm_plain_greedy(engines, requests, reference, ti
     tokenizer = ours.tokenizer
     # A datastore of the reference outputs themselves: retrieval has something to find.
     build_datastore([tokenizer.decode(ids) and ids for ids in reference], tmp_path / "ds", {"vocab_size": len(tokenizer)})
-    swap(ours, tiny_model_dir, tmp_path, "rest", f"decoder.datastore={tmp_path / 'ds'}")
+    swap(ours, tiny_model_dir, "rest", f"decoder.datastore={tmp_path / 'ds'}")
     results = ours.generate(requests)
     assert [r.token_ids for r in results] == reference
     assert sum(r.stats.strategy_accepted_tokens.get("retrieval", 0) for r in results) > 0
@@ -159,12 +161,12 @@ def test_each_engines_worker_samples_exactly(engines):
     assert ours.collective_rpc(lambda worker: sampling_is_exact(worker.device)) == [True]
 
 
-def test_vllms_other_sampling_settings_run_exactly_with_drafts(engines, requests, reference, tiny_model_dir, tmp_path):
+def test_vllms_other_sampling_settings_run_exactly_with_drafts(engines, requests, reference, tiny_model_dir):
     """Penalties, min_tokens and ignore_eos go to vLLM as given; with our drafts the tokens are
     exactly vLLM plain's with the same settings (its rejection sampler applies the penalties over
     the draft prefixes), and the settings do change them."""
     plain, ours = engines
-    swap(ours, tiny_model_dir, tmp_path, "unigram")  # drafts every step, whatever the text
+    swap(ours, tiny_model_dir, "unigram")  # drafts every step, whatever the text
     settings = {"repetition_penalty": 1.5, "frequency_penalty": 0.5, "min_tokens": 8, "ignore_eos": True}
     penalised = [dataclasses.replace(r, vllm_sampling=settings) for r in requests]
     expected = [r.token_ids for r in plain.generate(penalised)]
@@ -175,12 +177,12 @@ def test_vllms_other_sampling_settings_run_exactly_with_drafts(engines, requests
     assert isinstance(bad, Failed) and "sampling_params" in bad.message and "repetition_penalty" in bad.message
 
 
-def test_log_probabilities_come_with_the_drafts_as_without_them(engines, requests, tiny_model_dir, tmp_path):
+def test_log_probabilities_come_with_the_drafts_as_without_them(engines, requests, tiny_model_dir):
     """logprobs / prompt_logprobs asked: every generated position carries its token's log
     probability and the top ones', as vLLM plain gives them (with drafts: from the verifying
     forward), the prompt's positions theirs; the row's params are vLLM's own."""
     plain, ours = engines
-    swap(ours, tiny_model_dir, tmp_path, "unigram")
+    swap(ours, tiny_model_dir, "unigram")
     asked = [dataclasses.replace(r, vllm_sampling={"logprobs": 2, "prompt_logprobs": 1}) for r in requests]
     expected, results = plain.generate(asked), ours.generate(asked)
     assert sum(r.stats.num_verified_tokens - r.stats.num_target_calls for r in results) > 0
@@ -198,13 +200,13 @@ def test_log_probabilities_come_with_the_drafts_as_without_them(engines, request
     assert ours.generate(requests[:1])[0].logprobs is None
 
 
-def test_a_callers_own_run_of_vllm_gives_the_same_results(engines, requests, reference, tiny_model_dir, tmp_path):
+def test_a_callers_own_run_of_vllm_gives_the_same_results(engines, requests, reference, tiny_model_dir):
     """The feeding benchmark's ideal: vLLM's LLM.generate over every request at once, on the engine
     and its proposer, instead of the engine's feeder."""
     from jobs.benchmark.feeding import all_at_once
 
     ours = engines[1]
-    swap(ours, tiny_model_dir, tmp_path, "unigram")
+    swap(ours, tiny_model_dir, "unigram")
     results = ours.generate(requests, all_at_once(ours))
     assert [r.token_ids for r in results] == reference
     assert sum(r.stats.num_verified_tokens - r.stats.num_target_calls for r in results) > 0
@@ -215,7 +217,7 @@ def test_vllms_other_engine_arguments_reach_it_as_given(engines):
     assert engines[1].feeder.llm.llm_engine.vllm_config.cache_config.enable_prefix_caching is True  # vLLM's default
 
 
-def test_a_later_engine_in_the_process_reads_its_own_settings(engines, tiny_model_dir, tmp_path, monkeypatch):
+def test_a_later_engine_in_the_process_reads_its_own_settings(engines, tiny_model_dir, monkeypatch):
     """vLLM caches its environment once an engine has started; another engine's settings (here two
     ranks and another cache size) must reach vLLM all the same."""
     import vllm.envs as envs
@@ -225,7 +227,7 @@ def test_a_later_engine_in_the_process_reads_its_own_settings(engines, tiny_mode
     for name in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE"):
         monkeypatch.setenv(name, os.environ.get(name, ""))  # put back as it was after the test
     envs.enable_envs_cache()
-    set_vllm_environment(config(tiny_model_dir, tmp_path, "engine.tensor_parallel_size=2", "model.num_threads=2",
+    set_vllm_environment(config(tiny_model_dir, "engine.tensor_parallel_size=2", "model.num_threads=2",
                                 "engine.cpu_kv_cache_gib=3"))
     assert envs.VLLM_CPU_KVCACHE_SPACE == 3
     assert envs.VLLM_CPU_OMP_THREADS_BIND.count("|") == 1
@@ -318,9 +320,13 @@ def test_batches_stream_through_one_engine_without_draining(engines, requests, r
     assert at_long.slots == 4 and steps >= 299 and running <= 4 * steps
 
 
-def test_vllm_generates_with_a_model_the_transformers_engine_refuses(tiny_gemma3_dir, tmp_path):
-    engine = build_engine(config(tiny_gemma3_dir, tmp_path, "decoder.drafter=context_ngram", "decoder.w=3"))
-    result = engine.generate([Request("g", engine.tokenizer("Hello there")["input_ids"], 8)])[0]
+@pytest.mark.slow  # a third vLLM engine (about 10 s): make test-slow
+def test_vllm_generates_with_a_model_the_transformers_engine_refuses(tiny_gemma3_dir):
+    engine = build_engine(config(tiny_gemma3_dir, "decoder.drafter=context_ngram", "decoder.w=3"))
+    try:
+        result = engine.generate([Request("g", engine.tokenizer("Hello there")["input_ids"], 8)])[0]
+    finally:
+        engine.close()
     assert isinstance(result, Result) and len(result.token_ids) == 8 and result.stats.num_target_calls >= 1
 
 

@@ -17,17 +17,15 @@ import dataclasses
 import pytest
 import torch
 
-pytest.importorskip("vllm")
+from pipeline.config import load_config
+from pipeline.engines.base import Failed, Request, Result
+from pipeline.engines.build import build_engine
+from pipeline.sampling import SamplingParams
+from tests.pipeline.engines.sampling_checks import assert_exact, generate_tracking
 
 # Two vLLM starts and five sampled runs (about 2 minutes): make test-slow. make test checks the
 # kernels (test_vllm_cpu_sampling.py) and each engine's worker (test_vllm_engine.py).
 pytestmark = pytest.mark.slow
-
-from pipeline.config import load_config  # noqa: E402
-from pipeline.engines.base import Failed, Request, Result  # noqa: E402
-from pipeline.engines.build import build_engine  # noqa: E402
-from pipeline.sampling import SamplingParams  # noqa: E402
-from tests.pipeline.engines.sampling_checks import assert_exact, generate_tracking  # noqa: E402
 
 W = 4
 NEW_TOKENS = 40
@@ -71,7 +69,9 @@ def engines(peaked_model_dir, tmp_path_factory):
     ours = build_engine(config(peaked_model_dir, cache, "decoder.drafter=batch_suffix"))
     ngram = build_engine(config(peaked_model_dir, cache, "decoder.drafter=vllm_ngram", "decoder.ngram_min_q=1",
                                 "decoder.ngram_max_q=3"))
-    return {"ours": ours, "vllm_ngram": ngram}
+    yield {"ours": ours, "vllm_ngram": ngram}
+    ours.close()
+    ngram.close()
 
 
 @pytest.fixture(scope="module")

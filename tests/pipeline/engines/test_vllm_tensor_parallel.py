@@ -5,12 +5,10 @@ starts (plain and ours, both with two ranks), so it is in the slow tier."""
 import psutil
 import pytest
 
-pytest.importorskip("vllm")
-
-from pipeline.config import load_config  # noqa: E402
-from pipeline.engines.base import Request  # noqa: E402
-from pipeline.engines.build import ModelRefused, build_engine, check_engine_can_run  # noqa: E402
-from pipeline.prompts import encode_prompt  # noqa: E402
+from pipeline.config import load_config
+from pipeline.engines.base import Request
+from pipeline.engines.build import ModelRefused, build_engine, check_engine_can_run
+from pipeline.prompts import encode_prompt
 
 pytestmark = pytest.mark.slow
 
@@ -20,7 +18,7 @@ PROMPTS = ["def fib(n):\n    if n < 2:\n        return n", "Count: one two three
 
 def config(tiny_model_dir, tmp_path, *overrides):
     return load_config("configs/default.yaml", [
-        "engine.name=vllm", f"model.name={tiny_model_dir}", f"model.cache_dir={tmp_path}", "engine.execution=eager",
+        "engine.name=vllm", f"model.name={tiny_model_dir}", "engine.execution=eager",
         "engine.cpu_kv_cache_gib=1", "engine.max_model_len=384", "engine.max_num_seqs=4", "model.num_threads=2",
         "engine.tensor_parallel_size=2", *overrides])
 
