@@ -51,4 +51,4 @@ test-scale: install
 	$(PYTEST) -m scale tests
 
 benchmark: install
-	$(PYTHON) -m jobs.benchmark --dataset humaneval --limit 40 --max-new-tokens 128 --out results.json
+	$(PYTHON) -m jobs.benchmark quality --dataset humaneval --limit 40 --max-new-tokens 128 --out results.json

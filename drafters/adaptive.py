@@ -1,7 +1,8 @@
 """Adaptive (k, w): each step verifies the (k, w) that maximises expected tokens per second.
 
-expected tokens per second ∝ expected tokens per call / relative call cost (a CallCost: the
-transformers engine measures one, pipeline/engines/transformers/cost_model.py).
+expected tokens per second ∝ expected tokens per call / relative call cost: the engine's step cost
+c(n), learned from its own calls (drafters/budget.py StepCostFit, the one step-cost model of both
+engines), a call over k rows of w draft tokens feeding n = k (w + 1) tokens.
 
 Expected tokens per call comes from the request's own acceptance history. Row r of a step is
 modelled as accepting each next draft token with probability α_(s, r) (s its strategy, r its
@@ -18,18 +19,11 @@ failing falls back to plain decoding instead of paying for verification.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
 from drafters.base import Drafts, common_prefix
-
-
-class CallCost(Protocol):
-    def cost(self, k: int, w: int, context_length: int) -> float:
-        """The time of a verification call over k rows of w draft tokens at this context length,
-        relative to a single-token call's."""
-        ...
+from drafters.budget import StepCostFit, choose_shape, relative_cost
 
 
 # A request's first steps lean on the α earlier requests saw, weighted as this many checked tokens.
@@ -70,17 +64,13 @@ class AdaptiveController:
     """One per request: it learns that request's acceptance rates, starting from `pool`, the
     evidence of every request of the decoder so far (α = 1/2 for a row kind never seen). The pool
     grows as evidence comes, so requests that run together learn from each other at once."""
-    costs: CallCost
+    costs: StepCostFit | None  # the engine's step cost, learned from its calls (None: it chooses no shape)
     pool: dict[RowKind, AcceptanceEstimate] = field(default_factory=dict)
     estimates: dict[RowKind, AcceptanceEstimate] = field(default_factory=dict)
-    # Interpolated costs by (k, w, context length rounded to 32): the context grows one step at a time.
-    cost_memo: dict[tuple[int, int, int], float] = field(default_factory=dict)
 
-    def cost(self, k: int, w: int, context_length: int) -> float:
-        key = (k, w, context_length // 32 * 32)
-        if key not in self.cost_memo:
-            self.cost_memo[key] = self.costs.cost(k, w, key[2])
-        return self.cost_memo[key]
+    def cost(self, k: int, w: int) -> float:
+        """A call over k rows of w draft tokens against a one-token call, by the step cost so far."""
+        return relative_cost(self.costs.cost(), k * (w + 1), 1)
 
     def alpha(self, kind: RowKind) -> float:
         prior = self.pool.get(kind, AcceptanceEstimate()).alpha(0.5, 2.0)
@@ -121,14 +111,13 @@ class AdaptiveController:
         hit = np.minimum.accumulate(hit, axis=1)  # accepting j tokens needs accepting j - 1
         return order, 1 + np.cumsum(hit, axis=1)
 
-    def choose(self, drafts: Drafts, context_length: int, auto_k: bool = True, auto_w: bool = True) -> AdaptiveChoice:
+    def choose(self, drafts: Drafts, auto_k: bool = True, auto_w: bool = True) -> AdaptiveChoice:
         """The best (k, w) of one request verified alone as a [k, w+1] block, over the rows of
         `drafts` ([k_max, w_max]) taken in order of their α, so the k rows are allocated between
         strategies by how well each has done for this request (choose_shape decides)."""
         k_max, w_max = drafts.tokens.shape
         order, tokens = self.expected_tokens(drafts)  # [k_max], [k_max, w_max]
-        shape = choose_shape([tokens], lambda rows, width: self.cost(rows, width, context_length),
-                             k_max, w_max, auto_k, auto_w)
+        shape = choose_shape([tokens], self.cost, k_max, w_max, auto_k, auto_w)
         rows = [int(i) for i in order[:shape.rows]] if shape.width else []
         return AdaptiveChoice(max(shape.rows, 1), shape.width, shape.expected_tokens, shape.relative_cost, rows)
 
@@ -158,34 +147,3 @@ def judge_proposals(controller: AdaptiveController, pending: list[tuple[int, Dra
             continue
         controller.observe(drafts, accepted)
     return waiting
-
-
-@dataclass(frozen=True)
-class Shape:
-    rows: int  # draft rows each request verifies (0 with width 0: a plain step)
-    width: int  # tokens per row
-    expected_tokens: float  # per call, summed over the requests
-    relative_cost: float  # of the call (CallCost)
-
-
-def choose_shape(tables: list[np.ndarray | None], call_cost, max_rows: int, max_width: int, auto_rows: bool = True,
-                 auto_width: bool = True, max_fed: int | None = None) -> Shape:
-    """The one draft shape every request of a call verifies (rows x width each) that maximises
-    expected tokens per unit cost. Both decoders call it: one request alone, or the requests of
-    a batched call.
-    tables: per request, [k_b, w_b] expected tokens per call of verifying its first k rows cut to
-    w tokens (expected_tokens), or None when it proposed nothing (one token);
-    call_cost(rows, width): the relative cost of the call that verifies it (width 0: no drafts);
-    max_fed: a cap on rows x width per request. A dimension that is not auto stays at its maximum;
-    a plain step is always a candidate."""
-    best = Shape(0, 0, float(len(tables)), call_cost(1, 0))
-    for rows in range(1 if auto_rows else max_rows, max_rows + 1):
-        for width in range(1 if auto_width else max_width, max_width + 1):
-            if max_fed is not None and rows * width > max_fed:
-                continue
-            tokens = sum(1.0 if table is None else float(table[min(rows, table.shape[0]) - 1,
-                                                                min(width, table.shape[1]) - 1]) for table in tables)
-            cost = call_cost(rows, width)
-            if tokens / cost > best.expected_tokens / best.relative_cost:
-                best = Shape(rows, width, tokens, cost)
-    return best

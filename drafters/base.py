@@ -17,9 +17,10 @@ from typing import Hashable, Protocol, Sequence
 import numpy as np
 import torch
 
-from pipeline.sampling import GREEDY, RandomState, SamplingParams
+from drafters.primitives.sampling import GREEDY, RandomState, SamplingParams
 
-PADDING = "padding"
+PADDING = "padding"  # a row that carries no information (a batch's rows padded to one shape)
+NO_DRAFT = "none"  # the strategy of a step that verified no draft (plain decoding, or nothing worth guessing)
 
 
 @dataclass(frozen=True)
@@ -93,7 +94,7 @@ def common_prefix(a, b) -> int:
 
 class Drafter(Protocol):
     """Proposes exactly k drafts of w tokens for a context (one request at a time: the
-    transformers engine's decoders, and drafters/each_request.py for a batch)."""
+    transformers engine's decoders, and drafters/per_request.py for a batch)."""
 
     def propose(self, context: DraftContext, k: int, w: int) -> Drafts: ...
 

@@ -1,6 +1,6 @@
 """The draft budget: how many of a step's draft tokens to feed the model, from what a step costs
 and how likely each token is to be accepted. One allocator and one family of step costs, used by
-every drafter under vLLM (the batched suffix drafter's compiled step, and drafters/each_request.py
+every drafter under vLLM (the batched suffix drafter's compiled step, and drafters/per_request.py
 for the others) and the replay's projection.
 
 `allocate`: a step that feeds n tokens (one per running request plus their drafts) takes c(n)
@@ -12,9 +12,13 @@ largest first is optimal for a linear c (and a fair rule for a convex one). `cal
 drafter's probability as the judged tokens of its depth and bin bore it out.
 
 The step cost, c(n) as `seconds(n)`: `LinearStepCost`, c(n) = a + b n, fitted online from the
-engine's own steps (`StepCostFit`), so only the tokens likely enough to pay for what they cost are
-fed. (The benchmark's projections give the allocator GPU step costs of the same form:
-jobs/benchmark/step_costs.py.)
+engine's own steps (`StepCostFit`: the one step-cost model, vLLM's proposer's and the transformers
+engine's), so only the tokens likely enough to pay for what they cost are fed. (The benchmark's
+projections give the allocator GPU step costs of the same form: jobs/benchmark/step_costs.py.)
+
+`choose_shape`: the same rule for an engine that verifies one draft shape per call (the
+transformers engine: k rows of w tokens per request), the shape of the most expected tokens per
+unit of c(n).
 """
 from __future__ import annotations
 
@@ -166,3 +170,40 @@ def allocate(gains, lengths, step_cost, taken):
         expected += flat[i]
         fed += 1
     return fed - batch
+
+
+def relative_cost(cost: LinearStepCost, fed: float, plain: float) -> float:
+    """A step feeding `fed` tokens against one feeding `plain` (one per request), by `cost`."""
+    return float(cost.seconds(fed) / cost.seconds(plain))
+
+
+@dataclass(frozen=True)
+class Shape:
+    rows: int  # draft rows each request verifies (0 with width 0: a plain step)
+    width: int  # tokens per row
+    expected_tokens: float  # per call, summed over the requests
+    relative_cost: float  # of the call, against a plain one
+
+
+def choose_shape(tables: list[np.ndarray | None], call_cost, max_rows: int, max_width: int, auto_rows: bool = True,
+                 auto_width: bool = True, max_fed: int | None = None) -> Shape:
+    """The one draft shape every request of a call verifies (rows x width each) that maximises
+    expected tokens per unit cost: the budget of an engine that verifies one shape per call (the
+    transformers engine's decoders: one request alone, or the requests of a batched call), where
+    `allocate` is the budget of one that verifies each request's own length (vLLM).
+    tables: per request, [k_b, w_b] expected tokens per call of verifying its first k rows cut to
+    w tokens (expected_tokens), or None when it proposed nothing (one token);
+    call_cost(rows, width): the call's cost relative to a plain one (width 0: no drafts; relative_cost);
+    max_fed: a cap on rows x width per request. A dimension that is not auto stays at its maximum;
+    a plain step is always a candidate."""
+    best = Shape(0, 0, float(len(tables)), call_cost(1, 0))
+    for rows in range(1 if auto_rows else max_rows, max_rows + 1):
+        for width in range(1 if auto_width else max_width, max_width + 1):
+            if max_fed is not None and rows * width > max_fed:
+                continue
+            tokens = sum(1.0 if table is None else float(table[min(rows, table.shape[0]) - 1,
+                                                                min(width, table.shape[1]) - 1]) for table in tables)
+            cost = call_cost(rows, width)
+            if tokens / cost > best.expected_tokens / best.relative_cost:
+                best = Shape(rows, width, tokens, cost)
+    return best

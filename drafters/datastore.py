@@ -3,7 +3,8 @@
 A corpus is tokenized with the target model's tokenizer and its documents are joined into one
 uint32 array, with SEPARATOR between documents. A suffix array lists every position sorted by
 the token sequence starting there, so all occurrences of a pattern form one contiguous range
-[lo, hi) found by binary search in O(len(pattern) * log N), without scanning the corpus.
+[lo, hi) found by binary search in O(len(pattern) * log N), without scanning the corpus (the one
+search: drafters/suffix/store_search.py, compiled).
 
 On disk a datastore is a directory with `tokens.npy`, `suffix_array.npy` (memory-mapped when
 opened, so a 50 MB datastore costs no load time) and `meta.json`. Build one with
@@ -11,7 +12,6 @@ opened, so a 50 MB datastore costs no load time) and `meta.json`. Build one with
 """
 from __future__ import annotations
 
-import bisect
 import json
 import os
 import shutil
@@ -23,9 +23,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-# Written between documents. It is the largest uint32 and never a token id, so a pattern (a
-# model context) never matches across it, and it sorts after every real token.
-SEPARATOR = np.uint32(2**32 - 1)
+# SEPARATOR: written between documents (store_search.py says why it can be).
+from drafters.suffix.store_search import SEPARATOR, gather_continuations, longest_match
+
 FORMAT_VERSION = 1
 FILES = ("tokens.npy", "suffix_array.npy", "meta.json")
 BUILD_HINT = "build one with: python -m jobs.build_datastore --corpus PATH --out DIR"
@@ -62,83 +62,24 @@ class Datastore:
     # The lookups read the maps as plain arrays: indexing an np.memmap wraps every slice in a new
     # memmap object, which tripled the cost of a step's binary searches.
     def match(self, context: Sequence[int], max_len: int = 16, min_len: int = 2) -> tuple[int, int, int]:
-        return find_longest_suffix_match(np.asarray(self.tokens), np.asarray(self.suffix_array), context, max_len, min_len)
+        """The longest suffix of `context` (max_len tokens down to min_len) that occurs: (its length,
+        its suffix-array range [lo, hi)), or (0, 0, 0). The context holds real token ids, never
+        SEPARATOR, so a match never crosses a document's end."""
+        assert min_len >= 1, f"min_len must be >= 1, got {min_len}"
+        values = np.asarray(context[-max_len:] if max_len > 0 else [], dtype=np.int64)
+        length, lo, hi = longest_match(np.asarray(self.tokens), np.asarray(self.suffix_array), values, max_len, min_len)
+        return int(length), int(lo), int(hi)
 
     def continuations(self, lo: int, hi: int, match_len: int, length: int = 10,
                       max_occurrences: int = 5000) -> np.ndarray:
-        return continuations(np.asarray(self.tokens), np.asarray(self.suffix_array), lo, hi, match_len, length,
-                             max_occurrences)
-
-
-# ---------------------------------------------------------------------------------------------
-# Lookup (pure helpers: the drafter's hot path)
-# ---------------------------------------------------------------------------------------------
-
-def suffix_range(tokens: np.ndarray, suffix_array: np.ndarray, pattern: list[int],
-                 lo: int = 0, hi: int | None = None) -> tuple[int, int]:
-    """The half-open suffix-array range of the suffixes that start with `pattern` (empty: lo == hi).
-
-    tokens: [N] uint32; suffix_array: [N]. Each suffix is cut to len(pattern) tokens and compared
-    as a Python list: lexicographic, with a prefix (a suffix that hits the array's end) smaller.
-    """
-    hi = len(suffix_array) if hi is None else hi
-    width = len(pattern)
-
-    def head(position) -> list[int]:
-        return tokens[position:position + width].tolist()
-
-    first = bisect.bisect_left(suffix_array, pattern, lo, hi, key=head)
-    last = bisect.bisect_right(suffix_array, pattern, first, hi, key=head)
-    return first, last
-
-
-def occurs(tokens: np.ndarray, suffix_array: np.ndarray, pattern: list[int]) -> bool:
-    """Whether `pattern` occurs: one lower-bound search and a look at the suffix found there."""
-    first = bisect.bisect_left(suffix_array, pattern, key=lambda p: tokens[p:p + len(pattern)].tolist())
-    return first < len(suffix_array) and tokens[suffix_array[first]:][:len(pattern)].tolist() == pattern
-
-
-def find_longest_suffix_match(tokens: np.ndarray, suffix_array: np.ndarray, context: Sequence[int],
-                              max_len: int = 16, min_len: int = 2) -> tuple[int, int, int]:
-    """The longest suffix of `context`, of length min(max_len, len(context)) down to min_len,
-    that occurs in the datastore: (match_len, lo, hi) with [lo, hi) its suffix-array range, or
-    (0, 0, 0) when none does.
-
-    If the last L tokens occur at position p, the last L-1 occur at p+1, so "occurs" is monotone
-    in L and the longest L is found by binary search over L: about log2(max_len) range searches
-    instead of one per length. The context holds real token ids, never SEPARATOR, so a match
-    never crosses a document boundary.
-    """
-    assert min_len >= 1, f"min_len must be >= 1, got {min_len}"
-    tail = [int(t) for t in context[-max_len:]] if max_len > 0 else []
-    shortest, longest = min_len - 1, len(tail)  # invariant: `shortest` occurs (or is min_len - 1)
-    while shortest < longest:
-        middle = (shortest + longest + 1) // 2
-        if occurs(tokens, suffix_array, tail[len(tail) - middle:]):
-            shortest = middle
-        else:
-            longest = middle - 1
-    if shortest < min_len:
-        return 0, 0, 0
-    lo, hi = suffix_range(tokens, suffix_array, tail[len(tail) - shortest:])
-    return shortest, lo, hi
-
-
-def continuations(tokens: np.ndarray, suffix_array: np.ndarray, lo: int, hi: int, match_len: int,
-                  length: int = 10, max_occurrences: int = 5000) -> np.ndarray:
-    """[n, length] uint32: the `length` tokens after n = min(hi - lo, max_occurrences) of the
-    occurrences, spread evenly over the range (the first n in suffix-array order would be the
-    alphabetically smallest continuations); each row is cut at its first SEPARATOR (or the
-    array's end) and padded with SEPARATOR from there, for the caller to drop.
-    """
-    count = max(0, min(hi - lo, max_occurrences))
-    picks = lo + (np.arange(count, dtype=np.int64) * (hi - lo)) // max(count, 1)  # [n] evenly spread
-    starts = np.asarray(suffix_array[picks], dtype=np.int64) + match_len  # [n]
-    positions = starts[:, None] + np.arange(length, dtype=np.int64)[None, :]  # [n, length]
-    inside = positions < len(tokens)
-    rows = np.where(inside, tokens[np.minimum(positions, len(tokens) - 1)], SEPARATOR)  # [n, length]
-    rows[np.cumsum(rows == SEPARATOR, axis=1) > 0] = SEPARATOR
-    return rows.astype(np.uint32, copy=False)
+        """[n, length] uint32: the tokens after the occurrences of a match (its range [lo, hi)),
+        min(hi - lo, max_occurrences) of them spread evenly over the range, each cut at a document's
+        end and padded with SEPARATOR from there (an occurrence at a document's end gives none)."""
+        count = max(0, min(hi - lo, max_occurrences))
+        rows = np.full((count, length), SEPARATOR, dtype=np.int64)
+        kept = gather_continuations(np.asarray(self.tokens), np.asarray(self.suffix_array), lo, hi, match_len, length,
+                                    max_occurrences, rows, np.zeros(count, dtype=np.int64))
+        return rows[:kept].astype(np.uint32)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from torch import nn
 from transformers import DynamicCache
 
 from drafters.base import DraftContext, Drafts, common_prefix
-from pipeline.sampling import sample, target_probs
+from drafters.primitives.sampling import sample, target_probs
 
 STRATEGY = "draft_model"
 

@@ -19,28 +19,8 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from pipeline.built_once import code_key
-from pipeline.forward import expanded_copy, prefill
-from pipeline.prompts import chat_ids
-
-
-def prefix_ids(tokenizer, kind: str) -> list[int]:
-    """What the model sees before token x when the bigram table is computed."""
-    if kind == "none":
-        return []
-    if kind == "bos":
-        if tokenizer.bos_token_id is None:
-            raise ValueError("decoder.bigram_prefix: 'bos' needs a tokenizer with a BOS token; use 'none'")
-        return [tokenizer.bos_token_id]
-    if kind == "assistant_header":
-        if not tokenizer.chat_template:
-            raise ValueError("decoder.bigram_prefix: 'assistant_header' needs a chat template; use 'bos' or 'none'")
-        messages = [{"role": "user", "content": "Hi"}]
-        with_header = chat_ids(tokenizer, messages, add_generation_prompt=True)
-        without = chat_ids(tokenizer, messages, add_generation_prompt=False)
-        assert with_header[:len(without)] == without, "chat template's generation prompt is not a suffix"
-        return with_header[len(without):]
-    raise ValueError(f"decoder.bigram_prefix: unknown {kind!r}")
+from drafters.primitives.built_once import code_key
+from drafters.primitives.forward import expanded_copy, prefill
 
 
 def vocab_size(model) -> int:

@@ -15,8 +15,8 @@ Each PATH is one of:
 - a directory: every file whose suffix is in --suffixes, recursively, in sorted order, one
   document each (directories named in --exclude-dirs are skipped);
 - a job's run or series directory (`<output>/run=<id>`, `<output>/series=<name>`): the generated
-  text (column `text`) of every row, one document each: the store the `suffix` drafter (and
-  `rest`) drafts from in a later run (`--set decoder.datastore=DIR`).
+  text (column `generated_text`) of every row, one document each: the store the `batch_suffix`
+  drafter (and `rest`) drafts from in a later run (`--set decoder.datastore=DIR`).
 
 Records without text, and unreadable or binary files, are skipped and counted. Text is tokenized
 with the target model's tokenizer (no special tokens), so drafts are in the model's token ids.
@@ -165,7 +165,7 @@ def read_directory(root: Path, suffixes: tuple[str, ...], exclude_dirs: frozense
 def read_corpus(path: Path, args: argparse.Namespace, stats: ReadStats) -> Iterator[str]:
     """Dispatches on the path's kind; an unknown kind is an error naming the path."""
     if path.is_dir() and path.name.startswith(("run=", "series=")):  # a job's outputs: their generated text
-        return itertools.chain.from_iterable(read_parquet(part, args.text_field, stats)
+        return itertools.chain.from_iterable(read_parquet(part, "generated_text", stats)
                                              for part in sorted(path.rglob("*.parquet")) if "_checkpoints" not in part.parts)
     if path.is_dir():
         return read_directory(path, args.suffixes, args.exclude_dirs, stats)

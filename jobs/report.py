@@ -25,7 +25,7 @@ from jobs.plots import AcceptanceCounts, pyplot, save_acceptance_plots
 from pipeline import storage
 
 COLUMNS = ("id", "error", "drafter", "k", "w", "auto_k", "auto_w", "verify", "num_generated_tokens",
-           "num_target_calls", "num_verified_tokens", "tokens_per_call", "alpha", "total_seconds",
+           "num_target_calls", "num_verified_tokens", "tokens_per_call", "alpha",
            "accepted_length_histogram", "accepted_rank_histogram", "strategy_rows", "strategy_wins")
 
 

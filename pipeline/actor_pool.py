@@ -10,15 +10,10 @@ import time
 import ray
 
 from drafters.datastore import Datastore
-from drafters.registry import (
-    DrafterTables,
-    build_tables,
-    needs_datastore,
-    needs_model_tables,
-)
+from pipeline.drafter_registry import drafter_tables, needs_datastore
 from pipeline.config import Config, concurrent_batches
 from pipeline.engines.build import ModelRefused, check_engine_can_run
-from pipeline.model_loading import cache_root, load_model, resolve_model_dir
+from pipeline.model_loading import resolve_model_dir
 
 
 class JobFailed(RuntimeError):
@@ -46,13 +41,9 @@ def prepare_model(config: Config):
             check_vocabulary(datastore, len(AutoTokenizer.from_pretrained(model_dir)))
         except ValueError as error:
             raise ModelRefused(str(error)) from error
-    tables = None
-    if needs_model_tables(config.decoder):
-        loaded = load_model(config.model)
-        tables = build_tables(loaded.model, loaded.tokenizer, loaded.fingerprint, config.decoder,
-                              cache_root(config.model))
+    tables = drafter_tables(config)
     if needs_datastore(config.decoder):  # shared like the tables: one copy per node, not one per actor
-        tables = dataclasses.replace(tables or DrafterTables(), datastore=datastore)
+        tables = dataclasses.replace(tables, datastore=datastore)
     report = {"node": ray.get_runtime_context().get_node_id(), "seconds": round(time.perf_counter() - started, 2)}
     return report, None if tables is None else tables.as_plain_arrays()
 

@@ -12,14 +12,13 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Callable, Literal
 
 import yaml
 
+from pipeline.config_types import ConfigError, build
 from pipeline.drafter_kinds import DRAFTER_KINDS
 
 # The largest k and w a `k: auto` / `w: auto` decoder may choose. On the vLLM engine (one row per
@@ -29,10 +28,6 @@ AUTO_MAX = {"k": 8, "w": 8}
 AUTO_MAX_VLLM_W = 16
 # drafter draft_model's w when none is set: its draft length γ (a call of the draft model per token).
 DRAFT_MODEL_W = 5
-
-
-class ConfigError(ValueError):
-    """A config value that cannot be used; the message names the field."""
 
 
 def installed_engine() -> str:
@@ -97,21 +92,45 @@ class EngineConfig:
         _require(not self.vllm_args or self.name == "vllm", "engine.vllm_args",
                  "empty with engine.name transformers (they are vLLM's engine arguments)")
         for key in self.vllm_args:
-            _require(key not in VLLM_ARGS_SET_ELSEWHERE, f"engine.vllm_args.{key}",
-                     f"left out: {VLLM_ARGS_SET_ELSEWHERE.get(key)}")
+            _require(key not in VLLM_ARGUMENTS, f"engine.vllm_args.{key}",
+                     f"left out: {VLLM_ARGUMENTS[key].where() if key in VLLM_ARGUMENTS else ''}")
 
 
-# vLLM engine arguments this config sets itself: where each is set instead.
-VLLM_ARGS_SET_ELSEWHERE = {
-    **{key: f"engine.{key} sets it" for key in ("max_model_len", "max_num_seqs", "max_num_batched_tokens",
-                                              "gpu_memory_utilization", "tensor_parallel_size", "pipeline_parallel_size")},
-    "model": "model.name sets it", "tokenizer": "model.name sets it", "dtype": "model.dtype sets it",
-    "trust_remote_code": "model.trust_remote_code sets it", "enforce_eager": "engine.execution sets it",
-    "speculative_config": "decoder.drafter and decoder.w set it (vllm_ngram and vllm_suffix are vLLM's own methods)",
-    "seed": "decoder.seed seeds the sampled rows; the engine's own seed is fixed",
-    "disable_log_stats": "engine.request_metrics sets it",
-    "distributed_executor_backend": "the engine sets it (tensor-parallel ranks are the actor's own processes)",
-    "per_request_spec_decode_metrics": "the engine sets it (the rows' statistics need it)",
+@dataclass(frozen=True)
+class VllmArgument:
+    """One of vLLM's engine arguments that is not passed through as given (engine.vllm_args): the
+    config field that holds it (`section.key`, converted from vLLM's value by `convert`), or the one
+    value the engine runs (`only`), or who sets it (`set_by`)."""
+    field: str = ""
+    convert: Callable[[Any], Any] = lambda value: value
+    only: Any = None
+    set_by: str = ""
+
+    def where(self) -> str:
+        return f"{self.field} sets it" if self.field else self.set_by
+
+
+# vLLM's engine arguments under their own names, in one table: pipeline.llm maps a processor's
+# engine_kwargs through it, engine.vllm_args refuses what it holds, the vLLM engine passes the fields
+# back to vLLM by these names. Any other argument goes to vLLM as it is (checked against EngineArgs).
+VLLM_ARGUMENTS = {
+    **{name: VllmArgument(f"engine.{name}") for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens",
+                                                         "gpu_memory_utilization", "tensor_parallel_size")},
+    # vLLM 0.32 cannot speculate with pipeline parallelism (its earlier stages have no proposer).
+    "pipeline_parallel_size": VllmArgument("engine.pipeline_parallel_size", only=1),
+    "dtype": VllmArgument("model.dtype"),
+    "trust_remote_code": VllmArgument("model.trust_remote_code"),
+    "enforce_eager": VllmArgument("engine.execution", lambda eager: "eager" if eager else "compiled"),
+    # Rows without a seed derive theirs from it (the engine's own seed is fixed).
+    "seed": VllmArgument("decoder.seed", int),
+    "enable_chunked_prefill": VllmArgument(only=True, set_by="the engine runs it (vLLM's default)"),
+    "model": VllmArgument(set_by="model.name sets it"), "tokenizer": VllmArgument(set_by="model.name sets it"),
+    "speculative_config": VllmArgument(set_by="decoder.drafter and decoder.w set it (vllm_ngram and vllm_suffix "
+                                              "are vLLM's own methods)"),
+    "disable_log_stats": VllmArgument(set_by="engine.request_metrics sets it"),
+    "distributed_executor_backend": VllmArgument(set_by="the engine sets it (tensor-parallel ranks are the "
+                                                        "actor's own processes)"),
+    "per_request_spec_decode_metrics": VllmArgument(set_by="the engine sets it (the rows' statistics need it)"),
 }
 
 
@@ -183,14 +202,14 @@ class DecoderConfig:
     retrieval_min_match: int = 2
     retrieval_max_occurrences: int = 5000
     retrieval_max_nodes: int = 64
-    # drafters "suffix" and "batch_suffix": outputs an actor keeps to draft from (tokens; past it the
+    # drafter "batch_suffix": outputs an actor keeps to draft from (tokens; past it the
     # oldest finished ones are dropped), and the least probability, by the acceptance model, that
     # every token of a draft so far is accepted: a draft stops where that falls below (under `w: auto`
     # the step budget may stop it sooner). 0.1 is batch_suffix's measured best against vLLM's suffix
     # decoding (more tokens per step for few more draft tokens: docs/benchmarks.md, the replay).
     suffix_max_tokens: int = 262144
     suffix_min_probability: float = 0.1
-    # drafters "suffix" and "batch_suffix": occurrences are found by the context's last ngram_max_q tokens, down to
+    # drafter "batch_suffix": occurrences are found by the context's last ngram_max_q tokens, down to
     # suffix_min_match when no longer suffix occurs (1: a one-token match is judged by the
     # acceptance model like any other), then extended backwards up to suffix_max_match tokens;
     # only those that repeat the most of the context are drafted from.
@@ -219,7 +238,13 @@ class DecoderConfig:
     lenience: float = 1.0
 
     def __post_init__(self):
-        draft_model = self.drafter == "draft_model"  # frozen: what is unset or `auto` is resolved once, here
+        self.resolve()
+        self.check_values()
+        self.check_drafter()
+
+    def resolve(self) -> None:
+        """What is unset or `auto`, resolved once, here (frozen: through object.__setattr__)."""
+        draft_model = self.drafter == "draft_model"
         if self.w is None:
             object.__setattr__(self, "w", DRAFT_MODEL_W if draft_model else "auto")
         if self.max_batch_requests is None:
@@ -231,8 +256,11 @@ class DecoderConfig:
             elif isinstance(getattr(self, name), str):
                 raise ConfigError(f"decoder.{name}: must be an integer or 'auto', got {getattr(self, name)!r}")
         if self.drafter not in DRAFTER_KINDS:
-            raise ConfigError(f"decoder.drafter: {self.drafter!r} is not allowed; choose one of "
+            hint = " ('suffix' is now 'batch_suffix': the same sources and acceptance model)" if self.drafter == "suffix" else ""
+            raise ConfigError(f"decoder.drafter: {self.drafter!r} is not allowed{hint}; choose one of "
                               f"{', '.join(map(repr, DRAFTER_KINDS))}")
+
+    def check_values(self) -> None:
         _require(self.k >= 1, "decoder.k", "an integer >= 1")
         _require(self.w >= 0, "decoder.w", "an integer >= 0")
         _require(self.ngram_max_q >= 1, "decoder.ngram_max_q", "an integer >= 1")
@@ -262,6 +290,9 @@ class DecoderConfig:
                  f"an integer from 1 to decoder.ngram_max_q ({self.ngram_max_q})")
         _require(self.suffix_max_match >= self.ngram_max_q, "decoder.suffix_max_match",
                  f"an integer >= decoder.ngram_max_q ({self.ngram_max_q})")
+
+    def check_drafter(self) -> None:
+        """What the drafter needs, and refuses."""
         if self.drafter == "rest":
             _require(bool(self.datastore), "decoder.datastore",
                      "a datastore directory with drafter 'rest' (build one with python -m jobs.build_datastore)")
@@ -313,7 +344,7 @@ class JobConfig:
     max_errored_rows: int = -1
     # A named series of runs (a nightly job over a growing corpus): its runs write under
     # <output>/series=<name>/run=<run_id>/, and a run generates only the ids no earlier run of the
-    # series generated with the same output settings (series_fingerprint); "" : a lone run.
+    # series generated unchanged (pipeline/series.py, by row fingerprint); "" : a lone run.
     series: str = ""
 
     def __post_init__(self):
@@ -441,79 +472,6 @@ def concurrent_batches(config: Config) -> int:
 def _require(ok: bool, name: str, allowed: str) -> None:
     if not ok:
         raise ConfigError(f"{name}: must be {allowed}")
-
-
-def _convert(value: Any, hint: Any, name: str) -> Any:
-    """Checks one YAML value against a field's type hint; returns it in the field's type."""
-    origin = typing.get_origin(hint)
-    if hint is type(None):
-        if value is not None:
-            raise ConfigError(f"{name}: must be null, got {value!r}")
-        return None
-    if origin in (Union, types.UnionType):  # int | Literal["auto"]: the first type that takes it
-        for arm in typing.get_args(hint):
-            try:
-                return _convert(value, arm, name)
-            except ConfigError:
-                pass
-        raise ConfigError(f"{name}: must be {' or '.join(_describe(arm) for arm in typing.get_args(hint))}, got {value!r}")
-    if origin is Literal:
-        allowed = typing.get_args(hint)
-        if value not in allowed:
-            raise ConfigError(f"{name}: {value!r} is not allowed; choose one of {', '.join(map(repr, allowed))}")
-        return value
-    if origin is tuple:
-        if isinstance(value, str):
-            value = [value]
-        if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{name}: must be a list of strings, got {value!r}")
-        return tuple(_convert(v, typing.get_args(hint)[0], f"{name}[{i}]") for i, v in enumerate(value))
-    if hint is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{name}: must be true or false, got {value!r}")
-        return value
-    if hint is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{name}: must be an integer, got {value!r}")
-        return value
-    if hint is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"{name}: must be a number, got {value!r}")
-        return float(value)
-    if hint is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{name}: must be a string, got {value!r}")
-        return value
-    if hint is dict:
-        if not isinstance(value, dict) or not all(isinstance(key, str) for key in value):
-            raise ConfigError(f"{name}: must be a mapping of names to values, got {value!r}")
-        return dict(value)
-    if dataclasses.is_dataclass(hint):
-        return build(hint, value, name)
-    raise TypeError(f"{name}: unsupported config type {hint!r}")
-
-
-def _describe(hint: Any) -> str:
-    if typing.get_origin(hint) is Literal:
-        return " or ".join(map(repr, typing.get_args(hint)))
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false",
-            type(None): "unset (null)"}.get(hint, str(hint))
-
-
-def build(cls: type, mapping: Any, prefix: str = ""):
-    """Builds dataclass `cls` from a mapping, rejecting unknown keys by name."""
-    where = prefix or "config"
-    if mapping is None:
-        mapping = {}
-    if not isinstance(mapping, dict):
-        raise ConfigError(f"{where}: must be a mapping, got {type(mapping).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
-    unknown = sorted(set(mapping) - set(names))
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(names)}")
-    kwargs = {key: _convert(value, hints[key], f"{prefix}.{key}" if prefix else key) for key, value in mapping.items()}
-    return cls(**kwargs)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

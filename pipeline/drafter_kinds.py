@@ -1,5 +1,5 @@
 """The names `decoder.drafter` takes and what each needs, known to the config (which validates
-against them) and to the drafter registry (which builds them: drafters/registry.py) alike.
+against them) and to the drafter registry (which builds them: pipeline/drafter_registry.py) alike.
 
 A new drafter is one module in drafters/, one entry here and one factory in the registry.
 """
@@ -10,12 +10,11 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class DrafterKind:
-    tables: tuple[str, ...] = ()  # drafters/registry.py's DrafterTables fields it drafts from, built once per model
+    tables: tuple[str, ...] = ()  # pipeline/drafter_registry.py's DrafterTables fields it drafts from, built once per model
     engines: tuple[str, ...] = ("vllm", "transformers")  # where it runs
     vllm_method: str = ""  # vLLM's own speculative_config method, for a method vLLM runs itself
     datastore: bool = False  # whether it drafts from decoder.datastore
-    batched: bool = False  # a BatchDrafter itself (drafters/base.py); else drafters/each_request.py adapts it for vLLM
-    learns_outputs: bool = False  # it drafts from finished requests' outputs, given to its `learn`
+    batched: bool = False  # a BatchDrafter itself (drafters/base.py); else drafters/per_request.py adapts it for vLLM
 
 
 DRAFTER_KINDS: dict[str, DrafterKind] = {
@@ -27,11 +26,9 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
     "mixed": DrafterKind(("chained",)),
     "draft_model": DrafterKind(engines=("transformers",)),
     "rest": DrafterKind(datastore=True),
-    # The request's context, this actor's finished outputs and (decoder.datastore) earlier runs'
-    # outputs, by frequency; the model bigram where none matches (drafters/suffix.py).
-    "suffix": DrafterKind(("chained",), datastore=True, learns_outputs=True),
-    # The same sources and acceptance model for every request of a step in one compiled call,
-    # learning from answers in flight, with a step budget under `w: auto` (drafters/batch_suffix.py).
+    # The suffix drafter: the request's context, other requests' outputs (in flight too) and
+    # (decoder.datastore) earlier runs' outputs, scored by an acceptance model learned online, for
+    # every request of a step in one compiled call, with a step budget under `w: auto` (drafters/suffix/).
     "batch_suffix": DrafterKind(datastore=True, batched=True),
     # vLLM's own learning-free methods, run by vLLM itself: n-gram prompt lookup and suffix
     # decoding (arctic-inference).

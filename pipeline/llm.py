@@ -24,34 +24,17 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+import pyarrow as pa
+
 from pipeline.actor_pool import generation_stage, prepared_tables
 from pipeline.checkpoint import checkpoint_config
-from pipeline.config import Config, ConfigError, DecoderConfig, build
-from pipeline.rows import INFERENCE_ERROR, STATISTICS
-from pipeline.stage import GenerationStage
+from pipeline.config import VLLM_ARGUMENTS, Config, ConfigError, DecoderConfig, build
+from pipeline.row_values import rows_table
+from pipeline.schema import INFERENCE_ERROR, STATISTICS
+from pipeline.stage import GenerationStage, StageSettings
 
 logger = logging.getLogger(__name__)
 
-# engine_kwargs (vLLM's names) -> (our config section, key); a value maps through as it is.
-ENGINE_KWARGS = {"max_num_seqs": ("engine", "max_num_seqs"),
-                 "max_num_batched_tokens": ("engine", "max_num_batched_tokens"),
-                 "max_model_len": ("engine", "max_model_len"),
-                 "gpu_memory_utilization": ("engine", "gpu_memory_utilization"),
-                 "dtype": ("model", "dtype"),
-                 "tensor_parallel_size": ("engine", "tensor_parallel_size"),
-                 "trust_remote_code": ("model", "trust_remote_code")}
-# engine_kwargs that map through a conversion.
-ENGINE_KWARGS_CONVERTED = {"enforce_eager": ("engine", "execution", lambda eager: "eager" if eager else "compiled"),
-                           "seed": ("decoder", "seed", int)}  # sampled rows without a seed derive theirs from it
-# engine_kwargs accepted only at the value our engine runs with (vLLM's defaults).
-# (pipeline_parallel_size: vLLM 0.32 cannot speculate with pipeline parallelism.)
-ENGINE_KWARGS_FIXED = {"enable_chunked_prefill": True, "pipeline_parallel_size": 1}
-# Every other engine_kwargs key goes to vLLM as it is (engine.vllm_args), but these, which the
-# processor sets from its own keywords.
-ENGINE_KWARGS_SET_HERE = {"model": "model_source", "tokenizer": "model_source",
-                          "distributed_executor_backend": "the engine (its ranks are the actor's processes)",
-                          "per_request_spec_decode_metrics": "the engine (the rows' statistics need it)",
-                          "disable_log_stats": "log_engine_metrics"}
 # ray.data.llm's ChatTemplateStageConfig fields.
 CHAT_TEMPLATE_STAGE_KEYS = ("enabled", "model_source", "chat_template", "chat_template_kwargs", "batch_size",
                             "concurrency", "runtime_env", "num_cpus", "memory")
@@ -95,11 +78,13 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
     engine: str = "vllm"
     # Ours: which of our columns a row gets (None: all of STATISTICS; () none, ray.data.llm's only).
     statistics_columns: Sequence[str] | None = None
-    # Ours: resume. With both, processor(ds) turns on Ray Data's checkpointing for ds's pipeline
-    # (ds.context.checkpoint_config): writing the Dataset records each id under checkpoint_path, kept
-    # after success, and running it again generates only the ids no earlier run wrote (ids compared
-    # as text: 1 and "1" are one id). Errors then name a row by its id, and a row without one fails
-    # (raises, or is an error row with should_continue_on_error).
+    # Ours: the rows' id column. Errors name a row by its id, a row without one fails (raises, or is
+    # an error row with should_continue_on_error), and a row without its own seed samples with one
+    # derived from engine_kwargs' seed and its id: the same text for the same id and seed, however
+    # the rows were batched (the job's rule). With checkpoint_path too, resume: processor(ds) turns
+    # on Ray Data's checkpointing for ds's pipeline (ds.context.checkpoint_config): writing the
+    # Dataset records each id under checkpoint_path, kept after success, and running it again
+    # generates only the ids no earlier run wrote (ids compared as text: 1 and "1" are one id).
     id_column: str | None = None
     checkpoint_path: str | None = None
 
@@ -115,18 +100,18 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         self.actors()
         self.statistics()
         self.chat_template()
-        check((self.id_column is None) == (self.checkpoint_path is None), "id_column",
-              "set together with checkpoint_path (resuming needs both), or neither")
         for name in ("id_column", "checkpoint_path"):
             value = getattr(self, name)
             check(value is None or (isinstance(value, str) and value), name, "a non-empty string or None")
+        check(self.checkpoint_path is None or self.id_column is not None, "checkpoint_path",
+              "set with id_column (the checkpoint records each row's id), or None")
         for key, value in self.engine_kwargs.items():
             check(isinstance(key, str), "engine_kwargs", "a mapping of vLLM's engine argument names to values")
-            if key in ENGINE_KWARGS_FIXED:
-                check(value == ENGINE_KWARGS_FIXED[key], f"engine_kwargs.{key}",
-                      f"{ENGINE_KWARGS_FIXED[key]!r} (the only value this engine runs)")
-            check(key not in ENGINE_KWARGS_SET_HERE, f"engine_kwargs.{key}",
-                  f"left out: {ENGINE_KWARGS_SET_HERE.get(key)} sets it")
+            argument = VLLM_ARGUMENTS.get(key)
+            if argument is not None and argument.only is not None:
+                check(value == argument.only, f"engine_kwargs.{key}", f"{argument.only!r} (the only value this engine runs)")
+            check(argument is None or argument.field or argument.only is not None or key == "speculative_config",
+                  f"engine_kwargs.{key}", f"left out: {argument.where() if argument else ''}")
         self.pipeline_config()  # its own checks, naming decoder.* and engine.* fields
 
     def chat_template(self, fallback_kwargs: Mapping[str, Any] | None = None) -> dict:
@@ -174,8 +159,8 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         return tuple(name for name in known if name in chosen)
 
     def checkpoint(self):
-        """Ray Data's checkpointing for these keywords, or None."""
-        if self.id_column is None:
+        """Ray Data's checkpointing for these keywords (checkpoint_path set), or None."""
+        if self.checkpoint_path is None:
             return None
         return checkpoint_config(self.id_column, self.checkpoint_path)
 
@@ -203,16 +188,14 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
                                      "decoder": dict(self.decoder), "ray": {}}
         vllm_args = {}
         for key, value in self.engine_kwargs.items():
-            if key in ENGINE_KWARGS:
-                section, name = ENGINE_KWARGS[key]
-                sections[section][name] = value
-            elif key in ENGINE_KWARGS_CONVERTED:
-                section, name, convert = ENGINE_KWARGS_CONVERTED[key]
-                sections[section][name] = convert(value)
-            elif key == "speculative_config":
+            argument = VLLM_ARGUMENTS.get(key)
+            if key == "speculative_config":
                 sections["decoder"].update(self.speculative_decoder(value))
-            elif key not in ENGINE_KWARGS_FIXED:
+            elif argument is None:
                 vllm_args[key] = value
+            elif argument.field:
+                section, name = argument.field.split(".")
+                sections[section][name] = argument.convert(value)
         sections["engine"]["vllm_args"] = vllm_args
         low, high = self.actors()
         batches = self.max_concurrent_batches if self.engine == "vllm" else 1  # transformers: one at a time
@@ -256,31 +239,37 @@ def merged(preprocess: Callable) -> Callable:
     return apply
 
 
-def unless_failed(postprocess: Callable, continue_on_error: bool) -> Callable:
-    """ray.data.llm's postprocess: error rows bypass it, whole; with should_continue_on_error the
-    others' output gets `__inference_error__` "" (every row then has the column)."""
-    def apply(row: dict) -> dict:
-        if row.get(INFERENCE_ERROR):
-            return row
-        out = postprocess(row)
-        return {**out, INFERENCE_ERROR: ""} if continue_on_error else out
+def rows_postprocess(postprocess: Callable, continue_on_error: bool) -> Callable:
+    """ray.data.llm's postprocess of a row, over a block: error rows bypass it, whole; with
+    should_continue_on_error the others' output gets `__inference_error__` "" (every row then has
+    the column). The block is made as Ray Data's map makes one."""
+    def apply(batch: pa.Table) -> pa.Table:
+        rows = []
+        for row in batch.to_pylist():
+            if row.get(INFERENCE_ERROR):
+                rows.append(row)
+            else:
+                out = postprocess(row)
+                rows.append({**out, INFERENCE_ERROR: ""} if continue_on_error else out)
+        return rows_table(rows)
     return apply
 
 
 @dataclass(frozen=True)
 class Processor:
-    """A Dataset in, the lazy Dataset of its generated rows out: the preprocess, the stage of
-    actors, the postprocess. build_processor makes one from ray.data.llm's config; the job makes
-    one from its own."""
+    """A Dataset in, the lazy Dataset of its generated rows out: the preprocess (a row's function,
+    its output merged into the row), the stage of actors, the postprocess (a block's function, every
+    row in it). build_processor makes one from ray.data.llm's config and functions; the job makes one
+    from its own config (pipeline/job_rows.py)."""
     config: Config  # the pipeline's settings: model, engine, drafter, actors
-    # GenerationStage's keywords beside the config and the tables (how it reads and writes rows).
-    stage_settings: Mapping[str, Any]
+    settings: StageSettings  # how the stage reads and writes rows
     checkpoint: Any = None  # ray.data.checkpoint.CheckpointConfig for the input's pipeline, or None
     runtime_env: Mapping[str, Any] = field(default_factory=dict)
     preprocess: Callable | None = None
     postprocess: Callable | None = None
     preprocess_map_kwargs: Mapping[str, Any] = field(default_factory=dict)
     postprocess_map_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    progress: Any = None  # a RunProgress actor told of each batch (the job's), or None
 
     def __call__(self, dataset):
         """The lazy Dataset. The model is checked (and drafter tables built) here, once: a model or
@@ -299,27 +288,26 @@ class Processor:
         tables = prepared_tables(config, dict(self.runtime_env))
         if self.preprocess is not None:
             dataset = dataset.map(merged(self.preprocess), **self.preprocess_map_kwargs)
-        dataset = generation_stage(dataset, config, {"config": config, "tables": tables, **self.stage_settings},
-                                   dict(self.runtime_env))
+        dataset = generation_stage(dataset, config, {"config": config, "settings": self.settings, "tables": tables,
+                                                     "progress": self.progress}, dict(self.runtime_env))
         if self.postprocess is not None:
-            dataset = dataset.map(unless_failed(self.postprocess, self.stage_settings.get("continue_on_error", False)),
-                                  **self.postprocess_map_kwargs)
+            dataset = dataset.map_batches(self.postprocess, batch_format="pyarrow", batch_size=None,
+                                          **self.postprocess_map_kwargs)
         return dataset
-
 
     def list_stage_names(self) -> list[str]:
         """The stages between the preprocess and the postprocess, as ray.data.llm names its own: one."""
         return [GenerationStage.__name__]
 
-    def get_stage_by_name(self, name: str) -> Mapping[str, Any]:
-        """The stage's settings (GenerationStage's keywords)."""
+    def get_stage_by_name(self, name: str) -> StageSettings:
+        """The stage's settings."""
         if name in self.list_stage_names():
-            return self.stage_settings
+            return self.settings
         raise ValueError(f"Stage {name} not found (this processor has {self.list_stage_names()})")
 
     def log_input_column_names(self) -> None:
         """Logs the first stage's input columns, as ray.data.llm's processor does."""
-        required, optional = GenerationStage.input_columns_of(self.config)
+        required, optional = GenerationStage.input_columns()
         message = f"The first stage of the processor is {self.list_stage_names()[0]}."
         message += "\nRequired input columns:\n" + "\n".join(f"\t{k}: {v}" for k, v in required.items())
         message += "\nOptional input columns:\n" + "\n".join(f"\t{k}: {v}" for k, v in optional.items())
@@ -336,10 +324,12 @@ def build_processor(config: vLLMEngineProcessorConfig, preprocess: Callable | No
     if unknown:
         raise TypeError(f"build_processor: builder_kwargs {unknown} are not taken by this processor "
                         "(it takes chat_template_kwargs)")
-    settings = {**config.chat_template((builder_kwargs or {}).get("chat_template_kwargs")),
-                "continue_on_error": config.should_continue_on_error, "id_column": config.id_column,
-                "live_metrics": config.log_engine_metrics, "run_id": f"processor-{uuid.uuid4().hex[:8]}",
-                "seed": config.engine_kwargs.get("seed"), "statistics": config.statistics()}
+    settings = StageSettings(**config.chat_template((builder_kwargs or {}).get("chat_template_kwargs")),
+                             continue_on_error=config.should_continue_on_error, seed=config.engine_kwargs.get("seed"),
+                             id_column=config.id_column, statistics=config.statistics(),
+                             live_metrics=config.log_engine_metrics, run_id=f"processor-{uuid.uuid4().hex[:8]}")
+    if postprocess is not None:
+        postprocess = rows_postprocess(postprocess, config.should_continue_on_error)
     return Processor(config.pipeline_config(), settings, config.checkpoint(), dict(config.runtime_env or {}),
                      preprocess, postprocess, dict(preprocess_map_kwargs or {}), dict(postprocess_map_kwargs or {}))
 

@@ -24,7 +24,7 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
-from pipeline.built_once import code_key
+from drafters.primitives.built_once import code_key
 from pipeline.config import ModelConfig
 
 EMBEDDED_DEFAULT = "smollm2-135m-instruct"

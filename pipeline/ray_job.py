@@ -19,7 +19,6 @@ Nothing funnels through the driver:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import resource
 import time
@@ -29,19 +28,19 @@ from pathlib import Path
 
 import ray
 from ray.data.checkpoint import CheckpointConfig
+from ray.data.context import ShuffleStrategy
 from ray.data.checkpoint.checkpoint_filter import IdColumnCheckpointManager
 
 from drafters.datastore import Datastore
 from pipeline import storage
 from pipeline.actor_pool import JobFailed, unplaceable
 from pipeline.config import Config, InputConfig
-from pipeline import job_rows
+from pipeline import job_rows, series
 from pipeline.checkpoint import checkpoint_config as ids_checkpoint
 from pipeline.llm import Processor
 from pipeline.progress import RunProgress, empty_totals
-from pipeline.prompts import load_prompts
+from pipeline.package_data import BUILTIN_DATASETS, builtin_prompts
 
-BUILTIN_DATASETS = ("humaneval", "gsm8k")
 # Small and fractional on purpose, for every operator beside the actors (a column selection too):
 # Ray Data's default is a whole CPU, which a node whose actors hold part of its CPUs never has
 # free; such a task waits for ever, and the job with it (on 2 nodes of 1 CPU, with 2 actors of
@@ -86,9 +85,8 @@ def input_format(source: InputConfig, files) -> str:
 
 def read_input(source: InputConfig) -> ray.data.Dataset:
     if source.path in BUILTIN_DATASETS:
-        prompts = load_prompts(source.path)
-        return ray.data.from_items([{source.id_column: p.request_id, source.prompt_column or "prompt": p.prompt}
-                                    for p in prompts])
+        return ray.data.from_items([{source.id_column: request_id, source.prompt_column or "prompt": prompt}
+                                    for request_id, prompt in builtin_prompts(source.path)])
     files = input_files(source)
     kind = input_format(source, files)
     filesystem = storage.resolve(files[0] if isinstance(files, list) else files)[0]
@@ -125,18 +123,15 @@ def with_checked_datastore(config: Config) -> Config:
 # --- Resume: Ray Data's checkpointing ---------------------------------------------------------
 
 def checkpoint_config(config: Config, run_id: str) -> CheckpointConfig:
-    """Checkpoints of a run live beside the runs, not in the run's directory of outputs. The output's
-    `id` is the input's id column as the job names it (request_key)."""
-    return ids_checkpoint("id", checkpoint_dir(config, run_id), config.input.id_column)
-
-
-def checkpoint_dir(config: Config, run_id: str) -> str:
-    """A lone run's own; a series' shared by its runs with the same fingerprint, so each skips the
-    ids any of them wrote."""
+    """Checkpoints of a run live beside the runs, not in the run's directory of outputs. A lone run
+    records the ids it wrote (the output's `id` is the input's id column as the job names it:
+    request_key); a series the fingerprints of its rows (pipeline/series.py), in one checkpoint
+    shared by its runs, so each skips the rows written unchanged."""
     checkpoints = storage.join(storage.uri(config.job.output), "_checkpoints")
     if config.job.series:
-        return storage.join(checkpoints, f"series={config.job.series}", f"fingerprint={series_fingerprint(config)}")
-    return storage.join(checkpoints, f"run={run_id}")
+        return ids_checkpoint("fingerprint", storage.join(checkpoints, f"series={config.job.series}", "rows"),
+                              config.input.id_column, series.fingerprint_filter(config))
+    return ids_checkpoint("id", storage.join(checkpoints, f"run={run_id}"), config.input.id_column)
 
 
 def runs_root(config: Config) -> str:
@@ -147,22 +142,6 @@ def runs_root(config: Config) -> str:
 
 def run_dir(config: Config, run_id: str) -> str:
     return storage.join(runs_root(config), f"run={run_id}")
-
-
-def series_fingerprint(config: Config) -> str:
-    """The settings that decide a row's text: the model, its dtype, the engine, the generation
-    settings and the input's columns. Drafting settings are left out when decoding greedily (they
-    change the speed, never the text); a sampled row's tokens may depend on how it was drafted,
-    so then every decoder setting counts."""
-    decoder = config.decoder
-    settings = {"model": config.model.name, "dtype": config.model.dtype, "engine": config.engine.name,
-                "max_model_len": config.engine.max_model_len, "max_new_tokens": decoder.max_new_tokens,
-                "stop": list(decoder.stop), "temperature": decoder.temperature, "top_k": decoder.top_k,
-                "top_p": decoder.top_p, "seed": decoder.seed,
-                "columns": [config.input.id_column, config.input.prompt_column, config.input.messages_column]}
-    if decoder.temperature > 0:
-        settings["decoder"] = asdict(decoder)
-    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=list).encode()).hexdigest()[:16]
 
 
 def count_new(table, checkpoint: CheckpointConfig, ids: list) -> dict:
@@ -197,19 +176,24 @@ def new_run_id() -> str:
 
 
 def run_job(config: Config, run_id: str) -> dict:
+    """Runs the job, or the rest of it (a run id seen before resumes); returns its summary."""
     context = ray.data.DataContext.get_current()
     # Ray 2.60's Parquet reader (datasource v2, its default) starts FooterReader actors for every
-    # read: a process each, asking a whole CPU, SPREAD over nodes. Beside an actor pool on a small
-    # node they wait for a CPU, or die starting (seen in CI). The run reads Parquet several times
-    # (input, checkpoints, totals); its task-based reader (v1) reads the same rows with no actors.
+    # read: a process each, asking a whole CPU, SPREAD over nodes; beside an actor pool on a small
+    # node they wait for a CPU. The run reads Parquet several times (input, checkpoints, totals);
+    # the task-based reader (v1) reads the same rows with no actors.
     in_use, context.use_datasource_v2 = context.use_datasource_v2, False
+    # A series groups the rows to generate with its earlier outputs by id (series.py): Ray 2.60's
+    # default shuffle keeps aggregator actors holding CPUs until the shuffle ends, which the
+    # actor pool downstream of it waits for; the sort-based shuffle runs as tasks.
+    shuffle, context.shuffle_strategy = context.shuffle_strategy, ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
     try:
-        return run_with_task_readers(config, run_id)
+        return generate_and_write(config, run_id)
     finally:
-        context.use_datasource_v2 = in_use
+        context.use_datasource_v2, context.shuffle_strategy = in_use, shuffle
 
 
-def run_with_task_readers(config: Config, run_id: str) -> dict:
+def generate_and_write(config: Config, run_id: str) -> dict:
     started, started_at = time.perf_counter(), time.time()
     config = with_checked_datastore(config)
     output = run_dir(config, run_id)
@@ -227,18 +211,21 @@ def run_with_task_readers(config: Config, run_id: str) -> dict:
     if new_rows == 0:  # nothing new (a finished run, or a series run over a corpus that did not grow)
         return write_run_summary(config, run_id, output, time.perf_counter() - started, empty_totals(), counts)
     progress = RunProgress.remote(config.job.max_errored_rows)
-    # The processor of pipeline.llm, the job's rows turned into its own by the preprocess (and back
-    # by the map after it, error rows included): it prepares the model where the actors run, and the
+    # The job is a pipeline.llm processor: it prepares the model where the actors run, its
+    # preprocess and postprocess turn the job's rows into the processor's and back, and the
     # checkpoint makes the read skip the rows this run (or its series) already wrote.
-    processor = Processor(config, job_rows.stage_settings(progress, run_id), checkpoint_config(config, run_id),
-                          preprocess=job_rows.request_row(config), preprocess_map_kwargs={"num_cpus": IO_CPUS})
+    processor = Processor(config, job_rows.stage_settings(config, run_id, live_metrics=True),
+                          checkpoint_config(config, run_id), preprocess=job_rows.request_row(config),
+                          postprocess=job_rows.output_table, preprocess_map_kwargs={"num_cpus": IO_CPUS},
+                          postprocess_map_kwargs={"num_cpus": IO_CPUS}, progress=progress)
     try:
-        # Read again: with the checkpoint, it skips the rows done.
-        dataset = read_input(config.input).select_columns(read_columns, num_cpus=IO_CPUS)
+        dataset = dataset.select_columns(read_columns, num_cpus=IO_CPUS)
         if config.input.limit:
             dataset = dataset.limit(config.input.limit)
-        outputs = processor(dataset).map_batches(job_rows.output_table, batch_format="pyarrow", batch_size=None,
-                                                 num_cpus=IO_CPUS)
+        written = series.output_files(runs_root(config)) if config.job.series else {}
+        if written:  # a changed row is drafted from its last output
+            dataset = series.with_last_outputs(dataset, config, runs_root(config), written, IO_CPUS)
+        outputs = processor(dataset)
         outputs.write_parquet(output, filesystem=storage.resolve(output)[0], ray_remote_args={"num_cpus": IO_CPUS})
     except Exception as error:
         stopped = ray.get(progress.stop_reason.remote())
@@ -263,7 +250,8 @@ def block_totals(table) -> dict:
     """One block's rows, errored rows and sums (a one-row batch)."""
     import pyarrow.compute as pc
 
-    row = {"rows": [table.num_rows], "errored_rows": [table.num_rows - table.column("error").null_count]}
+    row = {"rows": [table.num_rows], "errored_rows": [table.num_rows - table.column("error").null_count],
+           "changed_rows": [pc.sum(pc.equal(table.column("predicted_from"), series.LAST_OUTPUT)).as_py() or 0]}
     row.update({name: [pc.sum(table.column(column)).as_py() or 0] for name, column in SUMS.items()})
     return row
 
@@ -279,11 +267,11 @@ def run_totals(output: str) -> dict:
 
     files = [e.path for e in filesystem.get_file_info(pafs.FileSelector(inner, allow_not_found=True))
              if e.is_file and e.path.endswith(".parquet")]
-    totals = {"rows": 0, "errored_rows": 0, **{name: 0 for name in SUMS}}
+    totals = {"rows": 0, "errored_rows": 0, "changed_rows": 0, **{name: 0 for name in SUMS}}
     if not files:
         return totals
     blocks = (ray.data.read_parquet(files, filesystem=filesystem, num_cpus=IO_CPUS)
-              .select_columns(["error", *SUMS.values()], num_cpus=IO_CPUS)
+              .select_columns(["error", "predicted_from", *SUMS.values()], num_cpus=IO_CPUS)
               .map_batches(block_totals, batch_format="pyarrow", batch_size=None, num_cpus=IO_CPUS))
     for block in blocks.iter_batches(batch_size=None, batch_format="pyarrow"):
         for name in totals:
@@ -299,7 +287,7 @@ def write_run_summary(config: Config, run_id: str, output: str, wall: float, thi
     generating = this_time["last_finish"] - this_time["first_start"] if this_time["batches"] else 0
     summary = {
         "run_id": run_id, "run_dir": output, "series": config.job.series or None,
-        "fingerprint": series_fingerprint(config), "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "fingerprint": series.settings_fingerprint(config), "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "rows": after["rows"], "errored_rows": after["errored_rows"], "generated_tokens": after["generated_tokens"],
         # Per request step (num_target_calls), and per forward call of the target (a call shared
         # by B requests counted once; null where the engine does not report it).
@@ -311,6 +299,9 @@ def write_run_summary(config: Config, run_id: str, output: str, wall: float, thi
         **counts,
         "rows_this_invocation": this_time["rows"], "rows_errored_this_invocation": this_time["errored_rows"],
         "rows_skipped_already_done": counts["rows_read"] - this_time["rows"],
+        # A series: the run's rows regenerated because their input changed (drafted from their last
+        # output), and those new to the series.
+        "changed_rows": after["changed_rows"], "new_rows": after["rows"] - after["changed_rows"],
         "generated_tokens_this_invocation": generated,
         "wall_seconds": round(wall, 3),
         "tokens_per_second": round(generated / wall, 3) if wall > 0 else None,

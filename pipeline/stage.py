@@ -1,108 +1,85 @@
 """The generation stage: the one callable class Ray Data runs in an actor pool (`map_batches`), for
-pipeline.llm's processor and for the CLI job alike (the job's rows reach it through its preprocess,
-pipeline/job_rows.py). It holds an engine (the model, tokenizer and drafter, built once) and turns a
-batch of rows in ray.data.llm's form (`messages`, `prompt` or `tokenized_prompt`, `sampling_params`)
-into the same rows with ray.data.llm's generated columns and our statistics. It does not know
-which engine it holds (pipeline/engines).
+every processor (pipeline/llm.py), the CLI job's included. It holds an engine (the model, tokenizer
+and drafter, built once) and turns a batch of rows in ray.data.llm's form (`messages`, `prompt` or
+`tokenized_prompt`, `sampling_params`) into the same rows with the generated columns of
+pipeline/schema.py. It does not know which engine it holds (pipeline/engines).
 
-A row that cannot be generated (no prompt, an empty or over-long one, a bad setting) raises, or,
-with `continue_on_error`, comes back with `__inference_error__` naming the row and the cause, its
-generated columns empty as ray.data.llm's are; the other rows of the batch go on.
+One prompt rule: `messages` are chat-templated (the generation prompt after a user's last message,
+the last message continued otherwise), a text `prompt` is tokenized as it is, `tokenized_prompt`
+is taken as given; with `text_as_user_message`, a text prompt is one user message of a chat (where
+the tokenizer has a chat template). A text prompt that is empty, or only whitespace, is the row's
+error.
+
+One seed rule: a row's own `sampling_params.seed`; else, where a seed is configured, one derived
+from it and the row's id (`id_column`: the same id and seed sample the same text, whichever path
+and however Ray batched the rows), or without an id from its place among this actor's requests;
+else a fresh one, as vLLM draws.
+
+A row that cannot be generated raises, or, with `continue_on_error`, comes back with
+`__inference_error__` naming the row and the cause, its generated columns empty as ray.data.llm's
+are; the other rows of the batch go on.
 """
 from __future__ import annotations
 
 import itertools
-import math
 import resource
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
-import numpy as np
 import pyarrow as pa
 import torch
-# How Ray Data turns a column of Python values into Arrow (its own types where it can, else its
-# object extension type), as ray.data.llm's rows get it.
-from ray.data._internal.tensor_extensions.arrow import convert_to_pyarrow_array
 
-from drafters.registry import DrafterTables
+from pipeline.drafter_registry import DrafterTables
 from pipeline.config import Config
 from pipeline.engines.base import Engine, EngineSteps, Failed, Request, RequestError, Result
 from pipeline.engines.build import build_engine
 from pipeline.metrics import RunMetrics
 from pipeline.progress import BatchReport, JobStopped
-from pipeline.prompts import encode_prompt
-from pipeline.rows import GENERATED, INFERENCE_ERROR, STATISTICS, TYPED_BY_THE_DATA, sampling_of, vllm_sampling_keys
-from pipeline.sampling import request_seed
+from pipeline.row_values import request_key
+from drafters.primitives.sampling import request_seed
+from pipeline.sampling_params import sampling_of
+from pipeline.schema import GENERATED, INFERENCE_ERROR, STATISTICS, TYPED_BY_THE_DATA
 
 
-def python_value(value):
-    """Arrow/numpy batch values (arrays of dicts, numpy scalars, NaN) as plain Python."""
-    if isinstance(value, np.ndarray):
-        return [python_value(v) for v in value.tolist()]
-    if isinstance(value, list):
-        return [python_value(v) for v in value]
-    if isinstance(value, dict):
-        return {k: python_value(v) for k, v in value.items()}
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    return value
-
-
-def request_key(raw) -> str:
-    """A row's id as the job's output (and a run's checkpoint) names it: its value as text; "" when
-    it has none. Ids of any type (int, float, string) resume exactly once under this one name."""
-    value = python_value(raw)
-    return "" if value is None else str(value)
-
-
-def rows_table(rows: list[dict]) -> pa.Table:
-    """Rows as Ray Data makes a block of them: every column any row has, each converted as Ray Data
-    converts it (its object type where the values' types differ)."""
-    names = list(dict.fromkeys(name for row in rows for name in row))
-    return pa.table({name: convert_to_pyarrow_array([row.get(name) for row in rows], name) for name in names})
+@dataclass(frozen=True)
+class StageSettings:
+    """How the stage reads and writes rows (the processor's, from vLLMEngineProcessorConfig; the
+    job's, pipeline/job_rows.py)."""
+    chat_template: bool = True  # template `messages` (False: a row needs prompt or tokenized_prompt)
+    template: str | None = None  # a Jinja template instead of the tokenizer's
+    template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # apply_chat_template's keywords
+    text_as_user_message: bool = False  # a text prompt is one user message of a chat (templated)
+    continue_on_error: bool = False  # a bad row is an error row (False: it raises)
+    seed: int | None = None  # rows without a seed sample with one derived from it and their id
+    id_column: str | None = None  # names rows in errors and seeds them; a row without one is an error
+    statistics: tuple[str, ...] | None = None  # which of STATISTICS a row gets (None: all)
+    live_metrics: bool = False  # Ray metrics from each actor (pipeline/metrics.py), tagged run_id
+    run_id: str = ""
 
 
 class GenerationStage:
     """The actor's callable: the engine (built once), rows in, rows out with ray.data.llm's columns
-    and ours appended to their own.
+    and ours appended to their own. `progress`: a run's RunProgress actor, told of each batch."""
 
-    Settings (the processor's, from vLLMEngineProcessorConfig; the job's, from pipeline/job_rows.py):
-    chat_template (template `messages`), template and template_kwargs (a Jinja template instead of
-    the tokenizer's; apply_chat_template's keywords), continue_on_error, seed (rows without one
-    sample with one derived from it), statistics (which of our columns a row gets; None: all),
-    id_column (errors name a row by its id, and a row without one is an error), job_prompts (the
-    job's prompt rule, pipeline/prompts.encode_prompt: a text prompt is one user message, messages get
-    the generation prompt, both tokenized as the chat template writes them where the tokenizer has
-    one), progress (the job's RunProgress actor, told of each batch) and live_metrics with run_id
-    (Ray metrics from the actor, pipeline/metrics.py)."""
-
-    def __init__(self, config: Config, tables=None, engine: Engine | None = None, chat_template: bool = True,
-                 continue_on_error: bool = False, seed: int | None = None, statistics: Sequence[str] | None = None,
-                 template: str | None = None, template_kwargs: Mapping[str, Any] | None = None,
-                 id_column: str | None = None, job_prompts: bool = False, progress=None,
-                 live_metrics: bool = False, run_id: str = ""):
+    def __init__(self, config: Config, settings: StageSettings = StageSettings(), tables=None,
+                 engine: Engine | None = None, progress=None):
         if tables is not None and not isinstance(tables, DrafterTables):
             import ray  # an ObjectRef: the tables are put in the object store once
             tables = ray.get(tables)
-        self.config, self.tables = config, tables
+        self.config, self.settings, self.progress = config, settings, progress
         self.engine = engine or build_engine(config, tables)
-        self.dropped = [] if statistics is None else [f.name for f in STATISTICS if f.name not in statistics]
-        self.seed = seed
-        self.vllm_keys = vllm_sampling_keys() if config.engine.name == "vllm" else None
-        self.chat_template, self.job_prompts = chat_template, job_prompts
-        self.template, self.template_kwargs = template, dict(template_kwargs or {})
-        self.continue_on_error, self.id_column = continue_on_error, id_column
+        chosen = settings.statistics
+        self.dropped = [] if chosen is None else [f.name for f in STATISTICS if f.name not in chosen]
         self.request_ids = itertools.count()
-        self.progress = progress
         # Live metrics only from an actor Ray runs (not from a stage built outside Ray).
-        self.metrics = RunMetrics(self.engine.name, config.decoder.drafter, run_id) if live_metrics and ray_running() else None
+        self.metrics = (RunMetrics(self.engine.name, config.decoder.drafter, settings.run_id)
+                        if settings.live_metrics and ray_running() else None)
         # What ran, the same on every row this stage writes.
-        self.settings = {"model": config.model.name, **self.engine.columns()}
+        self.ran = {"model": config.model.name, **self.engine.columns()}
         # Ray Data may run several batches on this actor at once (the vLLM engine takes them all):
         # the tokenizer is not to be shared between threads, and the step counts are reported in order.
         self.tokenizer_lock = threading.Lock()
@@ -110,75 +87,46 @@ class GenerationStage:
         self.reported_steps = EngineSteps()
 
     @staticmethod
-    def input_columns_of(config: Config) -> tuple[dict[str, str], dict[str, str]]:
+    def input_columns() -> tuple[dict[str, str], dict[str, str]]:
         """(required, optional) input columns and what each holds, as ray.data.llm logs them."""
         return ({"messages | prompt | tokenized_prompt": "chat messages (templated), a text prompt (tokenized as "
                  "it is) or token ids: one of them"},
                 {"sampling_params": "vLLM's SamplingParams keys (vLLM's defaults where absent)",
-                 "model": "a LoRA adapter's directory (engine_kwargs enable_lora)"})
+                 "model": "a LoRA adapter's directory (engine_kwargs enable_lora)",
+                 "prediction": "text the answer is expected to resemble: drafted from first (vLLM engine)"})
 
     # --- One row ----------------------------------------------------------------------------------
 
-    def row_name(self, row: dict, number: int) -> str:
-        """How errors name the row: by its id (id_column), else by its request number."""
-        if self.id_column is None:
-            return f"row (request_id {number})"
-        key = request_key(row.get(self.id_column))
+    def identify(self, row: dict, number: int) -> tuple[str, int | None]:
+        """(how errors name the row, the seed it samples with when it gives none)."""
+        settings = self.settings
+        if settings.id_column is None:
+            seed = None if settings.seed is None else request_seed(settings.seed, f"request {number}")
+            return f"row (request_id {number})", seed
+        key = request_key(row.get(settings.id_column))
         if not key:
-            raise RequestError(f"row (request_id {number}) has no {self.id_column!r}")
-        return f"row {key!r}"
-
-    def messages_of(self, row: dict, name: str) -> list | None:
-        """The row's chat messages, to be templated (None: none, or not templated)."""
-        messages = row.get("messages")
-        if messages is None or not self.chat_template:
-            return None
-        if not (isinstance(messages, list) and messages
-                and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)):
-            raise RequestError(f"{name}: messages must be a non-empty list of chat messages, each with a 'role'")
-        return messages
-
-    def prompt(self, row: dict, name: str) -> tuple[str, list[int]]:
-        """The text prompt and its ids, as ray.data.llm's chat-template and tokenize stages make them."""
-        tokenizer = self.engine.tokenizer
-        if row.get("tokenized_prompt") is not None:
-            ids = [int(t) for t in row["tokenized_prompt"]]
-            return row.get("prompt") or "", ids
-        if self.job_prompts:
-            given = row["messages"] if row.get("messages") is not None else row.get("prompt")
-            if given is None:
-                raise RequestError(f"{name}: no prompt")
-            return (given if isinstance(given, str) else ""), encode_prompt(tokenizer, given, "", name)
-        messages = self.messages_of(row, name)
-        if messages is not None:
-            last_is_user = messages[-1].get("role") == "user"
-            try:
-                prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=last_is_user,
-                                                       continue_final_message=not last_is_user,
-                                                       chat_template=self.template, **self.template_kwargs)
-            except Exception as error:  # a template's own errors are of any type
-                raise RequestError(f"{name}: messages cannot be chat-templated: {error}") from error
-        elif isinstance(row.get("prompt"), str):
-            prompt = row["prompt"]
-        elif row.get("prompt") is not None:
-            raise RequestError(f"{name}: prompt must be text, got {type(row['prompt']).__name__}")
-        else:
-            need = "messages, prompt or tokenized_prompt" if self.chat_template else "prompt or tokenized_prompt"
-            raise RequestError(f"{name}: the row has no {need}")
-        ids = list(tokenizer(prompt)["input_ids"])
-        if not ids:
-            raise RequestError(f"{name}: the prompt is empty")
-        return prompt, ids
+            raise RequestError(f"row (request_id {number}) has no {settings.id_column!r}")
+        return f"row {key!r}", None if settings.seed is None else request_seed(settings.seed, key)
 
     def request(self, row: dict, number: int) -> tuple[Request, str, str]:
         """(the row's request, its text prompt, the row's name for errors); a RequestError names the row."""
-        name = self.row_name(row, number)
-        seed = request_seed(self.seed, name) if self.seed is not None else None
-        settings = sampling_of(row.get("sampling_params"), name, seed, self.vllm_keys)
+        name, seed = self.identify(row, number)
+        settings = sampling_of(row.get("sampling_params"), name, seed, self.engine.sampling)
         with self.tokenizer_lock:
-            prompt, ids = self.prompt(row, name)
+            prompt, ids = prompt_of(self.engine.tokenizer, row, self.settings, name)
         return Request(str(number), ids, settings.max_tokens, settings.stop, settings.sampling,
-                       settings.structured_outputs, settings.vllm_sampling, self.adapter(row, name)), prompt, name
+                       settings.structured_outputs, settings.engine_sampling, self.adapter(row, name),
+                       self.prediction(row, name)), prompt, name
+
+    def prediction(self, row: dict, name: str) -> tuple[int, ...]:
+        """The row's `prediction` (text its answer is expected to resemble) as token ids; () without one."""
+        text = row.get("prediction")
+        if text is None or text == "":
+            return ()
+        if not isinstance(text, str):
+            raise RequestError(f"{name}: prediction must be text, got {type(text).__name__}")
+        with self.tokenizer_lock:
+            return tuple(self.engine.tokenizer.encode(text, add_special_tokens=False))
 
     def adapter(self, row: dict, name: str) -> str | None:
         """The row's LoRA adapter: its `model`, where it names another than model_source (as
@@ -202,14 +150,7 @@ class GenerationStage:
         started = time.time()
         out = self.generate(batch.to_pylist())
         self.report(out, [bool(row.get(INFERENCE_ERROR)) for row in out], started)
-        generated = pa.Table.from_pylist(out, schema=pa.schema([f for f in GENERATED if f.name not in TYPED_BY_THE_DATA]))
-        for name in TYPED_BY_THE_DATA:  # in GENERATED's order, each at its place
-            generated = generated.add_column(GENERATED.get_field_index(name), name,
-                                             convert_to_pyarrow_array([row.get(name) for row in out], name))
-        kept = batch.drop_columns([name for name in GENERATED.names if name in batch.column_names])
-        for column in generated.drop_columns(self.dropped).schema:
-            kept = kept.append_column(column, generated.column(column.name))
-        return kept
+        return with_generated_columns(batch, out, self.dropped)
 
     def generate(self, rows: list[dict]) -> list[dict]:
         """One generated row per row, in order: the engine runs the good rows' requests together; a
@@ -235,30 +176,24 @@ class GenerationStage:
 
     def generated(self, request: Request, prompt: str, result: Result, batch_uuid: str, seconds: float) -> dict:
         sampling = request.sampling
-        row = {"prompt": prompt, "prompt_token_ids": request.prompt_ids, "num_input_tokens": len(request.prompt_ids),
-               "generated_tokens": result.token_ids, "generated_text": result.text,
-               "num_generated_tokens": len(result.token_ids), "request_id": int(request.request_id),
-               "metrics": result.engine_metrics, "logprobs": result.logprobs, "prompt_logprobs": result.prompt_logprobs,
-               # The request's own time in the engine (scheduled to its last token), as ray.data.llm's.
-               "batch_uuid": batch_uuid, "time_taken_llm": result.stats.total_seconds or seconds,
-               "params": result.params or (f"SamplingParams(max_tokens={request.max_new_tokens}, temperature="
-                                           f"{sampling.temperature}, top_p={sampling.top_p}, top_k={sampling.top_k}, "
-                                           f"seed={sampling.seed}, stop={list(request.stop)})"),
-               "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
-               "seed": sampling.seed, INFERENCE_ERROR: ""}
-        row.update(result.stats.as_row())
-        row.update(self.settings)
+        row = {"prompt": prompt, "prompt_token_ids": request.prompt_ids, "generated_tokens": result.token_ids,
+               "generated_text": result.text, "request_id": int(request.request_id), "metrics": result.engine_metrics,
+               "logprobs": result.logprobs, "prompt_logprobs": result.prompt_logprobs, "batch_uuid": batch_uuid,
+               "params": result.params, "temperature": sampling.temperature, "top_k": sampling.top_k,
+               "top_p": sampling.top_p, "seed": sampling.seed, INFERENCE_ERROR: "",
+               **result.stats.as_row(), **self.ran}
+        row["time_taken_llm"] = row["time_taken_llm"] or seconds  # an engine that does not time each request
         if request.adapter is not None:
             row["model"] = request.adapter  # what ran: the adapter on model_source
         return row
 
     def failed(self, message: str, prompt: Any, batch_uuid: str, adapter: str | None = None) -> dict:
         """ray.data.llm's error row (request_id -1, time_taken_llm -1), or the error raised."""
-        if not self.continue_on_error:
+        if not self.settings.continue_on_error:
             raise ValueError(message)
         return {"prompt": prompt if isinstance(prompt, str) else "", "num_input_tokens": 0, "generated_tokens": [],
                 "generated_text": "", "num_generated_tokens": 0, "request_id": -1, "batch_uuid": batch_uuid,
-                "time_taken_llm": -1.0, "params": "", INFERENCE_ERROR: message, **self.settings,
+                "time_taken_llm": -1.0, "params": "", INFERENCE_ERROR: message, **self.ran,
                 **({"model": adapter} if adapter is not None else {})}
 
     def report(self, rows: list[dict], errored: list[bool], started: float) -> None:
@@ -287,6 +222,73 @@ class GenerationStage:
             stop = ray.get(self.progress.report.remote(batch))
             if stop:
                 raise JobStopped(stop)
+
+
+def messages_of(tokenizer, row: dict, settings: StageSettings, name: str) -> list | None:
+    """The row's chat messages, to be templated (None: none, or not templated); a text prompt as
+    one user message with text_as_user_message."""
+    messages, prompt = row.get("messages"), row.get("prompt")
+    if messages is None and settings.text_as_user_message and isinstance(prompt, str) and tokenizer.chat_template:
+        messages = [{"role": "user", "content": prompt}]
+    if messages is None or not settings.chat_template:
+        return None
+    if not (isinstance(messages, list) and messages):
+        raise RequestError(f"{name}: messages must be a non-empty list of chat messages")
+    for i, message in enumerate(messages):
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), (str, list))):
+            raise RequestError(f"{name}: message {i} needs a string 'role' and 'content'")
+    return messages
+
+
+def prompt_of(tokenizer, row: dict, settings: StageSettings, name: str) -> tuple[str, list[int]]:
+    """The row's text prompt and its ids, by the one prompt rule (the module's docstring), as
+    ray.data.llm's chat-template and tokenize stages make them; a RequestError names the row."""
+    given = row.get("prompt")
+    if row.get("tokenized_prompt") is not None:
+        return given or "", [int(t) for t in row["tokenized_prompt"]]
+    if row.get("messages") is None and isinstance(given, str) and not given.strip():
+        raise RequestError(f"{name}: the prompt is empty")
+    messages = messages_of(tokenizer, row, settings, name)
+    if messages is not None:
+        last_is_user = messages[-1]["role"] == "user"
+        try:
+            prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=last_is_user,
+                                                   continue_final_message=not last_is_user,
+                                                   chat_template=settings.template, **settings.template_kwargs)
+        except Exception as error:  # a template's own errors are of any type
+            raise RequestError(f"{name}: messages cannot be chat-templated: {error}") from error
+    elif isinstance(given, str):
+        prompt = given
+    elif given is not None:
+        raise RequestError(f"{name}: prompt must be text, got {type(given).__name__}")
+    else:
+        need = "messages, prompt or tokenized_prompt" if settings.chat_template else "prompt or tokenized_prompt"
+        raise RequestError(f"{name}: the row has no {need}")
+    try:
+        ids = list(tokenizer(prompt)["input_ids"])
+    except (UnicodeError, ValueError, TypeError) as error:
+        raise RequestError(f"{name}: the prompt cannot be encoded: {error}") from error
+    if not ids:
+        raise RequestError(f"{name}: the prompt is empty")
+    return prompt, ids
+
+
+def with_generated_columns(batch: pa.Table, rows: list[dict], dropped: list[str]) -> pa.Table:
+    """The batch's own columns (any of the generated ones it had replaced), then the generated
+    columns in GENERATED's order and types, but `dropped`; those typed by the data as Ray Data
+    converts them."""
+    from ray.data._internal.tensor_extensions.arrow import convert_to_pyarrow_array
+
+    fixed = pa.schema([f for f in GENERATED if f.name not in TYPED_BY_THE_DATA])
+    generated = pa.Table.from_pylist(rows, schema=fixed)
+    for name in TYPED_BY_THE_DATA:  # in GENERATED's order, each at its place
+        generated = generated.add_column(GENERATED.get_field_index(name), name,
+                                         convert_to_pyarrow_array([row.get(name) for row in rows], name))
+    kept = batch.drop_columns([name for name in GENERATED.names if name in batch.column_names])
+    for column in generated.drop_columns(dropped).schema:
+        kept = kept.append_column(column, generated.column(column.name))
+    return kept
 
 
 def ray_running() -> bool:

@@ -1,5 +1,6 @@
-"""Per-request acceptance statistics; each field is one output column (and so are the properties
-tokens_per_call, alpha and draft_cost_ratio)."""
+"""Per-request acceptance statistics; each field is one output column, under the one name
+pipeline/schema.py gives it (and so are the properties tokens_per_call, alpha, draft_cost_ratio
+and median_draft_seconds)."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,7 +13,7 @@ FINISH_REASONS = ("eos", "length", "stop")
 
 @dataclass
 class RequestStats:
-    num_prompt_tokens: int = 0
+    num_input_tokens: int = 0  # the prompt's tokens (ray.data.llm's name)
     num_generated_tokens: int = 0
     # Verification calls of the target (the prefill is not counted: it generates nothing).
     num_target_calls: int = 0
@@ -45,7 +46,8 @@ class RequestStats:
     verify_seconds: float = 0.0
     # Draft time of every step (retrieval and selection for REST); only its median is a column.
     draft_step_seconds: list[float] = field(default_factory=list)
-    total_seconds: float = 0.0
+    # The request's own time in the engine, scheduled to its last token (ray.data.llm's name).
+    time_taken_llm: float = 0.0
     finish_reason: str = ""
 
     @property

@@ -196,6 +196,22 @@ def save_tiny_gemma3(directory: Path) -> None:
 
 
 @pytest.fixture(scope="session")
+def stdlib_datastore(smollm2, tmp_path_factory):
+    """A small datastore of Python standard-library source (not the benchmark's prompts)."""
+    import functools
+    import string
+    import textwrap
+
+    from drafters.datastore import build_datastore
+
+    texts = [Path(module.__file__).read_text() for module in (functools, string, textwrap)]
+    token_lists = [smollm2.tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    directory = tmp_path_factory.mktemp("stdlib") / "store"
+    build_datastore(token_lists, directory, {"model": "smollm2"})
+    return directory
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir():
     return built_once("tiny-llama", save_tiny_llama)
 

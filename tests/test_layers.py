@@ -6,12 +6,15 @@ Layers, top to bottom (README.md, "Where things are"; ../shared/ARCHITECTURE.md)
     jobs                 entry points and the benchmark
     job                  pipeline/ray_job (read -> the processor -> Parquet; checkpoints, summary), job_rows
     processor            pipeline/llm (ray.data.llm's API)
-    stage                pipeline/actor_pool, stage, rows, checkpoint, storage, progress, metrics, output
+    stage                pipeline/actor_pool, stage, schema, sampling_params, row_values, checkpoint, storage,
+                         progress, metrics
     engine builder       pipeline/engines/build
     engines              pipeline/engines/vllm/, pipeline/engines/transformers/ (siblings)
     engine interface     pipeline/engines/base
-    drafters             drafters/
-    lowest               pipeline/config, drafter_kinds, model_loading, forward, prompts, sampling, stats, built_once
+    wiring               pipeline/drafter_registry (name -> drafter + tables), model_loading, config,
+                         config_types, drafter_kinds, stats, package_data
+    drafters             drafters/ (engine-neutral: it imports nothing from pipeline/)
+    primitives           drafters/primitives/ (sampling primitives, forward helpers, cache keys)
 
 Every import counts, the ones inside functions and under TYPE_CHECKING too.
 """
@@ -26,20 +29,22 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("jobs", "pipeline", "drafters")
 ENGINES = ("pipeline.engines.vllm", "pipeline.engines.transformers")
 
-# Top first. A module belongs to the first layer with a prefix it starts with (a prefix matches
+# Top first. A module belongs to the layer of the longest prefix it starts with (a prefix matches
 # the module itself and everything below it).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("jobs", ("jobs",)),
-    ("job", ("pipeline.ray_job", "pipeline.job_rows")),
+    ("job", ("pipeline.ray_job", "pipeline.job_rows", "pipeline.series")),
     ("processor", ("pipeline.llm",)),
-    ("stage", ("pipeline.actor_pool", "pipeline.stage", "pipeline.rows", "pipeline.checkpoint", "pipeline.storage", "pipeline.progress", "pipeline.metrics",
-               "pipeline.output")),
+    ("stage", ("pipeline.actor_pool", "pipeline.stage", "pipeline.schema", "pipeline.sampling_params",
+               "pipeline.row_values", "pipeline.checkpoint", "pipeline.storage", "pipeline.progress",
+               "pipeline.metrics")),
     ("engine builder", ("pipeline.engines.build",)),
     ("engines", ENGINES),
     ("engine interface", ("pipeline.engines.base", "pipeline.engines")),
+    ("wiring", ("pipeline.drafter_registry", "pipeline.model_loading", "pipeline.config", "pipeline.config_types",
+                "pipeline.drafter_kinds", "pipeline.stats", "pipeline.package_data", "pipeline")),
     ("drafters", ("drafters",)),
-    ("lowest", ("pipeline.config", "pipeline.drafter_kinds", "pipeline.model_loading", "pipeline.forward",
-                "pipeline.prompts", "pipeline.sampling", "pipeline.stats", "pipeline.built_once", "pipeline")),
+    ("primitives", ("drafters.primitives",)),
 ]
 
 
@@ -73,9 +78,11 @@ def imported(path: Path, module: str, known: set[str]) -> set[str]:
 
 
 def layer_of(module: str) -> int:
-    for index, (_, prefixes) in enumerate(LAYERS):
-        if any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes):
-            return index
+    """The layer of the longest prefix the module starts with (drafters.primitives before drafters)."""
+    matches = [(len(prefix), index) for index, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
+               if module == prefix or module.startswith(prefix + ".")]
+    if matches:
+        return max(matches)[1]
     raise AssertionError(f"{module} is in no layer: add it to LAYERS in tests/test_layers.py (and the README's map)")
 
 
@@ -155,16 +162,18 @@ def test_every_import_points_down_and_no_module_imports_in_a_circle():
     # pipeline/ (outside the transformers engine) reaching into its internals
     ("pipeline.stats", "from pipeline.engines.transformers.verification import Verdict",
      "an internal of the engine pipeline.engines.transformers"),
-    # the lowest layer importing a drafter (the circle that config -> registry used to make)
-    ("pipeline.config", "from drafters.registry import FACTORIES", "up from 'lowest' to 'drafters'"),
+    # a drafter importing the wiring above it (the registry, the config)
+    ("drafters.suffix.drafter", "from pipeline.config import DecoderConfig", "up from 'drafters' to 'wiring'"),
     # a drafter importing an engine
-    ("drafters.suffix", "import pipeline.engines.base", "up from 'drafters' to 'engine interface'"),
+    ("drafters.context_ngram", "import pipeline.engines.base", "up from 'drafters' to 'engine interface'"),
+    # a primitive importing a drafter
+    ("drafters.primitives.sampling", "from drafters.base import Drafts", "up from 'primitives' to 'drafters'"),
     # one engine importing the other's internals
     ("pipeline.engines.vllm.proposer", "from pipeline.engines.transformers.tree import build_tree",
      "an internal of the engine pipeline.engines.transformers"),
     # an import inside a function counts too
-    ("pipeline.prompts", "def f():\n    from pipeline.engines.build import build_engine",
-     "up from 'lowest' to 'engine builder'"),
+    ("pipeline.config", "def f():\n    from pipeline.engines.build import build_engine",
+     "up from 'wiring' to 'engine builder'"),
 ])
 def test_an_import_that_breaks_the_rule_is_named(tmp_path, module, source, expected):
     graph = import_graph()
@@ -176,7 +185,40 @@ def test_an_import_that_breaks_the_rule_is_named(tmp_path, module, source, expec
 
 
 def test_a_circle_is_found():
-    graph = {"pipeline.config": {"pipeline.prompts"}, "pipeline.prompts": {"pipeline.sampling"},
-             "pipeline.sampling": {"pipeline.config"}, "pipeline.stats": set()}
-    assert circles(graph) == [["pipeline.config", "pipeline.prompts", "pipeline.sampling"]]
+    graph = {"pipeline.config": {"pipeline.stats"}, "pipeline.stats": {"drafters.primitives.sampling"},
+             "drafters.primitives.sampling": {"pipeline.config"}, "pipeline.schema": set()}
+    assert circles(graph) == [["drafters.primitives.sampling", "pipeline.config", "pipeline.stats"]]
     assert any(line.startswith("circle: ") for line in violations(graph))
+
+
+MAX_MODULE_LINES = 500  # drafters/ and pipeline/: a module past it holds more than one thing
+MAX_FUNCTION_LINES = 60  # everywhere: a function fits on a screen
+
+
+def oversized(paths: list[Path]) -> list[str]:
+    """Each module of drafters/ or pipeline/ over MAX_MODULE_LINES, and each function anywhere over
+    MAX_FUNCTION_LINES, said in a line."""
+    found = []
+    for path in paths:
+        source = path.read_text()
+        name = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        lines = source.count("\n")
+        if path.is_relative_to(ROOT) and name.parts[0] in ("drafters", "pipeline") and lines > MAX_MODULE_LINES:
+            found.append(f"{name}: {lines} lines (at most {MAX_MODULE_LINES})")
+        for node in ast.walk(ast.parse(source, str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    found.append(f"{name}:{node.lineno} {node.name}: {length} lines (at most {MAX_FUNCTION_LINES})")
+    return found
+
+
+def test_modules_and_functions_fit():
+    problems = oversized(list(project_modules().values()))
+    assert not problems, "\n".join(problems)
+
+
+def test_an_oversized_function_is_named(tmp_path):
+    path = tmp_path / "long.py"
+    path.write_text("def long():\n" + "    x = 1\n" * MAX_FUNCTION_LINES)
+    assert oversized([path]) == [f"{path}:1 long: {MAX_FUNCTION_LINES + 1} lines (at most {MAX_FUNCTION_LINES})"]

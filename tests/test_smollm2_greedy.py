@@ -7,17 +7,15 @@ the next of them in turn, so every one of them has its drafts verified at every 
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
-from drafters.registry import build_tables, load_draft_model, make_drafter
+from pipeline.drafter_registry import build_tables, load_draft_model, make_drafter
 from jobs.benchmark.hf import hf_generate
 from pipeline.config import DecoderConfig, ModelConfig
 from pipeline.engines.transformers.decoder import SpeculativeDecoder
 from pipeline.model_loading import cache_root
-from pipeline.prompts import encode_prompt, load_prompts
+from jobs.benchmark.datasets import encode_prompt, load_prompts
 
 # The transformers engine on SmolLM2 (about 4 minutes, SmolLM2's bigram table included: one forward
 # pass per vocabulary token, ~2.5 minutes here, then cached in the clone): make test-slow. make test
@@ -109,22 +107,6 @@ def test_draft_model_greedy_is_token_identical(smollm2, prompts, hf_reference, t
         assert result.token_ids == hf_reference[request_id], (
             f"{request_id}: " + first_mismatch(smollm2.model, ids, hf_reference[request_id], result.token_ids))
         assert result.stats.num_draft_model_calls > 0
-
-
-@pytest.fixture(scope="module")
-def stdlib_datastore(smollm2, tmp_path_factory):
-    """A small datastore of Python standard-library source (not the benchmark's prompts)."""
-    import functools
-    import string
-    import textwrap
-
-    from drafters.datastore import build_datastore
-
-    texts = [Path(module.__file__).read_text() for module in (functools, string, textwrap)]
-    token_lists = [smollm2.tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
-    directory = tmp_path_factory.mktemp("stdlib") / "store"
-    build_datastore(token_lists, directory, {"model": "smollm2"})
-    return directory
 
 
 def test_tree_mode_is_batch_mode_with_fewer_tokens_for_retrieval_mixed(smollm2, prompts, hf_reference,

@@ -10,9 +10,9 @@ import pytest
 
 from pipeline.config import load_config
 from pipeline.engines.base import Request
-from pipeline.engines.build import build_engine, model_tables
-from pipeline.prompts import encode_prompt, load_prompts
-from tests.test_smollm2_greedy import stdlib_datastore  # noqa: F401  (a fixture)
+from pipeline.drafter_registry import drafter_tables
+from pipeline.engines.build import build_engine
+from jobs.benchmark.datasets import encode_prompt, load_prompts
 
 NUM_PROMPTS, NEW_TOKENS = 4, 48
 
@@ -51,13 +51,13 @@ NEEDS_BIGRAM = pytest.mark.slow
 @pytest.mark.parametrize("drafter,w,accepted_from", [
     ("context_ngram", "auto", "context_ngram"), pytest.param("mixed", "auto", "context_ngram", marks=NEEDS_BIGRAM),
     pytest.param("bigram", "3", "bigram", marks=NEEDS_BIGRAM), ("unigram", "2", None), ("rest", "4", "retrieval"),
-    pytest.param("suffix", "auto", "suffix_store", marks=NEEDS_BIGRAM), ("batch_suffix", "auto", "suffix_store")])
-def test_each_drafter_on_vllm_is_vllm_plain_greedy(engines, requests, reference, stdlib_datastore, drafter, w,  # noqa: F811
+    ("batch_suffix", "auto", "suffix_store")])
+def test_each_drafter_on_vllm_is_vllm_plain_greedy(engines, requests, reference, stdlib_datastore, drafter, w,
                                                   accepted_from):
     ours = engines[1]
-    datastore = [f"decoder.datastore={stdlib_datastore}"] if drafter in ("rest", "suffix", "batch_suffix") else []
+    datastore = [f"decoder.datastore={stdlib_datastore}"] if drafter in ("rest", "batch_suffix") else []
     decoder = smollm2_config(f"decoder.drafter={drafter}", f"decoder.w={w}", *datastore).decoder
-    ours.set_decoder(decoder, model_tables(dataclasses.replace(ours.config, decoder=decoder)))
+    ours.set_decoder(decoder, drafter_tables(dataclasses.replace(ours.config, decoder=decoder)))
     results = ours.generate(requests)
     assert [r.token_ids for r in results] == reference, f"{drafter}:{w} differs from vLLM plain greedy"
     rows, accepted = {}, {}
@@ -89,7 +89,7 @@ def test_structured_output_with_our_drafts_is_valid_and_is_plain_with_the_schema
 
     plain, ours = engines
     decoder = smollm2_config("decoder.drafter=batch_suffix", "decoder.w=auto").decoder
-    ours.set_decoder(decoder, model_tables(dataclasses.replace(ours.config, decoder=decoder)))
+    ours.set_decoder(decoder, drafter_tables(dataclasses.replace(ours.config, decoder=decoder)))
     requests = [Request(f"p{i}", encode_prompt(plain.tokenizer, f"Give {name}, a person you imagine, as JSON: name, "
                                                "age and city.", f"p{i}"), 96, structured_outputs={"json": PERSON})
                 for i, name in enumerate(NAMES)]

@@ -15,8 +15,8 @@ import pytest
 from pipeline.config import load_config
 from pipeline.engines.base import Request
 from pipeline.engines.build import build_engine
-from pipeline.prompts import encode_prompt, load_prompts
-from pipeline.sampling import SamplingParams
+from jobs.benchmark.datasets import encode_prompt, load_prompts
+from drafters.primitives.sampling import SamplingParams
 from tests.pipeline.engines.sampling_checks import assert_exact, generate_tracking
 
 pytestmark = pytest.mark.nightly

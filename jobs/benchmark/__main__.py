@@ -1,9 +1,9 @@
 import os
 
-# Token authentication stays on for the Ray the benchmark starts (--feeding, --pipeline): Ray reads
+# Token authentication stays on for the Ray the benchmark starts (feeding, pipeline): Ray reads
 # RAY_AUTH_MODE once, on import, so it is set before anything imports Ray.
 os.environ.setdefault("RAY_AUTH_MODE", "token")
 
-from jobs.benchmark import main  # noqa: E402
+from jobs.benchmark.cli import main  # noqa: E402
 
 main()

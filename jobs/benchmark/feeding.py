@@ -1,7 +1,7 @@
-"""Feeding mode: how full the engine is kept, our job against vLLM's ideal and ray.data.llm.
+"""feeding: how full the engine is kept, our job against vLLM's ideal and ray.data.llm.
 
-    python -m jobs.benchmark --feeding --dataset humaneval --limit 96 --max-new-tokens 256 \
-        --max-num-seqs 16 --batch-size 16 --spec plain,suffix:1:auto --out feeding.json
+    python -m jobs.benchmark feeding --dataset humaneval --limit 96 --max-new-tokens 256 \
+        --max-num-seqs 16 --batch-size 16 --spec plain,batch_suffix:1:auto --out feeding.json
 
 The same prompts and engine settings (max_num_seqs, dtype, eager, KV cache) three ways, for each
 --spec method:
@@ -28,14 +28,26 @@ import tempfile
 import time
 from pathlib import Path
 
-from jobs.benchmark.comparison import Method, parse_methods
+from jobs.benchmark.arguments import add_prompt_args
+from jobs.benchmark.datasets import encode_prompt, load_prompts
+from jobs.benchmark.engines import Method, parse_methods
+from jobs.benchmark.report import markdown_table
 from pipeline.config import Config, load_config
 from pipeline.drafter_kinds import VLLM_METHODS
 from pipeline.engines.base import Request, engine_summary
 from pipeline.engines.build import build_engine
-from pipeline.prompts import encode_prompt, load_prompts
 
 WAYS = ("llm_generate", "feeder", "job", "ray_data_llm", "processor")
+
+
+def add_cli_args(parser) -> None:
+    add_prompt_args(parser, limit=48)
+    parser.add_argument("--spec", default="batch_suffix:1:auto", help="methods on vLLM, comma-separated (plain runs always)")
+    parser.add_argument("--max-num-seqs", type=int, default=16, help="the engine's slots")
+    parser.add_argument("--batch-size", type=int, default=16, help="rows per Ray batch")
+    parser.add_argument("--ways", default="llm_generate,job,ray_data_llm",
+                        help=f"which of {', '.join(WAYS)} to run (llm_generate always runs: it is the reference)")
+    parser.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16"))
 
 
 def feeding_config(args, method: Method, output: str = "", input_path: str = "") -> Config:
@@ -47,7 +59,7 @@ def feeding_config(args, method: Method, output: str = "", input_path: str = "")
         *([f"job.output={json.dumps(output)}", f"input.path={json.dumps(input_path)}", "input.limit=0"] if output else [])])
 
 
-def feeding_comparison(args) -> dict:
+def run(args) -> dict:
     import ray
 
     ways = set(args.ways.split(","))
@@ -70,20 +82,15 @@ def feeding_comparison(args) -> dict:
             reference = reference or outputs
             ideal["identical_fraction"] = identical(outputs, reference)
             rows.append(ideal)
-            print(json.dumps(rows[-1]), flush=True)
             if "feeder" in ways:
                 rows.append(feeder_row(args, method, prompts, reference))
-                print(json.dumps(rows[-1]), flush=True)
             if "job" in ways:
                 rows.append(job_row(args, method, str(input_path), str(work / method.name.replace(":", "_")), reference))
-                print(json.dumps(rows[-1]), flush=True)
             vllms_own = method.name.split(":")[0] in VLLM_METHODS
             if "ray_data_llm" in ways and (method.name == "plain" or vllms_own):
                 rows.append(ray_data_llm_row(args, method, prompts, prompt_ids, reference))
-                print(json.dumps(rows[-1]), flush=True)
             if "processor" in ways and not vllms_own:
                 rows.append(processor_row(args, method, prompts, prompt_ids, reference))
-                print(json.dumps(rows[-1]), flush=True)
     finally:
         ray.shutdown()
     for row in rows:
@@ -157,8 +164,8 @@ def job_row(args, method: Method, input_path: str, output: str, reference: dict)
     from pipeline.ray_job import run_job
 
     summary = run_job(feeding_config(args, method, output, input_path), "feeding")
-    table = pq.read_table(find_parts(summary["run_dir"]), columns=["id", "token_ids"])
-    outputs = dict(zip(table.column("id").to_pylist(), table.column("token_ids").to_pylist()))
+    table = pq.read_table(find_parts(summary["run_dir"]), columns=["id", "generated_tokens"])
+    outputs = dict(zip(table.column("id").to_pylist(), table.column("generated_tokens").to_pylist()))
     return {"way": "job", "method": method.name, "tokens_per_second": summary["tokens_per_second_after_startup"],
             "generated_tokens": summary["generated_tokens"], "engine_occupancy": summary["engine_occupancy"],
             "engine_steps": summary["engine_steps"], "engine_idle_seconds": summary["engine_idle_seconds"],
@@ -226,13 +233,11 @@ def identical(outputs: dict, reference: dict) -> float:
     return round(sum(outputs.get(key) == value for key, value in reference.items()) / len(reference), 4)
 
 
-def feeding_markdown(report: dict) -> str:
-    lines = [f"{report['prompts']} prompts x {report['max_new_tokens']} new tokens, max_num_seqs "
-             f"{report['max_num_seqs']}, Ray batches of {report['batch_size']}", "",
-             "| way | method | tokens/s (generation span) | tokens/call | occupancy | identical | vs LLM.generate | vs ray.data.llm |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in report["runs"]:
-        lines.append(f"| {r['way']} | {r['method']} | {r['tokens_per_second']} | {r.get('tokens_per_call', '-')} | "
-                     f"{r.get('engine_occupancy') or '-'} | {r.get('identical_fraction', '-')} | "
-                     f"{r.get('vs_llm_generate', '-')} | {r.get('vs_ray_data_llm', '-')} |")
-    return "\n".join(lines)
+def markdown(report: dict) -> str:
+    return (f"{report['prompts']} prompts x {report['max_new_tokens']} new tokens, max_num_seqs "
+            f"{report['max_num_seqs']}, Ray batches of {report['batch_size']}\n\n"
+            + markdown_table(report["runs"], {"way": "way", "method": "method",
+                                              "tokens_per_second": "tokens/s (generation span)",
+                                              "tokens_per_call": "tokens/call", "engine_occupancy": "occupancy",
+                                              "identical_fraction": "identical", "vs_llm_generate": "vs LLM.generate",
+                                              "vs_ray_data_llm": "vs ray.data.llm"}))

@@ -1,6 +1,6 @@
-"""Grid mode: the N-Grammys paper's figures for one drafter on this machine.
+"""grid: the N-Grammys paper's figures for one drafter on this machine.
 
-    python -m jobs.benchmark --grid [--grid-drafter mixed] --dataset humaneval,gsm8k --plots DIR ...
+    python -m jobs.benchmark grid [--drafter mixed] --dataset humaneval,gsm8k --plots DIR ...
 
 sweeps DRAFTER:k:w over k in {1, 2, 4, 8, 16} and w in {1, 2, 4, 8} next to hf_greedy,
 hf_prompt_lookup:10, plain and DRAFTER:auto:auto (quality mode, jobs/benchmark/quality.py), and
@@ -14,23 +14,34 @@ from pathlib import Path
 
 import numpy as np
 
-from jobs.benchmark.quality import DEFAULT_METHODS
+from jobs.benchmark import quality
 from jobs.plots import AcceptanceCounts, save_acceptance_plots, save_heatmap
 
 GRID_K, GRID_W = (1, 2, 4, 8, 16), (1, 2, 4, 8)
 
 
-def method_names(args) -> list[str]:
-    names = [n.strip() for n in (args.methods or ("" if args.grid else DEFAULT_METHODS)).split(",") if n.strip()]
-    if args.grid:
-        drafter = args.grid_drafter
-        grid = ["hf_prompt_lookup:10", "plain", f"{drafter}:auto:auto"]
-        grid += [f"{drafter}:{k}:{w}" for k in GRID_K for w in GRID_W]
-        names = grid + [name for name in names if name not in grid]
-    reference = "hf_greedy" if args.temperature == 0 else "hf_sample"
-    if reference not in names:
-        names.insert(0, reference)  # the reference for speed-up (and identity when greedy)
-    return names
+def add_cli_args(parser) -> None:
+    quality.add_cli_args(parser)
+    parser.set_defaults(methods="")  # the grid's own methods; --methods adds others
+    parser.add_argument("--drafter", default="mixed", help="the drafter whose k x w grid is swept")
+    parser.add_argument("--plots", default="", help="the figures' directory (default: plots/ beside --out)")
+
+
+def run(args) -> dict:
+    drafter = args.drafter
+    grid = ["hf_prompt_lookup:10", "plain", f"{drafter}:auto:auto", *(f"{drafter}:{k}:{w}" for k in GRID_K for w in GRID_W)]
+    report = quality.run(args, grid)
+    plots = Path(args.plots) if args.plots else Path(args.out).parent / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
+    for dataset in report["datasets"]:
+        dataset["grid"] = grid_plots(dataset, drafter, plots)
+    return report
+
+
+def markdown(report: dict) -> str:
+    lines = [quality.markdown(report), ""]
+    lines += [f"{dataset['dataset']}: {dataset['grid']}" for dataset in report["datasets"]]
+    return "\n".join(lines)
 
 
 def grid_plots(report: dict, drafter: str, out: Path) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from pipeline.engines.transformers import attention_implementation
-from pipeline.sampling import GREEDY, SamplingParams
+from drafters.primitives.sampling import GREEDY, SamplingParams
 
 
 @torch.no_grad()

@@ -1,6 +1,6 @@
-"""Occupancy mode: the engine slots a feeding design keeps busy, simulated at any size.
+"""occupancy: the engine slots a feeding design keeps busy, simulated at any size.
 
-    python -m jobs.benchmark --occupancy RUN_DIR[,RUN_DIR...] --slots 256 --batch-size 64 \
+    python -m jobs.benchmark occupancy RUN_DIR [RUN_DIR ...] --slots 256 --batch-size 64 \
         [--requests 20000] --out occupancy.json
 
 No model runs: each request occupies a slot for as many engine steps as it generated tokens
@@ -22,8 +22,21 @@ from collections import deque
 
 import numpy as np
 
+from jobs.benchmark.report import markdown_table
 from pipeline.config import concurrent_batches, load_config
 from pipeline.engines.vllm import WAITING_SHARE
+
+
+def add_cli_args(parser) -> None:
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="runs whose output lengths the requests are drawn from")
+    parser.add_argument("--slots", type=int, default=256, help="the engine's slots (max_num_seqs)")
+    parser.add_argument("--batch-size", type=int, default=64, help="rows per Ray batch")
+    parser.add_argument("--requests", type=int, default=20000, help="requests drawn from the lengths")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def markdown(report: dict) -> str:
+    return markdown_table(report["designs"])
 
 
 def simulate(lengths: np.ndarray, slots: int, batch_size: int, batches_in_flight: int) -> float:
@@ -56,8 +69,8 @@ def simulate(lengths: np.ndarray, slots: int, batch_size: int, batches_in_flight
     return running_sum / (steps * slots) if steps else float("nan")
 
 
-def occupancy_comparison(args) -> dict:
-    lengths = run_lengths(args.occupancy.split(","))
+def run(args) -> dict:
+    lengths = run_lengths(args.runs)
     rng = np.random.default_rng(args.seed)
     drawn = np.maximum(rng.choice(lengths, size=args.requests), 1)
     config = load_config("configs/default.yaml", ["engine.name=vllm", f"engine.max_num_seqs={args.slots}",
@@ -67,7 +80,7 @@ def occupancy_comparison(args) -> dict:
              "occupancy": round(simulate(drawn, args.slots, args.batch_size, 1), 4)},
             {"design": "stream", "batches_in_flight": in_flight,
              "occupancy": round(simulate(drawn, args.slots, args.batch_size, in_flight), 4)}]
-    return {"runs_read": args.occupancy, "answers": len(lengths), "requests": args.requests, "slots": args.slots,
+    return {"runs_read": args.runs, "answers": len(lengths), "requests": args.requests, "slots": args.slots,
             "batch_size": args.batch_size, "mean_length": round(float(lengths.mean()), 1), "designs": rows}
 
 
@@ -83,5 +96,5 @@ def run_lengths(run_dirs: list[str]) -> np.ndarray:
         lengths += [n for n, error in zip(table.column("num_generated_tokens").to_pylist(),
                                           table.column("error").to_pylist()) if error is None and n]
     if not lengths:
-        raise SystemExit(f"--occupancy: no generated rows in {', '.join(run_dirs)}")
+        raise SystemExit(f"occupancy: no generated rows in {', '.join(run_dirs)}")
     return np.array(lengths)

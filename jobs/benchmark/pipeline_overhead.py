@@ -1,6 +1,6 @@
-"""Pipeline mode: what the Ray job costs over running its stage in-process.
+"""pipeline: what the Ray job costs over running its stage in-process.
 
-    python -m jobs.benchmark --pipeline --config configs/default.yaml --dataset humaneval --limit N
+    python -m jobs.benchmark pipeline --config configs/default.yaml --dataset humaneval --limit N
 
 runs the same prompts through the Ray job and through the job's stage in this process, with the
 decoder of --config, and compares tokens/s after start-up.
@@ -11,27 +11,43 @@ import json
 import tempfile
 import time
 
+from jobs.benchmark.arguments import add_prompt_args
+from jobs.benchmark.datasets import load_prompts
+from jobs.benchmark.report import markdown_table
 from pipeline.config import load_config
-from pipeline.prompts import load_prompts
 
 
-def pipeline_comparison(args) -> dict:
+def add_cli_args(parser) -> None:
+    add_prompt_args(parser, limit=16)
+    parser.add_argument("--config", default="configs/default.yaml", help="the job's config: its decoder and engine")
+
+
+def markdown(report: dict) -> str:
+    return markdown_table([{key: value for key, value in report.items() if key != "decoder"}])
+
+
+def run(args) -> dict:
     """Tokens/s of the Ray job (after its actors have started) and of the same stage in-process."""
     import ray
 
-    from pipeline.ray_job import run_job  # here, as the stage: the replay runs on a GPU machine's host without Ray
     from pipeline import job_rows
+    from pipeline.ray_job import run_job  # here, as the stage: the replay runs on a GPU machine's host without Ray
+    from pipeline.row_values import rows_table
+    from pipeline.stage import GenerationStage
 
     output = tempfile.mkdtemp(prefix="pipeline-benchmark-")
     config = load_config(args.config, [f"model.name={json.dumps(args.model)}", f"input.path={json.dumps(args.dataset)}",
                                        f"input.limit={args.limit}", f"decoder.max_new_tokens={args.max_new_tokens}",
                                        f"job.output={json.dumps(output)}"])
     prompts = load_prompts(args.dataset, args.limit)
-    stage = job_rows.job_stage(config)
+    stage = GenerationStage(config, job_rows.stage_settings(config))
+    preprocess = job_rows.request_row(config)
     size = config.ray.batch_size  # the same batches as the job's actor gets
     started = time.perf_counter()
-    tables = [job_rows.generate(stage, {"id": [p.request_id for p in prompts[i:i + size]], "prompt": [p.prompt for p in prompts[i:i + size]]})
-              for i in range(0, len(prompts), size)]
+    tables = []
+    for i in range(0, len(prompts), size):  # the job's three steps, in this process
+        rows = [preprocess({"id": p.request_id, "prompt": p.prompt}) for p in prompts[i:i + size]]
+        tables.append(job_rows.output_table(stage(rows_table(rows))))
     in_process_seconds = time.perf_counter() - started
     in_process_tokens = sum(sum(table.column("num_generated_tokens").to_pylist()) for table in tables)
     del stage

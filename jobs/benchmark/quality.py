@@ -1,6 +1,6 @@
-"""Quality mode: every method on every prompt, one request at a time, against transformers' generate.
+"""quality: every method on every prompt, one request at a time, against transformers' generate.
 
-    python -m jobs.benchmark --dataset humaneval|gsm8k|sharegpt|PATH.jsonl --limit N --max-new-tokens M \
+    python -m jobs.benchmark quality --dataset humaneval|gsm8k|sharegpt|PATH.jsonl --limit N --max-new-tokens M \
         --out results.json [--model M] [--methods hf_greedy,plain,mixed:4:4,...] \
         [--temperature T --top-p P --top-k K --seed S]
 
@@ -21,7 +21,11 @@ import time
 from dataclasses import dataclass, field
 
 from drafters.draft_model import self_draft_model
+from drafters.primitives.sampling import SamplingParams, request_seed
+from jobs.benchmark.arguments import add_prompt_args, add_sampling_args
+from jobs.benchmark.datasets import encode_prompt, load_prompts
 from jobs.benchmark.hf import hf_generate
+from jobs.benchmark.report import markdown_table
 from jobs.plots import AcceptanceCounts
 from pipeline.config import (
     AUTO_MAX,
@@ -33,13 +37,42 @@ from pipeline.config import (
 )
 from pipeline.engines.base import Engine, Failed, Request
 from pipeline.engines.build import build_engine
-from pipeline.prompts import encode_prompt, load_prompts
-from pipeline.sampling import SamplingParams, request_seed
+from pipeline.engines.transformers import use_gqa_attention
+from pipeline.model_loading import load_model
 from pipeline.stats import RequestStats
 
 DEFAULT_METHODS = ("hf_greedy,hf_prompt_lookup:3,plain,context_ngram:1:3,bigram:1:1,"
                    "mixed:1:3,mixed:2:3,mixed:4:4,mixed:10:10")
-GRID_K, GRID_W = (1, 2, 4, 8, 16), (1, 2, 4, 8)
+
+
+def add_cli_args(parser) -> None:
+    add_prompt_args(parser)
+    add_sampling_args(parser)
+    parser.add_argument("--methods", default=DEFAULT_METHODS, help="comma-separated; the module's docstring says which")
+    parser.add_argument("--datastore", default="", help="a datastore directory for rest:k:w and mixed+rest:k:w")
+    parser.add_argument("--max-batch-tokens", type=int, default=0, help="tokens fed per call, at most (0: no cap)")
+
+
+def method_names(args, methods: list[str] = ()) -> list[str]:
+    """`methods`, then --methods', with the reference first (hf_greedy, or hf_sample when sampling)."""
+    names = list(dict.fromkeys([*methods, *(n.strip() for n in args.methods.split(",") if n.strip())]))
+    reference = "hf_greedy" if args.temperature == 0 else "hf_sample"
+    return names if reference in names else [reference, *names]
+
+
+def run(args, methods: list[str] = ()) -> dict:
+    """Each of --dataset's datasets (comma-separated), every method on every prompt."""
+    loaded = load_model(ModelConfig(name=args.model))
+    use_gqa_attention(loaded.model)  # the model as the transformers engine runs it; baselines switch back
+    names = method_names(args, methods)
+    runners = build_runners(names, loaded, args)
+    return {"model": args.model, "datasets": [run_dataset(dataset, names, runners, loaded, args)
+                                              for dataset in args.dataset.split(",")]}
+
+
+def markdown(report: dict) -> str:
+    return "\n\n".join(f"{dataset['dataset']}:\n\n{runs_table(dataset['runs'], dataset['reference'])}"
+                        for dataset in report["datasets"])
 
 
 @dataclass
@@ -201,21 +234,15 @@ def datastore_summary(directory: str) -> dict | None:
     return {"directory": directory, **{key: meta.get(key) for key in ("num_tokens", "num_documents", "bytes_on_disk")}}
 
 
-def markdown(results: list[dict], reference: str) -> str:
-    def show(value, digits=3):
-        return "-" if value is None else f"{value:.{digits}f}"
-
-    lines = [f"| method | k/L | w/γ | tokens/s | tokens/call | fed/call | draft ms | α | c | identical "
-             f"| vs {reference} | vs plain | predicted vs plain (theorem; with verify cost) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for r in results:
-        lines.append(f"| {r['method']} | {r['k']} | {r['w']} | {r['tokens_per_second']:.2f} | "
-                     f"{show(r['tokens_per_call'], 2)} | {show(r['verified_tokens_per_call'], 1)} | "
-                     f"{show(r['median_draft_ms'], 2)} | {show(r['alpha'])} | {show(r.get('c_vs_plain_call'))} | "
-                     f"{show(r['identical_fraction'], 2)} | {r[f'speedup_vs_{reference}']:.3f} | "
-                     f"{show(r['speedup_vs_plain'])} | {show(r['predicted_speedup_vs_plain'])}; "
-                     f"{show(r.get('predicted_with_verify_cost_vs_plain'))} |")
-    return "\n".join(lines)
+def runs_table(results: list[dict], reference: str) -> str:
+    rows = [{**r, "predicted": [r["predicted_speedup_vs_plain"], r.get("predicted_with_verify_cost_vs_plain")]}
+            for r in results]
+    return markdown_table(rows, {"method": "method", "k": "k/L", "w": "w/γ", "tokens_per_second": "tokens/s",
+                                 "tokens_per_call": "tokens/call", "verified_tokens_per_call": "fed/call",
+                                 "median_draft_ms": "draft ms", "alpha": "α", "c_vs_plain_call": "c",
+                                 "identical_fraction": "identical", f"speedup_vs_{reference}": f"vs {reference}",
+                                 "speedup_vs_plain": "vs plain",
+                                 "predicted": "predicted vs plain (theorem, with verify cost)"})
 
 
 def run_dataset(dataset: str, names: list[str], runners: dict, loaded, args) -> dict:
@@ -235,8 +262,7 @@ def run_dataset(dataset: str, names: list[str], runners: dict, loaded, args) -> 
             runs[name].add(stats)
         print(f"{dataset}: prompt {index + 1}/{len(prompts)} done", flush=True)
     results = summarize(list(runs.values()), runs[reference], runs.get("plain"), base.greedy)
-    print(markdown(results, reference))
-    return {"dataset": dataset, "limit": args.limit, "max_new_tokens": args.max_new_tokens, "model": args.model,
+    return {"dataset": dataset, "reference": reference, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
             "datastore": datastore_summary(args.datastore),
             "sampling": {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed},
             "runs": results}

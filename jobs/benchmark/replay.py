@@ -1,6 +1,6 @@
-"""Replay mode: a finished greedy run's outputs through drafters, no model.
+"""replay: a finished greedy run's outputs through drafters, no model.
 
-    python -m jobs.benchmark --replay RUN_DIR[,RUN_DIR] --batch 1,16,64,256 --out R.json \
+    python -m jobs.benchmark replay RUN_DIR [RUN_DIR ...] --batch 1,16,64,256 --out R.json \
         [--store DATASTORE_DIR] [--max-draft 16] [--methods ours,vllm_suffix,vllm_ngram,plain] [--project a100-8b]
 
 Greedy verification accepts exactly a draft's common prefix with the greedy output, so a recorded
@@ -8,7 +8,7 @@ greedy output (the run's `prompt_token_ids` and `generated_tokens`) says what an
 gained. B slots run at once, refilled in the run's order as requests end; a request's first step
 is its prefill (one token, no draft), each later step verifies its draft and emits the accepted
 tokens plus one. Every method drafts at most --max-draft tokens per request-step:
-- `ours`: drafters/batch_suffix.py with the config's defaults, one compiled call per step for every
+- `ours`: drafters/suffix/ with the config's defaults, one compiled call per step for every
   running request (with --store, an earlier runs' datastore); no step budget (its confidence cut only);
 - `ours_budget_<gpu>_<model>` (--project): the same with the step budget of that roofline step cost;
 - `vllm_suffix`: arctic-inference's SuffixDecodingCache as vLLM's `suffix` method calls it (tree
@@ -19,7 +19,7 @@ tokens plus one. Every method drafts at most --max-draft tokens per request-step
   per step over every running request, n-grams of --ngram-min to --ngram-max tokens;
 - `plain`: no drafts (the projection's reference).
 With --project every row also has its projected tokens/s on that GPU (see `projection`), or with
-`--project cpu --host-step R` on this CPU's vLLM engine as jobs.benchmark.host_step measured it
+`--project cpu --host-step R` on this CPU's vLLM engine as the host-step subcommand measured it
 (`cpu_projection`), the budget of `ours_budget_cpu` weighing that CPU step.
 Time is the drafter's own, everything it does over the request-steps it serves (starting and
 finishing requests, taking in emitted tokens, drafting); memory is the resident growth of a fresh
@@ -27,7 +27,6 @@ process running that replay (forked, so code already loaded is not counted).
 """
 from __future__ import annotations
 
-import functools
 import gc
 import json
 import multiprocessing
@@ -37,8 +36,40 @@ from pathlib import Path
 
 import numpy as np
 
-from drafters.budget import cost_table
+from jobs.benchmark.arguments import integers
+from jobs.benchmark.replay_methods import METHODS, Ours
 from jobs.benchmark.step_costs import GPUS, MODELS, CpuStepCost, MeasuredStepCost, RooflineStepCost
+
+
+def add_cli_args(parser) -> None:
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="greedy runs whose outputs are replayed")
+    parser.add_argument("--batch", type=integers, default=[1, 16], help="running requests, comma-separated")
+    parser.add_argument("--methods", default="", help="comma-separated (default: all of them; the docstring says which)")
+    parser.add_argument("--max-new-tokens", type=int, default=0, help="each answer cut to this many tokens (0: whole)")
+    parser.add_argument("--store", default="", help="an earlier runs' datastore (jobs.build_datastore)")
+    parser.add_argument("--max-draft", type=int, default=16, help="draft tokens per request-step, at most")
+    parser.add_argument("--ngram-min", type=int, default=2, help="vllm_ngram's shortest n-gram")
+    parser.add_argument("--ngram-max", type=int, default=4, help="vllm_ngram's longest n-gram")
+    parser.add_argument("--project", default="a100-8b",
+                        help="the GPU and model of the roofline projection (a100|h100 - 8b|70b; empty: none), or "
+                             "`cpu`: this CPU's vLLM engine as --host-step measured it; adds ours with that step budget")
+    parser.add_argument("--step-costs", default="", metavar="GPU_STEP_JSON",
+                        help="step costs measured on that GPU (the gpu-step subcommand) for the projection and the "
+                             "budget, instead of the roofline")
+    parser.add_argument("--host-step", default="", metavar="HOST_STEP_JSON",
+                        help="the host's time per step (the host-step subcommand), which async scheduling hides "
+                             "(with --project cpu: the CPU's whole step, host and device)")
+    parser.add_argument("--plots", default="", help="directory for the calibration plot (default: none)")
+
+
+def markdown(report: dict) -> str:
+    from jobs.benchmark.report import markdown_table
+
+    rows = [{key: value for key, value in row.items() if not isinstance(value, (dict, list))} for row in report["replay"]]
+    table = markdown_table(rows)
+    if "projection" in report:
+        table += "\n\n" + report["projection"]["formula"] + "\n\n" + markdown_table(report["projection"]["rows"])
+    return table
 
 
 @dataclass(frozen=True)
@@ -48,13 +79,13 @@ class Answer:
     max_tokens: int  # what the run allowed it (its output, where the run's cap cut it)
 
 
-def load_answers(run_dirs: str, max_tokens: int) -> list[Answer]:
+def load_answers(run_dirs: list[str], max_tokens: int) -> list[Answer]:
     import pyarrow.parquet as pq
 
     from jobs.report import find_parts
 
     answers = []
-    for run_dir in run_dirs.split(","):
+    for run_dir in run_dirs:
         table = pq.read_table(find_parts(run_dir), columns=["prompt_token_ids", "generated_tokens", "finish_reason"])
         columns = (table.column(name).to_pylist() for name in ("prompt_token_ids", "generated_tokens", "finish_reason"))
         for prompt, output, finish in zip(*columns):
@@ -64,174 +95,6 @@ def load_answers(run_dirs: str, max_tokens: int) -> list[Answer]:
     if not answers:
         raise SystemExit(f"--replay {run_dirs}: no rows with prompt_token_ids and generated_tokens")
     return answers
-
-
-class Method:
-    """A drafting method as the replay drives it: `start` a request, `draft` for the running ones,
-    `finish` one; `predict` and `judged` feed the calibration (ours only)."""
-
-    def start(self, key: int, prompt: np.ndarray, limit: int) -> None:
-        pass
-
-    def predict(self, batch: list[int]) -> None:
-        pass
-
-    def judged(self, key: int, accepted: int) -> None:
-        pass
-
-    def finish(self, key: int, output: np.ndarray) -> None:
-        pass
-
-
-class Ours(Method):
-    """drafters/batch_suffix.py: one call per step for every running request. Each verified draft
-    is also scored against what its tokens were predicted to do (`DepthCalibration`)."""
-
-    def __init__(self, args, store, answers, cost=None):
-        from drafters.registry import DrafterTables, make_batch_drafter
-        from pipeline.config import DecoderConfig
-
-        # as a job builds it: the config's defaults, drafts of up to --max-draft tokens
-        config = DecoderConfig(drafter="batch_suffix", w=args.max_draft, datastore="store" if store is not None else "")
-        warm = make_batch_drafter(config, DrafterTables(datastore=store), 0)  # its compiled code loaded here, not timed
-        del warm
-        gc.collect()
-        self.drafter = make_batch_drafter(config, DrafterTables(datastore=store), 0)
-        self.cost = cost
-        # The step's cost table, once per step cost (the engine's own comes from its fitted line, a
-        # few microseconds; the replay's measured table is a harness's, not to be timed as drafting).
-        self.table = functools.lru_cache(maxsize=512)(lambda step, batch: cost_table(step, batch, self.drafter.w))
-        self.calibration = DepthCalibration(args.max_draft)
-        self.predicted: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self.out = None
-
-    def start(self, key: int, prompt: np.ndarray, limit: int) -> None:
-        self.drafter.start(key, len(prompt), limit)
-
-    def draft(self, batch: list[int], rows: np.ndarray, lengths: np.ndarray, prompts: np.ndarray,
-              limits: np.ndarray, tokens: np.ndarray) -> list[np.ndarray]:
-        table = None if self.cost is None else self.table(self.cost(len(batch), lengths), len(batch))
-        self.out = out = self.drafter.step(batch, tokens, rows, lengths, table)
-        return [out.tokens[i, :out.lengths[i]] for i in range(len(batch))]
-
-    def predict(self, batch: list[int]) -> None:
-        """Keeps what the last step's drafts were predicted to do (outside the drafter's time)."""
-        out = self.out
-        calibrated = self.drafter.calibrated(out)
-        for i, key in enumerate(batch):
-            n = out.lengths[i]
-            self.predicted[key] = (out.confidence[i, :n].copy(), calibrated[i, :n])
-
-    def judged(self, key: int, accepted: int) -> None:
-        model, calibrated = self.predicted.pop(key, (None, None))
-        if model is not None and len(model):
-            self.calibration.add(model, calibrated, accepted)
-
-    def finish(self, key: int, output: np.ndarray) -> None:
-        self.drafter.finish(key, output.tolist())
-
-
-class DepthCalibration:
-    """Per draft depth j: the verified drafts that reached it, the sum of their predicted
-    probabilities that their first j + 1 tokens are accepted (the drafter's model's, and as the
-    budget calibrates them), and how many were."""
-
-    def __init__(self, max_draft: int):
-        self.sums = np.zeros((4, max_draft))  # drafts, model, calibrated, held
-
-    def add(self, model: np.ndarray, calibrated: np.ndarray, accepted: int) -> None:
-        n = len(model)
-        self.sums[0, :n] += 1
-        self.sums[1, :n] += model
-        self.sums[2, :n] += calibrated
-        self.sums[3, :n] += np.arange(n) < accepted
-
-    def rows(self) -> list[dict]:
-        drafts, model, calibrated, held = self.sums
-        return [{"depth": j + 1, "drafts": int(drafts[j]), "predicted_model": round(float(model[j] / drafts[j]), 4),
-                 "predicted_calibrated": round(float(calibrated[j] / drafts[j]), 4), "observed": round(float(held[j] / drafts[j]), 4)}
-                for j in range(len(drafts)) if drafts[j]]
-
-    def error(self) -> float:
-        """The calibrated prediction's mean absolute error over depths, weighted by drafts."""
-        drafts, _, calibrated, held = self.sums
-        return float(np.abs(calibrated - held).sum() / max(drafts.sum(), 1))
-
-
-class ArcticSuffix(Method):
-    """vLLM's `suffix` method: arctic-inference's cache, called as vLLM's SuffixDecodingProposer does."""
-
-    def __init__(self, args, store, answers, cost=None):
-        from arctic_inference.suffix_decoding import SuffixDecodingCache
-
-        documents = store_documents(store)
-        self.cache = SuffixDecodingCache(max_tree_depth=24, max_cached_requests=len(documents) + len(answers) + 1)
-        for number, document in enumerate(documents):  # earlier runs' outputs: finished responses in its tree
-            self.cache.start_request(f"store-{number}", np.zeros(0, np.int32))
-            self.cache.add_active_response(f"store-{number}", document.tolist())
-            self.cache.stop_request(f"store-{number}")
-        self.max_draft, self.seen = args.max_draft, {}
-
-    def start(self, key, prompt, limit):
-        self.cache.start_request(key, np.asarray(prompt, np.int32))
-        self.seen[key] = len(prompt)
-
-    def draft(self, batch, rows, lengths, prompts, limits, tokens):
-        drafts = []
-        for key, row, n, prompt, limit in zip(batch, rows, lengths, prompts, limits):
-            self.cache.add_active_response(key, tokens[row, self.seen[key]:n].tolist())
-            self.seen[key] = n
-            draft = self.cache.speculate(key, tokens[row, max(0, n - 24):n], max_spec_tokens=min(self.max_draft, limit - n - 1),
-                                         max_spec_factor=1.0, min_token_prob=0.1)
-            drafts.append(np.array(draft.token_ids, np.int64))
-        return drafts
-
-    def finish(self, key, output):
-        self.cache.stop_request(key)
-        self.seen.pop(key, None)
-
-
-class VllmNgram(Method):
-    """vLLM's `ngram` method: its numba batch lookup over the running requests' token rows."""
-
-    def __init__(self, args, store, answers, cost=None):
-        from vllm.v1.spec_decode.ngram_proposer import batch_propose_numba
-
-        self.propose, self.args = batch_propose_numba, args
-
-    def draft(self, batch, rows, lengths, prompts, limits, tokens):
-        args = self.args
-        drafts = np.zeros((tokens.shape[0], args.max_draft), np.int32)
-        counts = np.zeros(tokens.shape[0], np.int32)
-        numbers = np.zeros(tokens.shape[0], np.int32)
-        numbers[rows] = lengths
-        self.propose(list(rows), numbers, tokens, args.ngram_min, args.ngram_max, tokens.shape[1], args.max_draft, drafts, counts)
-        room = limits - lengths - 1
-        return [drafts[row, :max(min(counts[row], limit), 0)].astype(np.int64) for row, limit in zip(rows, room)]
-
-
-class Plain(Method):
-    """No drafts: every request-step emits one token (the projection's reference)."""
-
-    def __init__(self, args, store, answers, cost=None):
-        pass
-
-    def draft(self, batch, rows, lengths, prompts, limits, tokens):
-        return [np.zeros(0, np.int64)] * len(batch)
-
-
-METHODS = {"ours": Ours, "vllm_suffix": ArcticSuffix, "vllm_ngram": VllmNgram, "plain": Plain}
-
-
-def store_documents(store) -> list[np.ndarray]:
-    if store is None:
-        return []
-    from drafters.datastore import SEPARATOR
-
-    tokens = np.asarray(store.tokens)
-    cuts = np.flatnonzero(tokens == SEPARATOR)
-    pieces = (piece[piece != SEPARATOR] for piece in np.split(tokens, cuts))
-    return [piece.astype(np.int64) for piece in pieces if len(piece)]
 
 
 def resident_mb() -> float:
@@ -416,14 +279,12 @@ def _replay_in_child(job):
 def available(method: str) -> bool:
     if method != "vllm_suffix":
         return True
-    try:
-        import arctic_inference.suffix_decoding  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    import importlib.util
+
+    return importlib.util.find_spec("arctic_inference") is not None
 
 
-def replay_comparison(args) -> dict:
+def run(args) -> dict:
     """Every method at every batch size, methods taking turns within a batch size, each in a fresh
     forked process (its memory its own); then the projection."""
     import os
@@ -432,9 +293,9 @@ def replay_comparison(args) -> dict:
     from drafters.datastore import Datastore
 
     if args.project == "cpu" and (args.step_costs or not args.host_step):
-        raise SystemExit("--project cpu: this CPU's step comes from --host-step (python -m jobs.benchmark.host_step), "
+        raise SystemExit("--project cpu: this CPU's step comes from --host-step (python -m jobs.benchmark host-step), "
                          "not --step-costs (a GPU's)")
-    answers = load_answers(args.replay, args.max_new_tokens)
+    answers = load_answers(args.runs, args.max_new_tokens)
     store = Datastore.open(args.store) if args.store else None
     methods = [m for m in (args.methods or ",".join(METHODS)).split(",") if m]
     unknown = [m for m in methods if m not in METHODS]
@@ -443,7 +304,7 @@ def replay_comparison(args) -> dict:
     skipped = [m for m in methods if not available(m)]
     methods = [m for m in methods if m not in skipped]
     jobs = []
-    for batch in (int(b) for b in args.batch.split(",")):
+    for batch in args.batch:
         jobs += [(args, method, batch, answers, store) for method in methods]
         if args.project:
             jobs.append((args, "ours", batch, answers, store, args.project))  # ours with that GPU's budget
@@ -456,12 +317,11 @@ def replay_comparison(args) -> dict:
             rows.append(pool.apply(_replay_in_child, (job,)))
         calibration += [{"method": rows[-1]["method"], "batch": rows[-1]["batch"], **depth}
                         for depth in rows[-1].pop("calibration", [])]
-        print(json.dumps(rows[-1]), flush=True)
     report = {"replay": rows, "answers": len(answers), "generated_tokens": int(sum(len(a.output) for a in answers)),
               "store_tokens": int(len(store)) if store is not None else 0, "max_draft": args.max_draft,
               "skipped": skipped, "calibration": calibration}
     if calibration and args.plots:
-        runs = ", ".join(Path(run).parent.name or run for run in args.replay.split(","))
+        runs = ", ".join(Path(run).parent.name or run for run in args.runs)
         report["calibration_plot"] = str(calibration_plot(calibration, Path(args.plots), runs))
     if args.project:
         host = read_json(args.host_step)

@@ -1,6 +1,6 @@
-"""Sampling mode: are sampled rows the model's own samples, with speculation on the vLLM engine?
+"""sampling: are sampled rows the model's own samples, with speculation on the vLLM engine?
 
-    python -m jobs.benchmark --sampling --dataset sharegpt --limit 28 --max-new-tokens 96 \
+    python -m jobs.benchmark sampling --dataset sharegpt --limit 28 --max-new-tokens 96 \
         --temperature 0.9 --spec batch_suffix:1:auto
 
 vLLM plain, vllm_ngram (vllm_suffix where arctic-inference is installed) and the --spec methods on
@@ -14,7 +14,13 @@ transformers on the same weights). Per method:
 - the p-value of a chi-square test (ten bins) that the tokens' randomised probability integral
   transforms, u = P(X < x) + V P(X = x) with V uniform, are uniform on [0, 1), as they are for
   exact samples.
-Tests use the same checks (tests/pipeline/engines/sampling_checks.py).
+Tests use the same checks (tests/pipeline/engines/sampling_checks.py). Also per method: tokens/s,
+tokens per target call, and how many rows are token for token plain sampling's row with the same
+seed (issue 55: all of them on the vLLM engine).
+
+`--compare-draws` runs each vLLM engine a second time with vLLM's own draws and rejection sampler
+(the engine's keyed draws switched off: `VllmEngine.keyed_draws`), the two taking turns chunk by
+chunk in one process, for the cost of the keyed draws and their acceptance against vLLM's.
 """
 from __future__ import annotations
 
@@ -22,12 +28,28 @@ import dataclasses
 import importlib.util
 import json
 import math
+import time
 
 import numpy as np
 import torch
 
+from drafters.primitives.sampling import SamplingParams, target_probs
+from jobs.benchmark.arguments import add_prompt_args, add_sampling_args
+from jobs.benchmark.report import markdown_table
 from pipeline.engines.base import Failed, Request
-from pipeline.sampling import SamplingParams, target_probs
+
+
+def add_cli_args(parser) -> None:
+    add_prompt_args(parser, limit=28, max_new_tokens=96)
+    add_sampling_args(parser)
+    parser.set_defaults(temperature=0.9)
+    parser.add_argument("--spec", default="batch_suffix:1:auto", help="our methods on vLLM, comma-separated")
+    parser.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16"))
+    parser.add_argument("--batch-size", type=int, default=16, help="the engine's slots")
+    parser.add_argument("--compare-draws", action="store_true",
+                        help="also run each method with vLLM's own draws and rejection sampler, taking turns "
+                             "with the engine's keyed draws chunk by chunk (speed, tokens per call)")
+    parser.add_argument("--chunks", type=int, default=4, help="chunks of the prompts the draws take turns on")
 
 
 @dataclasses.dataclass
@@ -103,14 +125,14 @@ def add(us: list[float], evidence: Evidence, u: float | None) -> None:
         us.append(u)
 
 
-def sampling_comparison(args) -> dict:
-    """--sampling: every method's sampled rows checked against the model's distribution."""
-    from jobs.benchmark.comparison import build_engines, parse_methods
+def run(args) -> dict:
+    """Every method's sampled rows checked against the model's distribution."""
+    from jobs.benchmark.datasets import encode_prompt, load_prompts
+    from jobs.benchmark.engines import build_engines, parse_methods
     from pipeline.model_loading import load_model
-    from pipeline.prompts import encode_prompt, load_prompts
 
     if args.temperature <= 0:
-        raise SystemExit("--sampling checks sampled rows: give --temperature > 0")
+        raise SystemExit("sampling checks sampled rows: give --temperature > 0")
     names = ["plain", "vllm_ngram"] + (["vllm_suffix"] if importlib.util.find_spec("arctic_inference") else [])
     methods = parse_methods(",".join(names + [n for n in args.spec.split(",") if n.strip()]), "vllm")
     base = [f"model.name={json.dumps(args.model)}", f"model.dtype={args.dtype}", "engine.cpu_kv_cache_gib=1"]
@@ -121,28 +143,58 @@ def sampling_comparison(args) -> dict:
                         sampling=dataclasses.replace(sampling, seed=args.seed + i))
                 for i, p in enumerate(load_prompts(args.dataset, args.limit))]
     model = load_model(engines[methods[0], args.batch_size].config.model).model
-    rows = []
+    draws = ("keyed", "vllm") if args.compare_draws else ("keyed",)
+    runs = {}
     for method in methods:
-        results = engines[method, args.batch_size].generate(requests)
-        done = [(request, r) for request, r in zip(requests, results) if not isinstance(r, Failed)]
-        evidence = gather(model, [request for request, _ in done], [r.token_ids for _, r in done])
-        tokens = max(len(evidence.all_tokens) + evidence.impossible, 1)
-        rows.append({"method": method.name, "tokens": tokens, "failed_rows": len(results) - len(done),
-                     "checked_draft_tokens": sum(r.stats.num_checked_draft_tokens for _, r in done),
-                     "nll_per_token": round(evidence.nll / tokens, 4),
-                     "nll_per_token_expected": round(evidence.nll_expected / tokens, 4), "z": round(evidence.z, 2),
-                     "pit_p_value": uniformity_p_value(evidence.all_tokens), "impossible_tokens": evidence.impossible,
-                     "example": done[0][1].text[:300] if done else None})
-        print(json.dumps(rows[-1]), flush=True)
+        engine = engines[method, args.batch_size]
+        ways = draws if hasattr(engine, "keyed_draws") else ("keyed",)
+        runs.update({(method, way): run for way, run in generate_in_turns(engine, requests, ways, args.chunks).items()})
+    plain = [r.token_ids if not isinstance(r, Failed) else None for r in runs[methods[0], "keyed"][0]]
+    rows = [method_row(model, requests, method, way, *runs[method, way], plain) for method, way in runs]
     return {"dataset": args.dataset, "model": args.model, "dtype": args.dtype, "sampling": dataclasses.asdict(sampling),
             "seeds": f"{args.seed}..{args.seed + len(requests) - 1}", "max_new_tokens": args.max_new_tokens,
-            "batch": args.batch_size, "runs": rows}
+            "batch": args.batch_size, "chunks": args.chunks, "runs": rows}
 
 
-def sampling_markdown(report: dict) -> str:
-    lines = ["| method | tokens | draft tokens checked | NLL/token | expected | z | PIT uniformity p | impossible |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in report["runs"]:
-        lines.append(f"| {r['method']} | {r['tokens']} | {r['checked_draft_tokens']} | {r['nll_per_token']} | "
-                     f"{r['nll_per_token_expected']} | {r['z']} | {r['pit_p_value']:.2g} | {r['impossible_tokens']} |")
-    return "\n".join(lines)
+def generate_in_turns(engine, requests: list[Request], draws: tuple[str, ...], chunks: int) -> dict:
+    """{way: (results, seconds)} of `engine` on `requests` for each way of `draws`: the prompts in
+    `chunks` chunks, each run with every way in turn (one way first, then the other), so that drift
+    on the machine falls on both alike."""
+    size = max(1, -(-len(requests) // chunks))
+    out = {way: ([], 0.0) for way in draws}
+    for chunk, start in enumerate(range(0, len(requests), size)):
+        for way in (draws if chunk % 2 == 0 else draws[::-1]):
+            if len(draws) > 1:
+                engine.keyed_draws(way == "keyed")
+            began = time.perf_counter()
+            results = engine.generate(requests[start:start + size])
+            done, seconds = out[way]
+            out[way] = (done + results, seconds + time.perf_counter() - began)
+    if len(draws) > 1:
+        engine.keyed_draws(True)
+    return out
+
+
+def method_row(model, requests, method, way: str, results, seconds: float, plain: list) -> dict:
+    """One method's (and draws') row: speed, identity with plain sampling, and the evidence."""
+    done = [(request, r) for request, r in zip(requests, results) if not isinstance(r, Failed)]
+    evidence = gather(model, [request for request, _ in done], [r.token_ids for _, r in done])
+    tokens = max(len(evidence.all_tokens) + evidence.impossible, 1)
+    calls = sum(r.stats.num_target_calls for _, r in done)
+    return {"method": method.name, "draws": way, "tokens": tokens, "failed_rows": len(results) - len(done),
+            "tokens_per_s": round(tokens / seconds, 2), "tokens_per_call": round(tokens / max(calls, 1), 4),
+            "identical_to_plain": sum(not isinstance(r, Failed) and r.token_ids == p for r, p in zip(results, plain)),
+            "checked_draft_tokens": sum(r.stats.num_checked_draft_tokens for _, r in done),
+            "nll_per_token": round(evidence.nll / tokens, 4),
+            "nll_per_token_expected": round(evidence.nll_expected / tokens, 4), "z": round(evidence.z, 2),
+            "pit_p_value": uniformity_p_value(evidence.all_tokens), "impossible_tokens": evidence.impossible,
+            "example": done[0][1].text[:300] if done else None}
+
+
+def markdown(report: dict) -> str:
+    return markdown_table(report["runs"], {"method": "method", "draws": "draws", "tokens": "tokens",
+                                           "tokens_per_s": "tokens/s", "tokens_per_call": "tokens/call",
+                                           "identical_to_plain": "rows = plain's",
+                                           "checked_draft_tokens": "draft tokens checked", "nll_per_token": "NLL/token",
+                                           "nll_per_token_expected": "expected", "z": "z",
+                                           "pit_p_value": "PIT uniformity p", "impossible_tokens": "impossible"})

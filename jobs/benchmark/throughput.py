@@ -1,6 +1,6 @@
-"""Throughput mode on the transformers engine: generated tokens/s of batched generation.
+"""throughput: generated tokens/s of batched generation on the transformers engine.
 
-    python -m jobs.benchmark --throughput --batch 1,4,8 --spec context_ngram:auto:auto ...
+    python -m jobs.benchmark throughput --batch 1,4,8 --spec context_ngram:auto:auto ...
 
 per --batch size B: transformers' generate over left-padded batches of B (hf_greedy, and
 hf_greedy_gqa on our engine's attention call), and the transformers engine plain and with each
@@ -9,16 +9,33 @@ checked against the engine's plain greedy decoding one request at a time.
 """
 from __future__ import annotations
 
-import json
 import time
 
+from jobs.benchmark.arguments import add_prompt_args
+from jobs.benchmark.datasets import encode_prompt, load_prompts
 from jobs.benchmark.hf import hf_generate_batch
 from jobs.benchmark.quality import our_config
+from jobs.benchmark.report import markdown_table
+from pipeline.config import ModelConfig
 from pipeline.engines.base import Request
 from pipeline.engines.build import build_engine
-from pipeline.engines.transformers import GQA_ATTENTION
-from pipeline.model_loading import eos_token_ids
-from pipeline.prompts import encode_prompt, load_prompts
+from pipeline.engines.transformers import GQA_ATTENTION, use_gqa_attention
+from pipeline.model_loading import eos_token_ids, load_model
+
+
+def add_cli_args(parser) -> None:
+    add_prompt_args(parser)
+    parser.add_argument("--batch", default="1,4,8", help="batch sizes: requests per forward call")
+    parser.add_argument("--spec", default="batch_suffix:1:auto",
+                        help="our speculative methods, comma-separated (quality's DRAFTER:k:w[:tree])")
+    parser.add_argument("--max-batch-tokens", type=int, default=0, help="tokens fed per call, at most (0: no cap)")
+    parser.add_argument("--datastore", default="", help="a datastore directory for rest:k:w")
+
+
+def run(args) -> dict:
+    loaded = load_model(ModelConfig(name=args.model))
+    use_gqa_attention(loaded.model)  # the model as the transformers engine runs it; hf_greedy switches back
+    return {"dataset": args.dataset, "model": args.model, **throughput_comparison(args, loaded)}
 
 
 def throughput_comparison(args, loaded) -> dict:
@@ -58,7 +75,6 @@ def throughput_comparison(args, loaded) -> dict:
             outputs, stats = methods[name](size)
             seconds = time.perf_counter() - started
             rows.append(throughput_row(size, name, seconds, outputs, stats, reference))
-            print(json.dumps(rows[-1]), flush=True)
     for row in rows:
         same = {r["method"]: r["tokens_per_second"] for r in rows if r["batch"] == row["batch"]}
         if "hf_greedy" in same:
@@ -77,11 +93,9 @@ def throughput_row(size: int, name: str, seconds: float, outputs: list[list[int]
             "fed_per_call": round(sum(s.num_verified_tokens for s in stats) / calls, 2) if calls else None}
 
 
-def throughput_markdown(report: dict) -> str:
-    lines = ["| batch | method | tokens/s | tokens/call | fed/call | identical | vs hf_greedy (same B) | vs plain (same B) |",
-             "|---|---|---|---|---|---|---|---|"]
-    for r in report["runs"]:
-        lines.append(f"| {r['batch']} | {r['method']} | {r['tokens_per_second']:.2f} | {r.get('tokens_per_call') or '-'} | "
-                     f"{r.get('fed_per_call') or '-'} | {r['identical_fraction']:.2f} | "
-                     f"{r.get('vs_hf_greedy_same_batch', '-')} | {r.get('vs_plain_same_batch', '-')} |")
-    return "\n".join(lines)
+def markdown(report: dict) -> str:
+    return markdown_table(report["runs"], {"batch": "batch", "method": "method", "tokens_per_second": "tokens/s",
+                                           "tokens_per_call": "tokens/call", "fed_per_call": "fed/call",
+                                           "identical_fraction": "identical",
+                                           "vs_hf_greedy_same_batch": "vs hf_greedy (same B)",
+                                           "vs_plain_same_batch": "vs plain (same B)"})

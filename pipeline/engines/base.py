@@ -10,12 +10,38 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Protocol, Sequence
 
-from pipeline.prompts import RequestError
-from pipeline.sampling import GREEDY, SamplingParams
+from drafters.primitives.sampling import GREEDY, SamplingParams
 from pipeline.stats import FINISH_REASONS, RequestStats
 
-__all__ = ["FINISH_REASONS", "Engine", "EngineSteps", "Failed", "Request", "RequestError", "Result", "budget", "cut_at_stop",
-           "engine_summary"]
+__all__ = ["FINISH_REASONS", "SAMPLING_KEYS", "Engine", "EngineSampling", "EngineSteps", "Failed", "Request",
+           "RequestError", "Result", "budget", "cut_at_stop", "engine_summary"]
+
+
+class RequestError(ValueError):
+    """A request that cannot be generated as given (no prompt, an over-long one, a bad per-row
+    setting); the message names the request. The request fails alone, as an error row."""
+
+
+# sampling_params keys every engine runs (pipeline/sampling_params.py reads them). Any other key is
+# the engine's own (EngineSampling), given to it as it is.
+SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n")
+
+
+@dataclass(frozen=True)
+class EngineSampling:
+    """What an engine declares of sampling_params: the keys it runs beyond SAMPLING_KEYS (`runs`
+    says them in words), and the ones it knows but refuses, each with why."""
+    engine: str
+    keys: frozenset = frozenset()
+    runs: str = ", ".join(SAMPLING_KEYS)
+    refused: Mapping[str, str] = field(default_factory=dict)
+
+    def check(self, key: str, name: str) -> None:
+        if key in self.refused:
+            raise RequestError(f"{name}: sampling_params.{key} is not run here: {self.refused[key]}")
+        if key not in self.keys:
+            raise RequestError(f"{name}: sampling_params.{key} is not a setting the {self.engine} engine runs "
+                               f"(it runs {self.runs})")
 
 
 @dataclass(frozen=True)
@@ -26,14 +52,17 @@ class Request:
     stop: tuple[str, ...] = ()
     sampling: SamplingParams = GREEDY
     # vLLM's StructuredOutputsParams fields ({"json": schema}, {"regex": ...}, ...): output held to
-    # them (vLLM engine only; drafts that leave the grammar are cut by vLLM before they are checked).
+    # them (an engine that declares structured_outputs; vLLM cuts drafts that leave the grammar).
     structured_outputs: Mapping[str, Any] | None = field(default=None, hash=False)
-    # vLLM's other SamplingParams keys (penalties, stop_token_ids, min_tokens, ...), given to vLLM as
-    # they are (vLLM engine only); skip_special_tokens and include_stop_str_in_output shape the text.
-    vllm_sampling: Mapping[str, Any] | None = field(default=None, hash=False)
+    # The engine's own other sampling keys (EngineSampling: vLLM's penalties, stop_token_ids,
+    # min_tokens, ...), given to it as they are.
+    engine_sampling: Mapping[str, Any] | None = field(default=None, hash=False)
     # A LoRA adapter's directory to run the request with (ray.data.llm's per-row `model`): vLLM
     # engine started with enable_lora only; vLLM refuses the request otherwise.
     adapter: str | None = None
+    # Token ids of the text the answer is expected to resemble (the row's `prediction`): the vLLM
+    # engine's proposer drafts from it first (drafters/prediction.py); it never changes the text.
+    prediction: tuple[int, ...] = ()
 
 
 @dataclass
@@ -88,6 +117,8 @@ class Engine(Protocol):
     name: str
     # The tokenizer the engine's model was trained with: the stage encodes prompts with it.
     tokenizer: object
+    # The sampling_params keys it runs beyond SAMPLING_KEYS, and those it refuses.
+    sampling: EngineSampling
 
     def columns(self) -> dict:
         """The settings that actually run (drafter, k, w, verify, ...), one output column each."""
@@ -101,6 +132,10 @@ class Engine(Protocol):
 
     def steps(self) -> EngineSteps | None:
         """Its step accounting so far; None where the engine does not keep one."""
+        ...
+
+    def close(self) -> None:
+        """Gives back what it holds (a KV cache, worker processes, threads)."""
         ...
 
 

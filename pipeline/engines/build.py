@@ -4,15 +4,10 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from drafters.registry import DrafterTables, build_tables
 from pipeline.config import Config, ConfigError
+from pipeline.drafter_registry import DrafterTables, drafter_tables
 from pipeline.engines.base import Engine
-from pipeline.model_loading import (
-    LoadedModel,
-    cache_root,
-    load_model,
-    resolve_model_dir,
-)
+from pipeline.model_loading import LoadedModel, load_model, resolve_model_dir
 
 
 class ModelRefused(ValueError):
@@ -88,28 +83,13 @@ def check_tensor_parallel(config: Config, hf_config, name: str) -> None:
 
 
 def build_engine(config: Config, tables: DrafterTables | None = None, loaded: LoadedModel | None = None) -> Engine:
-    """The engine of `config`. Drafter tables not given are built here (or read from their cache)."""
+    """The engine of `config`. Drafter tables not given are made here (drafter_tables)."""
     if config.engine.name == "vllm":
         from pipeline.engines.vllm import VllmEngine
 
-        if tables is None:
-            tables = model_tables(config)
         model_dir, _ = resolve_model_dir(config.model)
-        return VllmEngine(config, str(model_dir), tables)
+        return VllmEngine(config, str(model_dir), tables if tables is not None else drafter_tables(config))
     from pipeline.engines.transformers import TransformersEngine
 
     loaded = loaded or load_model(config.model)
-    if tables is None:
-        tables = build_tables(loaded.model, loaded.tokenizer, loaded.fingerprint, config.decoder, cache_root(config.model))
-    return TransformersEngine(config, loaded, tables)
-
-
-def model_tables(config: Config) -> DrafterTables:
-    """The drafter tables `config.decoder` needs, built with the Hugging Face model (loaded only
-    when a table needs it, else none)."""
-    from drafters.registry import needs_model_tables
-
-    if not needs_model_tables(config.decoder):
-        return DrafterTables()
-    loaded = load_model(config.model)
-    return build_tables(loaded.model, loaded.tokenizer, loaded.fingerprint, config.decoder, cache_root(config.model))
+    return TransformersEngine(config, loaded, tables if tables is not None else drafter_tables(config, loaded))

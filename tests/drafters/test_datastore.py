@@ -4,13 +4,8 @@ import random
 import numpy as np
 import pytest
 
-from drafters.datastore import (
-    SEPARATOR,
-    Datastore,
-    build_datastore,
-    continuations,
-    find_longest_suffix_match,
-)
+from drafters.datastore import SEPARATOR, Datastore, build_datastore
+from tests.drafters.reference import continuations, find_longest_suffix_match
 
 SEP = int(SEPARATOR)
 
@@ -49,11 +44,12 @@ def test_longest_match_equals_brute_force(tmp_path):
         for _ in range(20):
             context = [rng.choice(vocab + [4]) for _ in range(rng.randint(0, 8))]
             max_len, min_len = rng.randint(1, 6), rng.randint(1, 3)
-            length, lo, hi = find_longest_suffix_match(store.tokens, store.suffix_array, context, max_len, min_len)
             expected_length, positions = brute_force_match(tokens, context, max_len, min_len)
-            assert length == expected_length, (tokens, context, max_len, min_len)
-            assert sorted(store.suffix_array[lo:hi].tolist()) == positions
-            assert (lo, hi) != (0, 0) or length == 0
+            for search in (store.match, lambda *a: find_longest_suffix_match(store.tokens, store.suffix_array, *a)):
+                length, lo, hi = search(context, max_len, min_len)  # the compiled search, and the reference
+                assert length == expected_length, (tokens, context, max_len, min_len)
+                assert sorted(store.suffix_array[lo:hi].tolist()) == positions
+                assert (lo, hi) != (0, 0) or length == 0
 
 
 def test_no_match_gives_zeros(tmp_path):
@@ -76,11 +72,13 @@ def test_continuations_stop_at_separator(tmp_path):
     length, lo, hi = store.match([1, 2])
     assert (length, hi - lo) == (2, 3)
     rows = store.continuations(lo, hi, length, length=3)
-    assert rows.dtype == np.uint32 and rows.shape == (3, 3)
-    # Suffix order: "1 2 <end>" < "1 2 3 SEP" < "1 2 4 5".
-    assert rows.tolist() == [[SEP, SEP, SEP], [3, SEP, SEP], [4, 5, 6]]
-    assert store.continuations(lo, hi, length, length=2, max_occurrences=1).tolist() == [[SEP, SEP]]
-    assert continuations(store.tokens, store.suffix_array, 0, 0, 2, length=4).shape == (0, 4)
+    assert rows.dtype == np.uint32 and rows.shape == (2, 3)
+    # Suffix order: "1 2 <end>" (no continuation: left out) < "1 2 3 SEP" < "1 2 4 5".
+    assert rows.tolist() == [[3, SEP, SEP], [4, 5, 6]]
+    assert [tuple(t for t in row if t != SEP) for row in rows.tolist()] == continuations(
+        store.tokens, store.suffix_array, lo, hi, length, length=3)
+    assert store.continuations(lo, hi, length, length=2, max_occurrences=1).shape == (0, 2)
+    assert store.continuations(0, 0, 2, length=4).shape == (0, 4)
 
 
 def test_open_maps_read_only_arrays_and_meta(tmp_path):

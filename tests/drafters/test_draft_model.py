@@ -3,11 +3,11 @@ import torch
 
 from drafters.base import DraftContext
 from drafters.draft_model import DraftModelDrafter, self_draft_model
-from drafters.registry import load_draft_model
+from pipeline.drafter_registry import load_draft_model
 from pipeline.config import DecoderConfig, ModelConfig
 from pipeline.engines.transformers.decoder import SpeculativeDecoder
 from pipeline.model_loading import load_model
-from pipeline.sampling import RandomState, SamplingParams
+from drafters.primitives.sampling import RandomState, SamplingParams
 from tests.conftest import make_tiny_model
 
 

@@ -8,7 +8,7 @@ from drafters.retrieval import RetrievalDrafter, prefix_counts, select_rows
 from pipeline.engines.base import Request
 from pipeline.engines.transformers.decoder import SpeculativeDecoder
 from pipeline.engines.transformers.request_state import RequestState
-from pipeline.sampling import SamplingParams
+from drafters.primitives.sampling import SamplingParams
 
 DOCUMENTS = [
     [1, 2, 3, 4, 5, 6],
@@ -89,7 +89,7 @@ def test_a_datastore_of_another_tokenizer_is_refused(tmp_path):
 
 
 def test_make_drafter_refuses_a_datastore_of_another_tokenizer(tmp_path):
-    from drafters.registry import DrafterTables, make_drafter
+    from pipeline.drafter_registry import DrafterTables, make_drafter
     from pipeline.config import DecoderConfig
 
     build_datastore(DOCUMENTS, tmp_path / "s", {"vocab_size": 96})

@@ -3,26 +3,17 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-import pipeline.engines.transformers.engine as stage_module
 from jobs import report
 from pipeline.config import load_config
-from pipeline.engines.transformers.cost_model import CostModel
-from pipeline import job_rows
-
-
-def flat_costs(*args) -> CostModel:
-    table = [[1.0 + 0.1 * (k * w - 1) for w in (1, 2, 3, 5, 9)] for k in (1, 2, 4, 8, 16)]
-    return CostModel((1, 2, 4, 8, 16), (1, 2, 3, 5, 9), (1, 1000), [table, table], [0.01, 0.01], "cpu")
+from tests.job_in_process import generate, job_stage
 
 
 @pytest.fixture(scope="module")
 def auto_run(tiny_model_dir, tmp_path_factory):
     """A run directory written by a `k: auto, w: auto` stage: two good rows and one that errored."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(stage_module, "cached_cost_model", flat_costs)
-        config = load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}", "decoder.drafter=context_ngram",
-                                        "decoder.k=auto", "decoder.w=auto", "decoder.max_new_tokens=24"])
-        table = job_rows.generate(job_rows.job_stage(config), {"id": ["a", "b", "bad"],
+    config = load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}", "decoder.drafter=context_ngram",
+                                    "decoder.k=auto", "decoder.w=auto", "decoder.max_new_tokens=24"])
+    table = generate(job_stage(config), {"id": ["a", "b", "bad"],
                                          "prompt": ["def add(a, b):\n    return a + b\n" * 3, "x = 1\n" * 8, " "]})
     output = tmp_path_factory.mktemp("out")
     (output / "run=r1").mkdir()

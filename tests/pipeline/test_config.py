@@ -38,6 +38,8 @@ def test_unknown_drafter_lists_the_valid_ones():
                                           "'context_ngram', 'unigram', 'bigram', 'extended_bigram', 'mixed', "
                                           "'draft_model'"):
         load_config(overrides=["decoder.drafter=trigram"])
+    with pytest.raises(ConfigError, match="decoder.drafter: 'suffix' is not allowed \\('suffix' is now 'batch_suffix'"):
+        load_config(overrides=["decoder.drafter=suffix"])
 
 
 def test_overrides_are_typed_and_validated():

@@ -1,13 +1,13 @@
 """The job's rows as the processor's: the preprocess's mapping (no model needed), the postprocess's
-error rows, and a processor's rows named by their id."""
-import pyarrow as pa
+schema, and one prompt rule and one seed rule for the job and the processor alike."""
 import pytest
 
 from pipeline.config import load_config
-from pipeline.job_rows import output_row, output_table, request_row
-from pipeline.output import SCHEMA
-from pipeline.rows import INFERENCE_ERROR
-from pipeline.sampling import request_seed
+from pipeline.job_rows import output_table, request_row
+from pipeline.row_values import rows_table
+from drafters.primitives.sampling import request_seed
+from pipeline.schema import INFERENCE_ERROR, JOB_SCHEMA
+from tests.job_in_process import generate, job_stage
 
 
 @pytest.fixture(scope="module")
@@ -23,8 +23,8 @@ def test_a_job_row_becomes_messages_or_a_prompt_with_the_configs_settings(config
     # Input columns named like the processor's take no part: the job's prompt column is the prompt.
     assert (text["id"], text["prompt"], text["messages"], text["model"], text["tokenized_prompt"]) == ("12", "Hi", None,
                                                                                                       None, None)
-    assert text["sampling_params"] == {"max_tokens": 7, "temperature": 0.5, "top_k": 5, "top_p": 0.9, "stop": [],
-                                       "seed": request_seed(3, "12")}
+    # No seed: the stage derives it from decoder.seed and the id, as it does a processor's row.
+    assert text["sampling_params"] == {"max_tokens": 7, "temperature": 0.5, "top_k": 5, "top_p": 0.9, "stop": []}
     chat = convert({"uid": "c", "prompt": [{"role": "user", "content": "Hi"}], "max_new_tokens": 2.0, "seed": 9,
                     "temperature": float("nan")})  # NaN: a null in a pandas block
     assert chat["messages"] == [{"role": "user", "content": "Hi"}] and chat["prompt"] is None
@@ -32,24 +32,50 @@ def test_a_job_row_becomes_messages_or_a_prompt_with_the_configs_settings(config
     assert chat["sampling_params"]["temperature"] == 0.5
 
 
-def test_an_error_row_is_written_with_its_generated_columns_null():
-    failed = output_row({"id": "x", "generated_text": "", "generated_tokens": [], "num_generated_tokens": 0,
-                         "num_input_tokens": 0, INFERENCE_ERROR: "row 'x': why", "drafter": "mixed"})
+def test_the_postprocess_writes_the_jobs_schema_with_each_rows_error_or_none():
+    rows = [{"id": "y", "generated_text": "ok", "generated_tokens": [1], INFERENCE_ERROR: "", "extra": 1,
+             "params": "SamplingParams(...)"},
+            {"id": "x", "generated_text": "", "generated_tokens": [], "num_generated_tokens": 0,
+             INFERENCE_ERROR: "row 'x': why", "drafter": "mixed"}]
+    good, failed = output_table(rows_table(rows)).to_pylist()
+    assert (good["generated_text"], good["generated_tokens"], good["error"]) == ("ok", [1], None)
     assert failed["error"] == "row 'x': why" and failed["drafter"] == "mixed"
-    assert all(failed[name] is None for name in ("text", "token_ids", "generated_text", "num_generated_tokens",
-                                                 "num_input_tokens"))
-    good = output_row({"id": "y", "generated_text": "ok", "generated_tokens": [1], INFERENCE_ERROR: ""})
-    assert (good["text"], good["token_ids"], good["error"]) == ("ok", [1], None)
-    table = output_table(pa.Table.from_pylist([{"id": "y", "generated_text": "ok", INFERENCE_ERROR: "", "extra": 1}]))
-    assert table.schema == SCHEMA  # the job's schema, whatever else the row held
+    assert (failed["generated_text"], failed["num_generated_tokens"]) == ("", 0)  # as the processor's error row
+    table = output_table(rows_table(rows))
+    assert table.schema == JOB_SCHEMA  # the job's schema, whatever else the row held
+    assert not {"text", "token_ids", "num_prompt_tokens", "params", "prompt", INFERENCE_ERROR} & set(table.column_names)
+
+
+def test_the_job_and_a_processor_prompt_and_seed_a_row_alike(tiny_model_dir):
+    """A job row's text prompt is a user's message, templated as the processor templates messages;
+    a row without a seed samples with one derived from the configured seed and its id, whichever
+    path it takes and whatever else is in its batch: the same text."""
+    from pipeline.llm import vLLMEngineProcessorConfig
+    from pipeline.stage import GenerationStage, StageSettings
+
+    job = load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}", "decoder.max_new_tokens=8",
+                                 "decoder.temperature=0.9", "decoder.seed=7", "decoder.drafter=none", "decoder.w=0"])
+    rows = {"id": ["a", "b", "c"], "prompt": ["Say hi", "Count to three", "Say hi"]}
+    out = generate(job_stage(job), rows).to_pydict()
+    processor = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers",
+                                          engine_kwargs={"seed": 7}, id_column="id",
+                                          decoder={"drafter": "none", "w": 0})
+    stage = GenerationStage(processor.pipeline_config(), StageSettings(seed=7, id_column="id"))
+    params = {"temperature": 0.9, "max_tokens": 8}
+    alone = stage(rows_table([{"id": "c", "messages": [{"role": "user", "content": "Say hi"}],
+                               "sampling_params": params}])).to_pylist()[0]
+    assert alone["prompt_token_ids"] == out["prompt_token_ids"][2]
+    assert alone["seed"] == out["seed"][2] == request_seed(7, "c")
+    assert alone["generated_tokens"] == out["generated_tokens"][2]
+    assert out["generated_tokens"][0] != out["generated_tokens"][2]  # the same prompt, another id: another sample
 
 
 def test_a_processor_with_an_id_column_names_rows_by_their_id(tiny_model_dir):
     from pipeline.llm import vLLMEngineProcessorConfig
-    from pipeline.stage import GenerationStage, rows_table
+    from pipeline.stage import GenerationStage, StageSettings
 
-    config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers")
-    stage = GenerationStage(config.pipeline_config(), continue_on_error=True, id_column="item")
+    config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers", id_column="item")
+    stage = GenerationStage(config.pipeline_config(), StageSettings(continue_on_error=True, id_column="item"))
     rows = [{"item": 5, "prompt": "Hi", "sampling_params": {"max_tokens": 0}},
             {"item": None, "prompt": "Hi", "sampling_params": {"max_tokens": 2}}]
     bad, unnamed = stage(rows_table(rows)).to_pylist()
@@ -57,21 +83,24 @@ def test_a_processor_with_an_id_column_names_rows_by_their_id(tiny_model_dir):
     assert "has no 'item'" in unnamed[INFERENCE_ERROR]
 
 
-def test_the_job_encodes_prompts_as_it_always_has(tiny_model_dir, tmp_path):
-    """A job row's prompt is encoded by pipeline/prompts.encode_prompt (the chat template's own token
-    ids, the generation prompt after any last message), its message checks included; a processor
-    row with the same messages is templated as ray.data.llm does."""
-    from pipeline.job_rows import generate, job_stage
-    from pipeline.prompts import encode_prompt
+def test_the_jobs_prompts_are_templated_and_checked_by_the_one_rule(tiny_model_dir):
+    """A text prompt is one user message with the generation prompt, the template's text tokenized
+    (for this tokenizer, the template's own ids); messages that end with the assistant's are
+    continued; bad messages and settings are the row's error, naming it."""
+    from jobs.benchmark.datasets import encode_prompt
 
     config = load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}", "decoder.max_new_tokens=2"])
     stage = job_stage(config)
     prefill = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
-    out = generate(stage, {"id": ["text", "prefill", "no-content", "inf"],
-                           "prompt": ["Say hi", prefill, [{"role": "user"}], "Say hi"],
-                           "max_new_tokens": [None, None, None, float("inf")]}).to_pydict()
+    out = generate(stage, {"id": ["text", "prefill", "no-content", "inf", "blank"],
+                           "prompt": ["Say hi", prefill, [{"role": "user"}], "Say hi", "   "],
+                           "max_new_tokens": [None, None, None, float("inf"), None]}).to_pydict()
     tokenizer = stage.engine.tokenizer
-    assert out["prompt_token_ids"][:2] == [encode_prompt(tokenizer, "Say hi", "text"), encode_prompt(tokenizer, prefill, "p")]
+    assert out["prompt_token_ids"][0] == encode_prompt(tokenizer, "Say hi", "text")
+    continued = tokenizer.apply_chat_template(prefill, tokenize=False, continue_final_message=True)
+    assert out["prompt_token_ids"][1] == list(tokenizer(continued)["input_ids"])
     assert out["error"][:2] == [None, None]
     assert "row 'no-content': message 0 needs a string 'role' and 'content'" in out["error"][2]
     assert "row 'inf': sampling_params.max_tokens must be an integer >= 1, got inf" in out["error"][3]
+    assert "row 'blank': the prompt is empty" in out["error"][4]
+    assert list(out) == JOB_SCHEMA.names

@@ -41,11 +41,11 @@ def test_the_job_on_vllm_returns_every_row_once_with_statistics_and_keeps_the_en
     by_id = {}
     for row in out:
         by_id.setdefault(row["id"], []).append(row)
-    assert all(row["error"] is None and (len(row["token_ids"]) == 100 or row["finish_reason"] == "eos")
+    assert all(row["error"] is None and (len(row["generated_tokens"]) == 100 or row["finish_reason"] == "eos")
                for row in by_id["ok"])
     assert "the prompt is empty" in by_id["empty"][0]["error"] and "must be text" in by_id["number"][0]["error"]
-    assert "no room to generate" in by_id["long"][0]["error"] and "no prompt" in by_id["none"][0]["error"]
-    assert len(by_id["short"][0]["token_ids"]) == 2 and by_id["hot"][0]["temperature"] == pytest.approx(0.7)
+    assert "no room to generate" in by_id["long"][0]["error"] and "has no messages, prompt" in by_id["none"][0]["error"]
+    assert len(by_id["short"][0]["generated_tokens"]) == 2 and by_id["hot"][0]["temperature"] == pytest.approx(0.7)
     generated = by_id["ok"] + by_id["short"] + by_id["hot"] + [row for row in out if row["id"].startswith("q")]
     for row in generated:
         assert row["engine"] == "vllm" and row["drafter"] == "mixed" and row["auto_w"] is True
@@ -54,7 +54,9 @@ def test_the_job_on_vllm_returns_every_row_once_with_statistics_and_keeps_the_en
         assert sum(count for _, count in row["strategy_rows"]) == row["num_target_calls"]
     assert summary["rows"] == 32 and summary["errored_rows"] == 4
     assert all(row["prompt_token_ids"] for row in by_id["ok"]) and by_id["empty"][0]["prompt_token_ids"] is None
-    assert summary["engine_occupancy"] > 0.6, summary["engine_series"]  # one 2-row batch at a time: at most 0.5
+    # One 2-row batch at a time keeps at most 2 of 4 slots busy (occupancy <= 0.5), whatever the
+    # machine's speed: more than that shows batches overlapping in the engine.
+    assert summary["engine_occupancy"] > 0.5, summary["engine_series"]
     series = summary["engine_series"]
     assert len(series) == 16 and all(0 < occupancy <= 1 for _, occupancy in series if occupancy is not None)
     assert summary["engine_steps"] > 0 and summary["engine_drain_seconds"] > 0

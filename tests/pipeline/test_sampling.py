@@ -17,7 +17,7 @@ from pipeline.engines.transformers.verification import (
 from pipeline.engines.transformers.verification import (
     speculative_sample as sample_speculatively,
 )
-from pipeline.sampling import SamplingParams, request_seed, sample, target_probs
+from drafters.primitives.sampling import SamplingParams, request_seed, sample, target_probs
 
 V = 4
 # The target is a Markov chain: row t is p(next | t). The draft model is a different chain.

@@ -1,7 +1,7 @@
 import pytest
 
 from pipeline.config import load_config
-from pipeline.job_rows import generate, job_stage
+from tests.job_in_process import generate, job_stage
 
 
 @pytest.fixture(scope="module")
@@ -23,7 +23,7 @@ def test_every_row_comes_back_and_bad_rows_carry_an_error(stage):
     assert "row 'not-text'" in rows["not-text"] and "int" in rows["not-text"]
     assert "row 'too-long'" in rows["too-long"] and "no room to generate" in rows["too-long"]
     good = out["id"].index("good")
-    assert len(out["token_ids"][good]) == 12 and out["finish_reason"][good] == "length"
+    assert len(out["generated_tokens"][good]) == 12 and out["finish_reason"][good] == "length"
     assert out["num_target_calls"][good] >= 1 and out["drafter"][good] == "context_ngram"
 
 
@@ -34,14 +34,14 @@ def test_rows_sample_with_their_own_settings_and_reproduce(stage):
              "top_p": [None, None, None, 0.9, None, 2.0],
              "seed": [None, None, None, 11, None, None]}
     first, second = generate(stage, batch).to_pydict(), generate(stage, batch).to_pydict()
-    assert first["token_ids"] == second["token_ids"], "same seeds and settings must give the same output"
+    assert first["generated_tokens"] == second["generated_tokens"], "same seeds and settings must give the same output"
     rows = {row_id: i for i, row_id in enumerate(first["id"])}
     assert "row 'bad-temperature': sampling_params.temperature must be a number >= 0, got 'warm'" in first["error"][rows["bad-temperature"]]
     assert "row 'bad-top-p': sampling_params.top_p must be a number in (0, 1], got 2.0" in first["error"][rows["bad-top-p"]]
     hot, again = rows["hot"], rows["hot-again"]
     assert first["error"][hot] is None and first["temperature"][hot] == 1.0
     # No seed given: each row gets its own (derived from decoder.seed and the id), recorded.
-    assert first["seed"][hot] != first["seed"][again] and first["token_ids"][hot] != first["token_ids"][again]
+    assert first["seed"][hot] != first["seed"][again] and first["generated_tokens"][hot] != first["generated_tokens"][again]
     assert first["seed"][rows["seeded"]] == 11 and first["top_p"][rows["seeded"]] == 0.9
     assert first["temperature"][rows["greedy"]] == 0.0 and first["lenience"][rows["greedy"]] == 1.0
 
@@ -69,7 +69,7 @@ def test_throughput_mode_returns_every_row_in_order_with_the_same_tokens(tiny_mo
     one, many = outputs
     assert many["id"] == batch["id"]  # order kept, a repeated id included
     assert "row 'bad': the prompt is empty" in many["error"][1]
-    assert many["token_ids"] == one["token_ids"] and [len(t or []) for t in many["token_ids"]] == [12, 0, 5, 9, 14]
+    assert many["generated_tokens"] == one["generated_tokens"] and [len(t or []) for t in many["generated_tokens"]] == [12, 0, 5, 9, 14]
 
 
 @pytest.mark.parametrize("max_batch_requests,k,verify", [(1, 2, "batch"), (4, 2, "tree"), (4, 1, "batch")])
@@ -81,3 +81,12 @@ def test_the_verify_column_says_what_ran(tiny_model_dir, tmp_path, max_batch_req
     out = generate(job_stage(config), {"id": ["a", "b"], "prompt": ["def add(a, b):", "Hi"]}).to_pydict()
     assert out["verify"] == [verify, verify]
     assert all(share <= calls for share, calls in zip(out["forward_call_share"], out["num_target_calls"]))
+
+
+def test_a_prediction_that_is_not_text_is_the_rows_error(stage):
+    batch = {"id": ["text", "number"], "prompt": ["def add(a, b):", "def add(a, b):"],
+             "prediction": ["    return a + b", 7]}
+    out = generate(stage, batch).to_pydict()
+    errors = dict(zip(out["id"], out["error"]))
+    assert errors["text"] is None
+    assert "row 'number': prediction must be text, got int" in errors["number"]

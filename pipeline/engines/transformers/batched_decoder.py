@@ -6,20 +6,20 @@ rows are merged into a draft tree (pipeline/engines/transformers/tree.py), and t
 shows it its own context (RaggedCache) and tree. Each request accepts its own number of tokens.
 When a request finishes, the next request takes its row at once (continuous batching).
 
-The cost of a [B, N] call comes from the same cost model as a [k, w+1] block (rows x tokens). With
-k/w auto, each step picks the draft shape (K rows of w tokens per request, at most
-max_batch_tokens fed in all) that maximises the batch's expected tokens per call / relative call
-cost, so on compute-bound hardware the budget goes to requests rather than drafts.
+The cost of a [B, N] call comes from the decoder's one step cost, c(n) of the n tokens a call feeds
+(drafters/budget.py, learned from these calls). With k/w auto, each step picks the draft shape (K
+rows of w tokens per request, at most max_batch_tokens fed in all) that maximises the batch's
+expected tokens per call / relative call cost, so on compute-bound hardware the budget goes to
+requests rather than drafts.
 """
 from __future__ import annotations
 
 import time
 from typing import Iterable, Iterator
 
-import numpy as np
 import torch
 
-from drafters.adaptive import choose_shape
+from drafters.budget import choose_shape, relative_cost
 from drafters.base import Drafts
 from pipeline.engines.base import Failed, Request, RequestError, Result
 from pipeline.engines.transformers.decoder import (
@@ -82,7 +82,7 @@ class BatchedDecoder:
             self.step(slots, cache)
             for row, state in enumerate(slots):
                 if state.finish_reason is not None:
-                    yield state.request, self.decoder.finish(state)
+                    yield state.request, state.result()
                     slots[row] = None
                     cache.valid[row] = False
             cache.compact()
@@ -120,6 +120,8 @@ class BatchedDecoder:
         trees = [build_tree(drafts.tokens) for drafts in chosen]
         verify_started = time.perf_counter()
         logits, width = self.forward(slots, trees, cache)  # [B, N, V]
+        if self.rules.costs is not None:
+            self.rules.costs.observe(len(slots) * width, time.perf_counter() - verify_started)
         kept = []
         share = 1 / len(slots)  # the call (and its time) is shared by the requests it served
         for row, (state, drafts, tree) in enumerate(zip(slots, chosen, trees)):
@@ -160,10 +162,9 @@ class BatchedDecoder:
                     for drafts in proposals]
         ranked = [None if drafts.tokens.shape[1] == 0 else state.controller.expected_tokens(drafts)
                   for state, drafts in zip(slots, proposals)]  # (order [k_b], table [k_b, w_b])
-        context = int(np.mean([len(state.context) for state in slots]))
-        controller, requests = slots[0].controller, len(slots)
+        step, requests = self.rules.costs.cost(), len(slots)
         shape = choose_shape([None if r is None else r[1] for r in ranked],
-                             lambda rows, width: controller.cost(requests, rows * width, context),
+                             lambda rows, width: relative_cost(step, requests * (1 + rows * width), requests),
                              self.rules.k, self.rules.w, self.decoder.auto_k, self.decoder.auto_w, max_fed)
         return [no_drafts() if r is None or shape.width == 0 else
                 select_rows(drafts, r[0][:shape.rows], shape.width, shape.rows * shape.width)

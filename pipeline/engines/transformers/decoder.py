@@ -14,9 +14,9 @@ import time
 import torch
 
 from drafters.adaptive import AdaptiveController
-from drafters.base import PADDING, Drafter, Drafts
+from drafters.budget import StepCostFit
+from drafters.base import NO_DRAFT, PADDING, Drafter, Drafts
 from pipeline.engines.base import Request, Result
-from pipeline.engines.transformers.cost_model import CostModel
 from pipeline.engines.transformers.kv_cache import (
     keep_positions,
     keep_row,
@@ -25,12 +25,10 @@ from pipeline.engines.transformers.kv_cache import (
 from pipeline.engines.transformers.request_state import DecodingRules, RequestState
 from pipeline.engines.transformers.tree import build_tree, node_logits, tree_inputs
 from pipeline.engines.transformers.verification import DraftEvidence, Verdict, verify
-from pipeline.forward import prefill
+from drafters.primitives.forward import prefill
 from pipeline.model_loading import eos_token_ids
-from pipeline.sampling import GREEDY, SamplingParams
+from drafters.primitives.sampling import GREEDY, SamplingParams
 
-# Strategy name of a step that verified no draft (plain decoding, or nothing worth guessing).
-NO_DRAFT = "none"
 
 
 def no_drafts() -> Drafts:
@@ -57,13 +55,14 @@ def select_rows(drafts: Drafts, rows, w: int, max_nodes: int | None = None) -> D
 
 class SpeculativeDecoder:
     def __init__(self, model, tokenizer, drafter: Drafter | None, k: int, w: int, ngram_max_q: int = 3,
-                 lenience: float = 1.0, verify_mode: str = "batch", costs: CostModel | None = None,
+                 lenience: float = 1.0, verify_mode: str = "batch", costs: StepCostFit | None = None,
                  auto_k: bool = True, auto_w: bool = True):
         self.model, self.tokenizer = model, tokenizer
         self.drafter = drafter
         k, w = (k, w) if drafter is not None and w > 0 else (1, 0)
-        # With a cost model, k and w are maxima and each step verifies the (k, w) the request's own
-        # acceptance history and the hardware's costs make fastest (drafters/adaptive.py).
+        # With a step cost (learned from this decoder's own calls), k and w are maxima and each step
+        # verifies the (k, w) the request's own acceptance history and that cost make fastest
+        # (drafters/adaptive.py).
         self.rules = DecodingRules(tokenizer, eos_token_ids(model, tokenizer),
                                    getattr(model.config, "max_position_embeddings", None), k, w, ngram_max_q, costs)
         self.auto_k, self.auto_w = auto_k, auto_w
@@ -109,23 +108,19 @@ class SpeculativeDecoder:
             step_started = time.perf_counter()
             drafts = self.draft(state)
             if state.controller is not None and drafts.tokens.shape[1] > 0:
-                drafts = self.adapt(state.controller, drafts, len(state.context))
+                drafts = self.adapt(state.controller, drafts)
             verify_started = time.perf_counter()
             verdict, fed = self.verify(cache, state, drafts)
-            state.accept(verdict, drafts, fed, verify_started - step_started, time.perf_counter() - verify_started)
-        return self.finish(state)
-
-    def finish(self, state: RequestState) -> Result:
-        """The request's result; a drafter that drafts from finished outputs learns its tokens."""
-        learn = getattr(self.drafter, "learn", None)
-        if learn is not None:
-            learn(state.generated)
+            verify_seconds = time.perf_counter() - verify_started
+            if self.rules.costs is not None:
+                self.rules.costs.observe(fed, verify_seconds)
+            state.accept(verdict, drafts, fed, verify_started - step_started, verify_seconds)
         return state.result()
 
-    def adapt(self, controller: AdaptiveController, drafts: Drafts, context_length: int) -> Drafts:
+    def adapt(self, controller: AdaptiveController, drafts: Drafts) -> Drafts:
         """The k rows and w tokens the controller chooses (w = 0: none, a plain step)."""
         assert drafts.probs is None, "k/w auto is for point drafts; the config refuses it for a draft model"
-        choice = controller.choose(drafts, context_length, self.auto_k, self.auto_w)
+        choice = controller.choose(drafts, self.auto_k, self.auto_w)
         return select_rows(drafts, choice.rows, choice.w)
 
     @torch.no_grad()

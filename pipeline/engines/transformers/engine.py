@@ -7,37 +7,36 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from drafters.registry import DrafterTables, load_draft_model, make_drafter
+from drafters.budget import StepCostFit
+from pipeline.drafter_registry import DrafterTables, load_draft_model, make_drafter
 from pipeline.config import Config, DecoderConfig, ModelConfig
-from pipeline.engines.base import Failed, Request, RequestError, Result
+from pipeline.engines.base import EngineSampling, Failed, Request, RequestError, Result
 from pipeline.engines.transformers.attention import use_gqa_attention
 from pipeline.engines.transformers.batched_decoder import BatchedDecoder
-from pipeline.engines.transformers.cost_model import cached_cost_model
 from pipeline.engines.transformers.decoder import SpeculativeDecoder
-from pipeline.model_loading import LoadedModel, cache_root
+from pipeline.model_loading import LoadedModel
 
 
 def build_decoder(config: DecoderConfig, model_config: ModelConfig, loaded: LoadedModel,
                   tables: DrafterTables) -> SpeculativeDecoder:
     """The decoder `config` describes: its drafter over `tables`, the draft model if it has one,
-    and with k or w auto this hardware's cost model (measured once per model and device, then cached)."""
+    and with k or w auto a step cost it learns from its own calls (drafters/budget.py)."""
     tokenizer = loaded.tokenizer
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    use_gqa_attention(loaded.model)  # before the cost model is measured: the calls it times are ours
+    use_gqa_attention(loaded.model)
     draft_model = None
     if config.drafter == "draft_model" and config.w > 0:
         draft_model = load_draft_model(config, model_config, loaded)
         use_gqa_attention(draft_model)
     drafter = make_drafter(config, tables, pad, draft_model, len(tokenizer))
-    costs = None
-    if config.auto_k or config.auto_w:
-        costs = cached_cost_model(loaded.model, loaded.fingerprint, cache_root(model_config))
+    costs = StepCostFit() if config.auto_k or config.auto_w else None
     return SpeculativeDecoder(loaded.model, tokenizer, drafter, config.k, config.w, config.ngram_max_q,
                               config.lenience, config.verify, costs, config.auto_k, config.auto_w)
 
 
 class TransformersEngine:
     name = "transformers"
+    sampling = EngineSampling("transformers")  # the common keys alone: no structured outputs, no penalties
 
     def __init__(self, config: Config, loaded: LoadedModel, tables: DrafterTables):
         self.config = config
@@ -67,18 +66,19 @@ class TransformersEngine:
         """The transformers engine keeps no step accounting (its throughput mode drains each batch)."""
         return None
 
+    def close(self) -> None:
+        """Its model and caches go with it; a KV cache lives only while its requests run."""
+        self.decoder = self.batched = None
+
     def generate(self, requests: Sequence[Request]) -> list[Result | Failed]:
         # Results come back as requests finish; ids may repeat, so they are matched by object.
         index_of = {id(request): index for index, request in enumerate(requests)}
         results: list[Result | Failed | None] = [None] * len(requests)
         runnable = []
         for request in requests:
-            vllm_only = "structured outputs" if request.structured_outputs else (
-                f"sampling_params {', '.join(sorted(request.vllm_sampling))}" if request.vllm_sampling else
-                f"LoRA adapters (model {request.adapter!r})" if request.adapter is not None else "")
-            if vllm_only:
-                results[index_of[id(request)]] = Failed(request.request_id, f"request {request.request_id!r}: "
-                                                        f"{vllm_only} run on the vLLM engine (engine.name vllm)")
+            if request.adapter is not None:
+                results[index_of[id(request)]] = Failed(request.request_id, f"request {request.request_id!r}: LoRA "
+                                                        f"adapters (model {request.adapter!r}) run on the vLLM engine")
             else:
                 runnable.append(request)
         if self.batched is None:

@@ -10,7 +10,7 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
-from pipeline.forward import full_layers
+from drafters.primitives.forward import full_layers
 
 # Columns a layer reserves past its length, so that a call appends in place (no copy of the cache).
 SLACK_COLUMNS = 128

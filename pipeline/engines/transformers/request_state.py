@@ -21,10 +21,10 @@ from drafters.adaptive import (
     judge_proposals,
 )
 from drafters.base import DraftContext, Drafts
+from drafters.budget import StepCostFit
 from pipeline.engines.base import Request, Result, budget, cut_at_stop
-from pipeline.engines.transformers.cost_model import CostModel
 from pipeline.engines.transformers.verification import Verdict
-from pipeline.sampling import RandomState
+from drafters.primitives.sampling import RandomState
 from pipeline.stats import RequestStats
 
 # A stop string of n characters spans at most n tokens that decode to text; a few more cover
@@ -41,7 +41,8 @@ class DecodingRules:
     k: int  # draft rows per step, at most
     w: int  # tokens per draft row, at most (0: plain decoding)
     ngram_max_q: int  # longest n-gram the context index keeps
-    costs: CostModel | None = None  # with a cost model, each step's shape is chosen (drafters/adaptive.py)
+    # The decoder's step cost, learned from its calls: with it, each step's shape is chosen (drafters/adaptive.py).
+    costs: StepCostFit | None = None
     # What earlier requests accepted, per row kind: a new request's prior (shared, it grows).
     acceptance_pool: dict[RowKind, AcceptanceEstimate] = field(default_factory=dict, compare=False)
 
@@ -66,7 +67,7 @@ class RequestState:
         budget_ = budget(request, rules.max_positions)
         sampling = request.sampling
         random = None if sampling.greedy else RandomState(sampling.seed, budget_)
-        stats = RequestStats(num_prompt_tokens=len(request.prompt_ids),
+        stats = RequestStats(num_input_tokens=len(request.prompt_ids),
                              accepted_length_histogram=[0] * (rules.w + 1), accepted_rank_histogram=[0] * rules.k)
         controller = AdaptiveController(rules.costs, rules.acceptance_pool) if rules.costs is not None else None
         state = cls(request, rules, budget_, DraftContext(request.prompt_ids, rules.ngram_max_q, sampling, random),
@@ -115,11 +116,18 @@ class RequestState:
         stats = self.stats
         stats.num_generated_tokens = len(self.generated)
         stats.finish_reason = self.finish_reason
-        stats.total_seconds = time.perf_counter() - self.started
+        stats.time_taken_llm = time.perf_counter() - self.started
         tokenizer = self.rules.tokenizer
         text = tokenizer.decode(self.generated, skip_special_tokens=True) if tokenizer is not None else ""
         return Result(self.request.request_id, self.generated, cut_at_stop(text, self.request.stop),
-                      self.finish_reason, stats)
+                      self.finish_reason, stats, params=settings_print(self.request))
+
+
+def settings_print(request: Request) -> str:
+    """The request's settings as the `params` column prints them (in vLLM's form)."""
+    sampling = request.sampling
+    return (f"SamplingParams(max_tokens={request.max_new_tokens}, temperature={sampling.temperature}, "
+            f"top_p={sampling.top_p}, top_k={sampling.top_k}, seed={sampling.seed}, stop={list(request.stop)})")
 
 
 def cut_at_eos(tokens: list[int], eos_ids: frozenset[int]) -> tuple[list[int], str | None]:

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from pipeline.engines.transformers.tree import DraftTree, winning_row
-from pipeline.sampling import SamplingParams, sample, target_probs
+from drafters.primitives.sampling import SamplingParams, sample, target_probs
 
 
 @dataclass(frozen=True)

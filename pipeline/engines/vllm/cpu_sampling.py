@@ -39,9 +39,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-EXPAND_KERNEL = "vllm.v1.sample.rejection_sampler.expand_kernel"
-
-
 def expand(output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: torch.Tensor, replace_from, replace_to,
            MAX_NUM_TOKENS: int | None = None) -> None:
     """What vLLM's `expand_kernel` does, for any dtype: request r's value (replace_from read as

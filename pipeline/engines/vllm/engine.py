@@ -25,10 +25,13 @@ import time
 from contextlib import contextmanager
 from typing import Sequence
 
-from drafters.registry import DrafterTables, make_batch_drafter
+from drafters.base import NO_DRAFT
+from pipeline.drafter_registry import DrafterTables, make_batch_drafter
 from pipeline.config import CPU_MAX_NUM_SEQS, Config, ConfigError, DecoderConfig
 from pipeline.drafter_kinds import VLLM_METHODS
 from pipeline.engines.base import (
+    SAMPLING_KEYS,
+    EngineSampling,
     EngineSteps,
     Failed,
     Request,
@@ -45,16 +48,23 @@ from pipeline.engines.vllm.proposer import (
     take_tracked,
 )
 from pipeline.engines.vllm.cpu_sampling import check_worker, install
+from pipeline.engines.vllm.seeded_sampling import install_on_worker, uninstall_on_worker
 from pipeline.model_loading import dtype_name, load_tokenizer
 from pipeline.stats import RequestStats
 
 logger = logging.getLogger(__name__)
 
 PROPOSER = "pipeline.engines.vllm.proposer.NgrammysProposer"
+# vLLM SamplingParams keys refused here, each with why (any other goes to vLLM, which checks it).
+REFUSED_SAMPLING = {
+    "min_p": "vLLM does not run it with speculative decoding",
+    "logit_bias": "vLLM does not run it with speculative decoding",
+    "logits_processors": "vLLM does not run it with speculative decoding",
+    "spaces_between_special_tokens": "the actor decodes the text itself (skip_special_tokens is honoured)",
+    "output_kind": "the processor takes each request's final output", "extra_args": "not run here"}
 # vLLM SamplingParams keys that shape the text, which the engine decodes itself (`detokenize`: the
 # text is decoded either way, as ray.data.llm's detokenize stage does).
 TEXT_SETTINGS = ("skip_special_tokens", "include_stop_str_in_output", "detokenize")
-NO_DRAFT = "none"
 
 
 def set_vllm_environment(config: Config) -> None:
@@ -140,8 +150,10 @@ def vllm_params(request: Request, max_tokens: int):
             raise RequestError(f"request {request.request_id!r}: structured_outputs: {error}") from error
     # The text is decoded here from the tokens (result()): vLLM detokenizes only to find stop strings
     # and to name the tokens of log probabilities (unless the request says detokenize False).
-    settings = request.vllm_sampling or {}
+    settings = request.engine_sampling or {}
     extra = {key: value for key, value in settings.items() if key not in TEXT_SETTINGS}
+    if request.prediction:  # for our proposer (proposer.py), which reads it from the runner's request
+        extra["extra_args"] = {"prediction": list(request.prediction)}
     named_logprobs = settings.get("detokenize", True) and (settings.get("logprobs") is not None
                                                            or settings.get("prompt_logprobs") is not None)
     try:
@@ -151,6 +163,14 @@ def vllm_params(request: Request, max_tokens: int):
                               structured_outputs=structured, **extra)
     except (TypeError, ValueError, VLLMError) as error:
         raise RequestError(f"request {request.request_id!r}: sampling_params: {error}") from error
+
+
+def vllm_sampling() -> EngineSampling:
+    """The sampling_params keys vLLM runs here: its SamplingParams' fields, but REFUSED_SAMPLING's."""
+    from vllm import SamplingParams
+
+    keys = frozenset(SamplingParams.__struct_fields__) - set(REFUSED_SAMPLING) - set(SAMPLING_KEYS)
+    return EngineSampling("vllm", keys, "vLLM's SamplingParams", REFUSED_SAMPLING)
 
 
 class VllmEngine:
@@ -164,6 +184,7 @@ class VllmEngine:
         # Ours run as vLLM's proposer; vLLM's own methods (vllm_ngram, vllm_suffix) run as vLLM has them.
         self.ours = self.drafts and decoder.drafter not in VLLM_METHODS
         self.tokenizer = load_tokenizer(model_dir, config.model)
+        self.sampling = vllm_sampling()
         self.adapters: dict = {}  # LoRA adapter -> its LoRARequest (vLLM's ids count from 1)
         self.adapters_lock = threading.Lock()
         # One thread runs every vLLM call and keeps the engine fed (feeder.py).
@@ -173,6 +194,8 @@ class VllmEngine:
         # Whether vLLM's sampling, on every worker, is now exact with drafts (cpu_sampling.py). If
         # not, no request drafts in a step that runs a sampled one.
         self.exact_sampling = not self.drafts or all(self.collective_rpc(check_worker))
+        # Sampled rows drawn with noise keyed by (seed, position), drafted or not (seeded_sampling.py).
+        self.keyed_draws(True)
         if not self.exact_sampling:
             logger.warning("vLLM's rejection sampler on this platform does not spread the sampling settings over "
                            "draft positions exactly (pipeline/engines/vllm/cpu_sampling.py): no request drafts "
@@ -218,6 +241,11 @@ class VllmEngine:
                                      self.feeder.llm.llm_engine.model_config.get_vocab_size())
         self.collective_rpc(attach_drafter, (drafter, decoder.w, decoder.auto_w, self.exact_sampling))
         self.config = dataclasses.replace(self.config, decoder=decoder)
+
+    def keyed_draws(self, on: bool) -> None:
+        """Sampled rows drawn with keyed noise (on, the engine's way), or with vLLM's own draws and
+        rejection sampler (off: the benchmark's comparison, jobs/benchmark/sampling.py)."""
+        self.collective_rpc(install_on_worker if on else uninstall_on_worker)
 
     def collective_rpc(self, function, args: tuple = ()) -> list:
         """vLLM's LLM.collective_rpc, run on the engine thread between two steps."""
@@ -298,7 +326,7 @@ class VllmEngine:
             finish = "length"
         else:  # "stop": an EOS (stop_reason None, or a stop token id) or a stop string
             finish = "stop" if isinstance(completion.stop_reason, str) else "eos"
-        settings = request.vllm_sampling or {}
+        settings = request.engine_sampling or {}
         text = cut_at_stop(self.tokenizer.decode(token_ids, skip_special_tokens=settings.get("skip_special_tokens", True)),
                            request.stop, settings.get("include_stop_str_in_output", False))
         decoder = self.config.decoder
@@ -306,7 +334,7 @@ class VllmEngine:
                               tracked, decoder.w if self.drafts else 0, decoder.drafter)
         stats.finish_reason = finish
         metrics = output.metrics
-        stats.total_seconds = (metrics.last_token_ts - metrics.scheduled_ts) if metrics is not None else wall
+        stats.time_taken_llm = (metrics.last_token_ts - metrics.scheduled_ts) if metrics is not None else wall
         record = dataclasses.asdict(metrics) if dataclasses.is_dataclass(metrics) else None
         return Result(request.request_id, token_ids, text, finish, stats, record, logprob_rows(completion.logprobs),
                       logprob_rows(output.prompt_logprobs), repr(params))
@@ -340,7 +368,7 @@ def request_stats(prompt_length: int, token_ids: list[int], metrics, tracked: Tr
     # high (docs/benchmarks.md, "Against vLLM's own speculation").
     steps = tracked.steps if tracked is not None else max(len(token_ids) - accepted, 1)
     histogram[0] += max(steps - sum(histogram), 0)  # steps that verified no draft accepted none
-    stats = RequestStats(num_prompt_tokens=prompt_length, num_generated_tokens=len(token_ids),
+    stats = RequestStats(num_input_tokens=prompt_length, num_generated_tokens=len(token_ids),
                          num_target_calls=steps, num_verified_tokens=steps + drafted,
                          accepted_length_histogram=histogram, accepted_rank_histogram=[sum(histogram[1:])],
                          num_checked_draft_tokens=checked, sum_acceptance_probability=float(accepted))

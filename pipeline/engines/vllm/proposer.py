@@ -6,7 +6,7 @@ vLLM builds the class with its VllmConfig only; the engine then hands it the dra
 runner (to read request ids) and the settings through `configure` (`attach_drafter`, called on
 the worker with `LLM.collective_rpc`). Until then it proposes nothing.
 
-The drafter is a BatchDrafter (drafters/base.py; drafters/registry.py `make_batch_drafter`): each
+The drafter is a BatchDrafter (drafters/base.py; pipeline/drafter_registry.py `make_batch_drafter`): each
 step, one call drafts for every decoding request, reading their tokens from vLLM's own token
 array. A request starts with the drafter when the proposer first sees it, and finishes when it
 ends (with its generated tokens) or vLLM lets it go (aborted); a request preempted or not
@@ -28,6 +28,7 @@ import torch
 
 from drafters.base import BatchDrafter, BatchDrafts
 from drafters.budget import StepCostFit, cost_table
+from drafters.prediction import PredictionDrafter
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +50,10 @@ class Tracked:
     failed_steps: int = 0  # steps whose drafting failed for it (it went on without a draft)
     draft_seconds: float = 0.0
     proposals: list[Proposal] = field(default_factory=list)  # drafts vLLM verified or will
+    prediction: PredictionDrafter | None = None  # the request's prediction, drafted from first
+
+
+PREDICTION = "prediction"  # the strategy of a draft taken from the request's prediction
 
 
 class NgrammysProposer:
@@ -101,6 +106,7 @@ class NgrammysProposer:
         self.observe_step(started, measurable=not fresh)
         if rows and not self.paused():
             self.draft(started, keys, rows, tracked, num_tokens_no_spec, token_ids_cpu, drafts)
+            self.predict(rows, tracked, np.asarray(num_tokens_no_spec, dtype=np.int64)[rows], token_ids_cpu, drafts)
         self.last_step = (time.perf_counter(), len(sampled_token_ids) + sum(map(len, drafts)))
         return drafts
 
@@ -140,6 +146,22 @@ class NgrammysProposer:
                 drafts[row] = list(tokens)
                 t.proposals.append(Proposal(int(lengths[i]) - t.prompt_length, tokens, strategies[out.sources[i]]))
 
+    def predict(self, rows: list[int], tracked: list[Tracked], lengths: np.ndarray, token_ids_cpu: np.ndarray,
+                drafts: list[list[int]]) -> None:
+        """A request with a prediction drafts from it first (drafters/prediction.py), in place of the
+        drafter's draft, where the prediction has a continuation for the tokens so far."""
+        for row, t, length in zip(rows, tracked, lengths.tolist()):
+            if t.prediction is None:
+                continue
+            guess = t.prediction.draft(token_ids_cpu[row, t.prompt_length:length].tolist(),
+                                       min(self.w, t.limit - length - 1))
+            if guess:
+                position = length - t.prompt_length
+                if drafts[row] and t.proposals and t.proposals[-1].position == position:
+                    t.proposals.pop()
+                drafts[row] = guess
+                t.proposals.append(Proposal(position, tuple(guess), PREDICTION))
+
     def paused(self) -> bool:
         """Whether no request drafts this step: a sampled request runs, and sampled drafts are not verified exactly."""
         return not self.draft_sampled and bool(self.runner.input_batch.random_reqs)
@@ -150,7 +172,9 @@ class NgrammysProposer:
         if tracked is None:
             params = self.runner.requests[request_id].sampling_params
             limit = min(self.max_model_len, prompt_length + (params.max_tokens or self.max_model_len))
-            tracked = self.tracked[request_id] = Tracked(prompt_length, limit)
+            predicted = (params.extra_args or {}).get(PREDICTION)
+            tracked = self.tracked[request_id] = Tracked(prompt_length, limit,
+                                                         prediction=PredictionDrafter(predicted) if predicted else None)
         if request_id not in self.started:
             try:
                 self.drafter.start(request_id, tracked.prompt_length, tracked.limit)

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from jobs.benchmark.gpu_step import attend
-from jobs.benchmark.host_speed import scaled
+from jobs.benchmark.micro.gpu_step import attend
+from jobs.benchmark.micro.host_speed import scaled
 
 
 @pytest.mark.parametrize("fed", [1, 2, 5])
@@ -25,4 +25,4 @@ def test_host_time_scales_by_the_ratio_of_the_two_hosts_speeds():
     report = scaled(host_step, base, here)
     assert [row["host_ms_per_step"] for row in report["median"]] == [2.5, 22.5]
     assert [row["scaled_from_ms"] for row in report["median"]] == [5.0, 30.0]
-    assert report["scaled_by"] == "jobs.benchmark.host_speed"
+    assert report["scaled_by"] == "jobs.benchmark host-speed"

@@ -36,7 +36,7 @@ def run_dir(tmp_path):
 
 def test_replay_reports_every_method_and_batch_and_ours_gains_from_repeats(run_dir, tmp_path):
     out = tmp_path / "r.json"
-    report = main(["--replay", str(run_dir), "--batch", "1,4", "--methods", "ours,vllm_ngram,plain", "--max-draft", "6",
+    report = main(["replay", str(run_dir), "--batch", "1,4", "--methods", "ours,vllm_ngram,plain", "--max-draft", "6",
                    "--project", "a100-8b", "--out", str(out)])
     assert json.loads(out.read_text()) == report
     rows = report["replay"]
@@ -60,7 +60,7 @@ def test_the_projection_charges_the_host_to_synchronous_steps_only(run_dir, tmp_
     synchronous steps (ours, as vLLM runs a custom proposer) pay it: tokens / (gpu + host + drafter)."""
     host = tmp_path / "host.json"
     host.write_text(json.dumps({"median": [{"batch": 1, "host_ms_per_step": 2.0}, {"batch": 4, "host_ms_per_step": 5.0}]}))
-    report = main(["--replay", str(run_dir), "--batch", "4", "--methods", "ours,plain", "--max-draft", "6",
+    report = main(["replay", str(run_dir), "--batch", "4", "--methods", "ours,plain", "--max-draft", "6",
                    "--project", "a100-8b", "--host-step", str(host), "--out", str(tmp_path / "r.json")])
     rows = {r["method"]: r for r in report["replay"]}
     projected = {r["method"]: r for r in report["projection"]["rows"]}
@@ -81,7 +81,7 @@ def test_the_cpu_projection_charges_a_step_the_plain_step_of_as_many_tokens(run_
     host = tmp_path / "host.json"  # 10 ms for one token, 40 ms for 8: 30 / 7 ms a token more
     host.write_text(json.dumps({"model": "m", "median": [{"batch": 1, "host_ms_per_step": 1.0, "device_ms_per_step": 9.0},
                                                          {"batch": 8, "host_ms_per_step": 2.0, "device_ms_per_step": 38.0}]}))
-    report = main(["--replay", str(run_dir), "--batch", "1", "--methods", "ours,plain", "--max-draft", "6",
+    report = main(["replay", str(run_dir), "--batch", "1", "--methods", "ours,plain", "--max-draft", "6",
                    "--project", "cpu", "--host-step", str(host), "--out", str(tmp_path / "r.json")])
     rows = {r["method"]: r for r in report["replay"]}
     assert set(rows) == {"ours", "plain", "ours_budget_cpu"}
@@ -105,7 +105,7 @@ def test_the_cpu_projection_charges_a_step_the_plain_step_of_as_many_tokens(run_
 
 def test_the_cpu_projection_needs_this_cpus_step(run_dir, tmp_path):
     with pytest.raises(SystemExit, match="--project cpu: this CPU's step comes from --host-step"):
-        main(["--replay", str(run_dir), "--batch", "1", "--methods", "plain", "--project", "cpu",
+        main(["replay", str(run_dir), "--batch", "1", "--methods", "plain", "--project", "cpu",
               "--out", str(tmp_path / "r.json")])
 
 

@@ -9,8 +9,9 @@ import pytest
 from drafters.datastore import build_datastore
 from pipeline.config import load_config
 from pipeline.engines.base import Failed, Request, Result
-from pipeline.engines.build import build_engine, model_tables
-from pipeline.sampling import SamplingParams
+from pipeline.drafter_registry import drafter_tables
+from pipeline.engines.build import build_engine
+from drafters.primitives.sampling import SamplingParams
 
 W = 4
 PROMPTS = ["def fib(n):\n    if n < 2:\n        return n", "Count: one two three one two three one",
@@ -35,7 +36,7 @@ def engines(tiny_model_dir):
 
 @pytest.fixture(scope="module")
 def requests(engines):
-    from pipeline.prompts import encode_prompt
+    from jobs.benchmark.datasets import encode_prompt
 
     tokenizer = engines[0].tokenizer
     return [Request(f"r{i}", encode_prompt(tokenizer, prompt, f"r{i}"), 48) for i, prompt in enumerate(PROMPTS)]
@@ -48,10 +49,10 @@ def reference(engines, requests):
 
 def swap(ours, tiny_model_dir, drafter, *overrides):
     decoder = config(tiny_model_dir, f"decoder.drafter={drafter}", f"decoder.w={W}", *overrides).decoder
-    ours.set_decoder(decoder, model_tables(dataclasses.replace(ours.config, decoder=decoder)))
+    ours.set_decoder(decoder, drafter_tables(dataclasses.replace(ours.config, decoder=decoder)))
 
 
-DRAFTERS = ["context_ngram", "unigram", "bigram", "extended_bigram", "mixed", "suffix", "batch_suffix"]
+DRAFTERS = ["context_ngram", "unigram", "bigram", "extended_bigram", "mixed", "batch_suffix"]
 
 
 # Every drafter at a fixed w, and at w: auto all but extended_bigram, whose table at auto's width (16)
@@ -168,12 +169,12 @@ def test_vllms_other_sampling_settings_run_exactly_with_drafts(engines, requests
     plain, ours = engines
     swap(ours, tiny_model_dir, "unigram")  # drafts every step, whatever the text
     settings = {"repetition_penalty": 1.5, "frequency_penalty": 0.5, "min_tokens": 8, "ignore_eos": True}
-    penalised = [dataclasses.replace(r, vllm_sampling=settings) for r in requests]
+    penalised = [dataclasses.replace(r, engine_sampling=settings) for r in requests]
     expected = [r.token_ids for r in plain.generate(penalised)]
     results = ours.generate(penalised)
     assert [r.token_ids for r in results] == expected != reference
     assert sum(r.stats.num_verified_tokens - r.stats.num_target_calls for r in results) > 0
-    bad = ours.generate([dataclasses.replace(requests[0], vllm_sampling={"repetition_penalty": -1.0})])[0]
+    bad = ours.generate([dataclasses.replace(requests[0], engine_sampling={"repetition_penalty": -1.0})])[0]
     assert isinstance(bad, Failed) and "sampling_params" in bad.message and "repetition_penalty" in bad.message
 
 
@@ -183,7 +184,7 @@ def test_log_probabilities_come_with_the_drafts_as_without_them(engines, request
     forward), the prompt's positions theirs; the row's params are vLLM's own."""
     plain, ours = engines
     swap(ours, tiny_model_dir, "unigram")
-    asked = [dataclasses.replace(r, vllm_sampling={"logprobs": 2, "prompt_logprobs": 1}) for r in requests]
+    asked = [dataclasses.replace(r, engine_sampling={"logprobs": 2, "prompt_logprobs": 1}) for r in requests]
     expected, results = plain.generate(asked), ours.generate(asked)
     assert sum(r.stats.num_verified_tokens - r.stats.num_target_calls for r in results) > 0
     for want, got, request in zip(expected, results, asked):
@@ -195,7 +196,7 @@ def test_log_probabilities_come_with_the_drafts_as_without_them(engines, request
         assert len(got.prompt_logprobs) == len(request.prompt_ids) and got.prompt_logprobs[0] is None
         assert all(request.prompt_ids[i] in got.prompt_logprobs[i] for i in range(1, len(request.prompt_ids)))
     assert "logprobs=2" in results[0].params and results[0].params.startswith("SamplingParams(")
-    unnamed = ours.generate([dataclasses.replace(requests[0], vllm_sampling={"logprobs": 1, "detokenize": False})])[0]
+    unnamed = ours.generate([dataclasses.replace(requests[0], engine_sampling={"logprobs": 1, "detokenize": False})])[0]
     assert all(p["decoded_token"] is None for position in unnamed.logprobs for p in position.values())
     assert ours.generate(requests[:1])[0].logprobs is None
 
@@ -261,11 +262,11 @@ class FailingFor:
 
 @pytest.mark.parametrize("junk", [False, True])
 def test_a_drafter_failing_for_one_request_costs_it_its_drafts_and_nothing_else(engines, requests, reference, junk):
-    from drafters.each_request import EachRequest
+    from drafters.per_request import PerRequestBatchDrafter
     from pipeline.engines.vllm.proposer import attach_drafter
 
     ours = engines[1]
-    ours.collective_rpc(attach_drafter, (EachRequest(FailingFor(requests[1].prompt_ids, junk), W, 3), W, False))
+    ours.collective_rpc(attach_drafter, (PerRequestBatchDrafter(FailingFor(requests[1].prompt_ids, junk), W, 3), W, False))
     results = ours.generate(requests)
     assert [r.token_ids for r in results] == reference  # every row back, the engine never stopped
     failed = [r.stats.num_drafter_failed_steps for r in results]
@@ -351,3 +352,62 @@ def test_a_lora_adapter_reaches_vllm_with_its_request_and_fails_it_alone_without
     first = ours.adapter(str(tmp_path / "adapter"))
     assert ours.adapter(str(tmp_path / "adapter")) is first and first.lora_path == str(tmp_path / "adapter")
     assert ours.adapter(str(tmp_path / "other")).lora_int_id == first.lora_int_id + 1
+
+
+# Temperatures from near-greedy (drafts often right) to 1.0, with top-k and top-p.
+HOT = [SamplingParams(0.05, 0, 1.0), SamplingParams(1.0, 0, 0.9), SamplingParams(0.7, 20, 1.0), SamplingParams(0.3)]
+
+
+@pytest.fixture(scope="module")
+def sampled(engines, requests, tmp_path_factory):
+    """Plain sampling's tokens, each request with its own seed, in a sampled-only batch and in a
+    batch of sampled and greedy rows; and a datastore of those texts (retrieval then drafts the
+    very continuations: with the same seeds, drafts are accepted)."""
+    hot = [dataclasses.replace(r, sampling=dataclasses.replace(HOT[i], seed=100 + i)) for i, r in enumerate(requests)]
+    batches = {"sampled": hot, "mixed": [hot[0], requests[1], hot[2], requests[3]]}
+    plain = {name: [r.token_ids for r in engines[0].generate(batch)] for name, batch in batches.items()}
+    store = tmp_path_factory.mktemp("sampled-store") / "ds"
+    build_datastore(plain["sampled"], store, {"vocab_size": len(engines[0].tokenizer)})
+    return batches, plain, store
+
+
+@pytest.mark.parametrize("drafter", [pytest.param(d, marks=[pytest.mark.slow] * (d == "extended_bigram"))
+                                     for d in DRAFTERS + ["rest"]])
+def test_sampled_rows_are_plain_samplings_text_whatever_the_drafter_and_batch(engines, sampled, tiny_model_dir,
+                                                                              drafter):
+    """A seed is a text (pipeline/engines/vllm/seeded_sampling.py): with drafts, at B = 4 (the batch
+    in one call) and B = 1 (one request at a time), sampled-only and beside greedy rows, every
+    row is plain sampling's with its seed."""
+    batches, plain, store = sampled
+    ours = engines[1]
+    swap(ours, tiny_model_dir, drafter, *([f"decoder.datastore={store}"] if drafter in ("rest", "batch_suffix") else []))
+    checked = accepted = 0
+    for name, batch in batches.items():
+        together = ours.generate(batch)
+        one_by_one = [ours.generate([request])[0] for request in batch]
+        assert [r.token_ids for r in together] == plain[name], name
+        assert [r.token_ids for r in one_by_one] == plain[name], name
+        sampled_rows = [r for r, request in zip(together + one_by_one, batch + batch) if not request.sampling.greedy]
+        checked += sum(r.stats.num_checked_draft_tokens for r in sampled_rows)
+        accepted += sum(j * n for r in sampled_rows for j, n in enumerate(r.stats.accepted_length_histogram))
+    assert checked > 0, f"{drafter}: no draft of a sampled row was verified"
+    if drafter in ("rest", "batch_suffix", "context_ngram"):
+        assert accepted > 0, f"{drafter}: no draft token of a sampled row was accepted"
+
+
+def test_a_prediction_is_drafted_from_first_and_changes_no_token(engines, requests, reference, sampled, tiny_model_dir):
+    """The rows' expected answers, edited (a token dropped, two inserted), as predictions: drafted
+    through the edits (most tokens come from them), and every token is plain decoding's, greedy
+    and sampled (drafters/prediction.py)."""
+    ours = engines[1]
+    swap(ours, tiny_model_dir, "context_ngram")
+    edited = [ids[:10] + ids[11:30] + [5, 6] + ids[30:] for ids in reference]
+    results = ours.generate([dataclasses.replace(r, prediction=tuple(ids)) for r, ids in zip(requests, edited)])
+    assert [r.token_ids for r in results] == reference
+    from_prediction = sum(r.stats.strategy_accepted_tokens.get("prediction", 0) for r in results)
+    assert from_prediction > 0.6 * sum(map(len, reference)), [r.stats.strategy_accepted_tokens for r in results]
+    batches, plain, _ = sampled
+    hot = [dataclasses.replace(r, prediction=tuple(ids)) for r, ids in zip(batches["sampled"], plain["sampled"])]
+    results = ours.generate(hot)
+    assert [r.token_ids for r in results] == plain["sampled"]
+    assert sum(r.stats.strategy_accepted_tokens.get("prediction", 0) for r in results) > 0.6 * sum(map(len, plain["sampled"]))

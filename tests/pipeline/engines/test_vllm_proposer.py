@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from drafters.budget import StepCostFit
-from drafters.each_request import EachRequest
+from drafters.per_request import PerRequestBatchDrafter
 from pipeline.engines.vllm.engine import request_stats
 from pipeline.engines.vllm.proposer import (
     Proposal,
@@ -63,7 +63,7 @@ class FakeRunner:
     def run(self, request_id: str, prompt_length: int, max_tokens: int = 100) -> None:
         self.input_batch = SimpleNamespace(req_ids=[request_id], req_id_to_index={request_id: 0},
                                            num_prompt_tokens=np.array([prompt_length]))
-        self.requests = {request_id: SimpleNamespace(sampling_params=SimpleNamespace(max_tokens=max_tokens))}
+        self.requests = {request_id: SimpleNamespace(sampling_params=SimpleNamespace(max_tokens=max_tokens, extra_args=None))}
 
 
 def test_step_costs_see_decoding_steps_only_not_prefills_or_pauses_between_generate_calls():
@@ -75,7 +75,7 @@ def test_step_costs_see_decoding_steps_only_not_prefills_or_pauses_between_gener
     config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
                              model_config=SimpleNamespace(max_model_len=64, get_vocab_size=lambda: 100))
     proposer, runner = NgrammysProposer(config), FakeRunner()
-    proposer.configure(runner, EachRequest(ContextNgramDrafter(2), 4, 2), 4, adaptive=True)
+    proposer.configure(runner, PerRequestBatchDrafter(ContextNgramDrafter(2), 4, 2), 4, adaptive=True)
     proposer.costs = StepCostFit(memory=1.0)
     tokens = np.arange(64)[None, :] % 7  # [1, max_model_len]
 
@@ -104,13 +104,13 @@ def fake_proposer(drafter, w: int, requests: int, adaptive: bool):
     batch = SimpleNamespace(req_ids=ids, req_id_to_index={key: i for i, key in enumerate(ids)},
                             num_prompt_tokens=np.full(requests, 40))
     runner = SimpleNamespace(input_batch=batch, requests={key: SimpleNamespace(
-        sampling_params=SimpleNamespace(max_tokens=100)) for key in ids})
+        sampling_params=SimpleNamespace(max_tokens=100, extra_args=None)) for key in ids})
     proposer.configure(runner, drafter, w, adaptive)
     return proposer
 
 
 def test_a_proposer_call_for_256_requests_is_one_compiled_call():
-    from drafters.batch_suffix import BatchSuffixDrafter
+    from drafters.suffix import BatchSuffixDrafter
 
     drafter = BatchSuffixDrafter(4, 3, 1)
     proposer = fake_proposer(drafter, 4, 256, adaptive=True)
@@ -166,7 +166,7 @@ class Recording:
         self.calls.append(("finish", key, tuple(generated)))
 
 
-def test_each_request_starts_once_and_finishes_once_with_its_tokens_or_when_vllm_lets_it_go():
+def test_per_request_starts_once_and_finishes_once_with_its_tokens_or_when_vllm_lets_it_go():
     """Started when first seen; finished by `take` with its generated tokens when it ends, or
     without them once vLLM no longer holds it (aborted). A request that is not scheduled for a
     step (or preempted) stays started: vLLM keeps it."""

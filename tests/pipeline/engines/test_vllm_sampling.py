@@ -1,10 +1,9 @@
 """Sampling with speculation on the vLLM engine, on a tiny model, with prompts prefilled in chunks:
 vLLM's sampling in the engine's worker is exact (pipeline/engines/vllm/cpu_sampling.py); with our
 default drafter, sampled tokens follow the target's distribution at temperature 0.7 with top-k 50
-and 1.0 with top-p 0.9 (tests/pipeline/engines/sampling_checks.py says how that is checked); the
-same seed gives the same text whatever the batch (and so whatever the chunking), where the drafts
-depend only on the request; and where the sampler could not be made exact, no request drafts
-beside a sampled one. The same checks on SmolLM2, with vLLM's own
+and 1.0 with top-p 0.9 (tests/pipeline/engines/sampling_checks.py says how that is checked); a
+seed gives plain sampling's text whatever the drafts and the batch (and so whatever the chunking);
+and where the sampler could not be made exact, no request drafts beside a sampled one. The same checks on SmolLM2, with vLLM's own
 n-gram method too: tests/test_smollm2_vllm_sampling.py (make test-slow).
 
 What the uninitialised memory of vLLM's CPU fault holds depends on the allocator's history: here it
@@ -20,10 +19,10 @@ import torch
 from pipeline.config import load_config
 from pipeline.engines.base import Failed, Request, Result
 from pipeline.engines.build import build_engine
-from pipeline.sampling import SamplingParams
+from drafters.primitives.sampling import SamplingParams
 from tests.pipeline.engines.sampling_checks import assert_exact, generate_tracking
 
-# Two vLLM starts and five sampled runs (about 2 minutes): make test-slow. make test checks the
+# Three vLLM starts and nine sampled runs (about 3 minutes): make test-slow. make test checks the
 # kernels (test_vllm_cpu_sampling.py) and each engine's worker (test_vllm_engine.py).
 pytestmark = pytest.mark.slow
 
@@ -67,10 +66,12 @@ def engines(peaked_model_dir, tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
     # Ours with the default drafter at a fixed w; vLLM's n-gram last (it loads numba: see comparison.py).
     ours = build_engine(config(peaked_model_dir, cache, "decoder.drafter=batch_suffix"))
+    plain = build_engine(config(peaked_model_dir, cache, "decoder.drafter=none", "decoder.w=0"))
     ngram = build_engine(config(peaked_model_dir, cache, "decoder.drafter=vllm_ngram", "decoder.ngram_min_q=1",
                                 "decoder.ngram_max_q=3"))
-    yield {"ours": ours, "vllm_ngram": ngram}
+    yield {"ours": ours, "plain": plain, "vllm_ngram": ngram}
     ours.close()
+    plain.close()
     ngram.close()
 
 
@@ -85,7 +86,7 @@ def reference_model(peaked_model_dir):
 def prompts(engines) -> list[list[int]]:
     """Sixteen requests per prompt: the default drafter drafts a request from the earlier answers
     to its prompt, which a peaked model's samples share in part, so drafts are accepted and rejected."""
-    from pipeline.prompts import encode_prompt
+    from jobs.benchmark.datasets import encode_prompt
 
     return [encode_prompt(engines["ours"].tokenizer, prompt, f"p{i}") for i, prompt in enumerate(PROMPTS)]
 
@@ -102,23 +103,22 @@ def test_sampled_tokens_follow_the_target_distribution(engines, reference_model,
     assert_exact(reference_model, requests, results, tracked, min_checked=100, min_accepted=40, min_rejected=40)
 
 
-def test_the_same_seed_gives_the_same_text_alone_or_in_any_batch(engines, prompts, peaked_model_dir, tmp_path):
-    """With drafts that depend only on the request's own tokens (context n-grams, at a fixed w), a
-    seeded request's text is the same alone, in a batch, and in a batch in another order. (The
-    default drafter also drafts from earlier outputs, and `w: auto` by the batch: docs/vllm-cpu-sampling.md.)"""
-    ours = engines["ours"]
-    default = ours.config.decoder
-    ours.set_decoder(config(peaked_model_dir, tmp_path, "decoder.drafter=context_ngram", "decoder.ngram_min_q=1").decoder)
-    try:
-        requests = sampled_requests(prompts, CASES["t1.0-top_p0.9"])[:8]
-        alone = [ours.generate([request])[0].token_ids for request in requests[:3]]
-        together = ours.generate(requests)
-        reversed_batch = ours.generate(requests[::-1])[::-1]
-    finally:
-        ours.set_decoder(default)
-    assert [r.token_ids for r in together[:3]] == alone
-    assert [r.token_ids for r in together] == [r.token_ids for r in reversed_batch]
-    assert len({tuple(r.token_ids) for r in together}) == len(together)  # the seeds differ, so do the texts
+@pytest.mark.parametrize("method", ["ours", "vllm_ngram"])
+def test_a_seed_gives_plain_samplings_text_with_drafts_at_any_batch(engines, prompts, method):
+    """Sixty-four seeded requests at B = 16, sampled-only and beside greedy rows, and a few alone:
+    every row is plain sampling's text for its seed, with the default drafter (which drafts from the
+    other requests' outputs, at a w chosen by the batch) and with vLLM's n-gram method
+    (pipeline/engines/vllm/seeded_sampling.py)."""
+    requests = sampled_requests(prompts, CASES["t1.0-top_p0.9"])
+    mixed = [r if i % 3 else dataclasses.replace(r, sampling=SamplingParams()) for i, r in enumerate(requests)]
+    plain = {}
+    for name, batch in (("sampled", requests), ("mixed", mixed)):
+        plain[name] = [r.token_ids for r in engines["plain"].generate(batch)]
+        results = engines[method].generate(batch)
+        assert [r.token_ids for r in results] == plain[name], name
+        assert sum(r.stats.num_checked_draft_tokens for r in results) > 20
+    assert [engines[method].generate([request])[0].token_ids for request in requests[:3]] == plain["sampled"][:3]
+    assert len({tuple(tokens) for tokens in plain["sampled"]}) > SEEDS // 2  # the seeds differ, so do the texts
 
 
 def test_where_sampling_is_not_exact_no_request_drafts_beside_a_sampled_one(engines, prompts):
@@ -129,8 +129,11 @@ def test_where_sampling_is_not_exact_no_request_drafts_beside_a_sampled_one(engi
     from pipeline.engines.vllm.proposer import attach_drafter
 
     ours, ngram = engines["ours"], engines["vllm_ngram"]
+    # The sampled rows run a longer budget to its end, so every step with a greedy row has a sampled one.
     sampled = sampled_requests(prompts, CASES["t0.7-top_k50"])[:4]
     greedy = [dataclasses.replace(r, request_id=f"g{i}", sampling=SamplingParams()) for i, r in enumerate(sampled)]
+    sampled = [dataclasses.replace(r, max_new_tokens=NEW_TOKENS + 8, engine_sampling={"ignore_eos": True})
+               for r in sampled]
     drafter = ours.collective_rpc(lambda worker: worker.model_runner.drafter.drafter)[0]
     try:
         ours.collective_rpc(attach_drafter, (drafter, W, False, False))
@@ -138,7 +141,9 @@ def test_where_sampling_is_not_exact_no_request_drafts_beside_a_sampled_one(engi
         greedy_alone = ours.generate(greedy)
     finally:
         ours.collective_rpc(attach_drafter, (drafter, W, False, True))
-    assert all(r.stats.num_checked_draft_tokens == 0 and set(r.stats.strategy_rows) == {"none"} for r in mixed)
+    assert all(r.stats.num_checked_draft_tokens == 0 and set(r.stats.strategy_rows) == {"none"} for r in mixed), [
+        (r.request_id, len(r.token_ids), r.stats.num_checked_draft_tokens, r.stats.strategy_rows) for r in mixed
+        if r.stats.num_checked_draft_tokens or set(r.stats.strategy_rows) != {"none"}]
     assert sum(r.stats.num_checked_draft_tokens for r in greedy_alone) > 0
     assert [r.token_ids for r in greedy_alone] == [r.token_ids for r in mixed[4:]]
     ngram.exact_sampling = False

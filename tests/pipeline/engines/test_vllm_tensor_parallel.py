@@ -8,7 +8,7 @@ import pytest
 from pipeline.config import load_config
 from pipeline.engines.base import Request
 from pipeline.engines.build import ModelRefused, build_engine, check_engine_can_run
-from pipeline.prompts import encode_prompt
+from jobs.benchmark.datasets import encode_prompt
 
 pytestmark = pytest.mark.slow
 

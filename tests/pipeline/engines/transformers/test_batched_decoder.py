@@ -11,7 +11,7 @@ from pipeline.engines.transformers.batched_decoder import (
 )
 from pipeline.engines.transformers.decoder import SpeculativeDecoder
 from pipeline.engines.transformers.ragged_cache import RaggedCache
-from pipeline.sampling import SamplingParams
+from drafters.primitives.sampling import SamplingParams
 from tests.drafters.test_adaptive import flat_costs
 from tests.pipeline.engines.transformers.test_decoder import decoder_for
 
@@ -111,7 +111,7 @@ def test_adaptive_batched_decoding_is_plain_greedy(tiny_model, tables, per_token
 
 
 def test_ragged_cache_drops_columns_no_row_uses(tiny_model):
-    from pipeline.forward import prefill
+    from drafters.primitives.forward import prefill
 
     cache = RaggedCache(tiny_model)
     cache.put(0, prefill(tiny_model, [1, 2, 3, 4, 5, 6]), 6)

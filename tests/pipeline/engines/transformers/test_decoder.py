@@ -2,12 +2,12 @@ import pytest
 import torch
 
 from drafters import model_tables
-from drafters.registry import DrafterTables, make_drafter
+from pipeline.drafter_registry import DrafterTables, make_drafter
 from pipeline.config import DecoderConfig
 from pipeline.engines.base import RequestError
 from pipeline.engines.transformers.decoder import SpeculativeDecoder
 from pipeline.engines.transformers.request_state import stop_cut
-from pipeline.sampling import SamplingParams
+from drafters.primitives.sampling import SamplingParams
 from tests.conftest import TINY_EOS
 
 PROMPTS = [[1, 5, 9, 2, 5, 9, 2, 7], [1, 40, 41, 42, 43, 40, 41], [1, 3], [1]]

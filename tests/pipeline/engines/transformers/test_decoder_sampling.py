@@ -17,7 +17,7 @@ from drafters.draft_model import DraftModelDrafter, self_draft_model
 from drafters.model_tables import chain_extension, compute_bigram_table
 from pipeline.engines.transformers.decoder import SpeculativeDecoder
 from pipeline.engines.transformers.verification import Verdict, walk_sampled
-from pipeline.sampling import SamplingParams, sample, target_probs
+from drafters.primitives.sampling import SamplingParams, sample, target_probs
 
 V = 8
 PROMPT = [3, 1, 4, 1, 5]

@@ -3,7 +3,7 @@ import torch
 
 from pipeline.engines.transformers.tree import build_tree, node_logits
 from pipeline.engines.transformers.verification import verify
-from pipeline.sampling import GREEDY
+from drafters.primitives.sampling import GREEDY
 
 
 def verify_greedy(drafts, logits):

@@ -4,7 +4,7 @@ The names and what each needs are pipeline/drafter_kinds.py's (the config valida
 a new drafter is one module in drafters/, one kind there and one factory in FACTORIES here. The
 engines build a drafter only through `make_drafter` (one request at a time: the transformers
 engine) or `make_batch_drafter` (a batch per call: vLLM's proposer), and the tables a drafter
-needs only through `build_tables`.
+needs only through `drafter_tables`.
 """
 from __future__ import annotations
 
@@ -16,19 +16,18 @@ import numpy as np
 
 from drafters import model_tables
 from drafters.base import BatchDrafter, Drafter
-from drafters.batch_suffix import BatchSuffixDrafter
 from drafters.bigram import BigramDrafter
 from drafters.context_ngram import ContextNgramDrafter
 from drafters.datastore import Datastore
 from drafters.draft_model import DraftModelDrafter, self_draft_model
-from drafters.each_request import EachRequest
+from drafters.per_request import PerRequestBatchDrafter
 from drafters.mixed import MixedDrafter
 from drafters.retrieval import RetrievalDrafter, check_vocabulary
-from drafters.suffix import SuffixDrafter
+from drafters.suffix import BatchSuffixDrafter
 from drafters.unigram import UnigramDrafter
-from pipeline.config import DecoderConfig, ModelConfig
+from pipeline.config import Config, DecoderConfig, ModelConfig
 from pipeline.drafter_kinds import DRAFTER_KINDS, DRAFTER_NAMES
-from pipeline.model_loading import load_model
+from pipeline.model_loading import LoadedModel, cache_root, load_model
 
 
 @dataclass(frozen=True)
@@ -72,11 +71,12 @@ def _context_ngram(parts: DrafterParts) -> Drafter:
 
 
 def _datastore(parts: DrafterParts) -> Datastore:
-    # The job's copy in the object store where it gives one; else the files, memory-mapped (every
-    # process on a node shares the page cache).
-    datastore = parts.tables.datastore
-    if datastore is None:
-        datastore = Datastore.open(parts.config.datastore)
+    """The job's copy in the object store where it gives one (its vocabulary checked once, by the
+    task that prepared the model); else the files, memory-mapped (every process on a node shares
+    the page cache), checked here."""
+    if parts.tables.datastore is not None:
+        return parts.tables.datastore
+    datastore = Datastore.open(parts.config.datastore)
     if parts.vocab_size is not None:
         check_vocabulary(datastore, parts.vocab_size)
     return datastore
@@ -86,14 +86,6 @@ def _retrieval(parts: DrafterParts) -> RetrievalDrafter:
     config = parts.config
     return RetrievalDrafter(_datastore(parts), parts.pad_token, config.retrieval_max_match, config.retrieval_min_match,
                             config.retrieval_max_occurrences, config.retrieval_max_nodes)
-
-
-def _suffix(parts: DrafterParts) -> Drafter:
-    config = parts.config
-    fill = BigramDrafter(parts.tables.chained, "bigram") if parts.tables.chained is not None else None
-    return SuffixDrafter(config.ngram_max_q, config.suffix_min_match, parts.pad_token, fill,
-                         _datastore(parts) if config.datastore else None, config.suffix_max_tokens,
-                         config.suffix_min_probability, max_match=config.suffix_max_match)
 
 
 def _batch_suffix(parts: DrafterParts) -> Drafter:
@@ -124,12 +116,11 @@ FACTORIES: dict[str, Callable[[DrafterParts], Drafter] | None] = {
     "mixed": _mixed,
     "draft_model": _draft_model,
     "rest": _retrieval,
-    "suffix": _suffix,
     "batch_suffix": _batch_suffix,
     "vllm_ngram": None,
     "vllm_suffix": None,
 }
-assert tuple(FACTORIES) == DRAFTER_NAMES, "drafters/registry.py FACTORIES must name every drafter kind, in order"
+assert tuple(FACTORIES) == DRAFTER_NAMES, "pipeline/drafter_registry.py FACTORIES must name every drafter kind, in order"
 
 
 def needs_model_tables(config: DecoderConfig) -> bool:
@@ -142,6 +133,30 @@ def needs_datastore(config: DecoderConfig) -> bool:
     return DRAFTER_KINDS[config.drafter].datastore and bool(config.datastore) and config.w > 0
 
 
+def chat_ids(tokenizer, messages: list[dict], add_generation_prompt: bool) -> list[int]:
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=True)
+    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+
+def prefix_ids(tokenizer, kind: str) -> list[int]:
+    """What the model sees before token x when the bigram table is computed."""
+    if kind == "none":
+        return []
+    if kind == "bos":
+        if tokenizer.bos_token_id is None:
+            raise ValueError("decoder.bigram_prefix: 'bos' needs a tokenizer with a BOS token; use 'none'")
+        return [tokenizer.bos_token_id]
+    if kind == "assistant_header":
+        if not tokenizer.chat_template:
+            raise ValueError("decoder.bigram_prefix: 'assistant_header' needs a chat template; use 'bos' or 'none'")
+        messages = [{"role": "user", "content": "Hi"}]
+        with_header = chat_ids(tokenizer, messages, add_generation_prompt=True)
+        without = chat_ids(tokenizer, messages, add_generation_prompt=False)
+        assert with_header[:len(without)] == without, "chat template's generation prompt is not a suffix"
+        return with_header[len(without):]
+    raise ValueError(f"decoder.bigram_prefix: unknown {kind!r}")
+
+
 def build_tables(model, tokenizer, fingerprint: str, config: DecoderConfig, cache_dir: Path) -> DrafterTables:
     """Builds (or loads from the disk cache) the tables `config.drafter` needs."""
     needed = set(DRAFTER_KINDS[config.drafter].tables) if config.w > 0 else set()
@@ -150,7 +165,7 @@ def build_tables(model, tokenizer, fingerprint: str, config: DecoderConfig, cach
     if "unigram" in needed:
         unigram = model_tables.unigram_scores(model).topk(config.bigram_top_k).indices.numpy().astype(np.int32)
     if needed & {"bigram", "chained", "extended"}:
-        prefix = model_tables.prefix_ids(tokenizer, config.bigram_prefix)
+        prefix = prefix_ids(tokenizer, config.bigram_prefix)
         settings = f"prefix={prefix}|top_k={config.bigram_top_k}"
         path = model_tables.table_path(cache_dir, fingerprint, "bigram", settings)
         bigram, seconds["bigram"] = model_tables.cached_table(
@@ -163,6 +178,16 @@ def build_tables(model, tokenizer, fingerprint: str, config: DecoderConfig, cach
                 path, lambda: model_tables.model_extension(model, bigram, prefix, config.k, config.w,
                                                            config.bigram_batch_size))
     return DrafterTables(unigram, bigram, chained, extended, seconds)
+
+
+def drafter_tables(config: Config, loaded: LoadedModel | None = None) -> DrafterTables:
+    """The tables config.decoder drafts from: read from the cache, or built with the model (`loaded`,
+    else loaded here, only when a table needs it). The one way tables are made, for every engine
+    and for the task that prepares a job's model."""
+    if not needs_model_tables(config.decoder):
+        return DrafterTables()
+    loaded = loaded or load_model(config.model)
+    return build_tables(loaded.model, loaded.tokenizer, loaded.fingerprint, config.decoder, cache_root(config.model))
 
 
 def load_draft_model(config: DecoderConfig, model_config: ModelConfig, target):
@@ -192,12 +217,11 @@ def make_drafter(config: DecoderConfig, tables: DrafterTables | None, pad_token:
 def make_batch_drafter(config: DecoderConfig, tables: DrafterTables | None, pad_token: int,
                        vocab_size: int | None = None, model_vocab_size: int | None = None) -> BatchDrafter | None:
     """The drafter `config.drafter` names as a BatchDrafter (what vLLM's proposer holds): a batched
-    one as it is, any other adapted by drafters/each_request.py (given each finished request's
-    output where it learns from them; its drafts checked to be ids below `model_vocab_size`, else
-    `vocab_size`, the tokenizer's); None for plain decoding (or a method vLLM runs itself)."""
+    one as it is, any other adapted by drafters/per_request.py (its drafts checked to be ids below
+    `model_vocab_size`, else `vocab_size`, the tokenizer's); None for plain decoding (or a method
+    vLLM runs itself)."""
     drafter = make_drafter(config, tables, pad_token, None, vocab_size)
     kind = DRAFTER_KINDS[config.drafter]
     if drafter is None or kind.batched:
         return drafter
-    return EachRequest(drafter, config.w, config.ngram_max_q, model_vocab_size or vocab_size,
-                       drafter.learn if kind.learns_outputs else None)
+    return PerRequestBatchDrafter(drafter, config.w, config.ngram_max_q, model_vocab_size or vocab_size)

@@ -1,7 +1,7 @@
-"""Side-by-side throughput of methods on the same prompts, each run by the engine a job would
-build for it.
+"""engines: vLLM plain, its own methods and ours, side by side on the same prompts, each run by
+the engine a job would build for it.
 
-    python -m jobs.benchmark --throughput --engine vllm --batch 1,16 --spec suffix:1:auto --rounds 3 --limit 16 ...
+    python -m jobs.benchmark engines --batch 1,16 --spec batch_suffix:1:auto --rounds 3 --limit 16 ...
 
 runs vLLM plain, vllm_ngram, vllm_suffix (when arctic-inference is installed) and our --spec
 methods on vLLM, and the --reference methods on our transformers engine, side by side: per round
@@ -28,15 +28,34 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
+from jobs.benchmark.arguments import add_prompt_args, integers
+from jobs.benchmark.corpus_tasks import structured_outputs
+from jobs.benchmark.datasets import encode_prompt, load_prompts
+from jobs.benchmark.report import markdown_table
 from pipeline.config import Config, load_config
 from pipeline.engines.base import Engine, Request, Result
 from pipeline.engines.build import build_engine
 from pipeline.model_loading import load_model
-from pipeline.corpus_tasks import structured_outputs
-from pipeline.prompts import encode_prompt, load_prompts
 
 # vLLM's own methods at the settings the issue measured: n-gram k = 5, q 2..4; suffix k = 16.
 VLLM_DEFAULTS = {"vllm_ngram": ("5", ["decoder.ngram_min_q=2", "decoder.ngram_max_q=4"]), "vllm_suffix": ("16", [])}
+
+
+def add_cli_args(parser) -> None:
+    add_prompt_args(parser, limit=16)
+    parser.add_argument("--batch", type=integers, default=[1, 16], help="batch sizes: running requests, comma-separated")
+    parser.add_argument("--spec", default="batch_suffix:1:auto", help="our methods on vLLM, comma-separated")
+    parser.add_argument("--reference", default="context_ngram:auto:auto",
+                        help="our methods on the transformers engine beside them (\"\": none)")
+    parser.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16"))
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs per batch size, each on --limit prompts no earlier run used; tokens/s is the median")
+    parser.add_argument("--per-call", type=int, default=0,
+                        help="requests per generate call (0: the batch size, each call draining from B running "
+                             "requests to 1; a multiple of B keeps B running for most of the call, as a job does)")
+    parser.add_argument("--json-schema", action="store_true",
+                        help="every request carries its corpus task's JSON schema as structured_outputs "
+                             "(corpus-extract-json)")
 
 
 @dataclass(frozen=True)
@@ -192,32 +211,29 @@ def plain_of(measured: list[Measured], record: Measured) -> Measured | None:
 
 
 def markdown(report: dict) -> str:
-    lines = [f"{report['rounds']} round(s) of {report['prompts_per_run']} new prompts per batch size; "
-             "vs X: the median over rounds of the ratio within a round", "",
-             "| batch | engine | method | tokens/s (median) | per round | tokens/call | identical | vs plain | vs vllm_ngram "
-             "| vs vllm_suffix |", "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in report["runs"]:
-        lines.append(f"| {r['batch']} | {r['engine']} | {r['method']} | {r['tokens_per_second']:.2f} | "
-                     f"{', '.join(f'{x:.1f}' for x in r['tokens_per_second_rounds'])} | {r['tokens_per_call']} | "
-                     f"{r['identical_fraction']} | {r.get('vs_plain', '-')} | {r.get('vs_vllm_ngram', '-')} | "
-                     f"{r.get('vs_vllm_suffix', '-')} |")
-    return "\n".join(lines)
+    return (f"{report['rounds']} round(s) of {report['prompts_per_run']} new prompts per batch size; "
+            "vs X: the median over rounds of the ratio within a round\n\n"
+            + markdown_table(report["runs"], {"batch": "batch", "engine": "engine", "method": "method",
+                                              "tokens_per_second": "tokens/s (median)",
+                                              "tokens_per_second_rounds": "per round", "tokens_per_call": "tokens/call",
+                                              "identical_fraction": "identical", "vs_plain": "vs plain",
+                                              "vs_vllm_ngram": "vs vllm_ngram", "vs_vllm_suffix": "vs vllm_suffix"}))
 
 
-def engine_comparison(args) -> dict:
-    """--throughput --engine vllm: every method through the engine a job would build for it."""
+def run(args) -> dict:
+    """Every method through the engine a job would build for it."""
     names = ["plain", "vllm_ngram"] + (["vllm_suffix"] if importlib.util.find_spec("arctic_inference") else [])
     if "vllm_suffix" not in names:
         print("vllm_suffix: not run (arctic-inference is not installed: make install-suffix)", flush=True)
     names += [name for name in args.spec.split(",") if name.strip()]
     names += [f"transformers:{name}" for name in args.reference.split(",") if name.strip()]
-    batches = [int(b) for b in args.batch.split(",")]
+    batches = args.batch
     if args.per_call < 0:
         raise SystemExit(f"--per-call {args.per_call}: requests per generate call must be 0 (the batch size) or more")
     needed = args.limit * args.rounds * len(batches)
     prompts = [p.prompt for p in load_prompts(args.dataset, needed)]
     if args.rounds < 1 or len(prompts) < needed:
-        raise SystemExit(f"--rounds {args.rounds} x --batch {args.batch} x --limit {args.limit} needs {needed} prompts "
+        raise SystemExit(f"--rounds {args.rounds} x --batch {batches} x --limit {args.limit} needs {needed} prompts "
                          f"(every run new ones); {args.dataset} has {len(prompts)}")
     base = [f"model.name={json.dumps(args.model)}", f"model.dtype={args.dtype}", "engine.cpu_kv_cache_gib=1"]
     try:

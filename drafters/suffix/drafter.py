@@ -1,21 +1,26 @@
-"""Batched suffix drafter (`decoder.drafter: batch_suffix`): the suffix drafter's three sources and
-acceptance model, for every running request of an engine step in one compiled call.
+"""The suffix drafter (`decoder.drafter: batch_suffix`): drafts from what has been written already,
+in the spirit of SuffixDecoding (arXiv 2411.04975; no model calls, no training outside the job),
+for every running request of an engine step in one compiled call (step.py), and for one request
+at a time on the transformers engine (`propose`).
 
-What it drafts from, per request (each source on its own, as drafters/suffix.py explains):
+What it drafts from, per request, each source on its own:
 - `context`: the request's own tokens: the longest earlier match of its suffix (suffix_min_match to
   suffix_max_match tokens), scanned afresh each step (no per-request index to keep);
 - `outputs`: every other request's generated tokens, finished or still running (as SuffixDecoding
   learns from answers in flight), in a bounded arena indexed by q-gram (q = suffix_min_match to
-  ngram_max_q); past its capacity the oldest finished outputs are forgotten;
-- `store`: earlier runs' outputs (decoder.datastore), by binary search in their suffix array; a match
-  of at least `store_min_match` tokens (default ngram_max_q): in a store of millions of tokens a
-  shorter one has thousands of occurrences and says little, and reading them costs the drafter more
-  than all its other work (docs/benchmarks.md, "Replay (no model)").
-Each source's majority path is scored by the acceptance model (its features, prior and online fit
-are drafters/suffix.py's and drafters/acceptance.py's), cut where the probability that all its
-tokens so far are accepted falls below suffix_min_probability; the best candidate is the draft, its
-probabilities the draft's confidence. Every candidate is judged later against what the request
-emits, and the model refits as it goes.
+  ngram_max_q, arena.py); past its capacity the oldest finished outputs are forgotten;
+- `store`: earlier runs' outputs (decoder.datastore), by binary search in their suffix array
+  (store_search.py); a match of at least `store_min_match` tokens (default ngram_max_q): in a store
+  of millions of tokens a shorter one has thousands of occurrences and says little, and reading
+  them costs the drafter more than all its other work (docs/benchmarks.md, "Replay (no model)").
+A source's occurrences that match the longest are kept, as SuffixDecoding's tree keeps its deepest
+node, and from their continuations the path that follows the most frequent next token (its
+majority path). Sources are not pooled: the request's own long repeat is far more often right than
+a store's many short matches, and which source to trust is what the acceptance model learns
+(acceptance.py): each path is cut where the probability that all its tokens so far are accepted
+falls below suffix_min_probability; the best candidate is the draft, its probabilities the draft's
+confidence. Every candidate is judged later against what the request emits, and the model refits
+as it goes.
 
 A draft budget: given the engine step's cost as a function of the tokens it feeds (`step_cost`,
 from drafters/budget.py), the batch's draft tokens are cut to those that raise the expected tokens
@@ -26,28 +31,29 @@ drafting itself is skipped while what its kept tokens were worth stays below the
 time (`DraftingPays`): the new tokens are still taken in, and one step in 16 drafts to see whether
 that changed.
 
-The acceptance model's `bigram_top1` feature stays 0 here: it needs the model bigram table, which
-costs a model pass over the vocabulary at start (the per-request `suffix` drafter reads it when
-the job builds it).
-
 The engine hands over a step's requests as rows of a token array it already holds (vLLM's
 `token_ids_cpu`); the drafter keeps, per request, a slot: how much of it has been taken in, its
 arena segment and its candidates awaiting judgement. All of it is fixed-size numpy arrays: memory
-is bounded and reported (`memory_bytes`). The compiled code is drafters/suffix_kernels.py.
+is bounded and reported (`memory_bytes`); state.py says their layout.
 """
 from __future__ import annotations
 
 import time
 import weakref
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
-from drafters import suffix_kernels as kernels
 from drafters.base import PADDING, BatchDrafts, DraftContext, Drafts, not_started, started_twice
 from drafters.budget import DraftingPays, calibrated_gains, empty_calibration
-from drafters.datastore import Datastore
-from drafters.suffix import PRIOR
+from drafters.suffix.acceptance import CANDIDATE_COLUMNS, NUM_FEATURES, PRIOR, SOURCES, log_table
+from drafters.suffix.state import CALLS, COUNTERS, LIMIT, PROMPT, SLOT_FIELDS, USED, Settings, State, scratch, settings_values
+from drafters.suffix.step import step
+from drafters.suffix.store_search import store_ranges
+
+if TYPE_CHECKING:
+    from drafters.datastore import Datastore  # (it imports this package's search)
 
 _NONE, _ZERO_OFFSETS, _NO_COST = np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0)
 _INT64 = np.dtype(np.int64)  # numpy's dtypes of its own types are singletons: `is` is the cheap test
@@ -57,7 +63,7 @@ def _int64(values) -> np.ndarray:
     return values if type(values) is np.ndarray and values.dtype is _INT64 else np.asarray(values, dtype=np.int64)
 
 
-STRATEGIES = tuple(f"suffix_{source}" for source in kernels.SOURCES)
+STRATEGIES = tuple(f"suffix_{source}" for source in SOURCES)
 PENDING = 16  # candidates awaiting judgement per request (more are not judged)
 NO_LIMIT = 1 << 62  # the limit of a request whose length is not known (`propose`'s contexts)
 
@@ -74,30 +80,30 @@ class BatchSuffixDrafter:
         assert 1 <= min_q <= max_q <= max_match, f"need 1 <= min_q ({min_q}) <= max_q ({max_q}) <= max_match ({max_match})"
         assert w >= 1 and capacity >= 16, f"need w >= 1 and capacity >= 16, got {w}, {capacity}"
         self.w, self.pad_token = w, pad_token
-        self.settings = kernels.Settings(min_q, max_q, max_match, max_occurrences, refit_every, newton_steps,
+        self.settings = Settings(min_q, max_q, max_match, max_occurrences, refit_every, newton_steps,
                                          min(segment_cap, capacity // 4), store_min_match or max_q, min_probability,
                                          prior_strength)
-        self.logs = kernels.log_table(max_match + w + max_occurrences + 2)
+        self.logs = log_table(max_match + w + max_occurrences + 2)
         self.arena = np.full(capacity + 1, -1, dtype=np.int32)
         table = 1 << int(np.ceil(np.log2(2 * capacity)))
         self.heads = np.full((max_q - min_q + 1, table), -1, dtype=np.int32)
         self.prev = np.full((max_q - min_q + 1, capacity + 1), -1, dtype=np.int32)
         self.docs = np.zeros((capacity // 2 + 1, 2), dtype=np.int64)
-        self.counters = np.zeros(kernels.COUNTERS, dtype=np.int64)
-        self.counters[kernels.USED] = 1  # position 0 is a -1 sentinel
+        self.counters = np.zeros(COUNTERS, dtype=np.int64)
+        self.counters[USED] = 1  # position 0 is a -1 sentinel
         self.prior = np.asarray(prior, dtype=np.float64).copy()
         self.weights = self.prior.copy()
-        self.ring_x = np.zeros((ring, kernels.NUM_FEATURES))
+        self.ring_x = np.zeros((ring, NUM_FEATURES))
         self.ring_y = np.zeros(ring)
         self.calibration = empty_calibration()  # per depth and bin: drafts held to that token, tokens judged
         self.store_tokens = np.asarray(store.tokens) if store is not None else np.zeros(0, np.uint32)
         self.suffix_array = np.asarray(store.suffix_array) if store is not None else np.zeros(0, np.int32)
         # the store's q-grams (q its shortest match) and their suffix-array ranges: where searches start
-        self.store_ranges = kernels.store_ranges(self.store_tokens, self.suffix_array, self.settings.store_min_match)
+        self.store_ranges = store_ranges(self.store_tokens, self.suffix_array, self.settings.store_min_match)
         self.slot_of: dict[object, int] = {}
         self.free: list[int] = []
         self.finished: list[tuple[int, list[int]]] = []
-        self._scratch = kernels.scratch(max_occurrences, w)
+        self._scratch = scratch(max_occurrences, w)
         self._out = BatchDrafts.zeros(64, w)
         self._views: dict[int, tuple[BatchDrafts, np.ndarray]] = {}  # per batch size: the outputs, the slots
         self._allocate_slots(64)
@@ -111,7 +117,7 @@ class BatchSuffixDrafter:
         """Compiles the step for vLLM's rows of int32 tokens (or loads it from numba's cache) now, at
         the engine's start, not in its first batch (seconds when nothing is cached): a call for no
         request, which changes nothing but the count of calls."""
-        kernels.step(self._state, _NONE, _NONE, _ZERO_OFFSETS, _NONE, np.zeros((1, 1), np.int32), _NONE, _NONE, 0,
+        step(self._state, _NONE, _NONE, _ZERO_OFFSETS, _NONE, np.zeros((1, 1), np.int32), _NONE, _NONE, 0,
                      _NO_COST)
 
     def __getstate__(self) -> dict:
@@ -131,12 +137,12 @@ class BatchSuffixDrafter:
     def _allocate_slots(self, count: int) -> None:
         old = getattr(self, "slots", None)
         held = 0 if old is None else old.shape[0]
-        slots = np.zeros((count, kernels.SLOT_FIELDS), dtype=np.int64)
+        slots = np.zeros((count, SLOT_FIELDS), dtype=np.int64)
         pending = {"pending_count": np.zeros(count, np.int64), "pending_position": np.zeros((count, PENDING), np.int64),
                    "pending_length": np.zeros((count, PENDING), np.int64),
                    "pending_tokens": np.zeros((count, PENDING, self.w), np.int64),
-                   # the features, then the probability given and whether it was the draft (kernels.GIVEN, CHOSEN)
-                   "pending_features": np.zeros((count, PENDING, self.w, kernels.CANDIDATE_COLUMNS))}
+                   # the features, then the probability given and whether it was the draft (GIVEN, CHOSEN)
+                   "pending_features": np.zeros((count, PENDING, self.w, CANDIDATE_COLUMNS))}
         if old is not None:
             slots[:held] = old
             for name, new in pending.items():
@@ -146,13 +152,13 @@ class BatchSuffixDrafter:
         self._gather()
 
     def _gather(self) -> None:
-        """Every compiled call takes the drafter's arrays as one object (kernels.State), made again
+        """Every compiled call takes the drafter's arrays as one object (State), made again
         when the slots or the output buffers grow."""
-        self._state = kernels.State(
+        self._state = State(
             arena=self.arena, heads=self.heads, prev=self.prev, slots=self.slots, docs=self.docs, counters=self.counters,
             **self.pending, weights=self.weights, prior=self.prior, ring_x=self.ring_x, ring_y=self.ring_y,
             calibration=self.calibration, store=self.store_tokens, suffix_array=self.suffix_array,
-            store_ranges=self.store_ranges, logs=self.logs, **kernels.settings_values(self.settings),
+            store_ranges=self.store_ranges, logs=self.logs, **settings_values(self.settings),
             out_tokens=self._out.tokens, out_lengths=self._out.lengths, out_confidence=self._out.confidence,
             out_sources=self._out.sources, **self._scratch)
 
@@ -164,7 +170,7 @@ class BatchSuffixDrafter:
         if not self.free:
             self._allocate_slots(2 * self.slots.shape[0])
         slot = self.slot_of[key] = self.free.pop()
-        self.slots[slot, kernels.PROMPT], self.slots[slot, kernels.LIMIT] = prompt_length, limit
+        self.slots[slot, PROMPT], self.slots[slot, LIMIT] = prompt_length, limit
 
     def finish(self, key, generated=()) -> None:
         """A request ended: its slot is freed at the next step, its generated tokens (all of them: the
@@ -189,7 +195,7 @@ class BatchSuffixDrafter:
         drafting = step_cost is None or self.pays.drafting()  # not drafting: only take in the new tokens
         started = time.perf_counter() if step_cost is not None else 0.0
         finished, flat, offsets = self._take_finished() if self.finished else (_NONE, _NONE, _ZERO_OFFSETS)
-        kernels.step(self._state, finished, flat, offsets, request_slots, tokens, rows, lengths,
+        step(self._state, finished, flat, offsets, request_slots, tokens, rows, lengths,
                      (self.w if width is None else width) if drafting else 0,
                      _NO_COST if step_cost is None else np.asarray(step_cost, dtype=np.float64))
         if step_cost is not None and drafting:  # (the step compiled when the drafter was made: this is its time)
@@ -230,7 +236,7 @@ class BatchSuffixDrafter:
     @property
     def compiled_calls(self) -> int:
         """Calls into the compiled step so far (one per engine step)."""
-        return int(self.counters[kernels.CALLS])
+        return int(self.counters[CALLS])
 
     def memory_bytes(self) -> int:
         """The drafter's own arrays (the store, shared read-only, left out)."""

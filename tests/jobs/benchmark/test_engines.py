@@ -2,7 +2,7 @@
 import pytest
 
 from jobs import benchmark
-from jobs.benchmark.comparison import Measured, Method, summarize
+from jobs.benchmark.engines import Measured, Method, summarize
 
 
 def measured(name: str, seconds: list[float], tokens_per_round: int = 100) -> Measured:
@@ -25,7 +25,7 @@ def test_ratios_are_medians_of_the_ratios_within_each_round():
 def test_a_dataset_too_small_for_every_run_to_take_new_prompts_is_refused_at_start(tmp_path):
     # GSM8K's fixture has 100 prompts; 2 rounds x 2 batch sizes x 30 need 120.
     with pytest.raises(SystemExit, match="needs 120 prompts .* gsm8k has 100"):
-        benchmark.main(["--throughput", "--engine", "vllm", "--dataset", "gsm8k", "--limit", "30", "--rounds", "2",
+        benchmark.main(["engines", "--dataset", "gsm8k", "--limit", "30", "--rounds", "2",
                         "--batch", "1,16", "--out", str(tmp_path / "never.json")])
 
 
@@ -40,7 +40,7 @@ def test_methods_take_turns_call_by_call_in_a_rotating_order():
             calls.append((self.name, [r.request_id for r in requests]))
             return [f"{self.name}:{r.request_id}" for r in requests]
 
-    from jobs.benchmark.comparison import run_methods
+    from jobs.benchmark.engines import run_methods
     from pipeline.engines.base import Request
 
     requests = [Request(str(i), [1], 4) for i in range(5)]
@@ -55,7 +55,7 @@ def test_each_call_takes_per_call_requests_so_the_engine_stays_full(monkeypatch)
     requests than that keeps it full for most of the call (a call of B drains from B to 1)."""
     from types import SimpleNamespace
 
-    from jobs.benchmark import comparison
+    from jobs.benchmark import engines
 
     calls = []
 
@@ -69,19 +69,19 @@ def test_each_call_takes_per_call_requests_so_the_engine_stays_full(monkeypatch)
             calls.append((self.name, len(requests)))
             return [SimpleNamespace(token_ids=[1, 2], stats=SimpleNamespace(num_target_calls=1)) for _ in requests]
 
-    monkeypatch.setattr(comparison, "build_engines", lambda base, methods, batches: {
+    monkeypatch.setattr(engines, "build_engines", lambda base, methods, batches: {
         (method, max(batches)): Engine(method.name) for method in methods})
-    monkeypatch.setattr(comparison, "encode_prompt", lambda tokenizer, prompt, request_id: [1])
+    monkeypatch.setattr(engines, "encode_prompt", lambda tokenizer, prompt, request_id: [1])
     methods = [Method("vllm", "plain"), Method("vllm", "batch_suffix:1:auto")]
-    report = comparison.compare([], methods, [f"p{i}" for i in range(24)], [4], 8, rounds=2, per_call=12)
+    report = engines.compare([], methods, [f"p{i}" for i in range(24)], [4], 8, rounds=2, per_call=12)
     assert calls == [("plain", 12), ("batch_suffix:1:auto", 12), ("batch_suffix:1:auto", 12), ("plain", 12)]
     assert report["requests_per_call"] == {4: 12}
     calls.clear()
-    report = comparison.compare([], methods, [f"p{i}" for i in range(24)], [4], 8, rounds=2)
+    report = engines.compare([], methods, [f"p{i}" for i in range(24)], [4], 8, rounds=2)
     assert [size for _, size in calls] == [4] * 12  # by default a call is one batch
     assert report["requests_per_call"] == {4: 4}
 
 
 def test_a_negative_per_call_is_refused_naming_the_flag(tmp_path):
     with pytest.raises(SystemExit, match="--per-call -1: requests per generate call must be 0"):
-        benchmark.main(["--throughput", "--engine", "vllm", "--per-call", "-1", "--out", str(tmp_path / "never.json")])
+        benchmark.main(["engines", "--per-call", "-1", "--out", str(tmp_path / "never.json")])

@@ -4,8 +4,8 @@ import ast
 
 import pytest
 
-from pipeline.corpus_tasks import CORPUS_TASKS, REWRITE_CODE, corpus_texts
-from pipeline.prompts import load_prompts
+from jobs.benchmark.corpus_tasks import CORPUS_TASKS, REWRITE_CODE, corpus_texts
+from jobs.benchmark.datasets import load_prompts
 
 COUNT = 300
 
@@ -49,7 +49,7 @@ def test_an_unknown_task_names_the_tasks():
 def test_the_extraction_schema_is_the_form_the_prompt_asks_for():
     import json
 
-    from pipeline.corpus_tasks import EXTRACT_JSON, EXTRACT_JSON_SCHEMA, structured_outputs
+    from jobs.benchmark.corpus_tasks import EXTRACT_JSON, EXTRACT_JSON_SCHEMA, structured_outputs
 
     form = json.loads(EXTRACT_JSON[EXTRACT_JSON.index("{"):EXTRACT_JSON.rindex("}") + 1])
     assert set(form) == set(EXTRACT_JSON_SCHEMA["required"]) == set(EXTRACT_JSON_SCHEMA["properties"])

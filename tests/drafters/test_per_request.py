@@ -1,4 +1,4 @@
-"""drafters/each_request.py: a per-request drafter as a BatchDrafter. Its draft lengths under a step
+"""drafters/per_request.py: a per-request drafter as a BatchDrafter. Its draft lengths under a step
 budget (drafters/budget.py's allocator over each request's gains), its lifecycle, and a drafter
 that fails for one request costing that request its draft and nothing more."""
 import numpy as np
@@ -9,7 +9,7 @@ from drafters.adaptive import AdaptiveController
 from drafters.base import DraftContext, Drafts, LifecycleError
 from drafters.budget import LinearStepCost
 from drafters.context_ngram import ContextNgramDrafter
-from drafters.each_request import EachRequest, RequestState, allocate
+from drafters.per_request import PerRequestBatchDrafter, RequestState, allocate
 
 
 def geometric(alpha: float, length: int) -> list[float]:
@@ -56,7 +56,7 @@ def test_drafts_that_fail_after_their_first_token_are_cut_to_it():
 
 
 def test_misuse_of_the_lifecycle_raises():
-    drafter = EachRequest(ContextNgramDrafter(2), 4, 2)
+    drafter = PerRequestBatchDrafter(ContextNgramDrafter(2), 4, 2)
     tokens = np.zeros((1, 10), np.int64)
     with pytest.raises(LifecycleError, match="were not started"):
         drafter.step(["a"], tokens, np.zeros(1, np.int64), np.array([5]))
@@ -80,8 +80,7 @@ def test_a_request_gets_its_own_context_drafts_and_a_failing_one_only_loses_its_
                 raise RuntimeError("seven")
             return self.inner.propose(context, k, w)
 
-    learned = []
-    drafter = EachRequest(FailsOnSeven(), 3, 2, learn=learned.append)
+    drafter = PerRequestBatchDrafter(FailsOnSeven(), 3, 2)
     tokens = np.array([[1, 2, 3, 1, 2, 3, 1, 2, 0, 0], [1, 2, 7, 1, 2, 7, 1, 2, 0, 0]])
     for key in ("a", "b"):
         drafter.start(key, 2, 20)
@@ -89,7 +88,7 @@ def test_a_request_gets_its_own_context_drafts_and_a_failing_one_only_loses_its_
     assert out.tokens[0, :out.lengths[0]].tolist() == [3, 1, 2] and drafter.strategies[out.sources[0]] == "context_ngram"
     assert out.lengths[1] == 0 and isinstance(out.failures[1], RuntimeError) and 0 not in out.failures
     drafter.finish("a", [3, 1, 2, 3])
-    assert learned == [[3, 1, 2, 3]]
+    assert "a" not in drafter.requests
 
 
 def test_a_drafter_that_returns_no_token_ids_fails_for_its_request():
@@ -97,7 +96,7 @@ def test_a_drafter_that_returns_no_token_ids_fails_for_its_request():
         def propose(self, context, k, w):
             return Drafts(torch.zeros((k, w)), ("x",) * k)
 
-    drafter = EachRequest(Floats(), 3, 2)
+    drafter = PerRequestBatchDrafter(Floats(), 3, 2)
     drafter.start("a", 2, 10)
     out = drafter.step(["a"], np.zeros((1, 10), np.int64), np.array([0]), np.array([4]))
     assert out.lengths[0] == 0 and "integer tensor" in str(out.failures[0])

@@ -1,9 +1,9 @@
 """How fast a host runs an engine step's bookkeeping: to carry the host time per step measured on
-this CPU's vLLM (jobs/benchmark/host_step.py) over to a GPU machine's host, where vLLM cannot run.
+this CPU's vLLM (host_step.py) over to a GPU machine's host, where vLLM cannot run.
 
-    python -m jobs.benchmark.host_speed --batch 16,64,256 --out host_speed.json
-    python -m jobs.benchmark.host_speed --scale host_step_cpu.json --base host_speed_cpu.json \
-        --out host_step_gpu_host.json     # on the GPU's host: host_step's figures x (there / here)
+    python -m jobs.benchmark host-speed --batch 16,64,256 --out host_speed.json
+    python -m jobs.benchmark host-speed --scale host_step_cpu.json --base host_speed_cpu.json \
+        --out host_step_gpu_host.json     # on the GPU's host: host-step's figures x (there / here)
 
 The work stands in for what a scheduler step does in Python per running request (append the
 sampled token, count what is computed, order the requests, gather the next inputs into lists and
@@ -17,9 +17,11 @@ ratio of single-threaded Python speed, not a measurement of vLLM there.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import time
+
+from jobs.benchmark.arguments import integers
+from jobs.benchmark.report import markdown_table
 
 
 def requests_of(batch: int) -> list:
@@ -60,32 +62,28 @@ def scaled(host_step: dict, base: dict, here: dict) -> dict:
 
     median = [{**row, "host_ms_per_step": round(row["host_ms_per_step"] * at(here, row["batch"]) / at(base, row["batch"]), 3),
                "scaled_from_ms": row["host_ms_per_step"]} for row in host_step["median"]]
-    return {**host_step, "median": median, "scaled_by": "jobs.benchmark.host_speed", "base": base, "here": here}
+    return {**host_step, "median": median, "scaled_by": "jobs.benchmark host-speed", "base": base, "here": here}
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", default="16,64,256")
+def add_cli_args(parser) -> None:
+    parser.add_argument("--batch", type=integers, default=[16, 64, 256])
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--scale", default="", metavar="HOST_STEP_JSON", help="scale this host_step report to this host")
-    parser.add_argument("--base", default="", metavar="HOST_SPEED_JSON", help="this module's report from the host --scale was measured on")
-    parser.add_argument("--out", default="")
-    args = parser.parse_args(argv)
+    parser.add_argument("--scale", default="", metavar="HOST_STEP_JSON", help="scale this host-step report to this host")
+    parser.add_argument("--base", default="", metavar="HOST_SPEED_JSON",
+                        help="this subcommand's report from the host --scale was measured on")
+
+
+def run(args) -> dict:
     if bool(args.scale) != bool(args.base):
-        parser.error("--scale and --base go together")
-    rows = [{"batch": b, "us_per_step": round(1e6 * seconds_per_step(b, args.steps, args.rounds), 3)}
-            for b in map(int, args.batch.split(","))]
-    report = {"rows": rows}
-    print(json.dumps(report), flush=True)
+        raise SystemExit("host-speed: --scale and --base go together")
+    report = {"rows": [{"batch": b, "us_per_step": round(1e6 * seconds_per_step(b, args.steps, args.rounds), 3)}
+                       for b in args.batch]}
     if args.scale:
         with open(args.scale) as a, open(args.base) as b:
             report = scaled(json.load(a), json.load(b), report)
-    if args.out:
-        with open(args.out, "w") as handle:
-            json.dump(report, handle, indent=2)
     return report
 
 
-if __name__ == "__main__":
-    main()
+def markdown(report: dict) -> str:
+    return markdown_table(report.get("median") or report["rows"])

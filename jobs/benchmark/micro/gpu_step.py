@@ -3,7 +3,7 @@
 seconds of a decoder step's matrix products and attention for the named model shape, random bf16
 weights, replayed as one CUDA graph (no launch overhead, as vLLM's CUDA graphs).
 
-    python -m jobs.benchmark.gpu_step --model 8b --gpu h100 --batch 1,16,64,256 --fed 1,2,3,5,9 \
+    python -m jobs.benchmark gpu-step --model 8b --gpu h100 --batch 1,16,64,256 --fed 1,2,3,5,9 \
         --context 320 --out gpu_step.json
 
 Attention (`--attention`): `gqa` is torch's SDPA with grouped-query heads (one query row per fed
@@ -20,12 +20,12 @@ large step, more of a small one, so the measured times are a lower bound on vLLM
 """
 from __future__ import annotations
 
-import argparse
-import json
 import time
 
 import numpy as np
 
+from jobs.benchmark.arguments import integers
+from jobs.benchmark.report import markdown_table
 from jobs.benchmark.step_costs import GPUS, MODELS, RooflineStepCost
 
 # hidden, intermediate, layers, query heads, KV heads, head dim, vocabulary
@@ -114,45 +114,44 @@ def step_seconds(shape: tuple, batch: int, fed: int, context: int, repeats: int,
     return float(np.median(times[3:]))
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def add_cli_args(parser) -> None:
     parser.add_argument("--model", default="8b", choices=sorted(SHAPES))
     parser.add_argument("--gpu", default="h100", choices=sorted(GPUS))
-    parser.add_argument("--batch", default="1,16,64,256")
-    parser.add_argument("--fed", default="1,2,3,5,9", help="tokens fed per request (1 + drafts)")
+    parser.add_argument("--batch", type=integers, default=[1, 16, 64, 256])
+    parser.add_argument("--fed", type=integers, default=[1, 2, 3, 5, 9], help="tokens fed per request (1 + drafts)")
     parser.add_argument("--context", type=int, default=320)
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--attention", default="gqa", choices=("gqa", "packed"), help="see the module's docstring")
-    parser.add_argument("--out", default="")
-    args = parser.parse_args(argv)
+
+
+def step_row(args, batch: int, fed: int, base: dict | None) -> tuple[dict, dict]:
+    """One (batch, fed) step measured in its parts against the roofline; (the row, the parts' seconds)."""
+    roofline = RooflineStepCost(GPUS[args.gpu], MODELS[args.model], batch, args.context)
+    seconds = {part: step_seconds(SHAPES[args.model], batch, fed, args.context, args.repeats, part, args.attention)
+               for part in ("all", "linear", "attention")}
+    base = base or seconds
+    predicted = float(roofline.seconds(batch * fed))
+    return {"batch": batch, "fed_per_request": fed, "seconds": round(seconds["all"], 6),
+            "vs_one_token": round(seconds["all"] / base["all"], 3), "linear_seconds": round(seconds["linear"], 6),
+            "linear_vs_one_token": round(seconds["linear"] / base["linear"], 3),
+            "attention_seconds": round(seconds["attention"], 6), "roofline_seconds": round(predicted, 6),
+            "roofline_vs_one_token": round(predicted / float(roofline.seconds(batch)), 3)}, seconds
+
+
+def run(args) -> dict:
     import torch
 
-    started = time.time()
-    rows = []
-    for batch in map(int, args.batch.split(",")):
-        roofline = RooflineStepCost(GPUS[args.gpu], MODELS[args.model], batch, args.context)
+    started, rows = time.time(), []
+    for batch in args.batch:
         base = None
-        for fed in map(int, args.fed.split(",")):
-            seconds = {part: step_seconds(SHAPES[args.model], batch, fed, args.context, args.repeats, part,
-                                          args.attention)
-                       for part in ("all", "linear", "attention")}
+        for fed in args.fed:
+            row, seconds = step_row(args, batch, fed, base)
             base = base or seconds
-            predicted = float(roofline.seconds(batch * fed))
-            rows.append({"batch": batch, "fed_per_request": fed, "seconds": round(seconds["all"], 6),
-                         "vs_one_token": round(seconds["all"] / base["all"], 3),
-                         "linear_seconds": round(seconds["linear"], 6),
-                         "linear_vs_one_token": round(seconds["linear"] / base["linear"], 3),
-                         "attention_seconds": round(seconds["attention"], 6),
-                         "roofline_seconds": round(predicted, 6),
-                         "roofline_vs_one_token": round(predicted / float(roofline.seconds(batch)), 3)})
-            print(json.dumps(rows[-1]), flush=True)
-    report = {"device": torch.cuda.get_device_name(), "model": MODELS[args.model].name, "gpu_spec": GPUS[args.gpu].name,
-              "context": args.context, "attention": args.attention, "torch": torch.__version__, "seconds": round(time.time() - started, 1), "rows": rows}
-    if args.out:
-        with open(args.out, "w") as handle:
-            json.dump(report, handle, indent=2)
-    return report
+            rows.append(row)
+    return {"device": torch.cuda.get_device_name(), "model": MODELS[args.model].name, "gpu_spec": GPUS[args.gpu].name,
+            "context": args.context, "attention": args.attention, "torch": torch.__version__,
+            "seconds": round(time.time() - started, 1), "rows": rows}
 
 
-if __name__ == "__main__":
-    main()
+def markdown(report: dict) -> str:
+    return markdown_table(report["rows"])

@@ -1,6 +1,6 @@
-"""One row of ray.data.llm's form (`messages`, `prompt` or `tokenized_prompt`, and vLLM's
-`sampling_params`) read as our settings, and the columns a generated row gets. The one request
-parser: the job's rows reach it through the job's preprocess (pipeline/job_rows.py)."""
+"""A row's `sampling_params` (vLLM's names and defaults) read as our settings: the keys every engine
+runs are checked here; any other key goes to the engine as it is where the engine runs it (it
+declares which: its `sampling_keys`), and is the row's error where it does not."""
 from __future__ import annotations
 
 import json
@@ -9,49 +9,9 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import pyarrow as pa
+from pipeline.engines.base import SAMPLING_KEYS, EngineSampling, RequestError
+from drafters.primitives.sampling import SamplingParams
 
-from pipeline.engines.base import RequestError
-from pipeline.output import SCHEMA
-from pipeline.sampling import SamplingParams
-from pipeline.stats import RequestStats
-
-INFERENCE_ERROR = "__inference_error__"
-
-# What ray.data.llm's vLLM stage adds to a row (ray/llm/_internal/batch/stages/vllm_engine_stage.py:
-# vLLMOutputData, then request_id, batch_uuid, time_taken_llm, params).
-RAY_LLM_COLUMNS = pa.schema([
-    ("prompt", pa.string()),
-    ("prompt_token_ids", pa.list_(pa.int64())),
-    ("num_input_tokens", pa.int64()),
-    ("generated_tokens", pa.list_(pa.int64())),
-    ("generated_text", pa.string()),
-    ("num_generated_tokens", pa.int64()),
-    ("embeddings", pa.null()),
-    ("metrics", pa.null()),  # the engine's per-request record (vLLM's RequestStateStats): its type is the data's
-    ("logprobs", pa.null()),
-    ("prompt_logprobs", pa.null()),
-    ("request_id", pa.int64()),
-    ("batch_uuid", pa.string()),
-    ("time_taken_llm", pa.float64()),
-    ("params", pa.string()),
-])
-# Ours: the output table's columns that ray.data.llm lacks (its id/text/token_ids/error are the job's names).
-STATISTICS = [f for f in SCHEMA if f.name not in {*RAY_LLM_COLUMNS.names, "id", "text", "token_ids", "error"}]
-GENERATED = pa.schema([*RAY_LLM_COLUMNS, *STATISTICS, (INFERENCE_ERROR, pa.string())])
-# ray.data.llm's columns whose Arrow type is the data's (vLLM's per-request metrics; log
-# probabilities, keyed by token id), converted as Ray Data converts them.
-TYPED_BY_THE_DATA = ("metrics", "logprobs", "prompt_logprobs")
-
-# sampling_params keys both engines run (checked here). Any other key of vLLM's SamplingParams goes
-# to vLLM as it is on the vLLM engine (vLLM checks its value), but REFUSED_SAMPLING's.
-SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "structured_outputs")
-REFUSED_SAMPLING = {
-    "min_p": "vLLM does not run it with speculative decoding",
-    "logit_bias": "vLLM does not run it with speculative decoding",
-    "logits_processors": "vLLM does not run it with speculative decoding",
-    "spaces_between_special_tokens": "the actor decodes the text itself (skip_special_tokens is honoured)",
-    "output_kind": "the processor takes each request's final output", "extra_args": "not run here"}
 # vLLM's StructuredOutputsParams: one constraint, and options.
 CONSTRAINTS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
 CONSTRAINT_OPTIONS = ("disable_any_whitespace", "disable_additional_properties", "whitespace_pattern")
@@ -108,18 +68,12 @@ class RowSettings:
     max_tokens: int
     stop: tuple[str, ...]
     structured_outputs: dict | None
-    vllm_sampling: dict | None = None  # vLLM's other SamplingParams keys, as given
+    engine_sampling: dict | None = None  # the engine's own other sampling keys, as given
 
 
-def vllm_sampling_keys() -> frozenset:
-    from vllm import SamplingParams as VllmSamplingParams
-
-    return frozenset(VllmSamplingParams.__struct_fields__)
-
-
-def sampling_of(params: Any, name: str, seed: int | None = None, vllm_keys: frozenset | None = None) -> RowSettings:
-    """vLLM's `sampling_params` (its defaults where a key is absent or None) as our settings.
-    `vllm_keys`: vLLM's SamplingParams fields, on the vLLM engine (None: the transformers engine)."""
+def sampling_of(params: Any, name: str, seed: int | None, engine: EngineSampling) -> RowSettings:
+    """vLLM's `sampling_params` (its defaults where a key is absent or None) as our settings; `seed`
+    for a row without one (None: a fresh one, as vLLM draws). `engine` says what else it runs."""
     if not isinstance(params, (dict, type(None))):
         raise RequestError(f"{name}: sampling_params must be a mapping, got {type(params).__name__}")
     # Arrow gives a struct column every key any row has: None is "not set", as in vLLM.
@@ -128,13 +82,8 @@ def sampling_of(params: Any, name: str, seed: int | None = None, vllm_keys: froz
     params = {key: value for key, value in (params or {}).items() if value is not None}
     extra = {key: params.pop(key) for key in sorted(set(params) - set(SAMPLING_KEYS))}
     for key in extra:
-        if vllm_keys is None:
-            raise RequestError(f"{name}: sampling_params.{key} runs on the vLLM engine only (this one runs "
-                               f"{', '.join(SAMPLING_KEYS)})")
-        if key not in vllm_keys:
-            raise RequestError(f"{name}: sampling_params.{key} is not one of vLLM's SamplingParams")
-        if key in REFUSED_SAMPLING:
-            raise RequestError(f"{name}: sampling_params.{key} is not run here: {REFUSED_SAMPLING[key]}")
+        engine.check(key, name)
+    structured = extra.pop("structured_outputs", None)
     values = {**VLLM_DEFAULTS, **params}
 
     def number(key: str, kind: type, ok: Callable, allowed: str):
@@ -157,12 +106,7 @@ def sampling_of(params: Any, name: str, seed: int | None = None, vllm_keys: froz
         top_k=max(top_k, 0), top_p=number("top_p", float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
         seed=number("seed", int, lambda v: v >= 0, "an integer >= 0") if "seed" in values
         else (seed if seed is not None else secrets.randbits(63)))  # vLLM: no seed, a fresh one
-    structured = values.get("structured_outputs")
     max_tokens = (UP_TO_THE_MODELS_LENGTH if to_the_end
                   else number("max_tokens", int, lambda v: v >= 1, "an integer >= 1"))
     return RowSettings(sampling, max_tokens, stop,
                        None if structured is None else structured_outputs_of(structured, name), extra or None)
-
-
-
-assert set(RequestStats().as_row()) <= set(SCHEMA.names), "every statistics field must be an output column"

@@ -2,7 +2,7 @@
 import json
 
 from pipeline.package_data import json_list_records
-from pipeline.prompts import load_prompts
+from jobs.benchmark.datasets import load_prompts
 
 
 def test_sharegpt_prompts_are_first_human_turns_with_text():

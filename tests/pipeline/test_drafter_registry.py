@@ -3,7 +3,7 @@ are all a drafter needs."""
 import pytest
 
 from drafters.base import DraftContext
-from drafters.registry import FACTORIES, build_tables, make_batch_drafter, make_drafter, needs_model_tables
+from pipeline.drafter_registry import FACTORIES, build_tables, make_batch_drafter, make_drafter, needs_model_tables
 from pipeline.config import ConfigError, DecoderConfig, load_config
 from pipeline.drafter_kinds import DRAFTER_KINDS
 
@@ -44,13 +44,10 @@ def test_bigram_and_extended_bigram_are_different_drafters(tiny_model, tmp_path)
 
 
 def test_the_batch_drafter_is_the_batched_drafter_itself_or_the_per_request_one_adapted():
-    from drafters.batch_suffix import BatchSuffixDrafter
-    from drafters.each_request import EachRequest
-    from drafters.suffix import SuffixDrafter
+    from drafters.per_request import PerRequestBatchDrafter
+    from drafters.suffix import BatchSuffixDrafter
 
     assert isinstance(make_batch_drafter(DecoderConfig(drafter="batch_suffix", w=4), None, 0), BatchSuffixDrafter)
     ngram = make_batch_drafter(DecoderConfig(drafter="context_ngram", w=4), None, 0)
-    assert isinstance(ngram, EachRequest) and ngram.learn is None and ngram.w == 4
-    suffix = make_batch_drafter(DecoderConfig(drafter="suffix", w=4), None, 0)
-    assert isinstance(suffix.drafter, SuffixDrafter) and suffix.learn == suffix.drafter.learn  # learns outputs
+    assert isinstance(ngram, PerRequestBatchDrafter) and ngram.w == 4
     assert make_batch_drafter(DecoderConfig(drafter="none", w=4), None, 0) is None

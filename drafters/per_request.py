@@ -16,7 +16,7 @@ that request its draft this step and nothing more: `BatchDrafts.failures` names 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Sequence
+from typing import Hashable, Sequence
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ from drafters import budget
 from drafters.adaptive import AcceptanceEstimate, AdaptiveController, RowKind, judge_proposals
 from drafters.base import PADDING, BatchDrafts, DraftContext, Drafter, Drafts, common_prefix, not_started, started_twice
 
-NO_DRAFT = (PADDING, (), None)  # (strategy, tokens, confidence) of a request without a guess
+NO_GUESS = (PADDING, (), None)  # (strategy, tokens, confidence) of a request without a guess
 
 
 class DepthAcceptance:
@@ -103,14 +103,12 @@ def allocate(gains: list[list[float]], cost) -> list[int]:
     return taken.tolist()
 
 
-class EachRequest:
-    """`drafter` as a BatchDrafter: drafts of up to w tokens; contexts indexed for q-grams up to
-    max_q; `learn`, if given, takes each finished request's generated tokens (a drafter that
-    drafts from earlier outputs)."""
+class PerRequestBatchDrafter:
+    """`drafter` as a BatchDrafter: drafts of up to w tokens, of ids below vocab_size; contexts
+    indexed for q-grams up to max_q."""
 
-    def __init__(self, drafter: Drafter, w: int, max_q: int, vocab_size: int | None = None,
-                 learn: Callable[[list[int]], None] | None = None):
-        self.drafter, self.w, self.max_q, self.vocab_size, self.learn = drafter, w, max_q, vocab_size, learn
+    def __init__(self, drafter: Drafter, w: int, max_q: int, vocab_size: int | None = None):
+        self.drafter, self.w, self.max_q, self.vocab_size = drafter, w, max_q, vocab_size
         self.strategies: list[str] = []  # every strategy seen, in order: what BatchDrafts.sources index
         self.requests: dict[Hashable, RequestState] = {}
         self.pool: dict[RowKind, AcceptanceEstimate] = {}  # every request's evidence: a new request's prior
@@ -124,8 +122,6 @@ class EachRequest:
     def finish(self, key: Hashable, generated: Sequence[int] = ()) -> None:
         if self.requests.pop(key, None) is None:
             raise not_started([key])
-        if self.learn is not None and len(generated):
-            self.learn(list(generated))
 
     def step(self, keys: Sequence[Hashable], tokens: np.ndarray, rows: np.ndarray, lengths: np.ndarray,
              step_cost: np.ndarray | None = None) -> BatchDrafts:
@@ -140,7 +136,7 @@ class EachRequest:
             try:
                 candidate = self._candidate(request, step_cost is not None)
             except Exception as error:  # noqa: BLE001 - the drafter is any code; the engine must survive it
-                candidate, out.failures[i] = NO_DRAFT, error
+                candidate, out.failures[i] = NO_GUESS, error
             candidates.append((i, request, candidate))
         gains = [request.gains(strategy, len(draft), confidence, self.depths)
                  for _, request, (strategy, draft, confidence) in candidates]
@@ -168,11 +164,11 @@ class EachRequest:
         confidence is judged later against what the request emits (its strategy's acceptance)."""
         w = min(self.w, request.limit - len(request.context) - 1)  # a step emits up to w + 1 tokens
         if w <= 0:
-            return NO_DRAFT
+            return NO_GUESS
         drafts = self.drafter.propose(request.context, 1, w)  # [1, w]
         check_drafts(drafts, w, self.vocab_size)
         if drafts.strategies[0] == PADDING:
-            return NO_DRAFT
+            return NO_GUESS
         length = w if drafts.lengths is None else drafts.lengths[0]  # a drafter may guess fewer than w
         confidence = None if drafts.confidence is None else drafts.confidence[0]
         if judged and not confidence:

@@ -1,6 +1,6 @@
 """The host's time per engine step: what vLLM's async scheduling hides on a GPU.
 
-    python -m jobs.benchmark.host_step --batch 16,64,256 --max-new-tokens 32 --out host_step.json
+    python -m jobs.benchmark host-step --batch 16,64,256 --max-new-tokens 32 --out host_step.json
 
 vLLM plain (greedy, no drafts) on this CPU, B requests at once that all run their max tokens. Each
 step's device work (the model's forward, its logits and the sampler: on a GPU, kernels) is timed
@@ -15,11 +15,12 @@ so the figure is an upper bound there. The replay's projection takes it as --hos
 """
 from __future__ import annotations
 
-import argparse
-import json
 import time
 
 import numpy as np
+
+from jobs.benchmark.arguments import integers
+from jobs.benchmark.report import markdown_table
 
 PROMPT = "Write a long, detailed story about a lighthouse keeper number {i} and the ships that pass."
 
@@ -73,18 +74,22 @@ def measure(llm, batch: int, max_new_tokens: int) -> dict:
             "device_ms_per_step": round(1e3 * device / steps, 3)}
 
 
-def main(argv=None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--batch", default="16,64,256")
+def add_cli_args(parser) -> None:
+    parser.add_argument("--batch", type=integers, default=[16, 64, 256])
     parser.add_argument("--max-new-tokens", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--out", default="")
-    args = parser.parse_args(argv)
+
+
+def markdown(report: dict) -> str:
+    return markdown_table(report["median"])
+
+
+def run(args) -> dict:
     from pipeline.config import load_config
     from pipeline.engines.vllm import llvmlite_set_aside, set_vllm_environment
     from pipeline.model_loading import dtype_name, resolve_model_dir
 
-    batches = [int(b) for b in args.batch.split(",")]
+    batches = args.batch
     config = load_config("configs/default.yaml", ["engine.name=vllm", "engine.execution=eager",
                                                   f"engine.max_num_seqs={max(batches)}"])
     set_vllm_environment(config)
@@ -100,14 +105,5 @@ def main(argv=None) -> dict:
     summary = [{"batch": b, "host_ms_per_step": round(float(np.median([r["host_ms_per_step"] for r in rows if r["batch"] == b])), 3),
                 "device_ms_per_step": round(float(np.median([r["device_ms_per_step"] for r in rows if r["batch"] == b])), 3)}
                for b in batches]
-    report = {"model": config.model.name, "dtype": dtype_name(config.model), "max_new_tokens": args.max_new_tokens,
-              "rows": rows, "median": summary}
-    print(json.dumps(report, indent=2))
-    if args.out:
-        with open(args.out, "w") as handle:
-            json.dump(report, handle, indent=2)
-    return report
-
-
-if __name__ == "__main__":
-    main()
+    return {"model": config.model.name, "dtype": dtype_name(config.model), "max_new_tokens": args.max_new_tokens,
+            "rows": rows, "median": summary}
