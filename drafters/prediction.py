@@ -30,19 +30,22 @@ class PredictionDrafter:
                 self.index.setdefault(tuple(self.tokens[end - size:end]), []).append(end)
         self.reached, self.reached_at = 0, 0  # where the last match ended in the prediction, and in the answer
 
-    def draft(self, generated: Sequence[int], w: int) -> list[int]:
-        """Up to w tokens: what follows the answer's tail (`generated`, the tokens so far) in the prediction."""
+    def draft(self, generated: Sequence[int], w: int) -> tuple[list[int], int]:
+        """(up to w tokens: what follows the answer's tail, `generated`, in the prediction; how many of
+        the answer's last tokens matched there: the draft's evidence)."""
         if w <= 0 or not self.tokens:
-            return []
+            return [], 0
         if len(generated) < self.min_match:
-            return self.tokens[len(generated):len(generated) + w] if list(generated) == self.tokens[:len(generated)] else []
+            if list(generated) != self.tokens[:len(generated)]:
+                return [], 0
+            return self.tokens[len(generated):len(generated) + w], self.max_match  # the answer's start: its prediction's
         for size in range(min(self.max_match, len(generated)), self.min_match - 1, -1):
             ends = self.index.get(tuple(generated[len(generated) - size:]))
             if ends:
                 end = self.nearest(ends, self.reached + len(generated) - self.reached_at)
                 self.reached, self.reached_at = end, len(generated)
-                return self.tokens[end:end + w]
-        return []
+                return self.tokens[end:end + w], size
+        return [], 0
 
     @staticmethod
     def nearest(ends: list[int], expected: int) -> int:

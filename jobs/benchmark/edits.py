@@ -3,8 +3,7 @@
     python -m jobs.benchmark edits --dataset corpus-rewrite-code --limit 32 --max-new-tokens 128 --batch 1,16
 
 The corpus is run once (plain vLLM, greedy): those are the rows' last outputs. Then every document
-is edited (its most frequent word of four or more letters renamed everywhere, one line in its
-middle deleted) and the edited corpus is generated again, as a series regenerates its changed rows
+is edited (a line a third of the way in extended, a line two thirds of the way in deleted) and the edited corpus is generated again, as a series regenerates its changed rows
 (pipeline/series.py), by: vLLM plain; vLLM's `suffix` (arctic-inference, where installed: its
 cache starts empty, as in a new process, and learns from the rows as they finish); ours (the
 default drafter) without the last outputs; and ours with each row's last output as its
@@ -14,15 +13,14 @@ so that drift falls on all alike; every method's tokens are compared with plain'
 from __future__ import annotations
 
 import json
-import re
 import time
-from collections import Counter
 
 from jobs.benchmark.arguments import add_prompt_args, integers
 from jobs.benchmark.report import markdown_table
 from pipeline.engines.base import Request
 
-PREDICTED = "batch_suffix+prediction"
+OURS = "batch_suffix:1:auto"  # the default drafter, as the engines subcommand names it
+PREDICTED = "batch_suffix:1:auto+prediction"
 
 
 def add_cli_args(parser) -> None:
@@ -33,19 +31,16 @@ def add_cli_args(parser) -> None:
 
 
 def edit(prompt: str) -> str:
-    """The prompt with its document edited: its most frequent word of 4+ letters renamed (every
-    occurrence) and the line in the middle of the document deleted."""
+    """The prompt with a few lines of its document edited: " (updated)" appended to the line a
+    third of the way in, and the line two thirds of the way in deleted."""
     lines = prompt.splitlines(keepends=True)
     start = next((i + 1 for i, line in enumerate(lines) if not line.strip()), 0)  # after the instruction
-    document = "".join(lines[start:])
-    words = Counter(re.findall(r"\b[A-Za-z_]{4,}\b", document))
-    if words:
-        word = words.most_common(1)[0][0]
-        document = re.sub(rf"\b{re.escape(word)}\b", word + "_v2", document)
-    body = document.splitlines(keepends=True)
-    if len(body) > 4:
-        del body[len(body) // 2]
-    return "".join(lines[:start]) + "".join(body)
+    body = lines[start:]
+    if len(body) >= 6:
+        third = len(body) // 3
+        body[third] = body[third].rstrip("\n") + " (updated)\n"
+        del body[2 * third]
+    return "".join(lines[:start] + body)
 
 
 def run(args) -> dict:
@@ -54,13 +49,13 @@ def run(args) -> dict:
     from jobs.benchmark.datasets import encode_prompt, load_prompts
     from jobs.benchmark.engines import build_engines, parse_methods
 
-    names = ["plain", "batch_suffix"] + (["vllm_suffix"] if importlib.util.find_spec("arctic_inference") else [])
+    names = ["plain", OURS] + (["vllm_suffix"] if importlib.util.find_spec("arctic_inference") else [])
     methods = {method.name: method for method in parse_methods(",".join(names), "vllm")}
     base = [f"model.name={json.dumps(args.model)}", f"model.dtype={args.dtype}", "engine.cpu_kv_cache_gib=1",
             f"decoder.max_new_tokens={args.max_new_tokens}"]
     engines = {name: engine for (method, _), engine in build_engines(base, list(methods.values()), args.batch).items()
                for name in [method.name]}
-    engines[PREDICTED] = engines["batch_suffix"]
+    engines[PREDICTED] = engines[OURS]
     prompts = load_prompts(args.dataset, args.limit)
     tokenizer = engines["plain"].tokenizer
     original = [Request(p.request_id, encode_prompt(tokenizer, p.prompt, p.request_id), args.max_new_tokens)
@@ -71,9 +66,12 @@ def run(args) -> dict:
     requests = {name: edited for name in engines}
     requests[PREDICTED] = [Request(r.request_id, r.prompt_ids, r.max_new_tokens, prediction=tuple(ids))
                            for r, ids in zip(edited, last)]
-    rows = [row for batch in args.batch for row in compare(engines, requests, batch)]
+    # Each batch size on its own prompts: the suffix methods remember what they have generated.
+    share = len(prompts) // len(args.batch)
+    rows = [row for i, batch in enumerate(args.batch) for row in compare(
+        engines, {name: rs[i * share:(i + 1) * share] for name, rs in requests.items()}, batch)]
     return {"dataset": args.dataset, "model": args.model, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
-            "changed_from_last_output": sum(a != b for a, b in zip(last, rows[0]["outputs"])), "runs": [
+            "prompts_per_batch_size": share, "runs": [
                 {key: value for key, value in row.items() if key != "outputs"} for row in rows]}
 
 

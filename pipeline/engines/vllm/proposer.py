@@ -54,6 +54,9 @@ class Tracked:
 
 
 PREDICTION = "prediction"  # the strategy of a draft taken from the request's prediction
+# The answer's last tokens that must match in the prediction for its draft to be taken: a shorter
+# match (a common pair of tokens) says little about where the answer is.
+PREDICTION_EVIDENCE = 4
 
 
 class NgrammysProposer:
@@ -148,14 +151,14 @@ class NgrammysProposer:
 
     def predict(self, rows: list[int], tracked: list[Tracked], lengths: np.ndarray, token_ids_cpu: np.ndarray,
                 drafts: list[list[int]]) -> None:
-        """A request with a prediction drafts from it first (drafters/prediction.py), in place of the
-        drafter's draft, where the prediction has a continuation for the tokens so far."""
+        """A request with a prediction drafts from it (drafters/prediction.py) where the answer's last
+        PREDICTION_EVIDENCE tokens (or its start) match there and the drafter's own draft is no longer."""
         for row, t, length in zip(rows, tracked, lengths.tolist()):
             if t.prediction is None:
                 continue
-            guess = t.prediction.draft(token_ids_cpu[row, t.prompt_length:length].tolist(),
-                                       min(self.w, t.limit - length - 1))
-            if guess:
+            guess, matched = t.prediction.draft(token_ids_cpu[row, t.prompt_length:length].tolist(),
+                                                min(self.w, t.limit - length - 1))
+            if guess and matched >= PREDICTION_EVIDENCE and len(guess) >= len(drafts[row]):
                 position = length - t.prompt_length
                 if drafts[row] and t.proposals and t.proposals[-1].position == position:
                     t.proposals.pop()
