@@ -104,7 +104,7 @@ def sampling_of(params: Any, name: str, seed: int | None, engine: EngineSampling
     sampling = SamplingParams(
         temperature=number("temperature", float, lambda v: v >= 0, "a number >= 0"),
         top_k=max(top_k, 0), top_p=number("top_p", float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
-        seed=number("seed", int, lambda v: v >= 0, "an integer >= 0") if "seed" in values
+        seed=number("seed", int, lambda v: 0 <= v < 2**63, "an integer in [0, 2**63)") if "seed" in values
         else (seed if seed is not None else secrets.randbits(63)))  # vLLM: no seed, a fresh one
     max_tokens = (UP_TO_THE_MODELS_LENGTH if to_the_end
                   else number("max_tokens", int, lambda v: v >= 1, "an integer >= 1"))

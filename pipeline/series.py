@@ -29,7 +29,7 @@ import ray
 from pipeline import storage
 from pipeline.checkpoint import InputIdCheckpointFilter
 from pipeline.config import Config
-from pipeline.row_values import python_value, request_key
+from pipeline.row_values import python_value, request_key, rows_table
 
 # A job row's optional setting columns, and the sampling_params key each is.
 ROW_SETTINGS = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
@@ -59,12 +59,25 @@ def digest(text: str) -> str:
 
 def row_fingerprint(config: Config, settings: str, row: dict) -> str:
     """The fingerprint of an input row under `settings` (settings_fingerprint): its id, prompt and
-    own settings as read (a `prediction` changes the speed, not the text, and is left out)."""
+    own settings as read (a `prediction` changes the speed, not the text, and is left out), in a
+    canonical form, so that a value read as 5 in one block and 5.0 in another (pandas reads a JSON
+    column with a missing value as floats) fingerprints alike."""
     source = config.input
     values = {"id": request_key(row.get(source.id_column)),
-              "prompt": python_value(row.get(source.prompt_column or source.messages_column)),
-              **{name: python_value(row.get(name)) for name in ROW_SETTINGS}}
+              "prompt": canonical(python_value(row.get(source.prompt_column or source.messages_column))),
+              **{name: canonical(python_value(row.get(name))) for name in ROW_SETTINGS}}
     return digest(settings + json.dumps(values, sort_keys=True, default=str))
+
+
+def canonical(value):
+    """Integral floats as ints, NaN as None, and a mapping's None entries dropped, all the way down."""
+    if isinstance(value, float):
+        return None if value != value else int(value) if value.is_integer() else value
+    if isinstance(value, dict):
+        return {key: canonical(item) for key, item in value.items() if item is not None}
+    if isinstance(value, (list, tuple)):
+        return [canonical(item) for item in value]
+    return value
 
 
 def fingerprint_filter(config: Config) -> type:
@@ -102,7 +115,8 @@ def with_last_outputs(dataset: ray.data.Dataset, config: Config, runs_root: str,
 def tag_rows(table: pa.Table, id_column: str) -> pa.Table:
     rows = table.to_pylist()
     return pa.table([[request_key(row.get(id_column)) for row in rows],
-                     [json.dumps({name: python_value(value) for name, value in row.items()}) for row in rows],
+                     [json.dumps({name: python_value(value) for name, value in row.items()}, default=str)
+                      for row in rows],
                      pa.nulls(len(rows), pa.string()), pa.array(np.full(len(rows), -1))], schema=TAGGED)
 
 
@@ -122,8 +136,9 @@ def read_outputs(files: pa.Table, runs_root: str) -> pa.Table:
 def attach_last(group: pa.Table) -> pa.Table:
     """One id's rows to generate, each with the text of the id's latest earlier output."""
     rows, written, texts = group["__row"].to_pylist(), group["__written"].to_pylist(), group["__last"].to_pylist()
-    outputs = [(when, text) for row, when, text in zip(rows, written, texts) if row is None and text is not None]
-    last = max(outputs)[1] if outputs else None
+    outputs = [(when, index) for index, (row, when, text) in enumerate(zip(rows, written, texts))
+               if row is None and text is not None]
+    last = texts[max(outputs)[1]] if outputs else None
     kept = [row for row in rows if row is not None]
     return pa.table({"__row": pa.array(kept, pa.string()), "__last": pa.array([last] * len(kept), pa.string())})
 
@@ -132,4 +147,4 @@ def untag(table: pa.Table) -> pa.Table:
     rows = [json.loads(row) for row in table["__row"].to_pylist()]
     for row, last in zip(rows, table["__last"].to_pylist()):
         row[LAST_OUTPUT] = last
-    return pa.Table.from_pylist(rows)
+    return rows_table(rows)  # every column any row has, as Ray Data converts mixed types

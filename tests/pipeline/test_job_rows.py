@@ -104,3 +104,19 @@ def test_the_jobs_prompts_are_templated_and_checked_by_the_one_rule(tiny_model_d
     assert "row 'inf': sampling_params.max_tokens must be an integer >= 1, got inf" in out["error"][3]
     assert "row 'blank': the prompt is empty" in out["error"][4]
     assert list(out) == JOB_SCHEMA.names
+
+
+def test_a_rows_fingerprint_is_the_same_however_its_values_were_read():
+    """A JSON column with a missing value is read as floats in that block (pandas): 5 and 5.0, and
+    messages with or without null keys, fingerprint alike; another prompt does not."""
+    from pipeline.config import load_config
+    from pipeline.series import row_fingerprint, settings_fingerprint
+
+    config = load_config(overrides=["input.prompt_column=messages"])
+    settings = settings_fingerprint(config)
+    messages = [{"role": "user", "content": "hi"}]
+    as_ints = {"id": 7, "messages": messages, "max_new_tokens": 5}
+    as_floats = {"id": 7, "messages": [{"role": "user", "content": "hi", "name": None}], "max_new_tokens": 5.0}
+    assert row_fingerprint(config, settings, as_ints) == row_fingerprint(config, settings, as_floats)
+    edited = dict(as_ints, messages=[{"role": "user", "content": "hi!"}])
+    assert row_fingerprint(config, settings, edited) != row_fingerprint(config, settings, as_ints)

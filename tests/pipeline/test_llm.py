@@ -148,6 +148,7 @@ def test_sampling_params_take_vllms_names_and_defaults():
     ({"max_tokens": -1}, "sampling_params.max_tokens"),
     ({"max_tokens": 2.5}, "sampling_params.max_tokens"),
     ({"temperature": "hot"}, "sampling_params.temperature"),
+    ({"seed": 2**63}, "sampling_params.seed"),
     ({"top_p": 0}, "sampling_params.top_p"),
     ({"n": 2}, "sampling_params.n"),
     ({"frequency_penalty_typo": 1}, "sampling_params.frequency_penalty_typo"),
@@ -197,8 +198,9 @@ def test_stop_strings_cut_the_text_with_or_without_themselves():
 
 @pytest.fixture(scope="module")
 def stage(tiny_model_dir):
+    # A fixed w: under `w: auto` whether a draft pays depends on the step costs this machine measures.
     config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers",
-                                       decoder={"drafter": "batch_suffix", "max_batch_requests": 4})
+                                       decoder={"drafter": "batch_suffix", "w": 4, "max_batch_requests": 4})
     return GenerationStage(config.pipeline_config(), StageSettings(continue_on_error=True))
 
 

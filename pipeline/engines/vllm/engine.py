@@ -81,6 +81,9 @@ def set_vllm_environment(config: Config) -> None:
     # an equal share to each tensor-parallel rank ("0,1|2,3").
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(config)
     os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    # The keyed draws (seeded_sampling.py) live in the V1 model runner's sampler, which vLLM runs
+    # for our proposer anyway; on a GPU it would run plain engines on its V2 runner.
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
     # vLLM caches its environment for the process once an engine has started (envs.enable_envs_cache):
     # a second engine here (another binding, cache size or rank count) would read the first one's.
     envs = sys.modules.get("vllm.envs")

@@ -150,8 +150,11 @@ def install_on_worker(worker) -> bool:
     """On each worker of an engine (LLM.collective_rpc): its runner draws with keyed noise."""
     from vllm.v1.sample import rejection_sampler
 
-    rejection_sampler.rejection_sample = keyed_rejection_sample(rejection_sampler.rejection_sample)
     runner = worker.model_runner
+    if not hasattr(runner, "input_batch") or not hasattr(getattr(runner, "sampler", None), "topk_topp_sampler"):
+        raise RuntimeError(f"vLLM runs {type(runner).__name__}, not the V1 model runner whose sampler the keyed "
+                           "draws replace (VLLM_USE_V2_MODEL_RUNNER=0 is set by the engine: check the environment)")
+    rejection_sampler.rejection_sample = keyed_rejection_sample(rejection_sampler.rejection_sample)
     if getattr(runner, "vllm_draws", None) is None:
         sampler = runner.sampler.topk_topp_sampler
         runner.vllm_draws = sampler.forward  # what uninstall_on_worker puts back
