@@ -78,7 +78,7 @@ GOLDEN = REPO / "tests" / "data" / "golden_job_run.json"
 # the timings, the model's path (a temporary directory), how Ray Data cut the batches (batch_uuid,
 # the actor's request_id) and the statistics that `w: auto` makes from measured step costs (how
 # many calls, which drafts were checked).
-MEASURED = {"model", "batch_uuid", "request_id", "forward_call_share", "draft_cost_ratio", "draft_seconds", "median_draft_seconds",
+MEASURED = {"model", "fingerprint", "batch_uuid", "request_id", "forward_call_share", "draft_cost_ratio", "draft_seconds", "median_draft_seconds",
             "verify_seconds", "time_taken_llm", "num_target_calls", "num_verified_tokens", "tokens_per_call",
             "accepted_length_histogram", "accepted_rank_histogram", "strategy_rows", "strategy_wins",
             "strategy_accepted_tokens", "num_checked_draft_tokens", "sum_acceptance_probability", "alpha"}

@@ -321,17 +321,6 @@ def test_batches_stream_through_one_engine_without_draining(engines, requests, r
     assert at_long.slots == 4 and steps >= 299 and running <= 4 * steps
 
 
-@pytest.mark.slow  # a third vLLM engine (about 10 s): make test-slow
-def test_vllm_generates_with_a_model_the_transformers_engine_refuses(tiny_gemma3_dir):
-    engine = build_engine(config(tiny_gemma3_dir, "decoder.drafter=context_ngram", "decoder.w=3"))
-    try:
-        result = engine.generate([Request("g", engine.tokenizer("Hello there")["input_ids"], 8)])[0]
-    finally:
-        engine.close()
-    assert isinstance(result, Result) and len(result.token_ids) == 8 and result.stats.num_target_calls >= 1
-
-
-
 def test_structured_outputs_vllm_refuses_fail_their_request_alone(engines, requests, reference):
     """(Valid structured output with our drafts: tests/test_smollm2_vllm.py, on a model that ends its JSON.)"""
     bad = Request("bad", requests[0].prompt_ids, 8, structured_outputs={"json": {"type": "object"}, "regex": "a+"})
@@ -411,3 +400,15 @@ def test_a_prediction_is_drafted_from_first_and_changes_no_token(engines, reques
     results = ours.generate(hot)
     assert [r.token_ids for r in results] == plain["sampled"]
     assert sum(r.stats.strategy_accepted_tokens.get("prediction", 0) for r in results) > 0.6 * sum(map(len, plain["sampled"]))
+
+
+# Last in the module: closing this third engine tears down vLLM's process-wide parallel groups,
+# which the module's engines need for every later step.
+@pytest.mark.slow  # a third vLLM engine (about 10 s): make test-slow
+def test_vllm_generates_with_a_model_the_transformers_engine_refuses(tiny_gemma3_dir):
+    engine = build_engine(config(tiny_gemma3_dir, "decoder.drafter=context_ngram", "decoder.w=3"))
+    try:
+        result = engine.generate([Request("g", engine.tokenizer("Hello there")["input_ids"], 8)])[0]
+    finally:
+        engine.close()
+    assert isinstance(result, Result) and len(result.token_ids) == 8 and result.stats.num_target_calls >= 1
