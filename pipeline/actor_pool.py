@@ -13,12 +13,19 @@ from drafters.datastore import Datastore
 from pipeline.drafter_registry import drafter_tables, needs_datastore
 from pipeline.config import Config, concurrent_batches
 from pipeline.engines.build import ModelRefused, check_engine_can_run
-from pipeline.model_loading import resolve_model_dir
+from pipeline import storage
+from pipeline.model_loading import cache_root, resolve_model_dir
 
 
 class JobFailed(RuntimeError):
     """The job or processor stopped on purpose (a model the engine cannot run, no node for an actor,
     too many errored rows, unusable input); the message says why."""
+
+
+def local_datastore(config: Config, path: str) -> str:
+    """A local directory of the datastore at `path`: one in object storage (a series' store,
+    pipeline/series_store.py) is copied once per node; each version of a store never changes."""
+    return storage.local_copy(path, cache_root(config.model) / "datastores")
 
 
 # --- The model, prepared where it runs --------------------------------------------------------
@@ -36,7 +43,7 @@ def prepare_model(config: Config):
 
         from drafters.retrieval import check_vocabulary
 
-        datastore = Datastore.open(config.decoder.datastore)
+        datastore = Datastore.open(local_datastore(config, config.decoder.datastore))
         try:
             check_vocabulary(datastore, len(AutoTokenizer.from_pretrained(model_dir)))
         except ValueError as error:

@@ -35,7 +35,7 @@ from drafters.datastore import Datastore
 from pipeline import storage
 from pipeline.actor_pool import JobFailed, unplaceable
 from pipeline.config import Config, InputConfig
-from pipeline import job_rows, series
+from pipeline import job_rows, series, series_store
 from pipeline.checkpoint import checkpoint_config as ids_checkpoint
 from pipeline.llm import Processor
 from pipeline.progress import RunProgress, empty_totals
@@ -114,6 +114,10 @@ def with_checked_datastore(config: Config) -> Config:
     gives the job its absolute path; the task that prepares the model puts its arrays in the object
     store beside the tables, and the actors map that copy (none builds or reads its own)."""
     if not config.decoder.datastore:
+        return config
+    if storage.is_uri(config.decoder.datastore):  # copied to each node that runs actors, not here
+        if storage.info(storage.join(config.decoder.datastore, "meta.json"), "decoder.datastore").type.name == "NotFound":
+            raise JobFailed(f"decoder.datastore: {config.decoder.datastore!r} holds no datastore (no meta.json)")
         return config
     directory = Path(config.decoder.datastore).expanduser().resolve()
     Datastore.open(directory)
@@ -196,6 +200,8 @@ def run_job(config: Config, run_id: str) -> dict:
 def generate_and_write(config: Config, run_id: str) -> dict:
     started, started_at = time.perf_counter(), time.time()
     config = with_checked_datastore(config)
+    # A series drafts from the store of its earlier outputs; its rows' fingerprints come from `config`.
+    drafting = with_checked_datastore(series_store.with_series_store(config))
     output = run_dir(config, run_id)
     try:
         storage.make_directory(output, "job.output")
@@ -207,14 +213,15 @@ def generate_and_write(config: Config, run_id: str) -> dict:
     # Counted so that a run that read part of its input never looks complete.
     input_rows, new_rows = count_input(config, run_id, output, dataset)
     rows_read = min(input_rows, config.input.limit) if config.input.limit else input_rows
-    counts = {"input_rows": input_rows, "rows_read": rows_read, "seconds_to_first_batch": None}
+    counts = {"fingerprint": series.settings_fingerprint(config), "input_rows": input_rows, "rows_read": rows_read,
+              "seconds_to_first_batch": None, "series_store": None}
     if new_rows == 0:  # nothing new (a finished run, or a series run over a corpus that did not grow)
-        return write_run_summary(config, run_id, output, time.perf_counter() - started, empty_totals(), counts)
+        return write_run_summary(drafting, run_id, output, time.perf_counter() - started, empty_totals(), counts)
     progress = RunProgress.remote(config.job.max_errored_rows)
     # The job is a pipeline.llm processor: it prepares the model where the actors run, its
     # preprocess and postprocess turn the job's rows into the processor's and back, and the
     # checkpoint makes the read skip the rows this run (or its series) already wrote.
-    processor = Processor(config, job_rows.stage_settings(config, run_id, live_metrics=True),
+    processor = Processor(drafting, job_rows.stage_settings(config, run_id, live_metrics=True),
                           checkpoint_config(config, run_id), preprocess=job_rows.request_row(config),
                           postprocess=job_rows.output_table, preprocess_map_kwargs={"num_cpus": IO_CPUS},
                           postprocess_map_kwargs={"num_cpus": IO_CPUS}, progress=progress)
@@ -238,7 +245,10 @@ def generate_and_write(config: Config, run_id: str) -> dict:
     # From the job's start to the first batch's: reading, placing actors (an autoscaler bringing a
     # node up) and loading the model.
     counts["seconds_to_first_batch"] = round(this_time["first_start"] - started_at, 2) if this_time["batches"] else None
-    return write_run_summary(config, run_id, output, time.perf_counter() - started, this_time, counts)
+    if config.job.series:  # the next run drafts from this one's outputs too
+        counts["series_store"] = ray.get(series_store.extend_store.options(num_cpus=IO_CPUS).remote(
+            config, runs_root(config)))
+    return write_run_summary(drafting, run_id, output, time.perf_counter() - started, this_time, counts)
 
 
 SUMS = {"generated_tokens": "num_generated_tokens", "target_calls": "num_target_calls",
@@ -287,7 +297,7 @@ def write_run_summary(config: Config, run_id: str, output: str, wall: float, thi
     generating = this_time["last_finish"] - this_time["first_start"] if this_time["batches"] else 0
     summary = {
         "run_id": run_id, "run_dir": output, "series": config.job.series or None,
-        "fingerprint": series.settings_fingerprint(config), "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "finished_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "rows": after["rows"], "errored_rows": after["errored_rows"], "generated_tokens": after["generated_tokens"],
         # Per request step (num_target_calls), and per forward call of the target (a call shared
         # by B requests counted once; null where the engine does not report it).
@@ -296,6 +306,8 @@ def write_run_summary(config: Config, run_id: str, output: str, wall: float, thi
         # alpha over every checked draft token of the run (null when nothing was drafted).
         "acceptance_rate": (round(after["acceptance_probability_sum"] / after["checked_draft_tokens"], 4)
                             if after["checked_draft_tokens"] else None),
+        # What produced the rows (series.settings_fingerprint of the config as given), the input,
+        # and a series' store of earlier outputs after this run (pipeline/series_store.py).
         **counts,
         "rows_this_invocation": this_time["rows"], "rows_errored_this_invocation": this_time["errored_rows"],
         "rows_skipped_already_done": counts["rows_read"] - this_time["rows"],

@@ -97,3 +97,37 @@ def list_directories(path: str, prefix: str = "") -> list[str]:
     entries = filesystem.get_file_info(pafs.FileSelector(inner, allow_not_found=True))
     return sorted(Path(e.path).name for e in entries if e.type == pafs.FileType.Directory
                   and Path(e.path).name.startswith(prefix))
+
+
+def local_copy(path: str, cache: str | os.PathLike) -> str:
+    """A local directory with the files of the directory at `path`: the path itself where it is
+    local, else a copy under `cache` (made once per URI: copy a directory that never changes)."""
+    if not is_uri(path):
+        return str(Path(path).expanduser())
+    import hashlib
+    import shutil
+    import tempfile
+
+    target = Path(cache).expanduser() / hashlib.sha256(path.encode()).hexdigest()[:16]
+    if not target.is_dir():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging = tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}-")
+        filesystem, inner = resolve(path)
+        pafs.copy_files(inner, staging, source_filesystem=filesystem, destination_filesystem=pafs.LocalFileSystem())
+        try:
+            os.replace(staging, target)
+        except OSError:  # another process made it first
+            shutil.rmtree(staging, ignore_errors=True)
+    return str(target)
+
+
+def copy_directory(local: str, path: str) -> None:
+    """Copies a local directory's files to `path` (local or a URI)."""
+    filesystem, inner = resolve(path)
+    filesystem.create_dir(inner, recursive=True)
+    pafs.copy_files(local, inner, source_filesystem=pafs.LocalFileSystem(), destination_filesystem=filesystem)
+
+
+def delete_directory(path: str) -> None:
+    filesystem, inner = resolve(path)
+    filesystem.delete_dir(inner)

@@ -33,7 +33,7 @@ ENGINES = ("pipeline.engines.vllm", "pipeline.engines.transformers")
 # the module itself and everything below it).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("jobs", ("jobs",)),
-    ("job", ("pipeline.ray_job", "pipeline.job_rows", "pipeline.series")),
+    ("job", ("pipeline.ray_job", "pipeline.job_rows", "pipeline.series", "pipeline.series_store")),
     ("processor", ("pipeline.llm",)),
     ("stage", ("pipeline.actor_pool", "pipeline.stage", "pipeline.schema", "pipeline.sampling_params",
                "pipeline.row_values", "pipeline.checkpoint", "pipeline.storage", "pipeline.progress",

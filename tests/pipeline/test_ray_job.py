@@ -237,6 +237,11 @@ def test_a_series_generates_only_what_no_earlier_run_generated(local_ray, tiny_m
     grown = corpus(tmp_path, 33)
     second = run_job(job_config(tiny_model_dir, tmp_path, f"input.path={grown}", *settings), "r2")
     assert second["rows_this_invocation"] == 3 and second["rows_skipped_already_done"] == 30
+    # The second run drafted from the store the first one left (pipeline/series_store.py), and
+    # the store changed no fingerprint.
+    assert first["series_store"]["documents"] == 30 and second["series_store"]["runs"] == 2
+    assert second["settings"]["decoder"]["datastore"] == first["series_store"]["path"]
+    assert second["fingerprint"] == first["fingerprint"]
     assert sorted(series_ids(tmp_path, "r2"), key=int) == [str(i) for i in range(30, 33)]
 
     def no_actors(*args):

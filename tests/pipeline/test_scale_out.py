@@ -23,8 +23,9 @@ from tests.processes import environment, free_port
 REPO = Path(__file__).resolve().parents[2]
 
 
-def write_jsonl(path: Path, ids: list[str]) -> Path:
-    path.write_text("".join(json.dumps({"id": i, "prompt": f"Question {i}"}) + "\n" for i in ids))
+def write_jsonl(path: Path, ids: list[str], edited: str = "") -> Path:
+    path.write_text("".join(json.dumps({"id": i, "prompt": f"Question {i}" + " (edited)" * (i == edited)}) + "\n"
+                            for i in ids))
     return path
 
 
@@ -122,33 +123,46 @@ def s3_parquet(filesystem, directory: str) -> list[str]:
 
 
 @pytest.mark.slow  # a cluster of its own: make test-slow
-def test_s3_input_output_and_checkpoints_resume_a_killed_driver_exactly_once(tiny_model_dir, tmp_path, processes,
-                                                                             s3_server):
+def test_s3_series_resumes_a_killed_driver_exactly_once_and_drafts_its_next_run_from_its_store(
+        tiny_model_dir, tmp_path, processes, s3_server):
+    """Input, output, the series' checkpoints and its store of earlier outputs all in S3."""
     filesystem, env = s3_server
     ids = [f"q{i:02d}" for i in range(12)]
     with filesystem.open_output_stream("corpus/in.jsonl") as stream:
         stream.write(write_jsonl(tmp_path / "in.jsonl", ids).read_bytes())
-    command = generate_command(tiny_model_dir, "s3://corpus/in.jsonl", "s3://corpus/out",
-                               "ray.batch_size=1", "decoder.max_batch_requests=1", "decoder.max_new_tokens=120")
+    settings = ["job.series=nightly", "ray.batch_size=1", "decoder.max_batch_requests=1", "decoder.max_new_tokens=120"]
+    command = generate_command(tiny_model_dir, "s3://corpus/in.jsonl", "s3://corpus/out", *settings)
     driver = processes.start(command, cwd=REPO, env=environment(**env))
+    run = "corpus/out/series=nightly/run=nightly"
     deadline = time.time() + 240
-    while time.time() < deadline and len(s3_parquet(filesystem, "corpus/out/run=nightly")) < 2 and driver.poll() is None:
+    while time.time() < deadline and len(s3_parquet(filesystem, run)) < 2 and driver.poll() is None:
         time.sleep(0.2)
     driver.send_signal(signal.SIGKILL)
     driver.wait()
 
-    def rows():
-        files = s3_parquet(filesystem, "corpus/out/run=nightly")
-        return [row for path in files for row in pq.read_table(path, filesystem=filesystem).to_pylist()]
+    def rows(directory=run):
+        return [row for path in s3_parquet(filesystem, directory)
+                for row in pq.read_table(path, filesystem=filesystem).to_pylist()]
 
     before = rows()
     assert 2 <= len(before) < len(ids), "the kill should land mid-run"
-    assert s3_parquet(filesystem, "corpus/out/_checkpoints/run=nightly"), "the checkpoints are in S3 too"
+    assert s3_parquet(filesystem, "corpus/out/_checkpoints/series=nightly/rows"), "the checkpoints are in S3 too"
     processes.run(command, cwd=REPO, env=environment(**env), timeout=400)
     assert sorted(row["id"] for row in rows()) == ids, "every id exactly once"
-    with filesystem.open_input_stream("corpus/out/run=nightly/summary.json") as stream:
+    with filesystem.open_input_stream(f"{run}/summary.json") as stream:
         summary = json.loads(stream.read())
     assert summary["rows"] == len(ids) and summary["rows_skipped_already_done"] == len(before)
+    assert summary["series_store"]["documents"] == len(ids) and summary["series_store"]["path"].startswith("s3://")
+    # The next run: one row edited is generated again, drafted from its last output and the store.
+    with filesystem.open_output_stream("corpus/in.jsonl") as stream:
+        stream.write(write_jsonl(tmp_path / "in.jsonl", ids, edited="q03").read_bytes())
+    following = [*command[:command.index("--run-id") + 1], "edit", *command[command.index("--run-id") + 2:]]
+    processes.run(following, cwd=REPO, env=environment(**env), timeout=400)
+    with filesystem.open_input_stream("corpus/out/series=nightly/run=edit/summary.json") as stream:
+        edited = json.loads(stream.read())
+    assert (edited["rows"], edited["changed_rows"]) == (1, 1), edited
+    assert edited["settings"]["decoder"]["datastore"] == summary["series_store"]["path"]
+    assert [row["predicted_from"] for row in rows("corpus/out/series=nightly/run=edit")] == ["last_output"]
 
 
 @pytest.mark.slow  # a job process that starts its own Ray (about 35 s): make test-slow

@@ -1,0 +1,105 @@
+"""A series' store of its earlier outputs, kept by the job: a series drafts from its history with
+no manual step.
+
+After each run of a series the job extends the series' store with the generated tokens of every
+run it does not hold yet (this run's, and a killed run's that was never resumed): a token datastore
+(drafters/datastore.py) under <output>/_checkpoints/series=<name>/store/model=<digest of the model>/,
+one directory per version (`v=<time>`) and a file `CURRENT` naming the newest, written last, so a
+run killed while extending leaves the version before it in use. The next run of the series drafts
+from it (decoder.datastore) when the config names no datastore of its own and its drafter drafts
+from one; the task that prepares the model puts it in the object store, shared by the actors like
+a datastore from python -m jobs.build_datastore (which stays for stores of other corpora).
+
+The store changes the speed, never a row's fingerprint: fingerprints come from the config as given.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+import tempfile
+import time
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import ray
+
+from drafters.datastore import Datastore, build_datastore
+from pipeline import storage
+from pipeline.actor_pool import local_datastore
+from pipeline.config import Config
+from pipeline.drafter_registry import needs_datastore
+from pipeline.series import digest, output_files
+
+RUN = re.compile(r"/run=([^/]+)/")
+
+
+def store_root(config: Config) -> str:
+    return storage.join(storage.uri(config.job.output), "_checkpoints", f"series={config.job.series}", "store",
+                        f"model={digest(config.model.name)}")
+
+
+def current_version(root: str) -> str | None:
+    """The newest complete version of the store at `root`, or None before the series' first run."""
+    name = storage.read_text(storage.join(root, "CURRENT"))
+    return storage.join(root, name.strip()) if name else None
+
+
+def with_series_store(config: Config) -> Config:
+    """The config a run of a series drafts with: decoder.datastore is the series' store where the
+    config names none, its drafter drafts from one and an earlier run has built it."""
+    if not config.job.series or config.decoder.datastore:
+        return config
+    version = current_version(store_root(config))
+    decoder = dataclasses.replace(config.decoder, datastore=version or "")
+    return dataclasses.replace(config, decoder=decoder) if version and needs_datastore(decoder) else config
+
+
+@ray.remote
+def extend_store(config: Config, runs_root: str) -> dict | None:
+    """Extends the series' store with the outputs of the runs under `runs_root` it does not hold;
+    returns its size and runs (None while no run has generated a token)."""
+    root = store_root(config)
+    version = current_version(root)
+    previous = Datastore.open(local_datastore(config, version)) if version else None
+    held = set(previous.meta["runs"]) if previous else set()
+    files = {}
+    for path in sorted(output_files(runs_root)):
+        run = RUN.search(path)
+        if run and run.group(1) not in held:
+            files.setdefault(run.group(1), []).append(path)
+    documents = [tokens for paths in files.values() for tokens in generated_tokens(runs_root, paths)]
+    started = time.perf_counter()
+    if documents:
+        with tempfile.TemporaryDirectory() as staging:
+            meta = {"model": config.model.name, "series": config.job.series, "runs": sorted(held | set(files))}
+            previous = build_datastore(documents, Path(staging) / "store", meta, previous)
+            version = storage.join(root, f"v={time.time_ns()}")
+            storage.copy_directory(str(Path(staging) / "store"), version)
+        storage.write_text(storage.join(root, "CURRENT"), version.rsplit("/", 1)[1] + "\n")
+        drop_old_versions(root, version.rsplit("/", 1)[1])
+    if previous is None:
+        return None
+    return {"path": version, "runs": len(previous.meta["runs"]), "documents": previous.meta["num_documents"],
+            "tokens": previous.meta["num_tokens"], "extend_seconds": round(time.perf_counter() - started, 3)}
+
+
+def generated_tokens(runs_root: str, paths: list[str]) -> list[list[int]]:
+    """The generated tokens of the generated (not errored, not empty) rows of the files `paths`."""
+    filesystem, _ = storage.resolve(runs_root)
+    found = []
+    for path in paths:
+        table = pq.read_table(path, columns=["generated_tokens", "error"], filesystem=filesystem)
+        found += [tokens for tokens in table.filter(pc.is_null(table["error"]))["generated_tokens"].to_pylist() if tokens]
+    return found
+
+
+def drop_old_versions(root: str, kept: str) -> None:
+    """Removes the versions before `kept`, where it can (one left behind costs disk, not rows; an
+    actor still mapping one keeps its open files)."""
+    for name in storage.list_directories(root, "v="):
+        if name != kept:
+            try:
+                storage.delete_directory(storage.join(root, name))
+            except OSError:
+                pass

@@ -1,0 +1,57 @@
+"""A series' store of earlier outputs (pipeline/series_store.py), kept by the job after each run:
+built from the runs it does not hold, extended, versioned, and drafted from by default. No model
+and no Ray cluster: the store's task runs in-process."""
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from drafters.datastore import Datastore
+from drafters.suffix.store_search import SEPARATOR
+from pipeline import storage
+from pipeline.config import load_config
+from pipeline.series_store import current_version, extend_store, store_root, with_series_store
+
+extend = extend_store._function  # the Ray task's body
+
+
+def write_run(runs_root, run_id: str, rows: list[tuple[list[int], str | None]]) -> None:
+    directory = runs_root / f"run={run_id}"
+    directory.mkdir(parents=True)
+    pq.write_table(pa.table({"generated_tokens": pa.array([tokens for tokens, _ in rows], pa.list_(pa.int64())),
+                             "error": pa.array([error for _, error in rows], pa.string())}), directory / "0.parquet")
+
+
+def documents(store: Datastore) -> list[list[int]]:
+    tokens = np.asarray(store.tokens).tolist()
+    found, current = [], []
+    for token in tokens + [int(SEPARATOR)]:
+        if token == SEPARATOR:
+            found.append(current)
+            current = []
+        else:
+            current.append(token)
+    return found
+
+
+def test_the_store_holds_every_runs_generated_rows_once_and_is_extended_run_by_run(tmp_path):
+    config = load_config(overrides=[f"job.output={tmp_path / 'out'}", "job.series=nightly"])
+    runs_root = tmp_path / "out" / "series=nightly"
+    assert extend(config, str(runs_root)) is None and with_series_store(config) == config  # nothing run yet
+    write_run(runs_root, "r1", [([1, 2, 3], None), ([9, 9], "row 'x': refused"), ([], None)])
+    write_run(runs_root, "r2", [([4, 5], None)])  # a run that was never resumed is taken in too
+    first = extend(config, str(runs_root))
+    assert (first["runs"], first["documents"], first["tokens"]) == (2, 2, 5)
+    assert sorted(documents(Datastore.open(current_version(store_root(config))))) == [[1, 2, 3], [4, 5]]
+    assert extend(config, str(runs_root))["path"] == first["path"]  # no new run: the same version
+    write_run(runs_root, "r3", [([6, 7, 8], None)])
+    second = extend(config, str(runs_root))
+    extended = Datastore.open(second["path"])
+    assert documents(extended)[-1] == [6, 7, 8] and extended.meta["runs"] == ["r1", "r2", "r3"]
+    assert storage.list_directories(store_root(config), "v=") == [second["path"].rsplit("/", 1)[1]]
+    # The next run drafts from the newest version, unless the config names a store of its own.
+    assert with_series_store(config).decoder.datastore == second["path"]
+    own = load_config(overrides=[f"job.output={tmp_path / 'out'}", "job.series=nightly", "decoder.drafter=rest",
+                                 f"decoder.datastore={tmp_path / 'elsewhere'}"])
+    assert with_series_store(own) == own
+    no_drafts = load_config(overrides=[f"job.output={tmp_path / 'out'}", "job.series=nightly", "decoder.w=0"])
+    assert with_series_store(no_drafts) == no_drafts
