@@ -14,12 +14,13 @@ import importlib.util
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 import yaml
 
 from pipeline.config_types import ConfigError, build
 from pipeline.drafter_kinds import DRAFTER_KINDS
+from pipeline.vllm_arguments import VLLM_ARGUMENTS
 
 # The largest k and w a `k: auto` / `w: auto` decoder may choose. On the vLLM engine (one row per
 # request, where a draft costs only its tokens) `w: auto` goes up to AUTO_MAX_VLLM_W: long drafts
@@ -72,8 +73,19 @@ class EngineConfig:
     # EngineArgs when the job starts. Those set above, or by the model and decoder sections, are
     # refused here, naming the field that sets them.
     vllm_args: dict = field(default_factory=dict)
+    # An engine that fails inside a live actor (an error out of a step, a worker process gone) is
+    # closed and built again, its batches in flight generated again on the new one (a step that
+    # makes no progress for hang_timeout_s ends the actor instead, and Ray starts it again). More
+    # than max_restarts failures of one actor's engines within restart_window_s stop the job,
+    # naming the last failure. hang_timeout_s 0: never counted as hung (vLLM engine).
+    hang_timeout_s: float = 600.0
+    max_restarts: int = 3
+    restart_window_s: float = 3600.0
 
     def __post_init__(self):
+        _require(self.hang_timeout_s >= 0, "engine.hang_timeout_s", "a number of seconds >= 0 (0: no limit)")
+        _require(self.max_restarts >= 0, "engine.max_restarts", "an integer >= 0 (0: a failed engine stops the job)")
+        _require(self.restart_window_s > 0, "engine.restart_window_s", "a number of seconds > 0")
         if self.name == "auto":
             object.__setattr__(self, "name", installed_engine())  # frozen: resolved once, here
         if self.name == "vllm" and importlib.util.find_spec("vllm") is None:
@@ -94,44 +106,6 @@ class EngineConfig:
         for key in self.vllm_args:
             _require(key not in VLLM_ARGUMENTS, f"engine.vllm_args.{key}",
                      f"left out: {VLLM_ARGUMENTS[key].where() if key in VLLM_ARGUMENTS else ''}")
-
-
-@dataclass(frozen=True)
-class VllmArgument:
-    """One of vLLM's engine arguments that is not passed through as given (engine.vllm_args): the
-    config field that holds it (`section.key`, converted from vLLM's value by `convert`), or the one
-    value the engine runs (`only`), or who sets it (`set_by`)."""
-    field: str = ""
-    convert: Callable[[Any], Any] = lambda value: value
-    only: Any = None
-    set_by: str = ""
-
-    def where(self) -> str:
-        return f"{self.field} sets it" if self.field else self.set_by
-
-
-# vLLM's engine arguments under their own names, in one table: pipeline.llm maps a processor's
-# engine_kwargs through it, engine.vllm_args refuses what it holds, the vLLM engine passes the fields
-# back to vLLM by these names. Any other argument goes to vLLM as it is (checked against EngineArgs).
-VLLM_ARGUMENTS = {
-    **{name: VllmArgument(f"engine.{name}") for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens",
-                                                         "gpu_memory_utilization", "tensor_parallel_size")},
-    # vLLM 0.32 cannot speculate with pipeline parallelism (its earlier stages have no proposer).
-    "pipeline_parallel_size": VllmArgument("engine.pipeline_parallel_size", only=1),
-    "dtype": VllmArgument("model.dtype"),
-    "trust_remote_code": VllmArgument("model.trust_remote_code"),
-    "enforce_eager": VllmArgument("engine.execution", lambda eager: "eager" if eager else "compiled"),
-    # Rows without a seed derive theirs from it (the engine's own seed is fixed).
-    "seed": VllmArgument("decoder.seed", int),
-    "enable_chunked_prefill": VllmArgument(only=True, set_by="the engine runs it (vLLM's default)"),
-    "model": VllmArgument(set_by="model.name sets it"), "tokenizer": VllmArgument(set_by="model.name sets it"),
-    "speculative_config": VllmArgument(set_by="decoder.drafter and decoder.w set it (vllm_ngram and vllm_suffix "
-                                              "are vLLM's own methods)"),
-    "disable_log_stats": VllmArgument(set_by="engine.request_metrics sets it"),
-    "distributed_executor_backend": VllmArgument(set_by="the engine sets it (tensor-parallel ranks are the "
-                                                        "actor's own processes)"),
-    "per_request_spec_decode_metrics": VllmArgument(set_by="the engine sets it (the rows' statistics need it)"),
-}
 
 
 @dataclass(frozen=True)

@@ -37,3 +37,8 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
 }
 DRAFTER_NAMES = tuple(DRAFTER_KINDS)
 VLLM_METHODS = {name: kind.vllm_method for name, kind in DRAFTER_KINDS.items() if kind.vllm_method}
+
+
+def drafts_from_predictions(engine: str, drafter: str, w: int) -> bool:
+    """Whether a row's `prediction` is drafted from: our proposer on the vLLM engine (drafters/prediction.py)."""
+    return engine == "vllm" and drafter != "none" and not DRAFTER_KINDS[drafter].vllm_method and w > 0

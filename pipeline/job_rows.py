@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 from pipeline.config import Config
 from pipeline.row_values import python_value, request_key
 from pipeline.schema import INFERENCE_ERROR, JOB_SCHEMA
+from pipeline.drafter_kinds import drafts_from_predictions
 from pipeline.series import LAST_OUTPUT, ROW_SETTINGS, row_fingerprint, settings_fingerprint
 from pipeline.stage import StageSettings
 
@@ -46,6 +47,8 @@ def request_row(config: Config) -> Callable[[dict], dict]:
     source, decoder = config.input, config.decoder
     column = source.prompt_column or source.messages_column
     settings = settings_fingerprint(config)
+    # `predicted_from` says what ran: no prediction where none is drafted from.
+    predicted = drafts_from_predictions(config.engine.name, decoder.drafter, decoder.w)
 
     def convert(row: dict) -> dict:
         prompt = python_value(row.get(column))
@@ -57,9 +60,12 @@ def request_row(config: Config) -> Callable[[dict], dict]:
                 params[key] = value
         out = dict.fromkeys(REQUEST_COLUMNS)
         own, last = python_value(row.get("prediction")), row.get(LAST_OUTPUT)
+        changed = last is not None
+        own, last = (own, last) if predicted else (None, None)
         out.update(id=request_key(row.get(source.id_column)), sampling_params=params,
                    fingerprint=row_fingerprint(config, settings, row), prediction=own if own is not None else last,
                    predicted_from="row" if own is not None else LAST_OUTPUT if last is not None else None,
+                   changed=changed,
                    **{"messages" if isinstance(prompt, list) else "prompt": prompt})
         return out
     return convert

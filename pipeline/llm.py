@@ -28,7 +28,8 @@ import pyarrow as pa
 
 from pipeline.actor_pool import generation_stage, prepared_tables
 from pipeline.checkpoint import checkpoint_config
-from pipeline.config import VLLM_ARGUMENTS, Config, ConfigError, DecoderConfig, build
+from pipeline.config import Config, ConfigError, DecoderConfig, build
+from pipeline.vllm_arguments import VLLM_ARGUMENTS
 from pipeline.row_values import rows_table
 from pipeline.schema import INFERENCE_ERROR, STATISTICS
 from pipeline.stage import GenerationStage, StageSettings
@@ -191,6 +192,8 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
             argument = VLLM_ARGUMENTS.get(key)
             if key == "speculative_config":
                 sections["decoder"].update(self.speculative_decoder(value))
+            elif key in ENGINE_RECOVERY:  # ours, not vLLM's: what a failed engine does (pipeline/stage.py)
+                sections["engine"][key] = value
             elif argument is None:
                 vllm_args[key] = value
             elif argument.field:
@@ -253,6 +256,10 @@ def rows_postprocess(postprocess: Callable, continue_on_error: bool) -> Callable
                 rows.append({**out, INFERENCE_ERROR: ""} if continue_on_error else out)
         return rows_table(rows)
     return apply
+
+
+# engine_kwargs that are ours: an engine's restarts after a failure (pipeline/config.py, EngineConfig).
+ENGINE_RECOVERY = ("hang_timeout_s", "max_restarts", "restart_window_s")
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ Every sample is tagged with the run's engine, drafter and run id.
   ngrammys_engine_running_total        running requests summed over those steps
   ngrammys_engine_slot_steps_total     the engine's slots (max_num_seqs) summed over those steps
   ngrammys_engine_idle_seconds_total   seconds an engine waited with nothing to run, input remaining
+  ngrammys_engine_restarts_total       engines that failed and were built again (or their actor restarted)
 
 Live occupancy: rate(..._engine_running_total) / rate(..._engine_slot_steps_total).
 """
@@ -46,6 +47,12 @@ class RunMetrics:
                 counter = Counter(name, description, tag_keys=TAG_KEYS)
                 counter.set_default_tags({"engine": engine, "drafter": drafter, "run_id": run_id})
                 counters[field] = counter
+        self.restarts = Counter("ngrammys_engine_restarts_total", "Engines that failed and were built again",
+                                tag_keys=TAG_KEYS)
+        self.restarts.set_default_tags({"engine": engine, "drafter": drafter, "run_id": run_id})
+
+    def engine_failed(self) -> None:
+        self.restarts.inc(1)
 
     def record(self, counts: dict, steps=None, previous=None) -> None:
         """Adds one finished batch's counts (a dict with the COUNTERS' fields) and what the engine's

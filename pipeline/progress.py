@@ -3,6 +3,8 @@ tells about each batch it finished. It stops the job when more rows than job.max
 have failed, and gives the summary this invocation's counts without any row reaching the driver."""
 from __future__ import annotations
 
+import time
+from collections import deque
 from dataclasses import dataclass
 
 import ray
@@ -31,16 +33,47 @@ class BatchReport:
 COUNTED = ("rows", "errored_rows", "generated_tokens", "target_calls")  # summed over the batches
 
 
+class EngineCrashLoop(JobStopped):
+    """An actor's engines failed more often than engine.max_restarts within engine.restart_window_s."""
+
+
+class RestartWindow:
+    """An actor's engine failures: more than `limit` within `window` seconds is a crash loop."""
+
+    def __init__(self, limit: int, window: float):
+        self.limit, self.window = limit, window
+        self.times: deque[float] = deque()
+        self.total = 0
+
+    def record(self, cause: str, now: float | None = None) -> str | None:
+        """Counts a failure; returns why the run must stop where it is one too many."""
+        now = time.monotonic() if now is None else now
+        self.times.append(now)
+        while self.times[0] < now - self.window:
+            self.times.popleft()
+        self.total += 1
+        if len(self.times) > self.limit:
+            return (f"the engine failed {len(self.times)} times within engine.restart_window_s "
+                    f"({self.window:g} s), more than engine.max_restarts ({self.limit}); the last failure: {cause}")
+        return None
+
+
 def empty_totals() -> dict:
     """The totals of an invocation that generated nothing."""
     return {"batches": 0, **{name: 0 for name in COUNTED}, "first_start": float("inf"), "last_finish": 0.0,
-            "nodes": [], **engine_summary([]), "engine_series": [], "actor_peak_rss_mb": None}
+            "nodes": [], **engine_summary([]), "engine_series": [], "actor_peak_rss_mb": None,
+            "engine_restarts": {"total": 0, "by_actor": {}, "causes": []}}
 
 
 @ray.remote(num_cpus=0)
 class RunProgress:
-    def __init__(self, max_errored_rows: int):
-        self.max_errored_rows = max_errored_rows  # -1: never stop for row errors
+    def __init__(self, max_errored_rows: int, output: str = "", max_restarts: int = 3,
+                 restart_window_s: float = 3600.0):
+        self.max_errored_rows, self.output = max_errored_rows, output  # -1: never stop for row errors
+        # Each actor's engine failures, across the restarts of its process (Ray keeps its id).
+        self.restarts: dict[str, RestartWindow] = {}
+        self.restart_limits = (max_restarts, restart_window_s)
+        self.causes: list[str] = []
         self.counts = {name: value for name, value in empty_totals().items() if name in ("batches", *COUNTED)}
         self.first_start, self.last_finish = float("inf"), 0.0
         self.nodes: set[str] = set()
@@ -62,8 +95,19 @@ class RunProgress:
             self.series.append((batch.finished, engine_summary(list(self.engines.values()))["engine_occupancy"]))
         if 0 <= self.max_errored_rows < self.counts["errored_rows"] and self.stopped is None:
             self.stopped = (f"{self.counts['errored_rows']} rows failed, more than job.max_errored_rows "
-                            f"({self.max_errored_rows})")
+                            f"({self.max_errored_rows}); see the 'error' column in {self.output}")
         return self.stopped
+
+    def engine_failed(self, actor: str, cause: str) -> str | None:
+        """Counts a failure of an actor's engine (rebuilt in place, or its process ended and started
+        again); returns why the run must stop, if it must."""
+        window = self.restarts.setdefault(actor, RestartWindow(*self.restart_limits))
+        stop = window.record(cause)
+        if len(self.causes) < 10:
+            self.causes.append(cause)
+        if stop and self.stopped is None:
+            self.stopped = stop
+        return stop
 
     def stop_reason(self) -> str | None:
         return self.stopped
@@ -72,5 +116,10 @@ class RunProgress:
         start = self.first_start
         return {**self.counts, "first_start": start, "last_finish": self.last_finish, "nodes": sorted(self.nodes),
                 **engine_summary(list(self.engines.values())), "actor_peak_rss_mb": round(self.peak_rss_mb, 1) or None,
+                # Engines that failed and were replaced (or whose actor was started again), per actor,
+                # and the first causes.
+                "engine_restarts": {"total": sum(w.total for w in self.restarts.values()),
+                                    "by_actor": {actor: w.total for actor, w in self.restarts.items()},
+                                    "causes": list(self.causes)},
                 # The run's occupancy after each batch, by seconds since the first batch started.
                 "engine_series": [[round(when - start, 2), occupancy] for when, occupancy in sorted(self.series)]}

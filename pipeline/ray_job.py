@@ -217,7 +217,8 @@ def generate_and_write(config: Config, run_id: str) -> dict:
               "seconds_to_first_batch": None, "series_store": None}
     if new_rows == 0:  # nothing new (a finished run, or a series run over a corpus that did not grow)
         return write_run_summary(drafting, run_id, output, time.perf_counter() - started, empty_totals(), counts)
-    progress = RunProgress.remote(config.job.max_errored_rows)
+    engine = config.engine
+    progress = RunProgress.remote(config.job.max_errored_rows, output, engine.max_restarts, engine.restart_window_s)
     # The job is a pipeline.llm processor: it prepares the model where the actors run, its
     # preprocess and postprocess turn the job's rows into the processor's and back, and the
     # checkpoint makes the read skip the rows this run (or its series) already wrote.
@@ -237,7 +238,7 @@ def generate_and_write(config: Config, run_id: str) -> dict:
     except Exception as error:
         stopped = ray.get(progress.stop_reason.remote())
         if stopped:
-            raise JobFailed(f"{stopped}; see the 'error' column in {output}") from error
+            raise JobFailed(stopped) from error
         if "Timed out while starting actors" in str(error):
             raise unplaceable(config) from error
         raise
@@ -261,7 +262,7 @@ def block_totals(table) -> dict:
     import pyarrow.compute as pc
 
     row = {"rows": [table.num_rows], "errored_rows": [table.num_rows - table.column("error").null_count],
-           "changed_rows": [pc.sum(pc.equal(table.column("predicted_from"), series.LAST_OUTPUT)).as_py() or 0]}
+           "changed_rows": [pc.sum(table.column("changed").cast("int64")).as_py() or 0]}
     row.update({name: [pc.sum(table.column(column)).as_py() or 0] for name, column in SUMS.items()})
     return row
 
@@ -281,7 +282,7 @@ def run_totals(output: str) -> dict:
     if not files:
         return totals
     blocks = (ray.data.read_parquet(files, filesystem=filesystem, num_cpus=IO_CPUS)
-              .select_columns(["error", "predicted_from", *SUMS.values()], num_cpus=IO_CPUS)
+              .select_columns(["error", "changed", *SUMS.values()], num_cpus=IO_CPUS)
               .map_batches(block_totals, batch_format="pyarrow", batch_size=None, num_cpus=IO_CPUS))
     for block in blocks.iter_batches(batch_size=None, batch_format="pyarrow"):
         for name in totals:
@@ -328,6 +329,8 @@ def write_run_summary(config: Config, run_id: str, output: str, wall: float, thi
         **{name: this_time[name] for name in ("engine_occupancy", "engine_steps", "engine_idle_seconds",
                                               "engine_drain_seconds", "engine_series")},
         "actor_peak_rss_mb": this_time["actor_peak_rss_mb"],  # the largest actor process's peak resident memory
+        # Engines that failed inside a live actor and were built again (or their actor restarted).
+        "engine_restarts": this_time["engine_restarts"],
         "driver_peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "settings": {section: asdict(getattr(config, section)) for section in ("model", "engine", "decoder", "input", "ray")},
     }

@@ -90,9 +90,11 @@ TYPED_BY_THE_DATA = ("metrics", "logprobs", "prompt_logprobs")
 # and those whose data it holds in another: prompt (prompt_token_ids) and params (the settings'
 # own columns).
 JOB_SCHEMA = pa.schema([("id", pa.string()),
-                        # what produced the row (pipeline/series.py), and the prediction it was drafted
-                        # from first: "row" (its own `prediction`), "last_output" (a series' changed row)
-                        ("fingerprint", pa.string()), ("predicted_from", pa.string()),
+                        # what produced the row (pipeline/series.py); the prediction it was drafted
+                        # from first: "row" (its own `prediction`), "last_output" (a series' changed
+                        # row), null (none, or an engine that drafts from none); whether its id had an
+                        # output in an earlier run of its series (its input or settings changed)
+                        ("fingerprint", pa.string()), ("predicted_from", pa.string()), ("changed", pa.bool_()),
                         *(f for f in GENERATED if f.name not in {*TYPED_BY_THE_DATA, "embeddings", "prompt", "params",
                                                                  INFERENCE_ERROR}),
                         ("error", pa.string())])

@@ -18,10 +18,20 @@ else a fresh one, as vLLM draws.
 A row that cannot be generated raises, or, with `continue_on_error`, comes back with
 `__inference_error__` naming the row and the cause, its generated columns empty as ray.data.llm's
 are; the other rows of the batch go on.
+
+An engine that fails (EngineFailed: the engine's, not a row's) is closed and built again, once,
+whichever batch meets the failure first, and every batch it held runs again on the new one: the
+same rows, the same seeds, so greedy rows and seeded sampled rows come out as they would have. A
+hung engine (EngineHung) cannot be closed: the actor's process ends and Ray starts it again,
+retrying its batches. More than engine.max_restarts failures within engine.restart_window_s stop
+the run (EngineCrashLoop), naming the last failure.
 """
 from __future__ import annotations
 
+import gc
 import itertools
+import logging
+import os
 import resource
 import threading
 import time
@@ -35,14 +45,17 @@ import torch
 
 from pipeline.drafter_registry import DrafterTables
 from pipeline.config import Config
-from pipeline.engines.base import Engine, EngineSteps, Failed, Request, RequestError, Result
+from pipeline.engines.base import (Engine, EngineFailed, EngineHung, EngineSteps, Failed, Request, RequestError,
+                                   Result)
 from pipeline.engines.build import build_engine
 from pipeline.metrics import RunMetrics
-from pipeline.progress import BatchReport, JobStopped
+from pipeline.progress import BatchReport, EngineCrashLoop, JobStopped, RestartWindow
 from pipeline.row_values import request_key
 from drafters.primitives.sampling import request_seed
 from pipeline.sampling_params import sampling_of
 from pipeline.schema import GENERATED, INFERENCE_ERROR, STATISTICS, TYPED_BY_THE_DATA
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -70,8 +83,11 @@ class GenerationStage:
         if tables is not None and not isinstance(tables, DrafterTables):
             import ray  # an ObjectRef: the tables are put in the object store once
             tables = ray.get(tables)
-        self.config, self.settings, self.progress = config, settings, progress
+        self.config, self.settings, self.progress, self.tables = config, settings, progress, tables
         self.engine = engine or build_engine(config, tables)
+        self.engine_lock = threading.Lock()  # held while a failed engine is replaced
+        self.restarts = RestartWindow(config.engine.max_restarts, config.engine.restart_window_s)
+        self.generation = 0  # engines built after a failure
         chosen = settings.statistics
         self.dropped = [] if chosen is None else [f.name for f in STATISTICS if f.name not in chosen]
         self.request_ids = itertools.count()
@@ -80,6 +96,8 @@ class GenerationStage:
                         if settings.live_metrics and ray_running() else None)
         # What ran, the same on every row this stage writes.
         self.ran = {"model": config.model.name, **self.engine.columns()}
+        # The same for every engine this stage builds (a failed one is replaced: replace_engine).
+        self.tokenizer, self.sampling = self.engine.tokenizer, self.engine.sampling
         # Ray Data may run several batches on this actor at once (the vLLM engine takes them all):
         # the tokenizer is not to be shared between threads, and the step counts are reported in order.
         self.tokenizer_lock = threading.Lock()
@@ -111,9 +129,9 @@ class GenerationStage:
     def request(self, row: dict, number: int) -> tuple[Request, str, str]:
         """(the row's request, its text prompt, the row's name for errors); a RequestError names the row."""
         name, seed = self.identify(row, number)
-        settings = sampling_of(row.get("sampling_params"), name, seed, self.engine.sampling)
+        settings = sampling_of(row.get("sampling_params"), name, seed, self.sampling)
         with self.tokenizer_lock:
-            prompt, ids = prompt_of(self.engine.tokenizer, row, self.settings, name)
+            prompt, ids = prompt_of(self.tokenizer, row, self.settings, name)
         return Request(str(number), ids, settings.max_tokens, settings.stop, settings.sampling,
                        settings.structured_outputs, settings.engine_sampling, self.adapter(row, name),
                        self.prediction(row, name)), prompt, name
@@ -126,7 +144,7 @@ class GenerationStage:
         if not isinstance(text, str):
             raise RequestError(f"{name}: prediction must be text, got {type(text).__name__}")
         with self.tokenizer_lock:
-            return tuple(self.engine.tokenizer.encode(text, add_special_tokens=False))
+            return tuple(self.tokenizer.encode(text, add_special_tokens=False))
 
     def adapter(self, row: dict, name: str) -> str | None:
         """The row's LoRA adapter: its `model`, where it names another than model_source (as
@@ -164,8 +182,7 @@ class GenerationStage:
             except RequestError as error:  # the message names the row already
                 outputs[index] = self.failed(str(error), row.get("prompt"), batch_uuid)
         started = time.perf_counter()
-        with torch.no_grad():
-            results = self.engine.generate([request for request, _, _ in made.values()]) if made else []
+        results = self.run_on_engine([request for request, _, _ in made.values()]) if made else []
         seconds = time.perf_counter() - started
         for (index, (request, prompt, name)), result in zip(made.items(), results):
             if isinstance(result, Failed):
@@ -173,6 +190,59 @@ class GenerationStage:
             else:
                 outputs[index] = self.generated(request, prompt, result, batch_uuid, seconds)
         return outputs
+
+    def run_on_engine(self, requests: list[Request]) -> list[Result | Failed]:
+        """The engine's results for `requests`; where the engine fails, on a new engine."""
+        while True:
+            engine, generation = self.engine, self.generation
+            if engine is None:  # another batch is building the new engine: wait for it
+                with self.engine_lock:
+                    if self.engine is None:
+                        raise EngineCrashLoop("the engine failed and could not be built again")
+                continue
+            try:
+                with torch.no_grad():
+                    return engine.generate(requests)
+            except EngineFailed as error:  # left here: its traceback holds the failed engine's frames
+                failure = (repr(error), isinstance(error, EngineHung))
+            engine = None  # nor does this batch hold the failed engine: its memory can go
+            self.replace_engine(*failure, generation)
+
+    def replace_engine(self, cause: str, hung: bool, generation: int) -> None:
+        """Closes the failed engine (the `generation`-th) and builds a new one, or ends a hung
+        engine's process (the module's docstring); a crash loop raises EngineCrashLoop."""
+        with self.engine_lock:
+            if self.generation != generation:
+                return  # replaced already, by the batch that met the failure first
+            stop = self.tell_engine_failed(cause) or self.restarts.record(cause)
+            if stop:
+                raise EngineCrashLoop(stop)
+            if hung and ray_running():
+                logger.error("%s: ending this actor's process; Ray starts it again and retries its batches", cause)
+                os._exit(75)  # the hung step's thread cannot be stopped
+            logger.warning("the engine failed (%s): closing it and building a new one (failure %d of this actor)",
+                           cause, self.restarts.total)
+            failed, self.engine = self.engine, None
+            try:
+                failed.close()
+            except Exception as error:  # noqa: BLE001 - a failed engine may not close cleanly; it is dropped all the same
+                logger.error("the failed engine did not close cleanly: %r", error)
+            del failed
+            gc.unfreeze()  # vLLM froze the heap it started with (gc.freeze): its cycles are collected only so
+            gc.collect()
+            self.engine = build_engine(self.config, self.tables)
+            self.generation += 1
+            self.reported_steps = EngineSteps()  # the new engine counts its steps from 0
+
+    def tell_engine_failed(self, cause: str) -> str | None:
+        """Tells the run's progress actor and metrics; returns the progress actor's stop reason."""
+        if self.metrics is not None:
+            self.metrics.engine_failed()
+        if self.progress is None:
+            return None
+        import ray
+
+        return ray.get(self.progress.engine_failed.remote(ray.get_runtime_context().get_actor_id() or "", cause))
 
     def generated(self, request: Request, prompt: str, result: Result, batch_uuid: str, seconds: float) -> dict:
         sampling = request.sampling
@@ -206,7 +276,8 @@ class GenerationStage:
         context = ray.get_runtime_context()
         done = [row for row, failed in zip(rows, errored) if not failed]
         with self.report_lock:
-            steps = self.engine.steps()
+            engine = self.engine
+            steps = engine.steps() if engine is not None else None
             batch = BatchReport(rows=len(rows), errored_rows=sum(errored),
                                 generated_tokens=sum(row.get("num_generated_tokens") or 0 for row in done),
                                 target_calls=sum(row.get("num_target_calls") or 0 for row in done),

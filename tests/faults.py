@@ -46,14 +46,16 @@ def claim(directory: Path) -> bool:
 
 
 def patch(module) -> None:
-    """Wraps the feeder's step with the fault of $NGRAMMYS_TEST_FAULTS, read when an engine first steps."""
+    """Wraps the feeder's step with the fault of $NGRAMMYS_TEST_FAULTS, read at every step: an
+    engine counts its steps from when it first meets the fault as it is now."""
     original = module.EngineFeeder._step
     directory = Path(os.environ["NGRAMMYS_TEST_FAULTS"])
 
     def _step(self, llm):
-        if not hasattr(self, "_fault"):
-            self._fault, self._steps = fault(directory), itertools.count(1)
-        kind, at = self._fault["kind"], self._fault.get("at", 1)
+        now = fault(directory)
+        if getattr(self, "_fault", None) != now:
+            self._fault, self._steps = now, itertools.count(1)
+        kind, at = now["kind"], now.get("at", 1)
         if kind and next(self._steps) == at and (kind == "always" or claim(directory)):
             if kind == "hang":
                 time.sleep(3600)  # a step that never returns

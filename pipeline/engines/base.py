@@ -22,6 +22,17 @@ class RequestError(ValueError):
     setting); the message names the request. The request fails alone, as an error row."""
 
 
+class EngineFailed(RuntimeError):
+    """The engine itself failed, not one request (an error out of its step, a worker process gone):
+    every request it held is lost with it. The stage closes it, builds a new one and runs the
+    batches again (pipeline/stage.py)."""
+
+
+class EngineHung(EngineFailed):
+    """A step that made no progress for engine.hang_timeout_s: its thread cannot be stopped, so the
+    stage ends the actor's process and Ray starts it again."""
+
+
 # sampling_params keys every engine runs (pipeline/sampling_params.py reads them). Any other key is
 # the engine's own (EngineSampling), given to it as it is.
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n")

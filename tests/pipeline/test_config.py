@@ -99,6 +99,11 @@ def test_engine_slots_are_apart_from_the_ray_batch():
         load_config(overrides=["engine.max_num_seqs=-1"])
     with pytest.raises(ConfigError, match="engine.max_num_batched_tokens: must be an integer >= 0"):
         load_config(overrides=["engine.max_num_batched_tokens=-5"])
+    for override, message in (("engine.max_restarts=-1", "engine.max_restarts: must be an integer >= 0"),
+                              ("engine.hang_timeout_s=-1", "engine.hang_timeout_s: must be a number of seconds >= 0"),
+                              ("engine.restart_window_s=0", "engine.restart_window_s: must be a number of seconds > 0")):
+        with pytest.raises(ConfigError, match=message):
+            load_config(overrides=[override])
     assert load_config(overrides=["engine.name=vllm", "decoder.max_batch_requests=8", "ray.batch_size=2"]).ray.batch_size == 2
 
 

@@ -32,6 +32,19 @@ def test_a_job_row_becomes_messages_or_a_prompt_with_the_configs_settings(config
     assert chat["sampling_params"]["temperature"] == 0.5
 
 
+def test_a_row_is_changed_where_its_id_had_an_output_and_predicted_from_says_what_is_drafted_from(config):
+    from pipeline.series import LAST_OUTPUT
+
+    convert = request_row(config)  # the vLLM engine, the default drafter: predictions are drafted from
+    last = convert({"uid": 1, "prompt": "Hi", LAST_OUTPUT: "before"})
+    own = convert({"uid": 2, "prompt": "Hi", LAST_OUTPUT: "before", "prediction": "mine"})
+    new = convert({"uid": 3, "prompt": "Hi"})
+    assert [(row["prediction"], row["predicted_from"], row["changed"]) for row in (last, own, new)] == [
+        ("before", "last_output", True), ("mine", "row", True), (None, None, False)]
+    plain = request_row(load_config(overrides=["engine.name=transformers"]))({"id": 1, "prompt": "Hi", LAST_OUTPUT: "x"})
+    assert (plain["prediction"], plain["predicted_from"], plain["changed"]) == (None, None, True)
+
+
 def test_the_postprocess_writes_the_jobs_schema_with_each_rows_error_or_none():
     rows = [{"id": "y", "generated_text": "ok", "generated_tokens": [1], INFERENCE_ERROR: "", "extra": 1,
              "params": "SamplingParams(...)"},

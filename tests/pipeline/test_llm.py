@@ -20,11 +20,13 @@ from pipeline.stage import GenerationStage, StageSettings, prompt_of
 def test_the_config_maps_ray_data_llm_keywords_onto_ours():
     config = vLLMEngineProcessorConfig(
         model_source="smollm2-135m-instruct", batch_size=8, concurrency=(1, 3),
-        engine_kwargs={"max_num_seqs": 12, "max_model_len": 512, "dtype": "float32", "enable_chunked_prefill": True},
+        engine_kwargs={"max_num_seqs": 12, "max_model_len": 512, "dtype": "float32", "enable_chunked_prefill": True,
+                       "max_restarts": 5, "hang_timeout_s": 60},
         placement_group_config={"bundles": [{"CPU": 1}]}, max_concurrent_batches=4, max_pending_requests=16,
         decoder={"drafter": "context_ngram", "w": 4})
     ours = config.pipeline_config()
     assert (ours.engine.max_num_seqs, ours.engine.max_model_len, ours.model.dtype) == (12, 512, "float32")
+    assert (ours.engine.max_restarts, ours.engine.hang_timeout_s, ours.engine.vllm_args) == (5, 60, {})
     assert (ours.ray.min_actors, ours.ray.max_actors, ours.ray.batch_size) == (1, 3, 8)
     assert (ours.ray.num_cpus_per_actor, ours.ray.num_gpus_per_actor) == (1, 0)
     assert ours.ray.max_concurrent_batches == 2  # 16 pending rows at most: two batches of 8

@@ -153,7 +153,7 @@ def test_s3_series_resumes_a_killed_driver_exactly_once_and_drafts_its_next_run_
         summary = json.loads(stream.read())
     assert summary["rows"] == len(ids) and summary["rows_skipped_already_done"] == len(before)
     assert summary["series_store"]["documents"] == len(ids) and summary["series_store"]["path"].startswith("s3://")
-    # The next run: one row edited is generated again, drafted from its last output and the store.
+    # The next run: the one row edited is generated again, drafting from the store.
     with filesystem.open_output_stream("corpus/in.jsonl") as stream:
         stream.write(write_jsonl(tmp_path / "in.jsonl", ids, edited="q03").read_bytes())
     following = [*command[:command.index("--run-id") + 1], "edit", *command[command.index("--run-id") + 2:]]
@@ -162,7 +162,7 @@ def test_s3_series_resumes_a_killed_driver_exactly_once_and_drafts_its_next_run_
         edited = json.loads(stream.read())
     assert (edited["rows"], edited["changed_rows"]) == (1, 1), edited
     assert edited["settings"]["decoder"]["datastore"] == summary["series_store"]["path"]
-    assert [row["predicted_from"] for row in rows("corpus/out/series=nightly/run=edit")] == ["last_output"]
+    assert [row["changed"] for row in rows("corpus/out/series=nightly/run=edit")] == [True]
 
 
 @pytest.mark.slow  # a job process that starts its own Ray (about 35 s): make test-slow

@@ -31,6 +31,7 @@ from pipeline.config import CPU_MAX_NUM_SEQS, Config, ConfigError, DecoderConfig
 from pipeline.drafter_kinds import VLLM_METHODS
 from pipeline.engines.base import (
     SAMPLING_KEYS,
+    EngineHung,
     EngineSampling,
     EngineSteps,
     Failed,
@@ -191,7 +192,8 @@ class VllmEngine:
         self.adapters: dict = {}  # LoRA adapter -> its LoRARequest (vLLM's ids count from 1)
         self.adapters_lock = threading.Lock()
         # One thread runs every vLLM call and keeps the engine fed (feeder.py).
-        self.feeder = EngineFeeder(lambda: self.start(model_dir), self.finished if self.ours else None)
+        self.feeder = EngineFeeder(lambda: self.start(model_dir), self.finished if self.ours else None,
+                                   config.engine.hang_timeout_s)
         self.max_model_len = self.feeder.llm.llm_engine.model_config.max_model_len
         self.max_w = decoder.w  # vLLM's num_speculative_tokens: fixed from here on
         # Whether vLLM's sampling, on every worker, is now exact with drafts (cpu_sampling.py). If
@@ -271,9 +273,14 @@ class VllmEngine:
         return self.feeder.steps()
 
     def close(self) -> None:
-        """Stops the engine thread, which shuts the engine down (its worker processes with it)."""
+        """Stops the engine thread, which shuts the engine down (its worker processes with it), and
+        lets the engine go (a hung one's thread is left to its step)."""
         self.feeder.close()
-        self.feeder.thread.join()
+        if not isinstance(self.feeder.failure, EngineHung):
+            self.feeder.thread.join()
+        # vLLM's LLM (weights, KV cache) is the feeder's: dropped with it, even where something keeps
+        # this object (a library that keeps an import error's traceback keeps the frame that built it).
+        self.feeder = None
 
     def generate(self, requests: Sequence[Request], run=None) -> list[Result | Failed]:
         """Any thread may call it, several at once: their requests run together in the one engine.

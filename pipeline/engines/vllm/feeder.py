@@ -8,6 +8,10 @@ few waiting in vLLM's own queue so that a slot freed is refilled at the very nex
 engine, and returns each batch the moment its own last request ends. Nothing waits for another
 batch to drain.
 
+A failure of the engine itself (an error out of vLLM's step, a worker process gone, a step that
+makes no progress for `hang_timeout_s`) fails every batch it holds or waits to admit with
+EngineFailed (EngineHung), and every later call: the stage builds a new engine (pipeline/stage.py).
+
 Step accounting (EngineSteps) is measured from vLLM's scheduler: the requests that ran in a step
 are those still running after it plus those it finished.
 """
@@ -17,12 +21,13 @@ import logging
 import math
 import threading
 import time
+import traceback
 from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from pipeline.engines.base import EngineSteps
+from pipeline.engines.base import EngineFailed, EngineHung, EngineSteps
 from pipeline.engines.vllm.proposer import external_request_id
 
 logger = logging.getLogger(__name__)
@@ -43,10 +48,15 @@ class EngineFeeder:
     """Starts the engine with `start()` (on its own thread) and feeds it from then on.
 
     `on_finished(outputs)`, run on the engine thread as requests end, may return per vLLM request
-    id whatever the caller needs from the engine's side (the proposer's tracking)."""
+    id whatever the caller needs from the engine's side (the proposer's tracking). With
+    `hang_timeout_s`, a caller waiting while requests are in the engine and no step has ended for
+    that long fails the engine as hung."""
 
-    def __init__(self, start: Callable[[], object], on_finished: Callable[[list], dict] | None = None):
+    def __init__(self, start: Callable[[], object], on_finished: Callable[[list], dict] | None = None,
+                 hang_timeout_s: float = 0.0):
         self.on_finished = on_finished or (lambda outputs: {})
+        self.hang_timeout_s = hang_timeout_s
+        self.last_progress = time.perf_counter()  # when a step last ended (or requests were admitted)
         self.lock = threading.Condition()
         self.calls: deque = deque()  # (function, args, future) to run on the engine thread
         self.pending: deque = deque()  # (batch, index, prompt, params) not yet admitted
@@ -86,8 +96,21 @@ class EngineFeeder:
             self._check_open()
             self.pending.extend((batch, index, prompt, param) for index, (prompt, param) in enumerate(zip(prompts, params)))
             self.lock.notify()
-        batch.done.result()
-        return batch.outputs, batch.extras
+        while True:
+            try:
+                batch.done.result(timeout=min(1.0, self.hang_timeout_s / 4) if self.hang_timeout_s else None)
+                return batch.outputs, batch.extras
+            except TimeoutError:
+                self._check_progress()
+
+    def _check_progress(self) -> None:
+        """Fails the engine as hung where requests are in it and no step has ended for hang_timeout_s."""
+        with self.lock:
+            stalled = time.perf_counter() - self.last_progress
+            hung = self.in_engine and self.failure is None and stalled > self.hang_timeout_s
+        if hung:
+            self._fail(EngineHung(f"the vLLM engine's step made no progress for {stalled:.0f} s "
+                                  f"(engine.hang_timeout_s is {self.hang_timeout_s:g})"))
 
     def steps(self) -> EngineSteps:
         with self.lock:
@@ -103,7 +126,7 @@ class EngineFeeder:
 
     def _check_open(self) -> None:
         if self.failure is not None:
-            raise RuntimeError(f"the vLLM engine failed: {self.failure!r}") from self.failure
+            raise self.failure
         if self.closed:
             raise RuntimeError("the vLLM engine was closed")
 
@@ -120,10 +143,14 @@ class EngineFeeder:
             while self._next_round(llm):
                 pass
         except BaseException as error:  # a failure of vLLM itself: every waiting batch learns of it
-            logger.exception("the vLLM engine failed; its waiting batches fail with it")
+            # Formatted here: a log record that kept the traceback would keep the engine's memory.
+            logger.error("the vLLM engine failed; its waiting batches fail with it\n%s",
+                         "".join(traceback.format_exception(error)))
             self._fail(error)
-            return
-        llm.llm_engine.engine_core.shutdown()  # closed: the engine's worker processes (tensor parallel) end too
+        try:  # closed or failed: the engine's worker processes (tensor parallel) end too
+            llm.llm_engine.engine_core.shutdown()
+        except Exception as error:  # noqa: BLE001 - a failed engine may not shut down cleanly; it is dropped all the same
+            logger.error("the vLLM engine did not shut down cleanly: %r", error)
 
     def _next_round(self, llm) -> bool:
         """Runs queued calls, admits what fits, takes one engine step. False once closed."""
@@ -133,7 +160,7 @@ class EngineFeeder:
                 self.lock.wait()
             if self.last_admission is not None and not self.in_engine:
                 self.pending_idle += time.perf_counter() - waited
-            if self.closed:
+            if self.closed or self.failure is not None:  # a hung step that returned after all: dropped
                 return False
             calls, self.calls = list(self.calls), deque()
             admitted = [self.pending.popleft() for _ in range(min(len(self.pending), self.capacity - len(self.in_engine)))]
@@ -175,7 +202,7 @@ class EngineFeeder:
                                   running=counts.running + counts.drain_running, drain_steps=0, drain_running=0,
                                   idle_seconds=counts.idle_seconds + self.pending_idle)
             self.pending_idle = 0.0
-            self.last_admission = time.perf_counter()
+            self.last_admission = self.last_progress = time.perf_counter()
         for batch in done:
             batch.done.set_result(None)
 
@@ -198,11 +225,17 @@ class EngineFeeder:
                     done.append(batch)
             if finished:
                 self.last_finish = time.perf_counter()
+            self.last_progress = time.perf_counter()
         for batch in done:
             batch.done.set_result(None)
 
     def _fail(self, error: BaseException) -> None:
+        if not isinstance(error, EngineFailed):
+            failed = EngineFailed(f"the vLLM engine failed: {error!r}")
+            failed.__cause__, error = error, failed
         with self.lock:
+            if self.failure is not None:  # failed already (hung, then its step raised)
+                return
             self.failure = error
             batches = {id(batch): batch for batch, _ in self.in_engine.values()}
             batches.update({id(batch): batch for batch, *_ in self.pending})
