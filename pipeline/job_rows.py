@@ -47,7 +47,7 @@ def request_row(config: Config) -> Callable[[dict], dict]:
     source, decoder = config.input, config.decoder
     column = source.prompt_column or source.messages_column
     settings = settings_fingerprint(config)
-    # `predicted_from` says what ran: no prediction where none is drafted from.
+    # `predicted_from` says what ran: null where no prediction is drafted from (the stage still checks one).
     predicted = drafts_from_predictions(config.engine.name, decoder.drafter, decoder.w)
 
     def convert(row: dict) -> dict:
@@ -60,12 +60,10 @@ def request_row(config: Config) -> Callable[[dict], dict]:
                 params[key] = value
         out = dict.fromkeys(REQUEST_COLUMNS)
         own, last = python_value(row.get("prediction")), row.get(LAST_OUTPUT)
-        changed = last is not None
-        own, last = (own, last) if predicted else (None, None)
+        drafted_from = ("row" if own is not None else LAST_OUTPUT if last is not None else None) if predicted else None
         out.update(id=request_key(row.get(source.id_column)), sampling_params=params,
                    fingerprint=row_fingerprint(config, settings, row), prediction=own if own is not None else last,
-                   predicted_from="row" if own is not None else LAST_OUTPUT if last is not None else None,
-                   changed=changed,
+                   predicted_from=drafted_from, changed=last is not None,
                    **{"messages" if isinstance(prompt, list) else "prompt": prompt})
         return out
     return convert

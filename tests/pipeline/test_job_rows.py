@@ -42,7 +42,7 @@ def test_a_row_is_changed_where_its_id_had_an_output_and_predicted_from_says_wha
     assert [(row["prediction"], row["predicted_from"], row["changed"]) for row in (last, own, new)] == [
         ("before", "last_output", True), ("mine", "row", True), (None, None, False)]
     plain = request_row(load_config(overrides=["engine.name=transformers"]))({"id": 1, "prompt": "Hi", LAST_OUTPUT: "x"})
-    assert (plain["prediction"], plain["predicted_from"], plain["changed"]) == (None, None, True)
+    assert (plain["prediction"], plain["predicted_from"], plain["changed"]) == ("x", None, True)
 
 
 def test_the_postprocess_writes_the_jobs_schema_with_each_rows_error_or_none():
