@@ -25,7 +25,7 @@ class BatchReport:
     started: float  # time.time() when the batch's generation began
     finished: float
     node: str  # the Ray node that ran it
-    actor: str = ""  # the Ray actor that ran it
+    actor: str = ""  # the Ray actor that ran it, its process and its engine (actor/pid/generation)
     engine_steps: EngineSteps | None = None  # that actor's engine's step accounting so far (None: not kept)
     peak_rss_mb: float = 0.0  # the actor process's peak resident memory so far
 
@@ -78,7 +78,7 @@ class RunProgress:
         self.first_start, self.last_finish = float("inf"), 0.0
         self.nodes: set[str] = set()
         self.stopped: str | None = None
-        self.engines: dict[str, EngineSteps] = {}  # each actor's latest
+        self.engines: dict[str, EngineSteps] = {}  # each engine's latest (a replaced engine's stay counted)
         self.peak_rss_mb = 0.0  # the largest of the actors'
         self.series: list[tuple[float, float | None]] = []  # (when, the run's occupancy so far)
 

@@ -40,9 +40,12 @@ def store_root(config: Config) -> str:
 
 
 def current_version(root: str) -> str | None:
-    """The newest complete version of the store at `root`, or None before the series' first run."""
+    """The newest complete version of the store at `root`, or None before the series' first run
+    (or where it was lost: the next extension builds it again from every run)."""
     name = storage.read_text(storage.join(root, "CURRENT"))
-    return storage.join(root, name.strip()) if name else None
+    version = storage.join(root, name.strip()) if name else None
+    missing = version is None or storage.info(storage.join(version, "meta.json"), "job.output").type.name == "NotFound"
+    return None if missing else version
 
 
 def with_series_store(config: Config) -> Config:
@@ -57,22 +60,18 @@ def with_series_store(config: Config) -> Config:
 
 @ray.remote
 def extend_store(config: Config, runs_root: str) -> dict | None:
-    """Extends the series' store with the outputs of the runs under `runs_root` it does not hold;
-    returns its size and runs (None while no run has generated a token)."""
+    """Extends the series' store with this model's outputs in the files under `runs_root` it does
+    not hold (a resumed run's later files too); returns its size (None while nothing is generated)."""
     root = store_root(config)
     version = current_version(root)
     previous = Datastore.open(local_datastore(config, version)) if version else None
-    held = set(previous.meta["runs"]) if previous else set()
-    files = {}
-    for path in sorted(output_files(runs_root)):
-        run = RUN.search(path)
-        if run and run.group(1) not in held:
-            files.setdefault(run.group(1), []).append(path)
-    documents = [tokens for paths in files.values() for tokens in generated_tokens(runs_root, paths)]
+    held = set(previous.meta["files"]) if previous else set()
+    files = sorted(set(output_files(runs_root)) - held)
+    documents = generated_tokens(runs_root, files, config.model.name)
     started = time.perf_counter()
     if documents:
         with tempfile.TemporaryDirectory() as staging:
-            meta = {"model": config.model.name, "series": config.job.series, "runs": sorted(held | set(files))}
+            meta = {"model": config.model.name, "series": config.job.series, "files": sorted(held | set(files))}
             previous = build_datastore(documents, Path(staging) / "store", meta, previous)
             version = storage.join(root, f"v={time.time_ns()}")
             storage.copy_directory(str(Path(staging) / "store"), version)
@@ -80,17 +79,19 @@ def extend_store(config: Config, runs_root: str) -> dict | None:
         drop_old_versions(root, version.rsplit("/", 1)[1])
     if previous is None:
         return None
-    return {"path": version, "runs": len(previous.meta["runs"]), "documents": previous.meta["num_documents"],
+    runs = {match.group(1) for match in map(RUN.search, previous.meta["files"]) if match}
+    return {"path": version, "runs": len(runs), "documents": previous.meta["num_documents"],
             "tokens": previous.meta["num_tokens"], "extend_seconds": round(time.perf_counter() - started, 3)}
 
 
-def generated_tokens(runs_root: str, paths: list[str]) -> list[list[int]]:
-    """The generated tokens of the generated (not errored, not empty) rows of the files `paths`."""
+def generated_tokens(runs_root: str, paths: list[str], model: str) -> list[list[int]]:
+    """The generated tokens of the rows `model` generated (not errored, not empty) in the files `paths`."""
     filesystem, _ = storage.resolve(runs_root)
     found = []
     for path in paths:
-        table = pq.read_table(path, columns=["generated_tokens", "error"], filesystem=filesystem)
-        found += [tokens for tokens in table.filter(pc.is_null(table["error"]))["generated_tokens"].to_pylist() if tokens]
+        table = pq.read_table(path, columns=["generated_tokens", "error", "model"], filesystem=filesystem)
+        kept = pc.and_(pc.is_null(table["error"]), pc.equal(table["model"], model))
+        found += [tokens for tokens in table.filter(kept)["generated_tokens"].to_pylist() if tokens]
     return found
 
 
@@ -98,7 +99,7 @@ def drop_old_versions(root: str, kept: str) -> None:
     """Removes the versions before `kept`, where it can (one left behind costs disk, not rows; an
     actor still mapping one keeps its open files)."""
     for name in storage.list_directories(root, "v="):
-        if name != kept:
+        if int(name[2:]) < int(kept[2:]):  # a newer one is another run's
             try:
                 storage.delete_directory(storage.join(root, name))
             except OSError:

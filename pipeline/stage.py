@@ -84,10 +84,11 @@ class GenerationStage:
             import ray  # an ObjectRef: the tables are put in the object store once
             tables = ray.get(tables)
         self.config, self.settings, self.progress, self.tables = config, settings, progress, tables
-        self.engine = engine or build_engine(config, tables)
-        self.engine_lock = threading.Lock()  # held while a failed engine is replaced
+        # The engine and how many were built after failures; replaced under engine_lock.
+        self.current: tuple[Engine | None, int] = (engine or build_engine(config, tables), 0)
+        self.engine_lock = threading.Lock()
         self.restarts = RestartWindow(config.engine.max_restarts, config.engine.restart_window_s)
-        self.generation = 0  # engines built after a failure
+        self.stopped: str | None = None  # why this stage's engines may not be replaced again
         chosen = settings.statistics
         self.dropped = [] if chosen is None else [f.name for f in STATISTICS if f.name not in chosen]
         self.request_ids = itertools.count()
@@ -191,14 +192,19 @@ class GenerationStage:
                 outputs[index] = self.generated(request, prompt, result, batch_uuid, seconds)
         return outputs
 
+    @property
+    def engine(self) -> Engine | None:
+        """The engine now (None while a failed one is being replaced)."""
+        return self.current[0]
+
     def run_on_engine(self, requests: list[Request]) -> list[Result | Failed]:
         """The engine's results for `requests`; where the engine fails, on a new engine."""
         while True:
-            engine, generation = self.engine, self.generation
-            if engine is None:  # another batch is building the new engine: wait for it
+            engine, generation = self.current  # one read: an engine and its generation together
+            if engine is None:  # another batch is replacing it: the lock is free once it is done
                 with self.engine_lock:
-                    if self.engine is None:
-                        raise EngineCrashLoop("the engine failed and could not be built again")
+                    if self.stopped:
+                        raise EngineCrashLoop(self.stopped)
                 continue
             try:
                 with torch.no_grad():
@@ -212,17 +218,19 @@ class GenerationStage:
         """Closes the failed engine (the `generation`-th) and builds a new one, or ends a hung
         engine's process (the module's docstring); a crash loop raises EngineCrashLoop."""
         with self.engine_lock:
-            if self.generation != generation:
+            if self.stopped:
+                raise EngineCrashLoop(self.stopped)
+            if self.current[1] != generation:
                 return  # replaced already, by the batch that met the failure first
-            stop = self.tell_engine_failed(cause) or self.restarts.record(cause)
-            if stop:
-                raise EngineCrashLoop(stop)
-            if hung and ray_running():
+            self.stopped = self.tell_engine_failed(cause) or self.restarts.record(cause)
+            if self.stopped:
+                raise EngineCrashLoop(self.stopped)
+            if hung and in_ray_actor():
                 logger.error("%s: ending this actor's process; Ray starts it again and retries its batches", cause)
                 os._exit(75)  # the hung step's thread cannot be stopped
             logger.warning("the engine failed (%s): closing it and building a new one (failure %d of this actor)",
                            cause, self.restarts.total)
-            failed, self.engine = self.engine, None
+            failed, self.current = self.current[0], (None, generation)
             try:
                 failed.close()
             except Exception as error:  # noqa: BLE001 - a failed engine may not close cleanly; it is dropped all the same
@@ -230,9 +238,13 @@ class GenerationStage:
             del failed
             gc.unfreeze()  # vLLM froze the heap it started with (gc.freeze): its cycles are collected only so
             gc.collect()
-            self.engine = build_engine(self.config, self.tables)
-            self.generation += 1
-            self.reported_steps = EngineSteps()  # the new engine counts its steps from 0
+            try:
+                engine = build_engine(self.config, self.tables)
+            except Exception as error:
+                self.stopped = f"the engine failed ({cause}) and could not be built again: {error!r}"
+                raise EngineCrashLoop(self.stopped) from error
+            with self.report_lock:  # the new engine counts its steps from 0
+                self.current, self.reported_steps = (engine, generation + 1), EngineSteps()
 
     def tell_engine_failed(self, cause: str) -> str | None:
         """Tells the run's progress actor and metrics; returns the progress actor's stop reason."""
@@ -276,13 +288,13 @@ class GenerationStage:
         context = ray.get_runtime_context()
         done = [row for row, failed in zip(rows, errored) if not failed]
         with self.report_lock:
-            engine = self.engine
+            engine, generation = self.current
             steps = engine.steps() if engine is not None else None
             batch = BatchReport(rows=len(rows), errored_rows=sum(errored),
                                 generated_tokens=sum(row.get("num_generated_tokens") or 0 for row in done),
                                 target_calls=sum(row.get("num_target_calls") or 0 for row in done),
                                 started=started, finished=time.time(), node=context.get_node_id(),
-                                actor=context.get_actor_id() or "", engine_steps=steps,
+                                actor=f"{context.get_actor_id() or ''}/{os.getpid()}/{generation}", engine_steps=steps,
                                 peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
             if self.metrics is not None:
                 accepted = sum(length * count for row in done
@@ -360,6 +372,12 @@ def with_generated_columns(batch: pa.Table, rows: list[dict], dropped: list[str]
     for column in generated.drop_columns(dropped).schema:
         kept = kept.append_column(column, generated.column(column.name))
     return kept
+
+
+def in_ray_actor() -> bool:
+    import ray
+
+    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
 
 
 def ray_running() -> bool:

@@ -87,7 +87,7 @@ def test_a_failed_engine_is_replaced_its_batches_run_again_and_its_memory_let_go
     for thread in threads:
         thread.join()
     again = sorted(results[0] + results[1], key=lambda row: int(row["id"]))
-    assert stage.generation == 1 and stage.restarts.total == 1  # one new engine, whichever batch met it
+    assert stage.current[1] == 1 and stage.restarts.total == 1  # one new engine, whichever batch met it
     assert [row["error"] for row in again] == [None] * 12
     assert [row["generated_tokens"] for row in again] == [row["generated_tokens"] for row in clean]
     gc.collect()
@@ -140,15 +140,15 @@ def test_a_job_whose_engine_fails_writes_every_id_once_with_a_clean_runs_texts(f
                                                                                tmp_path):
     faults.inject(fault_dir, None)
     clean = run_job(job(tiny_model_dir, tmp_path), "clean")
-    faults.inject(fault_dir, "raise", at=40)  # an error out of the 40th step of the actor's engine
+    faults.inject(fault_dir, "raise", at=20)  # an error out of the 20th step of the actor's engine
     failed = run_job(job(tiny_model_dir, tmp_path), "failed")
     assert texts(tmp_path, "failed") == texts(tmp_path, "clean")
     assert failed["engine_restarts"]["total"] == 1 and faults.INJECTED in failed["engine_restarts"]["causes"][0]
     assert clean["engine_restarts"]["total"] == 0
     print(f"wall: {clean['wall_seconds']} s clean, {failed['wall_seconds']} s with the failure")
     # A step that never returns: the actor's process ends, Ray starts it again and retries its batches.
-    faults.inject(fault_dir, "hang", at=20)
-    hung = run_job(job(tiny_model_dir, tmp_path, "engine.hang_timeout_s=3"), "hung")
+    faults.inject(fault_dir, "hang", at=10)
+    hung = run_job(job(tiny_model_dir, tmp_path, "engine.hang_timeout_s=10"), "hung")
     assert texts(tmp_path, "hung") == texts(tmp_path, "clean")
     assert hung["engine_restarts"]["total"] == 1 and "made no progress" in hung["engine_restarts"]["causes"][0]
 

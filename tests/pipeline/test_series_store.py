@@ -12,13 +12,16 @@ from pipeline.config import load_config
 from pipeline.series_store import current_version, extend_store, store_root, with_series_store
 
 extend = extend_store._function  # the Ray task's body
+MODEL = load_config().model.name
 
 
-def write_run(runs_root, run_id: str, rows: list[tuple[list[int], str | None]]) -> None:
+def write_run(runs_root, run_id: str, rows: list[tuple[list[int], str | None]], model: str = MODEL,
+              name: str = "0.parquet") -> None:
     directory = runs_root / f"run={run_id}"
-    directory.mkdir(parents=True)
+    directory.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.table({"generated_tokens": pa.array([tokens for tokens, _ in rows], pa.list_(pa.int64())),
-                             "error": pa.array([error for _, error in rows], pa.string())}), directory / "0.parquet")
+                             "error": pa.array([error for _, error in rows], pa.string()),
+                             "model": pa.array([model] * len(rows), pa.string())}), directory / name)
 
 
 def documents(store: Datastore) -> list[list[int]]:
@@ -39,14 +42,16 @@ def test_the_store_holds_every_runs_generated_rows_once_and_is_extended_run_by_r
     assert extend(config, str(runs_root)) is None and with_series_store(config) == config  # nothing run yet
     write_run(runs_root, "r1", [([1, 2, 3], None), ([9, 9], "row 'x': refused"), ([], None)])
     write_run(runs_root, "r2", [([4, 5], None)])  # a run that was never resumed is taken in too
+    write_run(runs_root, "r2", [([7, 7, 7], None)], model="another", name="1.parquet")  # another model's: left out
     first = extend(config, str(runs_root))
     assert (first["runs"], first["documents"], first["tokens"]) == (2, 2, 5)
     assert sorted(documents(Datastore.open(current_version(store_root(config))))) == [[1, 2, 3], [4, 5]]
     assert extend(config, str(runs_root))["path"] == first["path"]  # no new run: the same version
     write_run(runs_root, "r3", [([6, 7, 8], None)])
+    write_run(runs_root, "r1", [([9, 8], None)], name="1.parquet")  # r1 resumed after the store took it in
     second = extend(config, str(runs_root))
     extended = Datastore.open(second["path"])
-    assert documents(extended)[-1] == [6, 7, 8] and extended.meta["runs"] == ["r1", "r2", "r3"]
+    assert sorted(documents(extended)[-2:]) == [[6, 7, 8], [9, 8]] and second["runs"] == 3
     assert storage.list_directories(store_root(config), "v=") == [second["path"].rsplit("/", 1)[1]]
     # The next run drafts from the newest version, unless the config names a store of its own.
     assert with_series_store(config).decoder.datastore == second["path"]

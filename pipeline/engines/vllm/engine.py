@@ -31,6 +31,7 @@ from pipeline.config import CPU_MAX_NUM_SEQS, Config, ConfigError, DecoderConfig
 from pipeline.drafter_kinds import VLLM_METHODS
 from pipeline.engines.base import (
     SAMPLING_KEYS,
+    EngineFailed,
     EngineHung,
     EngineSampling,
     EngineSteps,
@@ -270,7 +271,7 @@ class VllmEngine:
                 "verify": "batch", "lenience": 1.0}
 
     def steps(self) -> EngineSteps:
-        return self.feeder.steps()
+        return self.feeder.steps() if self.feeder is not None else EngineSteps()
 
     def close(self) -> None:
         """Stops the engine thread, which shuts the engine down (its worker processes with it), and
@@ -286,6 +287,8 @@ class VllmEngine:
         """Any thread may call it, several at once: their requests run together in the one engine.
         `run(prompts, params) -> (vLLM's outputs, tracked by request id)` runs them instead of the
         engine's feeder (the feeding benchmark's vLLM LLM.generate over a whole corpus)."""
+        if self.feeder is None:
+            raise EngineFailed("the vLLM engine was closed after a failure")
         run = run or self.feeder.generate
         results: list[Result | Failed | None] = [None] * len(requests)
         runnable, prompts, params = [], [], []

@@ -24,6 +24,7 @@ import time
 import traceback
 from collections import deque
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as WaitedTooLong  # the builtin TimeoutError only from Python 3.11
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -100,7 +101,7 @@ class EngineFeeder:
             try:
                 batch.done.result(timeout=min(1.0, self.hang_timeout_s / 4) if self.hang_timeout_s else None)
                 return batch.outputs, batch.extras
-            except TimeoutError:
+            except WaitedTooLong:
                 self._check_progress()
 
     def _check_progress(self) -> None:
@@ -126,7 +127,7 @@ class EngineFeeder:
 
     def _check_open(self) -> None:
         if self.failure is not None:
-            raise self.failure
+            raise fresh(self.failure)
         if self.closed:
             raise RuntimeError("the vLLM engine was closed")
 
@@ -146,6 +147,7 @@ class EngineFeeder:
             # Formatted here: a log record that kept the traceback would keep the engine's memory.
             logger.error("the vLLM engine failed; its waiting batches fail with it\n%s",
                          "".join(traceback.format_exception(error)))
+            traceback.clear_frames(error.__traceback__)  # the step's frames hold the engine
             self._fail(error)
         try:  # closed or failed: the engine's worker processes (tensor parallel) end too
             llm.llm_engine.engine_core.shutdown()
@@ -169,6 +171,9 @@ class EngineFeeder:
                 future.set_result(function(*args))
             except BaseException as error:
                 future.set_exception(error)
+        if calls:  # a call is progress too (a long one is not a hung step)
+            with self.lock:
+                self.last_progress = time.perf_counter()
         if admitted:
             self._admit(llm, admitted)
         if self.in_engine:
@@ -243,6 +248,12 @@ class EngineFeeder:
             self.in_engine.clear(), self.pending.clear(), self.calls.clear()
         for batch in batches.values():
             if not batch.done.done():
-                batch.done.set_exception(error)
+                batch.done.set_exception(fresh(error))
         for _, _, future in calls:
-            future.set_exception(error)
+            future.set_exception(fresh(error))
+
+
+def fresh(error: EngineFailed) -> EngineFailed:
+    """A copy of the failure for one caller to raise: a raise adds the caller's frames to the
+    exception's traceback, and one object shared by every caller would keep them all."""
+    return type(error)(*error.args)
