@@ -201,7 +201,9 @@ def generate_and_write(config: Config, run_id: str) -> dict:
     started, started_at = time.perf_counter(), time.time()
     config = with_checked_datastore(config)
     # A series drafts from the store of its earlier outputs; its rows' fingerprints come from `config`.
-    drafting = with_checked_datastore(series_store.with_series_store(config))
+    drafting = series_store.with_series_store(config)
+    if drafting is not config:  # the series' store: checked like a datastore the config names
+        drafting = with_checked_datastore(drafting)
     output = run_dir(config, run_id)
     try:
         storage.make_directory(output, "job.output")

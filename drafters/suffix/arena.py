@@ -10,35 +10,28 @@ from drafters.suffix.state import ACTIVE, DOCS, RESERVED, START, USED, WRITTEN
 
 
 @nb.njit(cache=True)
+def gram_slot(arena, heads, qi, q, values, end):
+    """The slot of table qi that holds the q-gram values[end - q:end], or the empty slot where it
+    would go (linear probing)."""
+    mask = heads.shape[1] - 1
+    h = gram_hash(values, end, q, mask)
+    while heads[qi, h] >= 0 and not same_gram(arena, heads[qi, h], values, end, q):
+        h = (h + 1) & mask
+    return h
+
+
+@nb.njit(cache=True)
 def index_gram(arena, heads, prev, qi, q, end):
     """Indexes the q-gram that ends just before arena position `end`."""
-    mask = heads.shape[1] - 1
-    h = gram_hash(arena, end, q, mask)
-    while True:
-        head = heads[qi, h]
-        if head < 0:
-            heads[qi, h] = end
-            prev[qi, end] = -1
-            return
-        if same_gram(arena, head, arena, end, q):
-            heads[qi, h] = end
-            prev[qi, end] = head
-            return
-        h = (h + 1) & mask
+    h = gram_slot(arena, heads, qi, q, arena, end)
+    prev[qi, end] = heads[qi, h]  # the gram's previous newest position, -1 where it is new
+    heads[qi, h] = end
 
 
 @nb.njit(cache=True)
 def newest_occurrence(arena, heads, qi, q, values, end):
     """The newest arena position after an occurrence of values[end - q:end]; -1: none."""
-    mask = heads.shape[1] - 1
-    h = gram_hash(values, end, q, mask)
-    while True:
-        head = heads[qi, h]
-        if head < 0:
-            return -1
-        if same_gram(arena, head, values, end, q):
-            return head
-        h = (h + 1) & mask
+    return heads[qi, gram_slot(arena, heads, qi, q, values, end)]
 
 
 @nb.njit(cache=True)

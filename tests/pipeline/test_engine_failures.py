@@ -56,7 +56,9 @@ def patched_feeder(fault_dir, monkeypatch_module):
 
 
 def batch(count: int) -> dict[str, list]:
-    return {"id": [str(i) for i in range(count)], "prompt": [f"Count from {i}: {i} {i + 1}" for i in range(count)]}
+    """Greedy rows and (every other one) rows sampled with their own seed."""
+    return {"id": [str(i) for i in range(count)], "prompt": [f"Count from {i}: {i} {i + 1}" for i in range(count)],
+            "temperature": [0.8 * (i % 2) for i in range(count)], "seed": list(range(count))}
 
 
 def test_more_failures_than_the_limit_within_the_window_is_a_crash_loop():
@@ -89,7 +91,9 @@ def test_a_failed_engine_is_replaced_its_batches_run_again_and_its_memory_let_go
     again = sorted(results[0] + results[1], key=lambda row: int(row["id"]))
     assert stage.current[1] == 1 and stage.restarts.total == 1  # one new engine, whichever batch met it
     assert [row["error"] for row in again] == [None] * 12
+    # Greedy rows and seeded sampled rows alike: the texts of the run without the failure.
     assert [row["generated_tokens"] for row in again] == [row["generated_tokens"] for row in clean]
+    assert [row["temperature"] for row in again[:2]] == [0.0, pytest.approx(0.8)]
     gc.collect()
     assert first() is None, "the failed engine's model and KV cache are still referenced"
     # A crash loop (every engine's third step fails) stops after engine.max_restarts, naming the cause.
