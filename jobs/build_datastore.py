@@ -282,8 +282,12 @@ def print_summary(summary: dict) -> None:
           f"suffix array {summary['suffix_array_seconds']:.1f} s, total build {summary['build_seconds']:.1f} s")
 
 
-if __name__ == "__main__":
+def cli(argv=None) -> None:
     try:
-        main()
+        main(argv)
     except (FileNotFoundError, FileExistsError, ValueError) as error:
         sys.exit(f"error: {error}")
+
+
+if __name__ == "__main__":
+    cli()

@@ -102,8 +102,14 @@ def rows_line(summary: dict, limit: int) -> str:
             f"{summary['rows_skipped_already_done']} skipped as already done.")
 
 
-if __name__ == "__main__":
+def cli(argv=None) -> None:
+    """The command line (`ngrammys generate`, `python -m jobs.generate`): a job that cannot run exits
+    with its error in one line, not a traceback."""
     try:
-        main()
+        main(argv)
     except (ConfigError, JobFailed, StorageError) as error:
         sys.exit(f"error: {error}")
+
+
+if __name__ == "__main__":
+    cli()

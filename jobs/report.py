@@ -23,6 +23,7 @@ import pyarrow.parquet as pq
 
 from jobs.plots import AcceptanceCounts, pyplot, save_acceptance_plots
 from pipeline import storage
+from pipeline.output_files import readable_columns
 
 COLUMNS = ("id", "error", "drafter", "k", "w", "auto_k", "auto_w", "verify", "num_generated_tokens",
            "num_target_calls", "num_verified_tokens", "tokens_per_call", "alpha",
@@ -46,11 +47,9 @@ def find_parts(run_dir: str) -> list[str]:
     if found.type != pafs.FileType.Directory:
         raise ReportError(f"{run_dir}: no such directory")
     filesystem, inner = storage.resolve(run_dir)
-    entries = filesystem.get_file_info(pafs.FileSelector(inner))
-    parts = sorted(e.path for e in entries if e.is_file and e.path.endswith(".parquet"))
+    parts = [path for path in storage.list_files(run_dir) if path.endswith(".parquet")]
     if parts:
-        prefix = run_dir[:run_dir.find("://") + 3] if storage.is_uri(run_dir) else ""
-        return [prefix + part for part in parts]
+        return parts
     runs = storage.list_directories(run_dir, "run=")
     if len(runs) == 1:
         return find_parts(storage.join(run_dir, runs[0]))
@@ -59,14 +58,23 @@ def find_parts(run_dir: str) -> list[str]:
     raise ReportError(f"{run_dir}: no Parquet files (is it a run directory of python -m jobs.generate?)")
 
 
-def read_rows(parts: list[str]) -> list[dict]:
-    rows = []
+def read_rows(parts: list[str]) -> tuple[list[dict], list[str]]:
+    """The rows of the files `parts`, and the files that cannot be read (named in the report)."""
+    rows, unreadable = [], []
     for part in parts:
         filesystem, inner = storage.resolve(part)
-        schema = pq.read_schema(inner, filesystem=filesystem)
+        try:
+            schema = pq.read_schema(inner, filesystem=filesystem)
+        except (OSError, ValueError):
+            unreadable.append(part)
+            continue
         columns = [name for name in COLUMNS if name in schema.names]  # runs written before a column existed
-        rows += pq.read_table(inner, columns=columns, filesystem=filesystem).to_pylist()
-    return rows
+        table = readable_columns(filesystem, inner, columns)
+        if table is None:
+            unreadable.append(part)
+            continue
+        rows += table.to_pylist()
+    return rows, unreadable
 
 
 def setting_label(row: dict) -> str:
@@ -130,6 +138,7 @@ def run_summary(run_dir: str) -> dict:
 def markdown(report: dict) -> str:
     lines = [f"# Run report: {report['run_dir']}", "",
              f"{report['rows']} rows, {report['errored_rows']} errored.", "",
+             *[f"Left out, not readable: {path}" for path in report["unreadable_files"]],
              "| setting | requests | generated tokens | tokens/call | fed/call | mean α |", "|---|---|---|---|---|---|"]
     for label, total in report["settings"].items():
         lines.append(f"| {label} | {total['requests']} | {total['generated_tokens']} | {total['tokens_per_call']} | "
@@ -186,7 +195,7 @@ def main(argv=None) -> dict:
         raise ReportError(f"{args.run_dir} is not a local directory: give --out for the plots")
     if args.run_dir.rstrip("/").rsplit("/", 1)[-1].startswith("series="):
         return series_report(args.run_dir, args.out or Path(args.run_dir) / "report")
-    rows = read_rows(find_parts(args.run_dir))
+    rows, unreadable = read_rows(find_parts(args.run_dir))
     succeeded = [row for row in rows if row.get("error") is None]
     if not succeeded:
         raise ReportError(f"{args.run_dir}: none of its {len(rows)} rows succeeded; nothing to plot")
@@ -200,6 +209,7 @@ def main(argv=None) -> dict:
     if occupancy is not None:
         paths.append(occupancy)
     report = {"run_dir": str(args.run_dir), "rows": len(rows), "errored_rows": len(rows) - len(succeeded),
+              "unreadable_files": unreadable,
               "settings": {label: totals(group) for label, group in groups.items()},
               "plots": [path.name for path in paths]}
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
@@ -208,8 +218,12 @@ def main(argv=None) -> dict:
     return report
 
 
-if __name__ == "__main__":
+def cli(argv=None) -> None:
     try:
-        main()
+        main(argv)
     except ReportError as error:
         raise SystemExit(f"jobs.report: {error}")
+
+
+if __name__ == "__main__":
+    cli()

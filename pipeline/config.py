@@ -299,6 +299,11 @@ class InputConfig:
     messages_column: str = ""
     # Rows taken from the start of the input; 0 means all.
     limit: int = 0
+    # A line of a JSONL or CSV file that does not parse, and a Parquet file that cannot be read:
+    # "error_row" writes an error row in its place (its id "<file>:<line>", its error naming the
+    # file, the line and the cause) and generates every other row; "fail" stops the job at once
+    # with that message (pipeline/job_input.py).
+    on_bad_line: Literal["error_row", "fail"] = "error_row"
 
     def __post_init__(self):
         _require(bool(self.path), "input.path", "'humaneval', 'gsm8k', a file, a directory or a glob")
@@ -306,6 +311,7 @@ class InputConfig:
         _require(bool(self.prompt_column) != bool(self.messages_column), "input.prompt_column",
                  "set exactly one of input.prompt_column and input.messages_column (the other \"\")")
         _require(self.limit >= 0, "input.limit", "an integer >= 0")
+        _require(self.on_bad_line in ("error_row", "fail"), "input.on_bad_line", "'error_row' or 'fail'")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 
 from pipeline.config import Config
 from pipeline.row_values import python_value, request_key
-from pipeline.schema import INFERENCE_ERROR, JOB_SCHEMA
+from pipeline.schema import BAD_INPUT, INFERENCE_ERROR, JOB_SCHEMA
 from pipeline.drafter_kinds import drafts_from_predictions
 from pipeline.series import LAST_OUTPUT, ROW_SETTINGS, row_fingerprint, settings_fingerprint
 from pipeline.stage import StageSettings
@@ -36,10 +36,25 @@ def stage_settings(config: Config, run_id: str = "", live_metrics: bool = False)
 
 
 def input_columns(config: Config, names: list[str]) -> list[str]:
-    """The input's columns the job reads (of `names`, the input's): the id, the prompt, the row settings."""
+    """The input's columns the job reads (of `names`, the input's): the id, the prompt, the row
+    settings, and the message of a row that stands for a bad line."""
     source = config.input
     return list(dict.fromkeys([source.id_column, source.prompt_column or source.messages_column,
-                               *(name for name in (*ROW_SETTINGS, "prediction") if name in names)]))
+                               *(name for name in (*ROW_SETTINGS, "prediction") if name in names), BAD_INPUT]))
+
+
+def with_columns(block, names: list[str]):
+    """`block` (as read: pandas or Arrow) with exactly the columns `names`, null where it has none
+    (a block of bad lines has none of the settings; a good one no BAD_INPUT)."""
+    if isinstance(block, pa.Table):
+        for name in names:
+            if name not in block.column_names:
+                block = block.append_column(name, pa.nulls(len(block)))
+        return block.select(names)
+    for name in names:
+        if name not in block.columns:
+            block[name] = None
+    return block[names]
 
 
 def request_row(config: Config) -> Callable[[dict], dict]:
@@ -61,7 +76,7 @@ def request_row(config: Config) -> Callable[[dict], dict]:
         out = dict.fromkeys(REQUEST_COLUMNS)
         own, last = python_value(row.get("prediction")), row.get(LAST_OUTPUT)
         drafted_from = ("row" if own is not None else LAST_OUTPUT if last is not None else None) if predicted else None
-        out.update(id=request_key(row.get(source.id_column)), sampling_params=params,
+        out.update(id=request_key(row.get(source.id_column)), sampling_params=params, **{BAD_INPUT: row.get(BAD_INPUT)},
                    fingerprint=row_fingerprint(config, settings, row), prediction=own if own is not None else last,
                    predicted_from=drafted_from, changed=last is not None,
                    **{"messages" if isinstance(prompt, list) else "prompt": prompt})

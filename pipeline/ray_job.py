@@ -38,8 +38,9 @@ from pipeline.config import Config, InputConfig
 from pipeline import job_rows, series, series_store
 from pipeline.checkpoint import checkpoint_config as ids_checkpoint
 from pipeline.llm import Processor
+from pipeline.job_input import BadInput, check_columns, read_input
+from pipeline.output_files import parquet_files, set_aside_unreadable, whole_files
 from pipeline.progress import RunProgress, empty_totals
-from pipeline.package_data import BUILTIN_DATASETS, builtin_prompts
 
 # Small and fractional on purpose, for every operator beside the actors (a column selection too):
 # Ray Data's default is a whole CPU, which a node whose actors hold part of its CPUs never has
@@ -48,65 +49,6 @@ from pipeline.package_data import BUILTIN_DATASETS, builtin_prompts
 # (Ray's Parquet reader samples its files in tasks of a whole CPU, but when the read is built: before
 # the actors start, or after they end.)
 IO_CPUS = 0.25
-
-
-# --- Input ----------------------------------------------------------------------------------
-
-def input_files(source: InputConfig) -> list[str] | str:
-    path = source.path
-    if any(ch in path for ch in "*?["):
-        files = storage.glob(path, "input.path")
-        if not files:
-            raise JobFailed(f"input.path: the glob {path!r} matches no file")
-        return files
-    if storage.info(path, "input.path").type.name == "NotFound":
-        raise JobFailed(f"input.path: {path!r} does not exist (nor is it one of {', '.join(BUILTIN_DATASETS)})")
-    return storage.uri(path)
-
-
-def input_format(source: InputConfig, files) -> str:
-    if source.format != "auto":
-        return source.format
-    first = files[0] if isinstance(files, list) else files
-    if storage.info(first, "input.path").type.name == "Directory":
-        filesystem, inner = storage.resolve(first)
-        for marker in ("dataset_info.json", "state.json"):
-            if filesystem.get_file_info(f"{inner}/{marker}").is_file:
-                return "hf_dataset"
-        import pyarrow.fs as pafs
-
-        names = sorted(Path(e.path).name for e in filesystem.get_file_info(pafs.FileSelector(inner, recursive=True)) if e.is_file)
-        first = next((n for n in names if not n.startswith((".", "_"))), "")
-    for suffix, kind in ((".jsonl", "jsonl"), (".json", "jsonl"), (".parquet", "parquet"), (".csv", "csv")):
-        if first.endswith(suffix):
-            return kind
-    raise JobFailed(f"input.path: cannot tell the format of {first!r}; set input.format to jsonl, parquet, csv or hf_dataset")
-
-
-def read_input(source: InputConfig) -> ray.data.Dataset:
-    if source.path in BUILTIN_DATASETS:
-        return ray.data.from_items([{source.id_column: request_id, source.prompt_column or "prompt": prompt}
-                                    for request_id, prompt in builtin_prompts(source.path)])
-    files = input_files(source)
-    kind = input_format(source, files)
-    filesystem = storage.resolve(files[0] if isinstance(files, list) else files)[0]
-    if kind == "jsonl":  # its line reader takes no filesystem argument: Ray resolves the URIs itself
-        return ray.data.read_json(files, lines=True, file_extensions=["jsonl", "json"], num_cpus=IO_CPUS)
-    if kind == "parquet":
-        return ray.data.read_parquet(files, file_extensions=["parquet"], filesystem=filesystem, num_cpus=IO_CPUS)
-    if kind == "csv":
-        return ray.data.read_csv(files, file_extensions=["csv"], filesystem=filesystem, num_cpus=IO_CPUS)
-    import datasets
-    return ray.data.from_huggingface(datasets.load_from_disk(files if isinstance(files, str) else files[0]))
-
-
-def check_columns(dataset: ray.data.Dataset, source: InputConfig) -> None:
-    names = dataset.schema().names
-    for setting, column in (("input.id_column", source.id_column),
-                            ("input.prompt_column" if source.prompt_column else "input.messages_column",
-                             source.prompt_column or source.messages_column)):
-        if column not in names:
-            raise JobFailed(f"{setting}: the input has no column {column!r}; its columns are {names}")
 
 
 def with_checked_datastore(config: Config) -> Config:
@@ -193,8 +135,36 @@ def run_job(config: Config, run_id: str) -> dict:
     shuffle, context.shuffle_strategy = context.shuffle_strategy, ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
     try:
         return generate_and_write(config, run_id)
+    except Exception as error:
+        bad = bad_input(error)
+        if bad is None:
+            raise
+        raise JobFailed(bad) from None  # the file and line, not the read task's traceback
     finally:
         context.use_datasource_v2, context.shuffle_strategy = in_use, shuffle
+
+
+def bad_input(error: BaseException) -> str | None:
+    """The message of a BadInput that `error` (a Ray task's error, however wrapped) comes from."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, BadInput):
+            return str(error.args[0]) if error.args else str(error)
+        seen.add(id(error))
+        error = getattr(error, "cause", None) or error.__cause__ or error.__context__
+    return None
+
+
+def prepare_output(config: Config, output: str, checkpoint: CheckpointConfig) -> list[dict]:
+    """Makes the run's directory, and sets aside the earlier outputs that cannot be read before
+    anything reads them (pipeline/output_files.py): the checkpoint then no longer holds their ids,
+    and this run generates them again. Returns what it set aside."""
+    try:
+        storage.make_directory(output, "job.output")
+    except storage.StorageError as error:
+        raise JobFailed(str(error)) from error
+    return set_aside_unreadable(storage.uri(config.job.output), runs_root(config) if config.job.series else output,
+                                checkpoint.checkpoint_path, checkpoint.id_column)
 
 
 def generate_and_write(config: Config, run_id: str) -> dict:
@@ -204,19 +174,16 @@ def generate_and_write(config: Config, run_id: str) -> dict:
     drafting = series_store.with_series_store(config)
     if drafting is not config:  # the series' store: checked like a datastore the config names
         drafting = with_checked_datastore(drafting)
-    output = run_dir(config, run_id)
-    try:
-        storage.make_directory(output, "job.output")
-    except storage.StorageError as error:
-        raise JobFailed(str(error)) from error
-    dataset = read_input(config.input)
+    output, checkpoint = run_dir(config, run_id), checkpoint_config(config, run_id)
+    set_aside = prepare_output(config, output, checkpoint)
+    dataset = read_input(config.input, IO_CPUS)
     check_columns(dataset, config.input)
     read_columns = job_rows.input_columns(config, dataset.schema().names)  # the rest stay unread
     # Counted so that a run that read part of its input never looks complete.
     input_rows, new_rows = count_input(config, run_id, output, dataset)
     rows_read = min(input_rows, config.input.limit) if config.input.limit else input_rows
     counts = {"fingerprint": series.settings_fingerprint(config), "input_rows": input_rows, "rows_read": rows_read,
-              "seconds_to_first_batch": None, "series_store": None}
+              "seconds_to_first_batch": None, "series_store": None, "set_aside": set_aside}
     if new_rows == 0:  # nothing new (a finished run, or a series run over a corpus that did not grow)
         return write_run_summary(drafting, run_id, output, time.perf_counter() - started, empty_totals(), counts)
     engine = config.engine
@@ -225,18 +192,20 @@ def generate_and_write(config: Config, run_id: str) -> dict:
     # preprocess and postprocess turn the job's rows into the processor's and back, and the
     # checkpoint makes the read skip the rows this run (or its series) already wrote.
     processor = Processor(drafting, job_rows.stage_settings(config, run_id, live_metrics=True),
-                          checkpoint_config(config, run_id), preprocess=job_rows.request_row(config),
+                          checkpoint, preprocess=job_rows.request_row(config),
                           postprocess=job_rows.output_table, preprocess_map_kwargs={"num_cpus": IO_CPUS},
                           postprocess_map_kwargs={"num_cpus": IO_CPUS}, progress=progress)
     try:
-        dataset = dataset.select_columns(read_columns, num_cpus=IO_CPUS)
+        # The columns read (a null one where a block has none): the native block, as read.
+        dataset = dataset.map_batches(job_rows.with_columns, fn_kwargs={"names": read_columns}, batch_format=None,
+                                      batch_size=None, zero_copy_batch=True, num_cpus=IO_CPUS)
         if config.input.limit:
             dataset = dataset.limit(config.input.limit)
         written = series.output_files(runs_root(config)) if config.job.series else {}
         if written:  # a changed row is drafted from its last output
             dataset = series.with_last_outputs(dataset, config, runs_root(config), written, IO_CPUS)
         outputs = processor(dataset)
-        outputs.write_parquet(output, filesystem=storage.resolve(output)[0], ray_remote_args={"num_cpus": IO_CPUS})
+        outputs.write_parquet(output, filesystem=whole_files(output), ray_remote_args={"num_cpus": IO_CPUS})
     except Exception as error:
         stopped = ray.get(progress.stop_reason.remote())
         if stopped:
@@ -275,11 +244,8 @@ def run_totals(output: str) -> dict:
     are: one small row per block reaches the driver, never a row of the outputs. (Ray Data's
     `aggregate` gives the same through a hash shuffle that takes seconds even for a few rows:
     docs/benchmarks.md, "Figures behind the defaults".)"""
-    filesystem, inner = storage.resolve(output)
-    import pyarrow.fs as pafs
-
-    files = [e.path for e in filesystem.get_file_info(pafs.FileSelector(inner, allow_not_found=True))
-             if e.is_file and e.path.endswith(".parquet")]
+    filesystem = storage.resolve(output)[0]
+    files = parquet_files(output)
     totals = {"rows": 0, "errored_rows": 0, "changed_rows": 0, **{name: 0 for name in SUMS}}
     if not files:
         return totals

@@ -24,6 +24,9 @@ from __future__ import annotations
 import pyarrow as pa
 
 INFERENCE_ERROR = "__inference_error__"
+# A processor row that stands for input that could not be read (a bad line: pipeline/job_input.py):
+# the stage writes its error row with this message and runs nothing for it.
+BAD_INPUT = "__bad_input__"
 
 # What ray.data.llm's vLLM stage adds to a row (ray/llm/_internal/batch/stages/vllm_engine_stage.py:
 # vLLMOutputData, then request_id, batch_uuid, time_taken_llm, params).

@@ -23,12 +23,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 import ray
 
 from pipeline import storage
 from pipeline.checkpoint import InputIdCheckpointFilter
 from pipeline.config import Config
+from pipeline.output_files import SET_ASIDE, readable_columns
 from pipeline.row_values import python_value, request_key, rows_table
 
 # A job row's optional setting columns, and the sampling_params key each is.
@@ -94,7 +94,8 @@ def output_files(runs_root: str) -> dict[str, int]:
     filesystem, inner = storage.resolve(runs_root)
     found = filesystem.get_file_info(pafs.FileSelector(inner, recursive=True, allow_not_found=True))
     return {entry.path: entry.mtime_ns or 0 for entry in found
-            if entry.is_file and entry.path.endswith(".parquet") and "/run=" in entry.path}
+            if entry.is_file and entry.path.endswith(".parquet") and "/run=" in entry.path
+            and f"/{SET_ASIDE}/" not in entry.path}
 
 
 def with_last_outputs(dataset: ray.data.Dataset, config: Config, runs_root: str, written: dict[str, int],
@@ -122,11 +123,14 @@ def tag_rows(table: pa.Table, id_column: str) -> pa.Table:
 
 def read_outputs(files: pa.Table, runs_root: str) -> pa.Table:
     """Earlier outputs of the files in `files` (path, written): their id, text (None for an error
-    row) and when their file was written."""
+    row) and when their file was written. A file that cannot be read (damaged after the run's
+    check: pipeline/output_files.py) is left out, with a warning: its ids draft from no last output."""
     filesystem, _ = storage.resolve(runs_root)
     tables = []
     for path, when in zip(files["path"].to_pylist(), files["written"].to_pylist()):
-        table = pq.read_table(path, columns=["id", "generated_text", "error"], filesystem=filesystem)
+        table = readable_columns(filesystem, path, ["id", "generated_text", "error"])
+        if table is None:
+            continue
         text = pc.if_else(pc.is_null(table["error"]), table["generated_text"], pa.scalar(None, pa.string()))
         tables.append(pa.table([table["id"].cast(pa.string()), pa.nulls(len(table), pa.string()), text.cast(pa.string()),
                                 pa.array([when] * len(table), pa.int64())], schema=TAGGED))

@@ -21,7 +21,6 @@ import time
 from pathlib import Path
 
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import ray
 
 from drafters.datastore import Datastore, build_datastore
@@ -29,6 +28,7 @@ from pipeline import storage
 from pipeline.actor_pool import local_datastore
 from pipeline.config import Config
 from pipeline.drafter_registry import needs_datastore
+from pipeline.output_files import readable_columns
 from pipeline.series import digest, output_files
 
 RUN = re.compile(r"/run=([^/]+)/")
@@ -89,7 +89,9 @@ def generated_tokens(runs_root: str, paths: list[str], model: str) -> list[list[
     filesystem, _ = storage.resolve(runs_root)
     found = []
     for path in paths:
-        table = pq.read_table(path, columns=["generated_tokens", "error", "model"], filesystem=filesystem)
+        table = readable_columns(filesystem, path, ["generated_tokens", "error", "model"])
+        if table is None:  # damaged after the run's check (pipeline/output_files.py): left out
+            continue
         kept = pc.and_(pc.is_null(table["error"]), pc.equal(table["model"], model))
         found += [tokens for tokens in table.filter(kept)["generated_tokens"].to_pylist() if tokens]
     return found

@@ -17,7 +17,8 @@ else a fresh one, as vLLM draws.
 
 A row that cannot be generated raises, or, with `continue_on_error`, comes back with
 `__inference_error__` naming the row and the cause, its generated columns empty as ray.data.llm's
-are; the other rows of the batch go on.
+are; the other rows of the batch go on. A row with `__bad_input__` (input that could not be read:
+a caller's preprocess says why) is such a row, with that message.
 
 An engine that fails (EngineFailed: the engine's, not a row's) is closed and built again, once,
 whichever batch meets the failure first, and every batch it held runs again on the new one: the
@@ -53,7 +54,7 @@ from pipeline.progress import BatchReport, EngineCrashLoop, JobStopped, RestartW
 from pipeline.row_values import request_key
 from drafters.primitives.sampling import request_seed
 from pipeline.sampling_params import sampling_of
-from pipeline.schema import GENERATED, INFERENCE_ERROR, STATISTICS, TYPED_BY_THE_DATA
+from pipeline.schema import BAD_INPUT, GENERATED, INFERENCE_ERROR, STATISTICS, TYPED_BY_THE_DATA
 
 logger = logging.getLogger(__name__)
 
@@ -130,6 +131,8 @@ class GenerationStage:
     def request(self, row: dict, number: int) -> tuple[Request, str, str]:
         """(the row's request, its text prompt, the row's name for errors); a RequestError names the row."""
         name, seed = self.identify(row, number)
+        if row.get(BAD_INPUT):  # input that could not be read (its message names the file and line)
+            raise RequestError(f"{name}: {row[BAD_INPUT]}")
         settings = sampling_of(row.get("sampling_params"), name, seed, self.sampling)
         with self.tokenizer_lock:
             prompt, ids = prompt_of(self.tokenizer, row, self.settings, name)

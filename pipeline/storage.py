@@ -60,6 +60,42 @@ def glob(pattern: str, setting: str) -> list[str]:
     return [prefix + path for path in matches]
 
 
+def list_files(path: str, recursive: bool = False) -> list[str]:
+    """The files in the directory at `path` (under it, with `recursive`), named as `path` is (a URI
+    keeps its scheme), sorted; none where there is no such directory."""
+    filesystem, inner = resolve(path)
+    found = filesystem.get_file_info(pafs.FileSelector(inner, recursive=recursive, allow_not_found=True))
+    prefix = path[:path.find("://") + 3] if is_uri(path) else ""
+    return sorted(prefix + entry.path for entry in found if entry.is_file)
+
+
+def unreadable_parquet(paths: list[str], threads: int = 16) -> dict[str, str]:
+    """{each of `paths` whose Parquet footer cannot be read (a file cut short, not Parquet): why}.
+    The footers are read in threads: a store's latency, not its bandwidth, is what they cost."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import pyarrow.parquet as pq
+
+    def problem(path: str) -> str | None:
+        filesystem, inner = resolve(path)
+        try:
+            pq.read_metadata(inner, filesystem=filesystem)
+        except (OSError, ValueError) as error:  # pyarrow's ArrowInvalid is a ValueError
+            return f"not a readable Parquet file ({error})"
+        return None
+
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        return {path: why for path, why in zip(paths, pool.map(problem, paths)) if why is not None}
+
+
+def move(path: str, to: str) -> None:
+    """Moves a file within its store (local paths and URIs alike), making `to`'s directory."""
+    filesystem, inner = resolve(path)
+    target = resolve(to)[1]
+    filesystem.create_dir(target.rsplit("/", 1)[0], recursive=True)
+    filesystem.move(inner, target)
+
+
 def make_directory(path: str, setting: str) -> None:
     """Creates a directory (a no-op prefix in object stores) and checks it can be written."""
     filesystem, inner = resolve(path)

@@ -90,17 +90,17 @@ def environment(**changes: str) -> dict[str, str]:
 
 
 def start_ray_head(processes: Processes, env: dict[str, str], num_cpus: float = 2, extra: tuple[str, ...] = (),
-                   port: int | None = None) -> dict[str, str]:
-    """`ray start --head` (with `extra` flags) on ports that are free now (no fixed port: another
-    Ray may be running); returns its GCS, dashboard and metrics addresses. The caller stops it with
-    `ray stop`."""
+                   port: int | None = None, ray: Path = BIN / "ray", **kwargs) -> dict[str, str]:
+    """`ray start --head` (with `extra` flags; `ray`: another environment's command, `kwargs` to
+    Popen) on ports that are free now (no fixed port: another Ray may be running); returns its GCS,
+    dashboard and metrics addresses. The caller stops it with `ray stop`."""
     ports = {flag: free_port() for flag in ("--dashboard-port", "--ray-client-server-port",
                                             "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
                                             "--runtime-env-agent-port", "--metrics-export-port")}
     ports["--port"] = port or free_port()
-    command = [BIN / "ray", "start", "--head", f"--num-cpus={num_cpus}", "--node-ip-address=127.0.0.1",
+    command = [ray, "start", "--head", f"--num-cpus={num_cpus}", "--node-ip-address=127.0.0.1",
                "--disable-usage-stats", *(f"{flag}={port}" for flag, port in ports.items()), *extra]
-    processes.run(command, timeout=180, env=env)
+    processes.run(command, timeout=180, env=env, **kwargs)
     dashboard = f"http://127.0.0.1:{ports['--dashboard-port']}"
     wait_for_dashboard(dashboard, env, timeout=180)
     return {"gcs": f"127.0.0.1:{ports['--port']}", "dashboard": dashboard,
@@ -126,3 +126,21 @@ def wait_for_dashboard(dashboard: str, env: dict[str, str], timeout: float) -> N
             last = repr(error)
         time.sleep(1)
     raise AssertionError(f"the dashboard at {dashboard} did not answer its version in {timeout} s: {last}")
+
+
+def scrape_counters(port: str, run_id: str, expected: dict, timeout: float = 60) -> dict:
+    """Our counters for `run_id` on Ray's metrics endpoint, polled until they reach `expected`
+    (the actors report every second here) or the timeout."""
+    import re
+
+    deadline, found = time.monotonic() + timeout, {}
+    while time.monotonic() < deadline:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+        found = {}
+        for name, labels, value in re.findall(r"^ray_ngrammys_(\w+)_total\{([^}]*)\} (\S+)$", text, re.M):
+            if f'run_id="{run_id}"' in labels:
+                found[name] = found.get(name, 0.0) + float(value)
+        if all(found.get(name, 0) >= value for name, value in expected.items()):
+            break
+        time.sleep(2)
+    return found

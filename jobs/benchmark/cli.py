@@ -25,10 +25,10 @@ SUBCOMMANDS = {
 }
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(prog: str = "python -m jobs.benchmark") -> argparse.ArgumentParser:
     import jobs.benchmark
 
-    top = argparse.ArgumentParser(prog="python -m jobs.benchmark", description=jobs.benchmark.__doc__,
+    top = argparse.ArgumentParser(prog=prog, description=jobs.benchmark.__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     subcommands = top.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
     for name, module_name in SUBCOMMANDS.items():
@@ -42,10 +42,14 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def main(argv=None) -> dict:
+def main(argv=None, prog: str = "python -m jobs.benchmark") -> dict:
     from jobs.benchmark.report import write
 
-    args = parser().parse_args(argv)
+    args = parser(prog).parse_args(argv)
     module = importlib.import_module(args.module)
     report = module.run(args)
     return write(report, args.out, module.markdown(report))
+
+
+def cli(argv=None) -> None:
+    main(argv, prog="ngrammys bench")

@@ -118,7 +118,7 @@ def run_methods(engines: dict, methods: list, requests: list[Request], batch: in
 
 
 def method_config(base: list[str], method: Method, batch: int) -> Config:
-    return load_config("configs/default.yaml", [*base, f"engine.name={method.engine}", *method.overrides(),
+    return load_config(None, [*base, f"engine.name={method.engine}", *method.overrides(),
                                                 f"decoder.max_batch_requests={batch}", f"engine.max_num_seqs={batch}",
                                                 f"ray.batch_size={batch}"])
 

@@ -51,7 +51,7 @@ def add_cli_args(parser) -> None:
 
 
 def feeding_config(args, method: Method, output: str = "", input_path: str = "") -> Config:
-    return load_config("configs/default.yaml", [
+    return load_config(None, [
         "engine.name=vllm", f"model.name={json.dumps(args.model)}", f"model.dtype={args.dtype}",
         "engine.cpu_kv_cache_gib=2", f"engine.max_num_seqs={args.max_num_seqs}",
         f"decoder.max_new_tokens={args.max_new_tokens}", f"ray.batch_size={args.batch_size}",

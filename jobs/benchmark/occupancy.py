@@ -73,7 +73,7 @@ def run(args) -> dict:
     lengths = run_lengths(args.runs)
     rng = np.random.default_rng(args.seed)
     drawn = np.maximum(rng.choice(lengths, size=args.requests), 1)
-    config = load_config("configs/default.yaml", ["engine.name=vllm", f"engine.max_num_seqs={args.slots}",
+    config = load_config(None, ["engine.name=vllm", f"engine.max_num_seqs={args.slots}",
                                                   f"ray.batch_size={args.batch_size}"])
     in_flight = concurrent_batches(config)
     rows = [{"design": "drain", "batches_in_flight": 1,

@@ -1,6 +1,6 @@
 """pipeline: what the Ray job costs over running its stage in-process.
 
-    python -m jobs.benchmark pipeline --config configs/default.yaml --dataset humaneval --limit N
+    python -m jobs.benchmark pipeline [--config FILE] --dataset humaneval --limit N
 
 runs the same prompts through the Ray job and through the job's stage in this process, with the
 decoder of --config, and compares tokens/s after start-up.
@@ -19,7 +19,7 @@ from pipeline.config import load_config
 
 def add_cli_args(parser) -> None:
     add_prompt_args(parser, limit=16)
-    parser.add_argument("--config", default="configs/default.yaml", help="the job's config: its decoder and engine")
+    parser.add_argument("--config", default=None, help="the job's config file: its decoder and engine (default: the defaults)")
 
 
 def markdown(report: dict) -> str:

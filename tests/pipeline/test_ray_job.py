@@ -17,7 +17,8 @@ import ray
 from pipeline.drafter_registry import build_tables
 from pipeline.config import load_config
 from pipeline.model_loading import load_model
-from pipeline.ray_job import JobFailed, check_columns, read_input, run_job
+from pipeline.job_input import check_columns, read_input
+from pipeline.ray_job import JobFailed, run_job
 from pipeline.stage import GenerationStage
 from tests import outputs
 
@@ -51,10 +52,18 @@ def test_every_input_row_yields_one_output_row(local_ray, tiny_model_dir, tmp_pa
             {"id": "number", "prompt": 7}, {"id": "long", "prompt": "word " * 2000},
             {"id": "short", "prompt": "Hi", "max_new_tokens": 2}, {"id": "hot", "prompt": "Hi", "temperature": 0.7},
             {"id": "none"}]
-    config = job_config(tiny_model_dir, tmp_path, f"input.path={write_jsonl(tmp_path / 'in.jsonl', rows)}")
+    path = write_jsonl(tmp_path / "in.jsonl", rows)
+    with open(path, "a") as corpus:  # a line another system cut short, then a good one
+        corpus.write('{"id": "torn", "prompt": "an unterminated\n{"id": "after", "prompt": "Hi"}\n')
+    rows.append({"id": "after"})
+    config = job_config(tiny_model_dir, tmp_path, f"input.path={path}")
     summary = run_job(config, "r1")
     out = {row["id"]: row for row in read_run(tmp_path, "r1")}
-    assert sorted(out) == sorted(r["id"] for r in rows)
+    bad_line = f"{path}:8"  # the torn line: its id names its file and line
+    assert sorted(out) == sorted([r["id"] for r in rows] + [bad_line])
+    assert out[bad_line]["error"] == (f"row {bad_line!r}: input.path: {path} line 8: not valid JSON: "
+                                      "Unterminated string starting at: column 26")
+    assert out["after"]["error"] is None
     assert out["ok"]["error"] is None and len(out["ok"]["generated_tokens"]) == 6
     assert out["short"]["error"] is None and len(out["short"]["generated_tokens"]) == 2
     assert "the prompt is empty" in out["empty"]["error"]
@@ -62,7 +71,7 @@ def test_every_input_row_yields_one_output_row(local_ray, tiny_model_dir, tmp_pa
     assert "no room to generate" in out["long"]["error"]
     assert out["hot"]["error"] is None and out["hot"]["temperature"] == pytest.approx(0.7) and out["hot"]["seed"] is not None
     assert "row 'none': the row has no messages, prompt or tokenized_prompt" in out["none"]["error"]
-    assert summary["rows"] == 7 and summary["errored_rows"] == 4
+    assert summary["rows"] == 9 and summary["errored_rows"] == 5
     generated = sum(len(row["generated_tokens"] or []) for row in out.values())
     assert json.loads((tmp_path / "out" / "run=r1" / "summary.json").read_text())["generated_tokens"] == generated
     checked = sum(row["num_checked_draft_tokens"] or 0 for row in out.values())
@@ -72,9 +81,9 @@ def test_every_input_row_yields_one_output_row(local_ray, tiny_model_dir, tmp_pa
 
     # Run again, it is finished: the checkpoint has every id (the error rows' too), nothing is written twice.
     again = run_job(config, "r1")
-    assert sorted(row["id"] for row in read_run(tmp_path, "r1")) == sorted(r["id"] for r in rows)
-    assert (summary["rows_this_invocation"], again["rows_this_invocation"]) == (7, 0)
-    assert again["rows_skipped_already_done"] == 7 and again["rows"] == 7 and again["errored_rows"] == 4
+    assert sorted(row["id"] for row in read_run(tmp_path, "r1")) == sorted(out)
+    assert (summary["rows_this_invocation"], again["rows_this_invocation"]) == (9, 0)
+    assert again["rows_skipped_already_done"] == 9 and again["rows"] == 9 and again["errored_rows"] == 5
 
 
 def test_rest_actors_map_the_datastore_the_driver_checked(local_ray, tiny_model_dir, tmp_path, monkeypatch):
@@ -120,12 +129,36 @@ def test_input_formats(local_ray, tiny_model_dir, tmp_path, kind):
     # Reading is what differs between formats (the stage and the writer are the same for all):
     # the rows as the job's actors receive them.
     source = job_config(tiny_model_dir, tmp_path, f"input.path={path}", *overrides).input
-    dataset = read_input(source)
+    dataset = read_input(source, cpus=0.25)
     check_columns(dataset, source)
     rows = dataset.take_all()
     assert sorted(row["qid"] for row in rows) == ["a", "b", "c"]
     prompts = sorted(str(row["text"] if kind != "messages" else row["chat"][0]["content"]) for row in rows)
     assert prompts == (["one", "three", "two"] if kind != "messages" else ["x", "y", "z"])
+
+
+def test_unreadable_input_is_named_by_file_and_line(local_ray, tiny_model_dir, tmp_path):
+    """A CSV row that does not parse and a Parquet file cut short become rows naming them (the
+    job writes them as error rows: test_every_input_row_yields_one_output_row); with
+    input.on_bad_line fail the job stops before any actor starts, naming the file and line."""
+    from pipeline.schema import BAD_INPUT
+
+    csv_path = tmp_path / "in.csv"
+    csv_path.write_text("id,prompt\na,one\nb,two,extra\nc,three\n")
+    shards = tmp_path / "shards"
+    shards.mkdir()
+    pq.write_table(pa.table({"id": ["p"], "prompt": ["x"]}), shards / "0.parquet")
+    (shards / "1.parquet").write_bytes((shards / "0.parquet").read_bytes()[:40])  # a file cut short
+    read = {}
+    for path in (csv_path, shards):
+        for row in read_input(job_config(tiny_model_dir, tmp_path, f"input.path={path}").input, cpus=0.25).take_all():
+            read[str(row["id"])] = row.get(BAD_INPUT)
+    assert sorted(read) == sorted(["a", "c", f"{csv_path}:3", "p", str(shards / "1.parquet")])
+    assert read["a"] is None and read["p"] is None
+    assert read[f"{csv_path}:3"] == f"input.path: {csv_path} line 3: 3 fields where the header has 2: 'b,two,extra'"
+    assert read[str(shards / "1.parquet")].startswith(f"input.path: {shards / '1.parquet'}: not a readable Parquet file")
+    with pytest.raises(JobFailed, match=rf"^input.path: {csv_path} line 3: 3 fields where the header has 2"):
+        run_job(job_config(tiny_model_dir, tmp_path, f"input.path={csv_path}", "input.on_bad_line=fail"), "r")
 
 
 def test_missing_column_fails_at_start_naming_it(local_ray, tiny_model_dir, tmp_path):
@@ -225,6 +258,30 @@ def corpus(tmp_path, size: int) -> Path:
 def series_ids(tmp_path, *run_ids) -> list[str]:
     return [row["id"] for run_id in run_ids
             for row in outputs.read_run(tmp_path / "out" / "series=nightly" / f"run={run_id}")]
+
+
+@pytest.mark.slow  # two job runs: make test-slow
+def test_a_torn_output_file_is_set_aside_and_its_ids_generated_again(local_ray, tiny_model_dir, tmp_path):
+    """A series' output file cut to half its bytes (a node killed while writing it on a file
+    system) never stops the next run: the run sets it aside, names it, and generates the edited row
+    and every id whose only output was in that file."""
+    settings = ["job.series=nightly", "decoder.max_new_tokens=2", "ray.batch_size=4"]
+    run_job(job_config(tiny_model_dir, tmp_path, f"input.path={corpus(tmp_path, 12)}", *settings), "r1")
+    files = outputs.run_files(tmp_path / "out" / "series=nightly" / "run=r1")
+    torn = files[0]
+    lost = {str(row["id"]) for row in pq.read_table(torn, columns=["id"]).to_pylist()}
+    assert len(files) > 1 and 0 < len(lost) < 12
+    torn.write_bytes(torn.read_bytes()[:torn.stat().st_size // 2])
+    edited = write_jsonl(tmp_path / "edited.jsonl", [{"id": i, "prompt": f"question {i}" + " (edited)" * (i == 11)}
+                                                      for i in range(12)])
+    second = run_job(job_config(tiny_model_dir, tmp_path, f"input.path={edited}", *settings), "r2")
+    kept = tmp_path / "out" / "_set_aside" / "series=nightly" / "run=r1" / torn.name
+    assert [entry["file"] for entry in second["set_aside"]] == [str(torn)] and kept.is_file() and not torn.exists()
+    assert second["set_aside"][0]["moved_to"] == str(kept) and "not a readable Parquet file" in second["set_aside"][0]["error"]
+    assert sorted(series_ids(tmp_path, "r2"), key=int) == sorted(lost | {"11"}, key=int)
+    assert sorted(set(series_ids(tmp_path, "r1", "r2")), key=int) == [str(i) for i in range(12)]
+    assert second["errored_rows"] == 0 and json.loads((tmp_path / "out" / "series=nightly" / "run=r2" /
+                                                       "summary.json").read_text())["set_aside"] == second["set_aside"]
 
 
 @pytest.mark.slow  # several job runs: make test-slow

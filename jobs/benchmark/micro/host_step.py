@@ -90,7 +90,7 @@ def run(args) -> dict:
     from pipeline.model_loading import dtype_name, resolve_model_dir
 
     batches = args.batch
-    config = load_config("configs/default.yaml", ["engine.name=vllm", "engine.execution=eager",
+    config = load_config(None, ["engine.name=vllm", "engine.execution=eager",
                                                   f"engine.max_num_seqs={max(batches)}"])
     set_vllm_environment(config)
     from vllm import LLM

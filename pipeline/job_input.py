@@ -1,0 +1,183 @@
+"""The job's input: which files, in which format, read so that what cannot be read costs only its
+own rows and is named.
+
+A JSONL line that is not a JSON object, a CSV row that does not parse and a Parquet file that
+cannot be opened are each named by file and line (or file): with `input.on_bad_line: error_row`
+(the default) each becomes one row whose id is "<file>:<line>" (a Parquet file: "<file>") and
+whose `BAD_INPUT` column holds the message; the job writes it as an error row and generates every
+other row. With `fail`, the read stops the job at once with that message (BadInput), a line, not
+a traceback.
+"""
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Iterator
+
+import pyarrow as pa
+import ray
+from ray.data.datasource import FileBasedDatasource
+
+from pipeline import storage
+from pipeline.actor_pool import JobFailed
+from pipeline.config import InputConfig
+from pipeline.package_data import BUILTIN_DATASETS, builtin_prompts
+from pipeline.row_values import rows_table
+from pipeline.schema import BAD_INPUT
+
+ROWS_PER_BLOCK = 4096
+
+
+class BadInput(ValueError):
+    """A line or file of the input that cannot be read, with `input.on_bad_line: fail`."""
+
+
+def files_of(source: InputConfig) -> list[str] | str:
+    """The input's files: a glob's matches, or the path (a file or a directory of shards)."""
+    path = source.path
+    if any(ch in path for ch in "*?["):
+        files = storage.glob(path, "input.path")
+        if not files:
+            raise JobFailed(f"input.path: the glob {path!r} matches no file")
+        return files
+    if storage.info(path, "input.path").type.name == "NotFound":
+        raise JobFailed(f"input.path: {path!r} does not exist (nor is it one of {', '.join(BUILTIN_DATASETS)})")
+    return storage.uri(path)
+
+
+def format_of(source: InputConfig, files) -> str:
+    if source.format != "auto":
+        return source.format
+    first = files[0] if isinstance(files, list) else files
+    if storage.info(first, "input.path").type.name == "Directory":
+        filesystem, inner = storage.resolve(first)
+        for marker in ("dataset_info.json", "state.json"):
+            if filesystem.get_file_info(f"{inner}/{marker}").is_file:
+                return "hf_dataset"
+        names = sorted(Path(path).name for path in storage.list_files(first))
+        first = next((n for n in names if not n.startswith((".", "_"))), "")
+    for suffix, kind in ((".jsonl", "jsonl"), (".json", "jsonl"), (".parquet", "parquet"), (".csv", "csv")):
+        if first.endswith(suffix):
+            return kind
+    raise JobFailed(f"input.path: cannot tell the format of {first!r}; set input.format to jsonl, parquet, csv or hf_dataset")
+
+
+def read_input(source: InputConfig, cpus: float) -> ray.data.Dataset:
+    """The input as a Dataset, bad lines and unreadable files as rows with BAD_INPUT (or BadInput)."""
+    if source.path in BUILTIN_DATASETS:
+        return ray.data.from_items([{source.id_column: request_id, source.prompt_column or "prompt": prompt}
+                                    for request_id, prompt in builtin_prompts(source.path)])
+    files = files_of(source)
+    kind = format_of(source, files)
+    filesystem = storage.resolve(files[0] if isinstance(files, list) else files)[0]
+    if kind in ("jsonl", "csv"):
+        reader = JsonLines if kind == "jsonl" else CsvRows
+        extensions = ["jsonl", "json"] if kind == "jsonl" else ["csv"]
+        return ray.data.read_datasource(reader(files, source, filesystem=filesystem, file_extensions=extensions),
+                                        num_cpus=cpus)
+    if kind == "parquet":
+        return read_parquet(files, source, filesystem, cpus)
+    import datasets
+    return ray.data.from_huggingface(datasets.load_from_disk(files if isinstance(files, str) else files[0]))
+
+
+def read_parquet(files, source: InputConfig, filesystem, cpus: float) -> ray.data.Dataset:
+    """The Parquet files that open, and a bad-input row for each that does not (its footer is
+    checked first: Ray's reader fails the whole read on one torn file)."""
+    paths = files if isinstance(files, list) else [files]
+    listed = [path for entry in paths for path in (storage.list_files(entry, recursive=True)
+                                                   if storage.info(entry, "input.path").type.name == "Directory"
+                                                   else [entry])
+              if path.endswith(".parquet") and not Path(path).name.startswith((".", "_"))]
+    unreadable = storage.unreadable_parquet(listed)
+    bad = [bad_row(source, path, None, error) for path, error in unreadable.items()]
+    good = [path for path in listed if path not in unreadable]
+    dataset = ray.data.read_parquet(good, filesystem=filesystem, num_cpus=cpus) if good else None
+    if not bad:
+        return dataset
+    bad_rows = ray.data.from_items(bad)
+    return dataset.union(bad_rows) if dataset is not None else bad_rows
+
+
+def bad_row(source: InputConfig, path: str, line: int | None, cause: str) -> dict:
+    """The row that stands for a line (or a whole file) that cannot be read; BadInput with `fail`."""
+    where = f"{path} line {line}" if line is not None else path
+    message = f"input.path: {where}: {cause}"
+    if source.on_bad_line == "fail":
+        raise BadInput(message + " (input.on_bad_line: fail; 'error_row' writes an error row for it instead)")
+    return {source.id_column: f"{path}:{line}" if line is not None else path,
+            source.prompt_column or source.messages_column: None, BAD_INPUT: message}
+
+
+class JsonLines(FileBasedDatasource):
+    """JSON Lines, one object a line, read into blocks as Ray's line-JSON reader makes them (pandas);
+    a line that is not a JSON object is a bad-input row naming its line (a block of its own)."""
+
+    def __init__(self, paths, source: InputConfig, **kwargs):
+        super().__init__(paths, **kwargs)
+        self.source = source
+
+    def _read_stream(self, f, path: str) -> Iterator:
+        import pandas as pd
+
+        rows, bad = [], []
+        for number, raw in enumerate(iter(io.BufferedReader(f).readline, b""), start=1):
+            if raw.strip():
+                row = json_row(raw)
+                if isinstance(row, str):
+                    bad.append(bad_row(self.source, path, number, row))
+                else:
+                    rows.append(row)
+            if len(rows) >= ROWS_PER_BLOCK:
+                yield pd.DataFrame.from_records(rows)
+                rows = []
+        if rows:
+            yield pd.DataFrame.from_records(rows)
+        if bad:  # (a read task's blocks are all of one kind)
+            yield pd.DataFrame.from_records(bad)
+
+
+def json_row(raw: bytes) -> dict | str:
+    """A line's JSON object, or what is wrong with the line."""
+    try:
+        row = json.loads(raw.rstrip(b"\r\n").decode("utf-8"))
+    except UnicodeDecodeError as error:
+        return f"not UTF-8 text ({error})"
+    except json.JSONDecodeError as error:
+        return f"not valid JSON: {error.msg}: column {error.colno}"
+    return row if isinstance(row, dict) else f"a JSON {type(row).__name__}, not an object of columns"
+
+
+class CsvRows(FileBasedDatasource):
+    """CSV with a header row, read as Ray's CSV reader reads it (pyarrow's, its types inferred); a
+    row that does not parse (another number of fields than the header) is a bad-input row naming
+    its line (a block of its own)."""
+
+    def __init__(self, paths, source: InputConfig, **kwargs):
+        super().__init__(paths, **kwargs)
+        self.source = source
+
+    def _read_stream(self, f, path: str) -> Iterator[pa.Table]:
+        import pyarrow.csv as pacsv
+
+        invalid = []  # pyarrow's InvalidRow (what it raises in the handler is lost: bad_row runs after)
+
+        def skip(row) -> str:
+            invalid.append(row)
+            return "skip"
+        # One thread: pyarrow numbers an invalid row's line only then (Ray reads files in parallel).
+        yield pacsv.read_csv(f, read_options=pacsv.ReadOptions(use_threads=False),
+                             parse_options=pacsv.ParseOptions(invalid_row_handler=skip))
+        if invalid:
+            yield rows_table([bad_row(self.source, path, row.number, f"{row.actual_columns} fields where the header "
+                                      f"has {row.expected_columns}: {row.text[:80]!r}") for row in invalid])
+
+
+def check_columns(dataset: ray.data.Dataset, source: InputConfig) -> None:
+    names = dataset.schema().names
+    for setting, column in (("input.id_column", source.id_column),
+                            ("input.prompt_column" if source.prompt_column else "input.messages_column",
+                             source.prompt_column or source.messages_column)):
+        if column not in names:
+            raise JobFailed(f"{setting}: the input has no column {column!r}; its columns are {names}")
