@@ -223,3 +223,15 @@ def test_an_oversized_function_is_named(tmp_path):
     path = tmp_path / "long.py"
     path.write_text("def long():\n" + "    x = 1\n" * MAX_FUNCTION_LINES)
     assert oversized([path]) == [f"{path}:1 long: {MAX_FUNCTION_LINES + 1} lines (at most {MAX_FUNCTION_LINES})"]
+
+
+def test_every_file_the_code_and_readme_name_exists():
+    """A path to a module or test named in the code, the tests, the README or pyproject.toml is a
+    file of the tree (docs/benchmarks.md is a record: it names files as they were at its commits)."""
+    import re
+
+    named = re.compile(r"\b((?:pipeline|drafters|jobs|tests)/[\w/]+\.py)\b")
+    sources = [path for package in (*PACKAGES, "tests") for path in (ROOT / package).rglob("*.py")]
+    stale = sorted({f"{path.relative_to(ROOT)}: {name}" for path in [*sources, ROOT / "README.md", ROOT / "pyproject.toml"]
+                    for name in named.findall(path.read_text()) if not (ROOT / name).is_file()})
+    assert not stale, "\n".join(stale)

@@ -105,7 +105,8 @@ def solve(matrix, vector):
 
 @nb.njit(cache=True)
 def fit(weights, prior, ring_x, ring_y, held, prior_strength, newton_steps):
-    """drafters/acceptance.py's fit: Newton steps on the logistic loss plus (λ/2)|w - prior|²."""
+    """The acceptance model's fit (tests/drafters/reference.py's AcceptanceModel.fit states it in
+    Python): Newton steps on the logistic loss plus (λ/2)|w - prior|²."""
     features = weights.shape[0]
     for _ in range(newton_steps):
         gradient = prior_strength * (weights - prior)

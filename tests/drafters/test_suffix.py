@@ -259,8 +259,9 @@ def test_random_streams_draft_as_the_reference():
 
 
 def test_the_compiled_refit_is_the_acceptance_models_fit_on_the_same_judged_drafts():
-    """The drafter's own judging fills its ring of judged tokens; its compiled Newton steps (_fit,
-    _solve) from the prior over that ring give the weights drafters/acceptance.py's fit gives."""
+    """The drafter's own judging fills its ring of judged tokens; its compiled Newton steps
+    (drafters/suffix/acceptance.py: fit, solve) from the prior over that ring give the weights the
+    Python reference's AcceptanceModel.fit gives (tests/drafters/reference.py)."""
     rng = np.random.default_rng(0)
     streams = [rng.integers(0, 6, int(rng.integers(30, 90))).tolist() for _ in range(9)]
     prompts = [int(rng.integers(3, 20)) for _ in streams]
