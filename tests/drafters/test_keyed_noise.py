@@ -1,15 +1,17 @@
 """The keyed Gumbel-max draw (drafters/primitives/keyed_noise.py): the torch form draws the very
 tokens of vLLM's fused CPU kernel for the same keys, each key's draw is fixed, and over many keys
 the draws follow softmax(logits)."""
-import importlib
-
 import pytest
 import torch
+from vllm.platforms import current_platform
 
 from drafters.primitives.keyed_noise import fused_kernel, gumbel_argmax, gumbel_argmax_torch, position_keys
 from tests.pipeline.engines.sampling_checks import uniformity_p_value
 
-importlib.import_module("vllm._C")  # registers torch.ops._C.fused_gumbel_argmax
+# Registers torch.ops._C.fused_gumbel_argmax from the build of vLLM's kernels this CPU runs (AVX2,
+# AVX512 or AVX512-BF16), as vLLM loads them: importing vllm._C itself is an illegal instruction
+# on a CPU without AVX512-BF16.
+current_platform.import_kernels()
 
 
 @pytest.mark.parametrize("vocab", [7, 49152])
