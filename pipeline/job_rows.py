@@ -57,11 +57,12 @@ def with_columns(block, names: list[str]):
     return block[names]
 
 
-def request_row(config: Config) -> Callable[[dict], dict]:
-    """The preprocess: a job row -> the processor's columns (id, messages or prompt, sampling_params)."""
+def request_row(config: Config, settings: str | None = None) -> Callable[[dict], dict]:
+    """The preprocess: a job row -> the processor's columns (id, messages or prompt, sampling_params);
+    `settings`: the settings' fingerprint, where the caller has it (the run's plan)."""
     source, decoder = config.input, config.decoder
     column = source.prompt_column or source.messages_column
-    settings = settings_fingerprint(config)
+    settings = settings or settings_fingerprint(config)
     # `predicted_from` says what ran: null where no prediction is drafted from (the stage still checks one).
     predicted = drafts_from_predictions(config.engine.name, decoder.drafter, decoder.w)
 

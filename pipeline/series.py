@@ -80,9 +80,9 @@ def canonical(value):
     return value
 
 
-def fingerprint_filter(config: Config) -> type:
-    """Ray Data's checkpoint filter for a series: skips the input rows whose fingerprint is written."""
-    settings = settings_fingerprint(config)
+def fingerprint_filter(config: Config, settings: str) -> type:
+    """Ray Data's checkpoint filter for a series: skips the input rows whose fingerprint (under the
+    settings' fingerprint `settings`) is written."""
 
     def keys(self, table: pa.Table) -> list[str]:
         return [row_fingerprint(config, settings, row) for row in table.to_pylist()]

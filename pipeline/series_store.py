@@ -29,14 +29,10 @@ from pipeline.actor_pool import local_datastore
 from pipeline.config import Config
 from pipeline.drafter_registry import needs_datastore
 from pipeline.output_files import readable_columns
-from pipeline.series import digest, output_files
+from pipeline.run import RunPaths
+from pipeline.series import output_files
 
 RUN = re.compile(r"/run=([^/]+)/")
-
-
-def store_root(config: Config) -> str:
-    return storage.join(storage.uri(config.job.output), "_checkpoints", f"series={config.job.series}", "store",
-                        f"model={digest(config.model.name)}")
 
 
 def current_version(root: str) -> str | None:
@@ -48,21 +44,21 @@ def current_version(root: str) -> str | None:
     return None if missing else version
 
 
-def with_series_store(config: Config) -> Config:
-    """The config a run of a series drafts with: decoder.datastore is the series' store where the
-    config names none, its drafter drafts from one and an earlier run has built it."""
+def with_series_store(config: Config, root: str) -> Config:
+    """The config a run of a series drafts with: decoder.datastore is the series' store (at `root`:
+    RunPaths.store) where the config names none, its drafter drafts from one and an earlier run has built it."""
     if not config.job.series or config.decoder.datastore:
         return config
-    version = current_version(store_root(config))
+    version = current_version(root)
     decoder = dataclasses.replace(config.decoder, datastore=version or "")
     return dataclasses.replace(config, decoder=decoder) if version and needs_datastore(decoder) else config
 
 
 @ray.remote
-def extend_store(config: Config, runs_root: str) -> dict | None:
-    """Extends the series' store with this model's outputs in the files under `runs_root` it does
+def extend_store(config: Config, paths: RunPaths) -> dict | None:
+    """Extends the series' store with this model's outputs in the files of the series' runs it does
     not hold (a resumed run's later files too); returns its size (None while nothing is generated)."""
-    root = store_root(config)
+    root, runs_root = paths.store, paths.runs_root
     version = current_version(root)
     previous = Datastore.open(local_datastore(config, version)) if version else None
     held = set(previous.meta["files"]) if previous else set()

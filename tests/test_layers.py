@@ -4,8 +4,8 @@ circle, and nothing outside an engine's folder reaches past its public surface (
 Layers, top to bottom (README.md, "Where things are"; ../shared/ARCHITECTURE.md):
 
     jobs                 entry points and the benchmark
-    job                  pipeline/ray_job (read -> the processor -> Parquet; checkpoints, summary), job_rows,
-                         job_input, series, series_store
+    job                  pipeline/ray_job (read -> the processor -> Parquet; checkpoints), run (the run's
+                         paths, plan and summary), job_rows, job_input, series, series_store
     processor            pipeline/llm (ray.data.llm's API)
     stage                pipeline/actor_pool, stage, schema, sampling_params, row_values, checkpoint, storage,
                          output_files, progress, metrics
@@ -34,7 +34,8 @@ ENGINES = ("pipeline.engines.vllm", "pipeline.engines.transformers")
 # the module itself and everything below it).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("jobs", ("jobs",)),
-    ("job", ("pipeline.ray_job", "pipeline.job_rows", "pipeline.job_input", "pipeline.series", "pipeline.series_store")),
+    ("job", ("pipeline.ray_job", "pipeline.run", "pipeline.job_rows", "pipeline.job_input", "pipeline.series",
+             "pipeline.series_store")),
     ("processor", ("pipeline.llm",)),
     ("stage", ("pipeline.actor_pool", "pipeline.stage", "pipeline.schema", "pipeline.sampling_params",
                "pipeline.row_values", "pipeline.checkpoint", "pipeline.storage", "pipeline.output_files",

@@ -9,7 +9,8 @@ from drafters.datastore import Datastore
 from drafters.suffix.store_search import SEPARATOR
 from pipeline import storage
 from pipeline.config import load_config
-from pipeline.series_store import current_version, extend_store, store_root, with_series_store
+from pipeline.run import RunPaths
+from pipeline.series_store import current_version, extend_store, with_series_store
 
 extend = extend_store._function  # the Ray task's body
 MODEL = load_config().model.name
@@ -38,25 +39,28 @@ def documents(store: Datastore) -> list[list[int]]:
 
 def test_the_store_holds_every_runs_generated_rows_once_and_is_extended_run_by_run(tmp_path):
     config = load_config(overrides=[f"job.output={tmp_path / 'out'}", "job.series=nightly"])
-    runs_root = tmp_path / "out" / "series=nightly"
-    assert extend(config, str(runs_root)) is None and with_series_store(config) == config  # nothing run yet
+    paths = RunPaths.of(config, "unused")
+    runs_root, store = tmp_path / "out" / "series=nightly", paths.store
+    assert paths.runs_root == str(runs_root) and store == str(tmp_path / "out" / "_checkpoints" / "series=nightly" /
+                                                            "store") + f"/model={paths.store.rsplit('=', 1)[1]}"
+    assert extend(config, paths) is None and with_series_store(config, store) == config  # nothing run yet
     write_run(runs_root, "r1", [([1, 2, 3], None), ([9, 9], "row 'x': refused"), ([], None)])
     write_run(runs_root, "r2", [([4, 5], None)])  # a run that was never resumed is taken in too
     write_run(runs_root, "r2", [([7, 7, 7], None)], model="another", name="1.parquet")  # another model's: left out
-    first = extend(config, str(runs_root))
+    first = extend(config, paths)
     assert (first["runs"], first["documents"], first["tokens"]) == (2, 2, 5)
-    assert sorted(documents(Datastore.open(current_version(store_root(config))))) == [[1, 2, 3], [4, 5]]
-    assert extend(config, str(runs_root))["path"] == first["path"]  # no new run: the same version
+    assert sorted(documents(Datastore.open(current_version(store)))) == [[1, 2, 3], [4, 5]]
+    assert extend(config, paths)["path"] == first["path"]  # no new run: the same version
     write_run(runs_root, "r3", [([6, 7, 8], None)])
     write_run(runs_root, "r1", [([9, 8], None)], name="1.parquet")  # r1 resumed after the store took it in
-    second = extend(config, str(runs_root))
+    second = extend(config, paths)
     extended = Datastore.open(second["path"])
     assert sorted(documents(extended)[-2:]) == [[6, 7, 8], [9, 8]] and second["runs"] == 3
-    assert storage.list_directories(store_root(config), "v=") == [second["path"].rsplit("/", 1)[1]]
+    assert storage.list_directories(store, "v=") == [second["path"].rsplit("/", 1)[1]]
     # The next run drafts from the newest version, unless the config names a store of its own.
-    assert with_series_store(config).decoder.datastore == second["path"]
+    assert with_series_store(config, store).decoder.datastore == second["path"]
     own = load_config(overrides=[f"job.output={tmp_path / 'out'}", "job.series=nightly", "decoder.drafter=rest",
                                  f"decoder.datastore={tmp_path / 'elsewhere'}"])
-    assert with_series_store(own) == own
+    assert with_series_store(own, store) == own
     no_drafts = load_config(overrides=[f"job.output={tmp_path / 'out'}", "job.series=nightly", "decoder.w=0"])
-    assert with_series_store(no_drafts) == no_drafts
+    assert with_series_store(no_drafts, store) == no_drafts
