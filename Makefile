@@ -35,7 +35,7 @@ install-suffix: install
 demo: install
 	$(PYTHON) -m jobs.generate --config configs/default.yaml --set input.limit=20
 
-# The tiers (the README says what each holds and how long it takes). --durations lists the slowest
+# The tiers (docs/testing.md says what each holds and how long it takes). --durations lists the slowest
 # tests at the end of each run, CI's log included.
 PYTEST := $(PYTHON) -m pytest -q --durations=25
 test: install

@@ -1,7 +1,7 @@
 """The layout's rule, read from the code: every import points down the layers, nothing imports in a
 circle, and nothing outside an engine's folder reaches past its public surface (the package).
 
-Layers, top to bottom (README.md, "Where things are"; ../shared/ARCHITECTURE.md):
+Layers, top to bottom (docs/layout.md, "Where things are"; ../shared/ARCHITECTURE.md):
 
     jobs                 entry points and the benchmark
     job                  pipeline/ray_job (read -> the processor -> Parquet; checkpoints), run (the run's
@@ -85,7 +85,7 @@ def layer_of(module: str) -> int:
                if module == prefix or module.startswith(prefix + ".")]
     if matches:
         return max(matches)[1]
-    raise AssertionError(f"{module} is in no layer: add it to LAYERS in tests/test_layers.py (and the README's map)")
+    raise AssertionError(f"{module} is in no layer: add it to LAYERS in tests/test_layers.py (and docs/layout.md's map)")
 
 
 def engine_of(module: str) -> str | None:
@@ -227,12 +227,14 @@ def test_an_oversized_function_is_named(tmp_path):
 
 
 def test_every_file_the_code_and_readme_name_exists():
-    """A path to a module or test named in the code, the tests, the README or pyproject.toml is a
-    file of the tree (docs/benchmarks.md is a record: it names files as they were at its commits)."""
+    """A path to a module or test named in the code, the tests, the README, the docs pages or
+    pyproject.toml is a file of the tree (docs/benchmarks.md is a record: it names files as they were
+    at its commits)."""
     import re
 
     named = re.compile(r"\b((?:pipeline|drafters|jobs|tests)/[\w/]+\.py)\b")
     sources = [path for package in (*PACKAGES, "tests") for path in (ROOT / package).rglob("*.py")]
-    stale = sorted({f"{path.relative_to(ROOT)}: {name}" for path in [*sources, ROOT / "README.md", ROOT / "pyproject.toml"]
+    docs = [path for path in sorted((ROOT / "docs").glob("*.md")) if path.name != "benchmarks.md"]
+    stale = sorted({f"{path.relative_to(ROOT)}: {name}" for path in [*sources, ROOT / "README.md", *docs, ROOT / "pyproject.toml"]
                     for name in named.findall(path.read_text()) if not (ROOT / name).is_file()})
     assert not stale, "\n".join(stale)

@@ -32,7 +32,7 @@ def load_kind(name: str, kind: str) -> dict:
 
 
 def cluster_section(readme: Path) -> str:
-    """The README's "Running on a cluster" section (up to the next heading of its level)."""
+    """docs/clusters.md's "Running on a cluster" section (up to the next heading of its level)."""
     text = readme.read_text()
     start = text.index("## Running on a cluster")
     end = text.find("\n## ", start + 1)
@@ -41,7 +41,7 @@ def cluster_section(readme: Path) -> str:
 
 def documented_commands(path: Path) -> list[str]:
     """`ngrammys generate ...` (or `python -m jobs.generate ...`) commands written in a file's
-    comments (YAML) or, for the README, in its cluster section, with shell line continuations joined."""
+    comments (YAML) or, for docs/clusters.md, in its cluster section, with shell line continuations joined."""
     lines = (cluster_section(path) if path.suffix == ".md" else path.read_text()).splitlines()
     if path.suffix in (".yaml", ".yml"):
         lines = [re.sub(r"^\s*#\s?", "", line) for line in lines if line.lstrip().startswith("#")]
@@ -63,7 +63,7 @@ def entrypoints() -> dict[str, str]:
         "rayjob.yaml entrypoint": load_kind("rayjob.yaml", "RayJob")["spec"]["entrypoint"],
         "raycronjob.yaml entrypoint": load_kind("raycronjob.yaml", "RayCronJob")["spec"]["jobTemplate"]["entrypoint"],
     }
-    for path in sorted(CLUSTER.glob("*.yaml")) + [ROOT / "README.md"]:
+    for path in sorted(CLUSTER.glob("*.yaml")) + [ROOT / "docs" / "clusters.md"]:
         for i, command in enumerate(documented_commands(path)):
             found[f"{path.name} command {i + 1}"] = command
     return found
@@ -179,7 +179,7 @@ def test_no_recipe_needs_the_source_tree():
 
 def test_the_configs_run_or_document_at_least_the_rayjob_cronjob_and_submit_commands():
     sources = " ".join(ENTRYPOINTS)
-    for name in ("rayjob.yaml", "raycronjob.yaml", "raycluster.yaml", "cluster-launcher.yaml", "README.md"):
+    for name in ("rayjob.yaml", "raycronjob.yaml", "raycluster.yaml", "cluster-launcher.yaml", "clusters.md"):
         assert name in sources, f"no `ngrammys generate` command found in {name}"
 
 
