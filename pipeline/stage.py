@@ -225,14 +225,13 @@ class GenerationStage:
                 raise EngineCrashLoop(self.stopped)
             if self.current[1] != generation:
                 return  # replaced already, by the batch that met the failure first
-            self.stopped = self.tell_engine_failed(cause) or self.restarts.record(cause)
+            self.stopped = self.count_failure(cause)
             if self.stopped:
                 raise EngineCrashLoop(self.stopped)
             if hung and in_ray_actor():
                 logger.error("%s: ending this actor's process; Ray starts it again and retries its batches", cause)
                 os._exit(75)  # the hung step's thread cannot be stopped
-            logger.warning("the engine failed (%s): closing it and building a new one (failure %d of this actor)",
-                           cause, self.restarts.total)
+            logger.warning("the engine failed (%s): closing it and building a new one", cause)
             failed, self.current = self.current[0], (None, generation)
             try:
                 failed.close()
@@ -249,12 +248,15 @@ class GenerationStage:
             with self.report_lock:  # the new engine counts its steps from 0
                 self.current, self.reported_steps = (engine, generation + 1), EngineSteps()
 
-    def tell_engine_failed(self, cause: str) -> str | None:
-        """Tells the run's progress actor and metrics; returns the progress actor's stop reason."""
+    def count_failure(self, cause: str) -> str | None:
+        """Counts an engine failure in the one restart window that decides a crash loop (and tells
+        the metrics); returns why the run must stop, if it must. The window is the run's progress
+        actor's where there is one (the job's: it outlives this actor's process, which a hung
+        engine ends), else this stage's own."""
         if self.metrics is not None:
             self.metrics.engine_failed()
         if self.progress is None:
-            return None
+            return self.restarts.record(cause)
         import ray
 
         return ray.get(self.progress.engine_failed.remote(ray.get_runtime_context().get_actor_id() or "", cause))
