@@ -185,7 +185,7 @@ def read_plan(plan: RunPlan) -> tuple[ray.data.Dataset, Reading]:
     rows_read = min(input_rows, config.input.limit) if config.input.limit else input_rows
     # The columns read (a null one where a block has none): the native block, as read.
     dataset = dataset.map_batches(job_rows.with_columns, fn_kwargs={"names": columns}, batch_format=None,
-                                  batch_size=None, zero_copy_batch=True, num_cpus=IO_CPUS)
+                                  batch_size=None, num_cpus=IO_CPUS)
     if config.input.limit:
         dataset = dataset.limit(config.input.limit)
     return dataset, Reading(input_rows, rows_read, new_rows, set_aside)

@@ -161,7 +161,10 @@ def test_ray_job_submit_runs_the_job_from_the_wheel_without_the_source(wheel, ti
         return processes.run(
             [ray, "job", "submit", "--address", head["dashboard"], *runtime_env, "--", "ngrammys", "generate",
              "--input", str(inputs), "--output", str(tmp_path / "out"), "--run-id", run_id,
-             "--set", f"model.name={tiny_model_dir}", "--set", "decoder.max_new_tokens=5", "--set", "input.limit=3"],
+             "--set", f"model.name={tiny_model_dir}", "--set", "decoder.max_new_tokens=5", "--set", "input.limit=3",
+             # The transformers engine: it starts in seconds (the vLLM engine, and the proposer vLLM
+             # loads from the installed package by its dotted path, run in the processor test).
+             "--set", "engine.name=transformers"],
             cwd=submit_from, env=env, timeout=400)
     try:
         from_runtime_env = submit("from-runtime-env", "--working-dir", ".", "--runtime-env-json", json.dumps(
