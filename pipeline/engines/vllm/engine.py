@@ -19,10 +19,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import sys
 import threading
 import time
-from contextlib import contextmanager
 from typing import Sequence
 
 from drafters.base import NO_DRAFT
@@ -42,6 +40,15 @@ from pipeline.engines.base import (
     budget,
     cut_at_stop,
 )
+from pipeline.engines.vllm.compat import (
+    check_vllm_version,
+    check_worker,
+    install,
+    install_keyed_draws,
+    llvmlite_set_aside,
+    prepare_environment,
+    uninstall_keyed_draws,
+)
 from pipeline.engines.vllm.feeder import EngineFeeder
 from pipeline.engines.vllm.proposer import (
     Proposal,
@@ -49,8 +56,6 @@ from pipeline.engines.vllm.proposer import (
     attach_drafter,
     take_tracked,
 )
-from pipeline.engines.vllm.cpu_sampling import check_worker, install
-from pipeline.engines.vllm.seeded_sampling import install_on_worker, uninstall_on_worker
 from pipeline.model_loading import dtype_name, load_tokenizer
 from pipeline.stats import RequestStats
 
@@ -83,14 +88,7 @@ def set_vllm_environment(config: Config) -> None:
     # an equal share to each tensor-parallel rank ("0,1|2,3").
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(config)
     os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
-    # The keyed draws (seeded_sampling.py) live in the V1 model runner's sampler, which vLLM runs
-    # for our proposer anyway; on a GPU it would run plain engines on its V2 runner.
-    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
-    # vLLM caches its environment for the process once an engine has started (envs.enable_envs_cache):
-    # a second engine here (another binding, cache size or rank count) would read the first one's.
-    envs = sys.modules.get("vllm.envs")
-    if envs is not None:
-        envs.disable_envs_cache()
+    prepare_environment()  # the V1 model runner, and the environment read anew (compat.py)
 
 
 def cpu_binding(config: Config) -> str:
@@ -103,24 +101,6 @@ def cpu_binding(config: Config) -> str:
                            f"{len(cores)} (give it more CPUs, ray.num_cpus_per_actor or the placement group's bundles)")
     share = len(cores) // ranks
     return "|".join(",".join(map(str, cores[rank * share:(rank + 1) * share])) for rank in range(ranks))
-
-
-@contextmanager
-def llvmlite_set_aside():
-    """vLLM 0.32's CPU worker, as it starts, scans every loaded module's attributes for Triton
-    kernels to swap, and fails on llvmlite's `ffi.lib` (whose __getattr__ answers `__dict__` with a
-    function wrapper) once numba is loaded in the process, as our batched drafter's compiled code
-    loads it. That one attribute is set aside while the engine starts."""
-    ffi = sys.modules.get("llvmlite.binding.ffi")
-    lib = getattr(ffi, "lib", None) if ffi is not None else None
-    if lib is None:
-        yield
-        return
-    del ffi.lib
-    try:
-        yield
-    finally:
-        ffi.lib = lib
 
 
 def max_num_seqs(config: Config) -> int | None:
@@ -182,6 +162,7 @@ class VllmEngine:
     name = "vllm"
 
     def __init__(self, config: Config, model_dir: str, tables: DrafterTables | None = None):
+        check_vllm_version()  # a vLLM this package does not support fails here, naming the supported ones
         set_vllm_environment(config)
         self.config = config
         decoder = config.decoder
@@ -251,7 +232,7 @@ class VllmEngine:
     def keyed_draws(self, on: bool) -> None:
         """Sampled rows drawn with keyed noise (on, the engine's way), or with vLLM's own draws and
         rejection sampler (off: the benchmark's comparison, jobs/benchmark/sampling.py)."""
-        self.collective_rpc(install_on_worker if on else uninstall_on_worker)
+        self.collective_rpc(install_keyed_draws if on else uninstall_keyed_draws)
 
     def collective_rpc(self, function, args: tuple = ()) -> list:
         """vLLM's LLM.collective_rpc, run on the engine thread between two steps."""

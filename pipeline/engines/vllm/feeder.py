@@ -14,6 +14,9 @@ EngineFailed (EngineHung), and every later call: the stage builds a new engine (
 
 Step accounting (EngineSteps) is measured from vLLM's scheduler: the requests that ran in a step
 are those still running after it plus those it finished.
+
+vLLM is reached through its public `LLM` (enqueue, llm_engine.step, its scheduler config) and, for
+what LLM does not show (its scheduler's running requests, a shutdown, its request ids), compat.py.
 """
 from __future__ import annotations
 
@@ -29,7 +32,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from pipeline.engines.base import EngineFailed, EngineHung, EngineSteps
-from pipeline.engines.vllm.proposer import external_request_id
+from pipeline.engines.vllm.compat import external_request_id, running_count, shutdown
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +74,7 @@ class EngineFeeder:
         self.thread = threading.Thread(target=self._run, args=(start, started), name="vllm-engine", daemon=True)
         self.thread.start()
         self.llm = started.result()
-        self.scheduler = self.llm.llm_engine.engine_core.engine_core.scheduler  # in-process engine only
+        self.running = running_count(self.llm)  # the requests vLLM's scheduler runs now
         self.slots = self.llm.llm_engine.vllm_config.scheduler_config.max_num_seqs
         self.capacity = self.slots + math.ceil(WAITING_SHARE * self.slots) + 1
         self.counts = EngineSteps(slots=self.slots)
@@ -150,7 +153,7 @@ class EngineFeeder:
             traceback.clear_frames(error.__traceback__)  # the step's frames hold the engine
             self._fail(error)
         try:  # closed or failed: the engine's worker processes (tensor parallel) end too
-            llm.llm_engine.engine_core.shutdown()
+            shutdown(llm)
         except Exception as error:  # noqa: BLE001 - a failed engine may not shut down cleanly; it is dropped all the same
             logger.error("the vLLM engine did not shut down cleanly: %r", error)
 
@@ -214,7 +217,7 @@ class EngineFeeder:
     def _step(self, llm) -> None:
         outputs = llm.llm_engine.step()
         finished = [output for output in outputs if output.finished]
-        running = len(self.scheduler.running) + len(finished)
+        running = self.running() + len(finished)
         extras = self.on_finished(finished) if finished else {}
         done = []
         with self.lock:

@@ -4,7 +4,10 @@ engine step, for one draft per running request (`speculative_config={"method": "
 
 vLLM builds the class with its VllmConfig only; the engine then hands it the drafter, the model
 runner (to read request ids) and the settings through `configure` (`attach_drafter`, called on
-the worker with `LLM.collective_rpc`). Until then it proposes nothing.
+the worker with `LLM.collective_rpc`). Until then it proposes nothing. It reaches vLLM through the
+`custom_class` contract (its constructor, `load_model`, `propose`) and, for what that contract does
+not hand it (the rows' request ids, prompt lengths and sampling settings), compat.py's reads of
+the model runner.
 
 The drafter is a BatchDrafter (drafters/base.py; pipeline/drafter_registry.py `make_batch_drafter`): each
 step, one call drafts for every decoding request, reading their tokens from vLLM's own token
@@ -29,6 +32,16 @@ import torch
 from drafters.base import BatchDrafter, BatchDrafts
 from drafters.budget import StepCostFit, cost_table
 from drafters.prediction import PredictionDrafter
+from pipeline.engines.vllm.compat import (
+    external_request_id,
+    live_request_ids,
+    model_runner,
+    prompt_lengths,
+    proposer_of,
+    request_ids,
+    request_params,
+    runs_sampled,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -99,13 +112,12 @@ class NgrammysProposer:
         drafts = [[] for _ in sampled_token_ids]
         if self.drafter is None:
             return drafts
-        batch = self.runner.input_batch
         rows = [row for row, sampled in enumerate(sampled_token_ids) if sampled]
-        keys = [batch.req_ids[row] for row in rows]
+        keys = request_ids(self.runner, rows)
         # A step that ran a prefill (a request still in prefill, or one new here) is not a decoding step.
         fresh = len(rows) < len(sampled_token_ids) or any(key not in self.tracked for key in keys)
         self.finish_ended()
-        tracked = [self.track(key, int(batch.num_prompt_tokens[row])) for key, row in zip(keys, rows)]
+        tracked = [self.track(key, length) for key, length in zip(keys, prompt_lengths(self.runner, rows))]
         self.observe_step(started, measurable=not fresh)
         if rows and not self.paused():
             self.draft(started, keys, rows, tracked, num_tokens_no_spec, token_ids_cpu, drafts)
@@ -167,13 +179,13 @@ class NgrammysProposer:
 
     def paused(self) -> bool:
         """Whether no request drafts this step: a sampled request runs, and sampled drafts are not verified exactly."""
-        return not self.draft_sampled and bool(self.runner.input_batch.random_reqs)
+        return not self.draft_sampled and runs_sampled(self.runner)
 
     def track(self, request_id: str, prompt_length: int) -> Tracked:
         """The request's record, one more step counted; the drafter starts it if it has not."""
         tracked = self.tracked.get(request_id)
         if tracked is None:
-            params = self.runner.requests[request_id].sampling_params
+            params = request_params(self.runner, request_id)
             limit = min(self.max_model_len, prompt_length + (params.max_tokens or self.max_model_len))
             predicted = (params.extra_args or {}).get(PREDICTION)
             tracked = self.tracked[request_id] = Tracked(prompt_length, limit,
@@ -192,7 +204,7 @@ class NgrammysProposer:
         """Requests vLLM no longer holds (aborted, or finished and not handed over by `take`, as
         when the caller takes them only after LLM.generate returns) finish with the drafter, without
         their tokens. A request merely not scheduled this step, or preempted, stays: vLLM keeps it."""
-        for request_id in self.started - self.runner.requests.keys():
+        for request_id in self.started - live_request_ids(self.runner):
             self.finish(request_id)
 
     def finish(self, request_id: str, generated: list[int] = ()) -> None:
@@ -235,17 +247,12 @@ class NgrammysProposer:
         return taken
 
 
-def external_request_id(internal: str) -> str:
-    """vLLM's engine names a request f"{its id in LLM.generate's outputs}-{8 random characters}"."""
-    return internal[:-9]
-
-
 # Called on the worker by LLM.collective_rpc, with the worker as first argument.
 
 def attach_drafter(worker, drafter: BatchDrafter | None, w: int, adaptive: bool, draft_sampled: bool = True) -> None:
-    runner = worker.model_runner
-    runner.drafter.configure(runner, drafter, w, adaptive, draft_sampled)
+    runner = model_runner(worker)
+    proposer_of(runner).configure(runner, drafter, w, adaptive, draft_sampled)
 
 
 def take_tracked(worker, outputs: dict[str, list[int]]) -> dict[str, Tracked]:
-    return worker.model_runner.drafter.take(outputs)
+    return proposer_of(model_runner(worker)).take(outputs)

@@ -12,31 +12,36 @@ tokens are y_1, y_2, ... whatever the drafts: the text of plain sampling with th
 drafter, batch, step timing or restart (up to the float rounding of the logits between batch shapes,
 as for greedy decoding).
 
-Installed per engine on each of its workers (`install_on_worker`, through LLM.collective_rpc):
+Installed per engine on each of its workers (compat.py's `install_keyed_draws`, through
+LLM.collective_rpc; REACHES: keyed_draws). This module holds what runs in vLLM's place and imports
+nothing of vLLM's:
 - the model runner's `_sample` sets, for its step, each request's key per position: its
   SamplingParams seed (requests without one draw a fresh random key per step, as unseeded plain
   sampling does), at position num_tokens_no_spec - num_prompt_tokens (the generated tokens so far;
-  a draft's j-th token one further each; the bonus after the last draft token);
+  a draft's j-th token one further each; the bonus after the last draft token) (`keyed_sample`);
 - the sampler's top-k/top-p draw (`TopKTopPSampler.forward`) draws with those keys (vLLM's own
-  apply_top_k_top_p first, its processed log probabilities as before);
+  apply_top_k_top_p first, its processed log probabilities as before) (`keyed_top_k_top_p`);
 - vLLM's `rejection_sample` (module function, replaced once per process) verifies as above where
   a step has keys and the draft has no probabilities; a draft with probabilities (a draft model:
-  not ours) and synthetic acceptance keep vLLM's rule.
-Greedy rows are untouched: their targets are the argmax, as in vLLM's greedy kernel.
+  not ours) and synthetic acceptance keep vLLM's rule (`keyed_rejection_sample`).
+Greedy rows are untouched: their targets are the argmax, as in vLLM's greedy kernel. The draw itself
+(`draw(logits [N, V], keys [N]) -> [N]`) is handed in: drafters/primitives/keyed_noise.py's
+gumbel_argmax, with vLLM's fused CPU kernel where the process has it (compat.keyed_draw).
 """
 from __future__ import annotations
 
 import threading
-import types
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 import torch
 
-from drafters.primitives.keyed_noise import gumbel_argmax, position_keys
+from drafters.primitives.keyed_noise import position_keys
 
 PLACEHOLDER = -1  # vLLM's PLACEHOLDER_TOKEN_ID: no token at that output slot
 _step = threading.local()  # the keys of the step running on this thread (the engine's)
+Draw = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (logits [N, V], keys [N]) -> tokens [N]
 
 
 @dataclass(frozen=True)
@@ -86,21 +91,20 @@ def keyed_sample(sample):
     return wrapped
 
 
-def keyed_top_k_top_p(sampler, original_forward):
-    """TopKTopPSampler.forward drawing with the step's keys (vLLM's own draw outside a keyed step)."""
-    from vllm.v1.sample.ops import topk_topp_sampler
-
+def keyed_top_k_top_p(sampler, original_forward, apply_top_k_top_p, draw: Draw):
+    """TopKTopPSampler.forward drawing with the step's keys (vLLM's own draw outside a keyed step);
+    apply_top_k_top_p: vLLM's filter, as its sampler applies it."""
     def forward(logits, generators, k, p):
         keys = getattr(_step, "keys", None)
         if keys is None or logits.shape[0] != keys.sample.shape[0]:
             return original_forward(logits, generators, k, p)
-        logits = topk_topp_sampler.apply_top_k_top_p(logits, k, p)
+        logits = apply_top_k_top_p(logits, k, p)
         processed = None
         if sampler.logprobs_mode == "processed_logits":
             processed = logits
         elif sampler.logprobs_mode == "processed_logprobs":
             processed = logits.log_softmax(dim=-1, dtype=torch.float32)
-        return gumbel_argmax(logits, keys.sample), processed
+        return draw(logits, keys.sample), processed
     return forward
 
 
@@ -125,7 +129,7 @@ def accept_matching(draft_token_ids: torch.Tensor, num_draft_tokens: list[int], 
     return out.to(torch.int32)
 
 
-def keyed_rejection_sample(original):
+def keyed_rejection_sample(original, draw: Draw):
     """vLLM's `rejection_sample`, verifying against the keyed draws within a keyed step."""
     if getattr(original, "keyed", False):
         return original
@@ -140,33 +144,7 @@ def keyed_rejection_sample(original):
         targets = target_logits.argmax(dim=-1)
         counts = torch.tensor(num_draft_tokens, device=target_logits.device)
         sampled = (sampling_metadata.temperature != 0).repeat_interleave(counts, output_size=targets.shape[0])
-        targets[sampled] = gumbel_argmax(target_logits[sampled], keys.drafts[sampled])
+        targets[sampled] = draw(target_logits[sampled], keys.drafts[sampled])
         return accept_matching(draft_token_ids, num_draft_tokens, max_spec_len, targets, bonus_token_ids)
     rejection_sample.keyed = True
     return rejection_sample
-
-
-def install_on_worker(worker) -> bool:
-    """On each worker of an engine (LLM.collective_rpc): its runner draws with keyed noise."""
-    from vllm.v1.sample import rejection_sampler
-
-    runner = worker.model_runner
-    if not hasattr(runner, "input_batch") or not hasattr(getattr(runner, "sampler", None), "topk_topp_sampler"):
-        raise RuntimeError(f"vLLM runs {type(runner).__name__}, not the V1 model runner whose sampler the keyed "
-                           "draws replace (VLLM_USE_V2_MODEL_RUNNER=0 is set by the engine: check the environment)")
-    rejection_sampler.rejection_sample = keyed_rejection_sample(rejection_sampler.rejection_sample)
-    if getattr(runner, "vllm_draws", None) is None:
-        sampler = runner.sampler.topk_topp_sampler
-        runner.vllm_draws = sampler.forward  # what uninstall_on_worker puts back
-        runner._sample = types.MethodType(keyed_sample(runner._sample), runner)
-        sampler.forward = keyed_top_k_top_p(sampler, sampler.forward)
-    return True
-
-
-def uninstall_on_worker(worker) -> bool:
-    """vLLM's own draws again on this worker (the benchmark's comparison: jobs/benchmark/sampling.py)."""
-    runner = worker.model_runner
-    if getattr(runner, "vllm_draws", None) is not None:
-        del runner._sample  # the class's method again
-        runner.sampler.topk_topp_sampler.forward, runner.vllm_draws = runner.vllm_draws, None
-    return True

@@ -9,8 +9,8 @@ import importlib.util
 import pytest
 import torch
 
-from pipeline.engines.vllm.engine import llvmlite_set_aside
-from pipeline.engines.vllm.cpu_sampling import expand, install, sampling_is_exact
+from pipeline.engines.vllm.compat import install, llvmlite_set_aside, sampling_is_exact
+from pipeline.engines.vllm.cpu_sampling import expand
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,8 @@ def test_our_expand_matches_its_definition_for_every_dtype(seed):
 
 
 def test_vllms_cpu_expand_leaves_float_outputs_unset_so_ours_is_needed(rejection_sampler):
-    """Canary: fails once vLLM's CPU expand kernel is right (then drop cpu_sampling.expand)."""
+    """Canary: fails once vLLM's CPU expand kernel is right (then that vLLM version leaves
+    compat.REACHES["expand_kernel"], and cpu_sampling.expand goes once no supported version needs it)."""
     counts, cu = [2, 3, 1], torch.tensor([2, 5, 6], dtype=torch.int32)
     temperature = torch.tensor([0.9, 0.7, 1.0])
     output = torch.full((6,), -7.0)

@@ -155,7 +155,7 @@ def test_bad_requests_fail_alone_and_budgets_and_stops_hold(engines, requests, r
 
 def test_each_engines_worker_samples_exactly(engines):
     """vLLM's sampling on each engine's worker, as our engine corrected it (cpu_sampling.py)."""
-    from pipeline.engines.vllm.cpu_sampling import sampling_is_exact
+    from pipeline.engines.vllm.compat import sampling_is_exact
 
     ours = engines[1]
     assert ours.exact_sampling

@@ -8,12 +8,9 @@ import pytest
 
 from drafters.budget import StepCostFit
 from drafters.per_request import PerRequestBatchDrafter
+from pipeline.engines.vllm.compat import external_request_id
 from pipeline.engines.vllm.engine import request_stats
-from pipeline.engines.vllm.proposer import (
-    Proposal,
-    Tracked,
-    external_request_id,
-)
+from pipeline.engines.vllm.proposer import Proposal, Tracked
 
 
 @dataclass

