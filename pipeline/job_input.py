@@ -5,8 +5,8 @@ A JSONL line that is not a JSON object, a CSV row that does not parse and a Parq
 cannot be opened are each named by file and line (or file): with `input.on_bad_line: error_row`
 (the default) each becomes one row whose id is "<file>:<line>" (a Parquet file: "<file>") and
 whose `BAD_INPUT` column holds the message; the job writes it as an error row and generates every
-other row. With `fail`, the read stops the job at once with that message (BadInput), a line, not
-a traceback.
+other row. With `fail`, the job stops after its first pass over the input (the count, before any
+actor starts), naming the first bad line and how many there are: one line, not a traceback.
 """
 from __future__ import annotations
 
@@ -27,10 +27,6 @@ from pipeline.row_values import rows_table
 from pipeline.schema import BAD_INPUT
 
 ROWS_PER_BLOCK = 4096
-
-
-class BadInput(ValueError):
-    """A line or file of the input that cannot be read, with `input.on_bad_line: fail`."""
 
 
 def files_of(source: InputConfig) -> list[str] | str:
@@ -64,7 +60,7 @@ def format_of(source: InputConfig, files) -> str:
 
 
 def read_input(source: InputConfig, cpus: float) -> ray.data.Dataset:
-    """The input as a Dataset, bad lines and unreadable files as rows with BAD_INPUT (or BadInput)."""
+    """The input as a Dataset, bad lines and unreadable files as rows with BAD_INPUT."""
     if source.path in BUILTIN_DATASETS:
         return ray.data.from_items([{source.id_column: request_id, source.prompt_column or "prompt": prompt}
                                     for request_id, prompt in builtin_prompts(source.path)])
@@ -101,13 +97,10 @@ def read_parquet(files, source: InputConfig, filesystem, cpus: float) -> ray.dat
 
 
 def bad_row(source: InputConfig, path: str, line: int | None, cause: str) -> dict:
-    """The row that stands for a line (or a whole file) that cannot be read; BadInput with `fail`."""
+    """The row that stands for a line (or a whole file) that cannot be read."""
     where = f"{path} line {line}" if line is not None else path
-    message = f"input.path: {where}: {cause}"
-    if source.on_bad_line == "fail":
-        raise BadInput(message + " (input.on_bad_line: fail; 'error_row' writes an error row for it instead)")
     return {source.id_column: f"{path}:{line}" if line is not None else path,
-            source.prompt_column or source.messages_column: None, BAD_INPUT: message}
+            source.prompt_column or source.messages_column: None, BAD_INPUT: f"input.path: {where}: {cause}"}
 
 
 class JsonLines(FileBasedDatasource):
@@ -161,7 +154,7 @@ class CsvRows(FileBasedDatasource):
     def _read_stream(self, f, path: str) -> Iterator[pa.Table]:
         import pyarrow.csv as pacsv
 
-        invalid = []  # pyarrow's InvalidRow (what it raises in the handler is lost: bad_row runs after)
+        invalid = []  # pyarrow's InvalidRow
 
         def skip(row) -> str:
             invalid.append(row)

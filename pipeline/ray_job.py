@@ -41,10 +41,11 @@ from pipeline.config import Config
 from pipeline import job_rows, series, series_store
 from pipeline.checkpoint import checkpoint_config as ids_checkpoint
 from pipeline.llm import Processor
-from pipeline.job_input import BadInput, check_columns, read_input
+from pipeline.job_input import check_columns, read_input
 from pipeline.output_files import parquet_files, set_aside_unreadable, whole_files
 from pipeline.progress import RunProgress, empty_totals
 from pipeline.run import Reading, RunPaths, RunPlan, RunSummary
+from pipeline.schema import BAD_INPUT
 
 # Small and fractional on purpose, for every operator beside the actors (a column selection too):
 # Ray Data's default is a whole CPU, which a node whose actors hold part of its CPUs never has
@@ -96,29 +97,36 @@ def checkpoint_config(config: Config, paths: RunPaths, fingerprint: str) -> Chec
     return ids_checkpoint("id", paths.checkpoints, config.input.id_column)
 
 
-def count_new(table, checkpoint: CheckpointConfig, ids: list) -> dict:
-    """One input block's rows, and those whose id is not checkpointed (a one-row batch)."""
-    kept = checkpoint.checkpoint_filter_cls(checkpoint, ids[0]).filter_rows_for_block(table)
-    return {"rows": [len(table)], "new": [len(kept)]}
+def count_block(table, checkpoint: CheckpointConfig | None, ids: list | None) -> dict:
+    """One input block's rows, those whose id is not checkpointed, and its bad lines with the first
+    one's message (a one-row batch)."""
+    kept = len(table) if checkpoint is None else len(
+        checkpoint.checkpoint_filter_cls(checkpoint, ids[0]).filter_rows_for_block(table))
+    bad = [message for message in table[BAD_INPUT].to_pylist() if message] if BAD_INPUT in table.column_names else []
+    return {"rows": [len(table)], "new": [kept], "bad": [len(bad)], "first_bad": [bad[0] if bad else None]}
 
 
 def count_input(plan: RunPlan, dataset: ray.data.Dataset) -> tuple[int, int]:
     """(the input's rows, those no finished write of this run, or of its series' fingerprint,
     holds), in one pass: Ray Data tasks count each block against the checkpointed ids in the object
-    store, as Ray's own checkpoint filter reads them, so no set of ids is built on the driver."""
-    checkpoint, output = plan.checkpoint, plan.paths.run_dir
+    store, as Ray's own checkpoint filter reads them, so no set of ids is built on the driver. With
+    input.on_bad_line fail, a bad line stops the run here, before any actor starts."""
+    checkpoint, output, ids = plan.checkpoint, plan.paths.run_dir, None
     if storage.info(checkpoint.checkpoint_path, "job.output").type.name != "NotFound":
         manager = IdColumnCheckpointManager(checkpoint, ray.data.DataContext.get_current())
         ids, _ = manager.load_checkpoint(output, storage.resolve(output)[0])
-        if ids:
-            counts = dataset.map_batches(count_new, fn_kwargs={"checkpoint": checkpoint, "ids": [ids]},  # the ref, not the array
-                                         batch_format="pyarrow", batch_size=None, num_cpus=IO_CPUS)
-            rows = new = 0
-            for batch in counts.iter_batches(batch_size=None, batch_format="pyarrow"):
-                rows, new = rows + sum(batch["rows"].to_pylist()), new + sum(batch["new"].to_pylist())
-            return rows, new
-    rows = dataset.count()
-    return rows, rows
+    given = {"checkpoint": checkpoint, "ids": [ids]} if ids else {"checkpoint": None, "ids": None}  # the ref, not the array
+    counts = dataset.map_batches(count_block, fn_kwargs=given, batch_format="pyarrow", batch_size=None, num_cpus=IO_CPUS)
+    rows = new = bad = 0
+    first_bad = None
+    for batch in counts.iter_batches(batch_size=None, batch_format="pyarrow"):
+        rows, new, bad = (rows + sum(batch["rows"].to_pylist()), new + sum(batch["new"].to_pylist()),
+                          bad + sum(batch["bad"].to_pylist()))
+        first_bad = first_bad or next((m for m in batch["first_bad"].to_pylist() if m), None)
+    if bad and plan.config.input.on_bad_line == "fail":
+        raise JobFailed(f"{first_bad} ({bad} bad line{'s' * (bad > 1)} in all; input.on_bad_line: fail, and "
+                        "'error_row' writes an error row for each instead)")
+    return rows, new
 
 
 # --- The run ----------------------------------------------------------------------------------
@@ -141,24 +149,8 @@ def run_job(config: Config, run_id: str) -> dict:
     shuffle, context.shuffle_strategy = context.shuffle_strategy, ShuffleStrategy.SORT_SHUFFLE_PULL_BASED
     try:
         return generate_and_write(config, run_id)
-    except Exception as error:
-        bad = bad_input(error)
-        if bad is None:
-            raise
-        raise JobFailed(bad) from None  # the file and line, not the read task's traceback
     finally:
         context.use_datasource_v2, context.shuffle_strategy = in_use, shuffle
-
-
-def bad_input(error: BaseException) -> str | None:
-    """The message of a BadInput that `error` (a Ray task's error, however wrapped) comes from."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        if isinstance(error, BadInput):
-            return str(error.args[0]) if error.args else str(error)
-        seen.add(id(error))
-        error = getattr(error, "cause", None) or error.__cause__ or error.__context__
-    return None
 
 
 def prepare_output(plan: RunPlan) -> list[dict]:
