@@ -1,9 +1,10 @@
 """The vLLM engine: vLLM runs the model, our drafter is its proposer. Its public surface is
-VllmEngine, how its feeder admits requests (WAITING_SHARE), how it shares a CPU's cores among
-tensor-parallel ranks (cpu_binding), and how it prepares a process to start vLLM
-(set_vllm_environment, llvmlite_set_aside: for a benchmark that starts vLLM itself); vLLM loads the
-proposer (proposer.py) by its dotted path."""
+VllmEngine, what it declares of its settings (KIND, settings.py), how its feeder admits requests
+(WAITING_SHARE), how it shares a CPU's cores among tensor-parallel ranks (cpu_binding), and how it
+prepares a process to start vLLM (set_vllm_environment, llvmlite_set_aside: for a benchmark that
+starts vLLM itself); vLLM loads the proposer (proposer.py) by its dotted path."""
 from pipeline.engines.vllm.engine import VllmEngine, cpu_binding, llvmlite_set_aside, set_vllm_environment
 from pipeline.engines.vllm.feeder import WAITING_SHARE
+from pipeline.engines.vllm.settings import KIND
 
-__all__ = ["WAITING_SHARE", "VllmEngine", "cpu_binding", "llvmlite_set_aside", "set_vllm_environment"]
+__all__ = ["KIND", "WAITING_SHARE", "VllmEngine", "cpu_binding", "llvmlite_set_aside", "set_vllm_environment"]
