@@ -34,10 +34,10 @@ def self_draft_model(model: nn.Module, num_layers: int) -> nn.Module:
     base = getattr(model, "model", None)
     layers = getattr(base, "layers", None)
     if not isinstance(layers, nn.ModuleList):
-        raise ValueError(f"decoder.draft_model 'self' needs a decoder-only model with `model.layers` "
+        raise ValueError(f"transformers.draft_model 'self' needs a decoder-only model with `model.layers` "
                          f"(Llama, Mistral, Qwen2, ...); {type(model).__name__} has none: give a draft model directory")
     if not 1 <= num_layers < len(layers):
-        raise ValueError(f"decoder.draft_layers: must be from 1 to {len(layers) - 1} for this model "
+        raise ValueError(f"transformers.draft_layers: must be from 1 to {len(layers) - 1} for this model "
                          f"({len(layers)} layers), got {num_layers}")
     config = copy.deepcopy(model.config)
     config.num_hidden_layers = num_layers

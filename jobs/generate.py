@@ -24,6 +24,7 @@ if __name__ == "__main__":
 import ray  # noqa: E402
 
 from pipeline.config import ConfigError, load_config  # noqa: E402
+from pipeline.engines.build import checked_config  # noqa: E402
 from pipeline.ray_job import JobFailed, new_run_id, run_job  # noqa: E402
 from pipeline.storage import StorageError  # noqa: E402
 
@@ -47,7 +48,7 @@ def main(argv=None) -> dict:
     for flag, key in ((args.input, "input.path"), (args.output, "job.output"), (args.run_id, "job.run_id")):
         if flag is not None:
             overrides.append(f"{key}={json.dumps(flag)}")  # JSON-quoted: read back as a string by YAML
-    config = load_config(args.config, overrides)
+    config = checked_config(load_config(args.config, overrides))  # what the engine cannot honour fails here
     if args.show_config:
         print(config_yaml(config), end="")
         return {}
@@ -69,10 +70,10 @@ def config_yaml(config) -> str:
 
     sections = {name: {key: plain(value) for key, value in section.items()}
                 for name, section in dataclasses.asdict(config).items()}
-    decoder = sections["decoder"]
-    for name in ("k", "w"):  # `auto`, not the engine's limit: the file then reads right on either engine
-        if decoder.pop(f"auto_{name}"):
-            decoder[name] = "auto"
+    for section, name in (("transformers", "k"), ("decoder", "w")):
+        # `auto`, not the engine's limit: the file then reads right on either engine
+        if sections[section].pop(f"auto_{name}"):
+            sections[section][name] = "auto"
     return yaml.safe_dump(sections, sort_keys=False)
 
 

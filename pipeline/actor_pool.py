@@ -11,8 +11,8 @@ import ray
 
 from drafters.datastore import Datastore
 from pipeline.drafter_registry import drafter_tables, needs_datastore
-from pipeline.config import Config, concurrent_batches
-from pipeline.engines.build import ModelRefused, check_engine_can_run
+from pipeline.config import Config
+from pipeline.engines.build import ModelRefused, check_engine_can_run, concurrent_batches
 from pipeline import storage
 from pipeline.model_loading import cache_root, resolve_model_dir
 

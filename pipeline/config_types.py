@@ -70,7 +70,8 @@ def describe(hint: Any) -> str:
 
 
 def build(cls: type, mapping: Any, prefix: str = ""):
-    """Builds dataclass `cls` from a mapping, rejecting unknown keys by name."""
+    """Builds dataclass `cls` from a mapping, rejecting unknown keys by name, and a key the class
+    lists in its MOVED (old key -> its new `section.key`) naming where it went."""
     where = prefix or "config"
     if mapping is None:
         mapping = {}
@@ -78,6 +79,10 @@ def build(cls: type, mapping: Any, prefix: str = ""):
         raise ConfigError(f"{where}: must be a mapping, got {type(mapping).__name__}")
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
+    moved = getattr(cls, "MOVED", {})  # old key -> the `section.key` it is now
+    for key in mapping:
+        if key in moved:
+            raise ConfigError(f"{prefix or cls.__name__}.{key} moved to {moved[key]}: set {moved[key]} instead")
     unknown = sorted(set(mapping) - set(names))
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(names)}")

@@ -1,5 +1,6 @@
 """The names `decoder.drafter` takes and what each needs, known to the config (which validates
-against them) and to the drafter registry (which builds them: pipeline/drafter_registry.py) alike.
+against them), to the drafter registry (which builds them: pipeline/drafter_registry.py) and to the
+engines (each refuses, by these properties, the ones it cannot run) alike.
 
 A new drafter is one module in drafters/, one entry here and one factory in the registry.
 """
@@ -11,7 +12,9 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class DrafterKind:
     tables: tuple[str, ...] = ()  # pipeline/drafter_registry.py's DrafterTables fields it drafts from, built once per model
-    engines: tuple[str, ...] = ("vllm", "transformers")  # where it runs
+    # Its drafts carry the draft model's probabilities, verified by speculative sampling (an engine
+    # that verifies point drafts only refuses it).
+    draft_probabilities: bool = False
     vllm_method: str = ""  # vLLM's own speculative_config method, for a method vLLM runs itself
     datastore: bool = False  # whether it drafts from decoder.datastore
     batched: bool = False  # a BatchDrafter itself (drafters/base.py); else drafters/per_request.py adapts it for vLLM
@@ -24,7 +27,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
     "bigram": DrafterKind(("chained",)),
     "extended_bigram": DrafterKind(("extended",)),
     "mixed": DrafterKind(("chained",)),
-    "draft_model": DrafterKind(engines=("transformers",)),
+    "draft_model": DrafterKind(draft_probabilities=True),
     "rest": DrafterKind(datastore=True),
     # The suffix drafter: the request's context, other requests' outputs (in flight too) and
     # (decoder.datastore) earlier runs' outputs, scored by an acceptance model learned online, for
@@ -32,13 +35,10 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
     "batch_suffix": DrafterKind(datastore=True, batched=True),
     # vLLM's own learning-free methods, run by vLLM itself: n-gram prompt lookup and suffix
     # decoding (arctic-inference).
-    "vllm_ngram": DrafterKind(engines=("vllm",), vllm_method="ngram"),
-    "vllm_suffix": DrafterKind(engines=("vllm",), vllm_method="suffix"),
+    "vllm_ngram": DrafterKind(vllm_method="ngram"),
+    "vllm_suffix": DrafterKind(vllm_method="suffix"),
 }
 DRAFTER_NAMES = tuple(DRAFTER_KINDS)
 VLLM_METHODS = {name: kind.vllm_method for name, kind in DRAFTER_KINDS.items() if kind.vllm_method}
 
 
-def drafts_from_predictions(engine: str, drafter: str, w: int) -> bool:
-    """Whether a row's `prediction` is drafted from: our proposer on the vLLM engine (drafters/prediction.py)."""
-    return engine == "vllm" and drafter != "none" and not DRAFTER_KINDS[drafter].vllm_method and w > 0

@@ -25,7 +25,7 @@ from drafters.mixed import MixedDrafter
 from drafters.retrieval import RetrievalDrafter, check_vocabulary
 from drafters.suffix import BatchSuffixDrafter
 from drafters.unigram import UnigramDrafter
-from pipeline.config import Config, DecoderConfig, ModelConfig
+from pipeline.config import Config, DecoderConfig, ModelConfig, TransformersConfig
 from pipeline.drafter_kinds import DRAFTER_KINDS, DRAFTER_NAMES
 from pipeline.model_loading import LoadedModel, cache_root, load_model
 
@@ -157,8 +157,10 @@ def prefix_ids(tokenizer, kind: str) -> list[int]:
     raise ValueError(f"decoder.bigram_prefix: unknown {kind!r}")
 
 
-def build_tables(model, tokenizer, fingerprint: str, config: DecoderConfig, cache_dir: Path) -> DrafterTables:
-    """Builds (or loads from the disk cache) the tables `config.drafter` needs."""
+def build_tables(model, tokenizer, fingerprint: str, config: DecoderConfig, cache_dir: Path,
+                 rows: int = 1) -> DrafterTables:
+    """Builds (or loads from the disk cache) the tables `config.drafter` needs, for drafts of up
+    to `rows` rows of config.w tokens."""
     needed = set(DRAFTER_KINDS[config.drafter].tables) if config.w > 0 else set()
     unigram = bigram = chained = extended = None
     seconds: dict[str, float] = {}
@@ -171,11 +173,11 @@ def build_tables(model, tokenizer, fingerprint: str, config: DecoderConfig, cach
         bigram, seconds["bigram"] = model_tables.cached_table(
             path, lambda: model_tables.compute_bigram_table(model, prefix, config.bigram_top_k, config.bigram_batch_size))
         if "chained" in needed:
-            chained = model_tables.chain_extension(bigram, config.k, config.w)
+            chained = model_tables.chain_extension(bigram, rows, config.w)
         if "extended" in needed:
-            path = model_tables.table_path(cache_dir, fingerprint, "extended", f"{settings}|k={config.k}|w={config.w}")
+            path = model_tables.table_path(cache_dir, fingerprint, "extended", f"{settings}|k={rows}|w={config.w}")
             extended, seconds["extended"] = model_tables.cached_table(
-                path, lambda: model_tables.model_extension(model, bigram, prefix, config.k, config.w,
+                path, lambda: model_tables.model_extension(model, bigram, prefix, rows, config.w,
                                                            config.bigram_batch_size))
     return DrafterTables(unigram, bigram, chained, extended, seconds)
 
@@ -187,18 +189,20 @@ def drafter_tables(config: Config, loaded: LoadedModel | None = None) -> Drafter
     if not needs_model_tables(config.decoder):
         return DrafterTables()
     loaded = loaded or load_model(config.model)
-    return build_tables(loaded.model, loaded.tokenizer, loaded.fingerprint, config.decoder, cache_root(config.model))
+    # Rows per draft: transformers.k (the vLLM engine drafts one row, and refuses another k).
+    return build_tables(loaded.model, loaded.tokenizer, loaded.fingerprint, config.decoder, cache_root(config.model),
+                        config.transformers.k)
 
 
-def load_draft_model(config: DecoderConfig, model_config: ModelConfig, target):
-    """The draft model of drafter "draft_model": a self-draft of `target` (a LoadedModel), or a
-    model directory whose tokenizer must be the target's (speculative sampling compares the two
-    models' probabilities token by token)."""
-    if config.draft_model == "self":
-        return self_draft_model(target.model, config.draft_layers)
-    draft = load_model(replace(model_config, name=config.draft_model))
+def load_draft_model(settings: TransformersConfig, model_config: ModelConfig, target):
+    """The draft model of drafter "draft_model" (transformers.draft_model): a self-draft of `target`
+    (a LoadedModel), or a model directory whose tokenizer must be the target's (speculative
+    sampling compares the two models' probabilities token by token)."""
+    if settings.draft_model == "self":
+        return self_draft_model(target.model, settings.draft_layers)
+    draft = load_model(replace(model_config, name=settings.draft_model))
     if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
-        raise ValueError(f"decoder.draft_model: {config.draft_model!r} has a different tokenizer from the target "
+        raise ValueError(f"transformers.draft_model: {settings.draft_model!r} has a different tokenizer from the target "
                          f"{model_config.name!r}; a draft model must share the target's vocabulary")
     return draft.model
 

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from pipeline.config import Config
 from pipeline.row_values import python_value, request_key
 from pipeline.schema import BAD_INPUT, INFERENCE_ERROR, JOB_SCHEMA
-from pipeline.drafter_kinds import drafts_from_predictions
+from pipeline.engines.build import drafts_from_predictions
 from pipeline.series import LAST_OUTPUT, ROW_SETTINGS, row_fingerprint, settings_fingerprint
 from pipeline.stage import StageSettings
 
@@ -64,7 +64,7 @@ def request_row(config: Config, settings: str | None = None) -> Callable[[dict],
     column = source.prompt_column or source.messages_column
     settings = settings or settings_fingerprint(config)
     # `predicted_from` says what ran: null where no prediction is drafted from (the stage still checks one).
-    predicted = drafts_from_predictions(config.engine.name, decoder.drafter, decoder.w)
+    predicted = drafts_from_predictions(config)
 
     def convert(row: dict) -> dict:
         prompt = python_value(row.get(column))

@@ -18,6 +18,7 @@ min_p, ...) are such an error, never ignored.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import uuid
@@ -28,7 +29,8 @@ import pyarrow as pa
 
 from pipeline.actor_pool import generation_stage, prepared_tables
 from pipeline.checkpoint import checkpoint_config
-from pipeline.config import Config, ConfigError, DecoderConfig, build
+from pipeline.config import ENGINES, Config, ConfigError, build
+from pipeline.engines.build import checked_config, concurrent_batches
 from pipeline.vllm_arguments import VLLM_ARGUMENTS
 from pipeline.row_values import rows_table
 from pipeline.schema import INFERENCE_ERROR, STATISTICS
@@ -74,9 +76,12 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
     # occupancy), tagged run_id "processor-<id>".
     log_engine_metrics: bool = True
     task_type: str = "generate"
-    # Ours: decoder.* settings as in a job's config (our default drafter when empty), and the engine.
+    # Ours: decoder.* settings as in a job's config (our default drafter when empty), the engine,
+    # and the transformers engine's own transformers.* settings (k, verify, ...; refused on vLLM
+    # where they would change what runs).
     decoder: Mapping[str, Any] = field(default_factory=dict)
     engine: str = "vllm"
+    transformers: Mapping[str, Any] = field(default_factory=dict)
     # Ours: which of our columns a row gets (None: all of STATISTICS; () none, ray.data.llm's only).
     statistics_columns: Sequence[str] | None = None
     # Ours: the rows' id column. Errors name a row by its id, a row without one fails (raises, or is
@@ -97,7 +102,7 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         check(self.max_concurrent_batches >= 1, "max_concurrent_batches", "an integer >= 1")
         check(self.max_pending_requests is None or self.max_pending_requests >= 1, "max_pending_requests",
               "an integer >= 1 or None")
-        check(self.engine in ("vllm", "transformers"), "engine", "'vllm' or 'transformers'")
+        check(self.engine in ENGINES, "engine", " or ".join(map(repr, ENGINES)))
         self.actors()
         self.statistics()
         self.chat_template()
@@ -113,7 +118,7 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
                 check(value == argument.only, f"engine_kwargs.{key}", f"{argument.only!r} (the only value this engine runs)")
             check(argument is None or argument.field or argument.only is not None or key == "speculative_config",
                   f"engine_kwargs.{key}", f"left out: {argument.where() if argument else ''}")
-        self.pipeline_config()  # its own checks, naming decoder.* and engine.* fields
+        self.pipeline_config()  # its own checks and the engine's, naming decoder.*, transformers.*, engine.* fields
 
     def chat_template(self, fallback_kwargs: Mapping[str, Any] | None = None) -> dict:
         """chat_template_stage as GenerationStage's settings: enabled, template, template_kwargs
@@ -180,13 +185,15 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         return {"CPU": sum(bundle.get("CPU", 0) for bundle in bundles) or 1.0, "GPU": gpus}
 
     def pipeline_config(self) -> Config:
+        """The pipeline's settings, as the engine runs them (pipeline/engines/build.checked_config)."""
         resources = self.resources()
         # On a CPU the engine's threads are the CPUs the actor reserved (Ray starts it with one otherwise).
         threads = 0 if resources["GPU"] else max(1, int(resources["CPU"]))
         # The job's default drafter (pipeline/config.py's defaults) unless `decoder` names another.
+        # Each engine's per-request record on (ray.data.llm's `metrics`), where it keeps one.
         sections: dict[str, dict] = {"model": {"name": self.model_source, "num_threads": threads},
-                                     "engine": {"name": self.engine, "request_metrics": self.engine == "vllm"},
-                                     "decoder": dict(self.decoder), "ray": {}}
+                                     "engine": {"name": self.engine, "request_metrics": True},
+                                     "decoder": dict(self.decoder), "transformers": dict(self.transformers)}
         vllm_args = {}
         for key, value in self.engine_kwargs.items():
             argument = VLLM_ARGUMENTS.get(key)
@@ -200,19 +207,21 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
                 section, name = argument.field.split(".")
                 sections[section][name] = argument.convert(value)
         sections["engine"]["vllm_args"] = vllm_args
+        if "max_batch_requests" not in self.transformers:
+            # the transformers engine's requests per forward call come from one batch: no more than it holds
+            default = build(Config, {"decoder": sections["decoder"], "transformers": sections["transformers"]})
+            sections["transformers"]["max_batch_requests"] = min(default.transformers.max_batch_requests,
+                                                                 self.batch_size)
         low, high = self.actors()
-        batches = self.max_concurrent_batches if self.engine == "vllm" else 1  # transformers: one at a time
+        sections["ray"] = {"min_actors": low, "max_actors": high, "batch_size": self.batch_size,
+                           "max_concurrent_batches": self.max_concurrent_batches, "num_cpus_per_actor": resources["CPU"],
+                           "num_gpus_per_actor": resources["GPU"], "accelerator_type": self.accelerator_type or ""}
+        config = build(Config, sections)
+        batches = concurrent_batches(config)  # the engine's (the transformers engine: one at a time)
         if self.max_pending_requests:
             batches = max(1, min(batches, math.ceil(self.max_pending_requests / self.batch_size)))
-        if self.engine == "transformers" and "max_batch_requests" not in self.decoder:
-            # its requests per forward call come from one batch: no more than the batch holds
-            default = build(DecoderConfig, dict(self.decoder), "decoder")
-            sections["decoder"]["max_batch_requests"] = min(default.max_batch_requests, self.batch_size)
-        sections["ray"] = {"min_actors": low, "max_actors": high, "batch_size": self.batch_size,
-                           "max_concurrent_batches": batches, "num_cpus_per_actor": resources["CPU"],
-                           "num_gpus_per_actor": resources["GPU"], "accelerator_type": self.accelerator_type or ""}
-        return build(Config, sections)
-
+        return checked_config(dataclasses.replace(config, ray=dataclasses.replace(config.ray,
+                                                                                  max_concurrent_batches=batches)))
 
     def speculative_decoder(self, spec: Any) -> dict:
         """A user's engine_kwargs.speculative_config as our decoder settings: vLLM's own method runs."""
@@ -282,7 +291,7 @@ class Processor:
         """The lazy Dataset. The model is checked (and drafter tables built) here, once: a model or
         setting the engine cannot run fails now, not inside the actors. The checkpoint and how long
         the actors may take to start are the Dataset's (its context), not the process's."""
-        config = self.config
+        config = checked_config(self.config)  # (the processor's is already; a program's own Config too)
         if self.checkpoint is not None:
             present, checkpoint = dataset.context.checkpoint_config, self.checkpoint
             if present is not None and (present.id_column, present.checkpoint_path) != (

@@ -162,7 +162,7 @@ class RunSummary:
                                                   "engine_restarts")},
             driver_peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             settings={section: asdict(getattr(plan.drafting, section))
-                      for section in ("model", "engine", "decoder", "input", "ray")})
+                      for section in ("model", "engine", "decoder", "transformers", "input", "ray")})
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

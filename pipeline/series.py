@@ -48,8 +48,8 @@ def settings_fingerprint(config: Config) -> str:
                 "stop": list(decoder.stop), "temperature": decoder.temperature, "top_k": decoder.top_k,
                 "top_p": decoder.top_p, "seed": decoder.seed,
                 "columns": [config.input.id_column, config.input.prompt_column, config.input.messages_column]}
-    if decoder.temperature > 0:
-        settings["decoder"] = asdict(decoder)
+    if decoder.temperature > 0:  # (the transformers engine's section too: its keys were the decoder's)
+        settings["decoder"] = {**asdict(decoder), **asdict(config.transformers)}
     return digest(json.dumps(settings, sort_keys=True, default=list))
 
 

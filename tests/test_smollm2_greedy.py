@@ -12,7 +12,7 @@ import torch
 
 from pipeline.drafter_registry import build_tables, load_draft_model, make_drafter
 from jobs.benchmark.hf import hf_generate
-from pipeline.config import DecoderConfig, ModelConfig
+from pipeline.config import DecoderConfig, ModelConfig, TransformersConfig
 from pipeline.engines.transformers.decoder import SpeculativeDecoder
 from pipeline.model_loading import cache_root
 from jobs.benchmark.datasets import encode_prompt, load_prompts
@@ -45,8 +45,8 @@ def make_decoder(smollm2, drafter_name, k, w):
     names = MODEL_TABLE_DRAFTERS if drafter_name == "model_tables" else (drafter_name,)
     drafters = []
     for name in names:
-        config = DecoderConfig(drafter=name, k=k, w=w)
-        tables = build_tables(smollm2.model, smollm2.tokenizer, smollm2.fingerprint, config, cache_root(ModelConfig()))
+        config = DecoderConfig(drafter=name, w=w)
+        tables = build_tables(smollm2.model, smollm2.tokenizer, smollm2.fingerprint, config, cache_root(ModelConfig()), k)
         drafters.append(make_drafter(config, tables, 0))
     drafter = drafters[0] if len(drafters) == 1 else TakingTurns(drafters)
     return SpeculativeDecoder(smollm2.model, smollm2.tokenizer, drafter, k, w)
@@ -99,8 +99,9 @@ def test_draft_model_greedy_is_token_identical(smollm2, prompts, hf_reference, t
     """Through a self-draft (first 8 layers) and through another model directory sharing the
     tokenizer (a tiny random model whose drafts are nearly always rejected)."""
     name = str(tiny_model_dir) if draft_model == "tiny_model_dir" else draft_model
-    config = DecoderConfig(drafter="draft_model", k=1, w=gamma, draft_model=name, draft_layers=8)
-    drafter = make_drafter(config, None, 0, load_draft_model(config, ModelConfig(), smollm2))
+    config = DecoderConfig(drafter="draft_model", w=gamma)
+    own = TransformersConfig(draft_model=name, draft_layers=8)
+    drafter = make_drafter(config, None, 0, load_draft_model(own, ModelConfig(), smollm2))
     decoder = SpeculativeDecoder(smollm2.model, smollm2.tokenizer, drafter, 1, gamma)
     for request_id, ids in prompts[:num_prompts]:
         result = decoder.generate(ids, NEW_TOKENS, request_id=request_id)
@@ -112,8 +113,8 @@ def test_draft_model_greedy_is_token_identical(smollm2, prompts, hf_reference, t
 def test_tree_mode_is_batch_mode_with_fewer_tokens_for_retrieval_mixed(smollm2, prompts, hf_reference,
                                                                       stdlib_datastore):
     """Mixed = context n-gram + REST retrieval + bigram rows, k = 4, w = 4, in both modes."""
-    config = DecoderConfig(drafter="mixed", k=4, w=4, datastore=str(stdlib_datastore))
-    tables = build_tables(smollm2.model, smollm2.tokenizer, smollm2.fingerprint, config, cache_root(ModelConfig()))
+    config = DecoderConfig(drafter="mixed", w=4, datastore=str(stdlib_datastore))
+    tables = build_tables(smollm2.model, smollm2.tokenizer, smollm2.fingerprint, config, cache_root(ModelConfig()), 4)
     fed, wins = {}, {}
     for verify in ("batch", "tree"):
         decoder = SpeculativeDecoder(smollm2.model, smollm2.tokenizer, make_drafter(config, tables, 0), 4, 4,

@@ -11,15 +11,15 @@ import pytest
 from pipeline.config import load_config
 from pipeline.engines.base import Request
 from pipeline.drafter_registry import drafter_tables
-from pipeline.engines.build import build_engine
+from pipeline.engines.build import build_engine, checked_config
 from jobs.benchmark.datasets import encode_prompt, load_prompts
 
 NUM_PROMPTS, NEW_TOKENS = 4, 48
 
 
 def smollm2_config(*overrides):
-    return load_config("configs/default.yaml", ["engine.name=vllm", "engine.execution=eager", "engine.cpu_kv_cache_gib=1",
-                                                "engine.max_model_len=1024", *overrides])
+    return checked_config(load_config("configs/default.yaml", [
+        "engine.name=vllm", "engine.execution=eager", "engine.cpu_kv_cache_gib=1", "engine.max_model_len=1024", *overrides]))
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.config import load_config
 from pipeline.engines.base import Request
-from pipeline.engines.build import build_engine
+from pipeline.engines.build import build_engine, checked_config
 from jobs.benchmark.datasets import encode_prompt, load_prompts
 from drafters.primitives.sampling import SamplingParams
 from tests.pipeline.engines.sampling_checks import assert_exact, generate_tracking
@@ -26,8 +26,9 @@ CASES = {"t0.7-top_k50": SamplingParams(0.7, 50, 1.0), "t1.0-top_p0.9": Sampling
 
 
 def smollm2_config(*overrides):
-    return load_config("configs/default.yaml", ["engine.name=vllm", "engine.execution=eager", "engine.cpu_kv_cache_gib=1",
-                                                "engine.max_model_len=1024", "engine.max_num_seqs=16", *overrides])
+    return checked_config(load_config("configs/default.yaml", [
+        "engine.name=vllm", "engine.execution=eager", "engine.cpu_kv_cache_gib=1", "engine.max_model_len=1024",
+        "engine.max_num_seqs=16", *overrides]))
 
 
 @pytest.fixture(scope="module")

@@ -32,10 +32,9 @@ from jobs.benchmark.arguments import add_prompt_args, integers
 from jobs.benchmark.corpus_tasks import structured_outputs
 from jobs.benchmark.datasets import encode_prompt, load_prompts
 from jobs.benchmark.report import markdown_table
-from pipeline.config import Config, load_config
+from pipeline.config import ENGINES, Config, load_config
 from pipeline.engines.base import Engine, Request, Result
-from pipeline.engines.build import build_engine
-from pipeline.model_loading import load_model
+from pipeline.engines.build import build_engines as pipeline_engines
 
 # vLLM's own methods at the settings the issue measured: n-gram k = 5, q 2..4; suffix k = 16.
 VLLM_DEFAULTS = {"vllm_ngram": ("5", ["decoder.ngram_min_q=2", "decoder.ngram_max_q=4"]), "vllm_suffix": ("16", [])}
@@ -73,8 +72,8 @@ class Method:
             return [f"decoder.drafter={parts[0]}", f"decoder.w={parts[1] if len(parts) > 1 else w}", *extra]
         if len(parts) not in (3, 4):
             raise ValueError(f"method {self.name!r}: expected plain, vllm_ngram[:W], vllm_suffix[:W] or DRAFTER:k:w[:tree]")
-        verify = [f"decoder.verify={parts[3]}"] if len(parts) == 4 else []
-        return [f"decoder.drafter={parts[0]}", f"decoder.k={parts[1]}", f"decoder.w={parts[2]}", *verify]
+        verify = [f"transformers.verify={parts[3]}"] if len(parts) == 4 else []
+        return [f"decoder.drafter={parts[0]}", f"transformers.k={parts[1]}", f"decoder.w={parts[2]}", *verify]
 
 
 def parse_methods(names: str, engine: str) -> list[Method]:
@@ -82,7 +81,7 @@ def parse_methods(names: str, engine: str) -> list[Method]:
     methods = []
     for name in filter(None, (n.strip() for n in names.split(","))):
         on, _, rest = name.partition(":")
-        methods.append(Method(on, rest) if on in ("vllm", "transformers") and rest else Method(engine, name))
+        methods.append(Method(on, rest) if on in ENGINES and rest else Method(engine, name))
     return methods
 
 
@@ -117,28 +116,28 @@ def run_methods(engines: dict, methods: list, requests: list[Request], batch: in
     return {method: (seconds[method], results[method]) for method in methods}
 
 
-def method_config(base: list[str], method: Method, batch: int) -> Config:
+def method_config(base: list[str], method: Method, batch: int, slots: int) -> Config:
+    """The method's config at `batch` running requests: a vLLM engine has `slots` (the largest
+    batch: one engine serves every batch size), the transformers engine batches `batch` requests
+    per forward call (its throughput mode is part of its decoder)."""
     return load_config(None, [*base, f"engine.name={method.engine}", *method.overrides(),
-                                                f"decoder.max_batch_requests={batch}", f"engine.max_num_seqs={batch}",
-                                                f"ray.batch_size={batch}"])
+                              f"transformers.max_batch_requests={batch}", f"engine.max_num_seqs={slots}",
+                              f"ray.batch_size={batch}"])
 
 
 def build_engines(base: list[str], methods: list[Method], batches: list[int]) -> dict[tuple[Method, int], Engine]:
-    """One vLLM engine per method serves every batch size (max_num_seqs = the largest); the
-    transformers engine's batch is part of its decoder, so it gets one per batch size (sharing the model)."""
-    largest = max(batches)
-    first = method_config(base, methods[0], largest)
-    loaded = load_model(first.model) if any(m.engine == "transformers" for m in methods) else None
-    engines: dict[tuple[Method, int], Engine] = {}
+    """Each method's engine at each batch size, as pipeline/engines/build.build_engines shares them:
+    one vLLM engine per method serves every batch size, the transformers engine gets one per batch
+    size (sharing the model)."""
     # vLLM's own methods are built last: its n-gram method imports numba, whose llvmlite answers any
     # attribute lookup (__dict__ too), and that breaks the module scan of every later vLLM start in
     # this process (vLLM 0.32's CPU kernel registration), vllm_suffix's included: vllm_ngram goes
     # last of all. A job has one engine per process.
     last = {"vllm_suffix": 1, "vllm_ngram": 2}
-    for method in sorted(methods, key=lambda m: last.get(m.name.split(":")[0], 0)):
-        for batch in ([largest] if method.engine == "vllm" else batches):
-            engines[method, batch] = build_engine(method_config(base, method, batch), loaded=loaded)
-    return engines
+    keys = [(method, batch) for method in sorted(methods, key=lambda m: last.get(m.name.split(":")[0], 0))
+            for batch in batches]
+    engines = pipeline_engines([method_config(base, method, batch, max(batches)) for method, batch in keys])
+    return dict(zip(keys, engines))
 
 
 def compare(base: list[str], methods: list[Method], prompts: list[str], batches: list[int], max_new_tokens: int,
@@ -163,7 +162,7 @@ def compare(base: list[str], methods: list[Method], prompts: list[str], batches:
         batch = batches[position]
         chunk = requests[run * per_run:(run + 1) * per_run]
         chunks.append({"round": round_index + 1, "batch": batch, "prompts": [r.request_id for r in chunk]})
-        engines_now = {method: engines[method, batch if method.engine == "transformers" else max(batches)] for method in methods}
+        engines_now = {method: engines[method, batch] for method in methods}
         for method, (seconds, results) in run_methods(engines_now, methods, chunk, per_call or batch, first=run).items():
             measured[method, batch].add(seconds, results)
             print(f"round {round_index + 1}/{rounds} B={batch} prompts {chunk[0].request_id}..{chunk[-1].request_id} "

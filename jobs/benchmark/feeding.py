@@ -35,7 +35,7 @@ from jobs.benchmark.report import markdown_table
 from pipeline.config import Config, load_config
 from pipeline.drafter_kinds import VLLM_METHODS
 from pipeline.engines.base import Request, engine_summary
-from pipeline.engines.build import build_engine
+from pipeline.engines.build import build_engine, checked_config
 
 WAYS = ("llm_generate", "feeder", "job", "ray_data_llm", "processor")
 
@@ -51,12 +51,13 @@ def add_cli_args(parser) -> None:
 
 
 def feeding_config(args, method: Method, output: str = "", input_path: str = "") -> Config:
-    return load_config(None, [
+    """The method's config on vLLM, as a job starts it (checked_config)."""
+    return checked_config(load_config(None, [
         "engine.name=vllm", f"model.name={json.dumps(args.model)}", f"model.dtype={args.dtype}",
         "engine.cpu_kv_cache_gib=2", f"engine.max_num_seqs={args.max_num_seqs}",
         f"decoder.max_new_tokens={args.max_new_tokens}", f"ray.batch_size={args.batch_size}",
         "ray.num_cpus_per_actor=1", *method.overrides(),
-        *([f"job.output={json.dumps(output)}", f"input.path={json.dumps(input_path)}", "input.limit=0"] if output else [])])
+        *([f"job.output={json.dumps(output)}", f"input.path={json.dumps(input_path)}", "input.limit=0"] if output else [])]))
 
 
 def run(args) -> dict:
@@ -136,7 +137,7 @@ def all_at_once(engine):
 def feeder_row(args, method: Method, prompts, reference: dict) -> dict:
     from concurrent.futures import ThreadPoolExecutor
 
-    from pipeline.config import concurrent_batches
+    from pipeline.engines.build import concurrent_batches
 
     config = feeding_config(args, method)
     engine = build_engine(config)
@@ -219,11 +220,13 @@ def ray_data_llm_row(args, method: Method, prompts, prompt_ids: dict, reference:
 def processor_row(args, method: Method, prompts, prompt_ids: dict, reference: dict) -> dict:
     import pipeline.llm
 
-    # Our processor takes the engine's settings as ray.data.llm does, and the method's as `decoder`.
-    decoder = feeding_config(args, method).decoder
-    settings = {name: getattr(decoder, name) for name in ("drafter", "w", "k", "auto_w", "auto_k")}
+    # Our processor takes the engine's settings as ray.data.llm does, and the method's as `decoder`
+    # (and `transformers`: k, one row on vLLM).
+    config = feeding_config(args, method)
+    decoder = {name: getattr(config.decoder, name) for name in ("drafter", "w", "auto_w")}
+    rows = {name: getattr(config.transformers, name) for name in ("k", "auto_k")}
     outputs, span = processor_run(pipeline.llm, args, Method("vllm", "plain"), prompts, prompt_ids,
-                                  decoder=settings, engine="vllm")
+                                  decoder=decoder, transformers=rows, engine="vllm")
     tokens = sum(map(len, outputs.values()))
     return {"way": "processor", "method": method.name, "tokens_per_second": round(tokens / span, 3),
             "generated_tokens": tokens, "engine_occupancy": None, "identical_fraction": identical(outputs, reference)}

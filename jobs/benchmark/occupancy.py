@@ -9,7 +9,7 @@ batches of --batch-size, and two designs are stepped side by side:
 - `drain`: one batch in flight per actor; the next batch enters only when the last request of the
   one before has ended (the vLLM engine before it was fed continuously);
 - `stream`: the design built (pipeline/engines/vllm/feeder.py): up to
-  pipeline/config.concurrent_batches batches in flight, requests admitted the moment a slot
+  pipeline/engines/build.concurrent_batches batches in flight, requests admitted the moment a slot
   frees (the engine holds its slots plus 10 % + 1 waiting), each batch returned when its own
   requests end and replaced by the next.
 Occupancy is the mean running requests per step over the slots, across the steps taken while
@@ -23,7 +23,8 @@ from collections import deque
 import numpy as np
 
 from jobs.benchmark.report import markdown_table
-from pipeline.config import concurrent_batches, load_config
+from pipeline.config import load_config
+from pipeline.engines.build import concurrent_batches
 from pipeline.engines.vllm import WAITING_SHARE
 
 

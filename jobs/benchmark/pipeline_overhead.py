@@ -15,6 +15,7 @@ from jobs.benchmark.arguments import add_prompt_args
 from jobs.benchmark.datasets import load_prompts
 from jobs.benchmark.report import markdown_table
 from pipeline.config import load_config
+from pipeline.engines.build import checked_config
 
 
 def add_cli_args(parser) -> None:
@@ -36,9 +37,9 @@ def run(args) -> dict:
     from pipeline.stage import GenerationStage
 
     output = tempfile.mkdtemp(prefix="pipeline-benchmark-")
-    config = load_config(args.config, [f"model.name={json.dumps(args.model)}", f"input.path={json.dumps(args.dataset)}",
-                                       f"input.limit={args.limit}", f"decoder.max_new_tokens={args.max_new_tokens}",
-                                       f"job.output={json.dumps(output)}"])
+    config = checked_config(load_config(args.config, [  # as the job starts it
+        f"model.name={json.dumps(args.model)}", f"input.path={json.dumps(args.dataset)}", f"input.limit={args.limit}",
+        f"decoder.max_new_tokens={args.max_new_tokens}", f"job.output={json.dumps(output)}"]))
     prompts = load_prompts(args.dataset, args.limit)
     stage = GenerationStage(config, job_rows.stage_settings(config))
     preprocess = job_rows.request_row(config)

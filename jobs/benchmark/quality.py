@@ -34,6 +34,7 @@ from pipeline.config import (
     EngineConfig,
     ModelConfig,
     RayConfig,
+    TransformersConfig,
 )
 from pipeline.engines.base import Engine, Failed, Request
 from pipeline.engines.build import build_engine
@@ -145,14 +146,16 @@ def our_config(name: str, args, batch: int = 1) -> Config:
     method, k, w = run.drafter_k_w
     auto_k, auto_w = run.auto
     if method == "self_draft":
-        decoder = DecoderConfig(drafter="draft_model", k=1, w=w, draft_layers=k, max_new_tokens=args.max_new_tokens)
+        decoder = DecoderConfig(drafter="draft_model", w=w, max_new_tokens=args.max_new_tokens)
+        own = TransformersConfig(k=1, draft_layers=k)
     else:
         datastore = args.datastore if method in ("rest", "mixed+rest") else ""
-        decoder = DecoderConfig(drafter=method.removesuffix("+rest"), k=k, w=w, max_new_tokens=args.max_new_tokens,
-                                datastore=datastore, verify=run.verify_mode, auto_k=auto_k, auto_w=auto_w,
-                                max_batch_requests=batch, max_batch_tokens=args.max_batch_tokens)
+        decoder = DecoderConfig(drafter=method.removesuffix("+rest"), w=w, max_new_tokens=args.max_new_tokens,
+                                datastore=datastore, auto_w=auto_w)
+        own = TransformersConfig(k=k, verify=run.verify_mode, auto_k=auto_k, max_batch_requests=batch,
+                                 max_batch_tokens=args.max_batch_tokens)
     return Config(model=ModelConfig(name=args.model), engine=EngineConfig(name="transformers"), decoder=decoder,
-                  ray=RayConfig(batch_size=max(batch, RayConfig().batch_size)))
+                  transformers=own, ray=RayConfig(batch_size=max(batch, RayConfig().batch_size)))
 
 
 def _ours(engine: Engine, ids: list[int], max_new_tokens: int, sampling: SamplingParams):

@@ -8,18 +8,43 @@ implement the same three members below.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Protocol, Sequence
+from pathlib import Path
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from drafters.primitives.sampling import GREEDY, SamplingParams
+from pipeline.config import Config
 from pipeline.stats import FINISH_REASONS, RequestStats
 
-__all__ = ["FINISH_REASONS", "SAMPLING_KEYS", "Engine", "EngineSampling", "EngineSteps", "Failed", "Request",
-           "RequestError", "Result", "budget", "cut_at_stop", "engine_summary"]
+__all__ = ["FINISH_REASONS", "SAMPLING_KEYS", "Engine", "EngineKind", "EngineSampling", "EngineSteps", "Failed",
+           "ModelRefused", "Request", "RequestError", "Result", "budget", "cut_at_stop", "engine_summary"]
 
 
 class RequestError(ValueError):
     """A request that cannot be generated as given (no prompt, an over-long one, a bad per-row
     setting); the message names the request. The request fails alone, as an error row."""
+
+
+class ModelRefused(ValueError):
+    """`engine.name` cannot run this model; the message names the model and the reason."""
+
+
+@dataclass(frozen=True)
+class EngineKind:
+    """What an engine declares of its settings, for pipeline/engines/build.py (the one place that
+    maps `engine.name` to an engine) to read: the config, the stage and the processor never ask
+    which engine they have. Each engine's is its package's KIND (its settings.py)."""
+    name: str
+    # The config sections it reads: two configs alike in these run alike on it.
+    sections: tuple[str, ...]
+    # The config as it runs it: its own values resolved, what it cannot honour refused (a
+    # ConfigError naming the field), when the job or the processor starts. Idempotent.
+    checked: Callable[[Config], Config]
+    # Refuses, from the model's files alone (no weights loaded), a model it cannot run (ModelRefused).
+    check_model: Callable[[Config, Path], None]
+    # Batches one actor works on at once (the stage runs them on as many threads).
+    concurrent_batches: Callable[[Config], int]
+    # Whether a row's `prediction` is drafted from (drafters/prediction.py).
+    drafts_from_predictions: Callable[[Config], bool]
 
 
 class EngineFailed(RuntimeError):
@@ -137,7 +162,7 @@ class Engine(Protocol):
 
     def generate(self, requests: Sequence[Request]) -> list[Result | Failed]:
         """One result per request, in the order given; a request that fails does so alone. The
-        stage calls it from as many threads at once as pipeline/config.concurrent_batches says
+        stage calls it from as many threads at once as pipeline/engines/build.concurrent_batches says
         (one for an engine that cannot take more)."""
         ...
 

@@ -84,14 +84,19 @@ def test_adaptive_decoding_is_plain_greedy(tiny_model, per_token):
 
 
 def test_auto_in_the_config_sets_the_maximum_and_the_flag():
-    from pipeline.config import AUTO_MAX_VLLM_W, load_config
+    from pipeline.config import load_config
+    from pipeline.engines.build import checked_config
+    from pipeline.engines.vllm.settings import AUTO_MAX_VLLM_W
 
-    config = load_config(overrides=["engine.name=transformers", "decoder.drafter=context_ngram", "decoder.k=auto", "decoder.w=auto"])
-    assert (config.decoder.k, config.decoder.w, config.decoder.auto_k, config.decoder.auto_w) == (8, 8, True, True)
-    fixed_k = load_config(overrides=["engine.name=transformers", "decoder.drafter=context_ngram", "decoder.k=1", "decoder.w=auto"]).decoder
-    assert (fixed_k.k, fixed_k.auto_k, fixed_k.auto_w) == (1, False, True)
-    # vLLM verifies one row per request: its drafts may be longer.
-    on_vllm = load_config(overrides=["engine.name=vllm", "decoder.drafter=context_ngram", "decoder.w=auto"]).decoder
+    config = load_config(overrides=["engine.name=transformers", "decoder.drafter=context_ngram", "transformers.k=auto",
+                                    "decoder.w=auto"])
+    assert (config.transformers.k, config.decoder.w, config.transformers.auto_k, config.decoder.auto_w) == (8, 8, True, True)
+    fixed_k = load_config(overrides=["engine.name=transformers", "decoder.drafter=context_ngram", "transformers.k=1",
+                                     "decoder.w=auto"])
+    assert (fixed_k.transformers.k, fixed_k.transformers.auto_k, fixed_k.decoder.auto_w) == (1, False, True)
+    # vLLM verifies one row per request: its drafts may be longer (its own setting, when the job starts).
+    on_vllm = checked_config(load_config(overrides=["engine.name=vllm", "decoder.drafter=context_ngram",
+                                                    "decoder.w=auto"])).decoder
     assert (on_vllm.w, on_vllm.auto_w) == (AUTO_MAX_VLLM_W, True) and AUTO_MAX_VLLM_W > 8
 
 
@@ -109,9 +114,11 @@ def test_rows_are_allocated_to_the_strategy_that_has_been_right():
 
 def test_auto_w_is_refused_for_a_draft_model():
     from pipeline.config import ConfigError, load_config
+    from pipeline.engines.build import checked_config
 
     with pytest.raises(ConfigError, match="decoder.w"):
-        load_config(overrides=["engine.name=transformers", "decoder.drafter=draft_model", "decoder.k=1", "decoder.w=auto"])
+        checked_config(load_config(overrides=["engine.name=transformers", "decoder.drafter=draft_model",
+                                              "transformers.k=1", "decoder.w=auto"]))
 
 
 def test_one_shape_chooser_weighs_the_requests_a_call_serves():

@@ -4,7 +4,7 @@ import torch
 from drafters.base import DraftContext
 from drafters.draft_model import DraftModelDrafter, self_draft_model
 from pipeline.drafter_registry import load_draft_model
-from pipeline.config import DecoderConfig, ModelConfig
+from pipeline.config import ModelConfig, TransformersConfig
 from pipeline.engines.transformers.decoder import SpeculativeDecoder
 from pipeline.model_loading import load_model
 from drafters.primitives.sampling import RandomState, SamplingParams
@@ -31,7 +31,7 @@ def test_self_draft_is_the_first_layers_and_leaves_the_target_alone():
 
 
 def test_self_draft_layer_count_is_checked():
-    with pytest.raises(ValueError, match="decoder.draft_layers: must be from 1 to 1"):
+    with pytest.raises(ValueError, match="transformers.draft_layers: must be from 1 to 1"):
         self_draft_model(make_tiny_model(), 2)
 
 
@@ -76,9 +76,9 @@ def test_greedy_with_a_self_draft_is_plain_greedy(tiny_model):
 
 
 def test_a_draft_model_directory_must_share_the_tokenizer(tiny_model_dir, smollm2):
-    config = DecoderConfig(drafter="draft_model", k=1, w=3, draft_model=str(tiny_model_dir))
+    config = TransformersConfig(draft_model=str(tiny_model_dir))
     assert load_draft_model(config, ModelConfig(), smollm2).config.hidden_size == 64
-    with pytest.raises(ValueError, match="decoder.draft_model: .* different tokenizer"):
+    with pytest.raises(ValueError, match="transformers.draft_model: .* different tokenizer"):
         class OtherTokenizer:
             def get_vocab(self):
                 return {"a": 0}

@@ -93,7 +93,7 @@ def test_make_drafter_refuses_a_datastore_of_another_tokenizer(tmp_path):
     from pipeline.config import DecoderConfig
 
     build_datastore(DOCUMENTS, tmp_path / "s", {"vocab_size": 96})
-    config = DecoderConfig(drafter="rest", k=2, w=2, datastore=str(tmp_path / "s"))
+    config = DecoderConfig(drafter="rest", w=2, datastore=str(tmp_path / "s"))
     assert make_drafter(config, DrafterTables(), 0, vocab_size=96) is not None
     with pytest.raises(ValueError, match="decoder.datastore: built with a tokenizer of 96 tokens"):
         make_drafter(config, DrafterTables(), 0, vocab_size=49152)

@@ -12,7 +12,7 @@ from tests.job_in_process import generate, job_stage
 def auto_run(tiny_model_dir, tmp_path_factory):
     """A run directory written by a `k: auto, w: auto` stage: two good rows and one that errored."""
     config = load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}", "decoder.drafter=context_ngram",
-                                    "decoder.k=auto", "decoder.w=auto", "decoder.max_new_tokens=24"])
+                                    "transformers.k=auto", "decoder.w=auto", "decoder.max_new_tokens=24"])
     table = generate(job_stage(config), {"id": ["a", "b", "bad"],
                                          "prompt": ["def add(a, b):\n    return a + b\n" * 3, "x = 1\n" * 8, " "]})
     output = tmp_path_factory.mktemp("out")

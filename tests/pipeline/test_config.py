@@ -1,10 +1,12 @@
 import dataclasses
+import json
 
 import pytest
 import yaml
 
-from pipeline.config import (AUTO_MAX, AUTO_MAX_VLLM_W, Config, ConfigError, DecoderConfig, EngineConfig, build,
+from pipeline.config import (AUTO_MAX, Config, ConfigError, DecoderConfig, EngineConfig, TransformersConfig, build,
                              load_config)
+from pipeline.engines.build import checked_config
 
 
 def write(tmp_path, text):
@@ -15,22 +17,41 @@ def write(tmp_path, text):
 
 def test_defaults_load():
     config = load_config("configs/default.yaml")
-    assert config.model.name == "smollm2-135m-instruct" and config.decoder.k >= 1
+    assert config.model.name == "smollm2-135m-instruct" and config.transformers.k >= 1
 
 
 def test_unknown_key_is_named_with_the_allowed_ones(tmp_path):
-    with pytest.raises(ConfigError, match=r"decoder: unknown key\(s\) 'kk'; allowed: drafter, k, w"):
+    with pytest.raises(ConfigError, match=r"decoder: unknown key\(s\) 'kk'; allowed: drafter, w, auto_w"):
         load_config(write(tmp_path, "decoder:\n  kk: 3\n"))
 
 
 def test_wrong_type_names_the_field(tmp_path):
-    with pytest.raises(ConfigError, match="decoder.k: must be an integer or 'auto', got 'four'"):
-        load_config(write(tmp_path, "decoder:\n  k: four\n"))
+    with pytest.raises(ConfigError, match="transformers.k: must be an integer or 'auto', got 'four'"):
+        load_config(write(tmp_path, "transformers:\n  k: four\n"))
 
 
 def test_impossible_value_names_the_field(tmp_path):
-    with pytest.raises(ConfigError, match="decoder.k: must be an integer >= 1"):
-        load_config(write(tmp_path, "decoder:\n  k: 0\n"))
+    with pytest.raises(ConfigError, match="transformers.k: must be an integer >= 1"):
+        load_config(write(tmp_path, "transformers:\n  k: 0\n"))
+
+
+MOVED = {"k": 4, "auto_k": True, "verify": "tree", "lenience": 0.5, "max_batch_requests": 2, "max_batch_tokens": 64,
+         "draft_model": "self", "draft_layers": 2}
+
+
+@pytest.mark.parametrize("key", sorted(MOVED))
+def test_a_key_that_moved_to_the_transformers_section_is_refused_naming_its_new_key(tmp_path, key):
+    """The transformers engine's settings are its own section: decoder.<key> fails at load, in a
+    file, in --set and in a Config built from a mapping alike, naming transformers.<key>."""
+    message = rf"^decoder.{key} moved to transformers.{key}: set transformers.{key} instead$"
+    with pytest.raises(ConfigError, match=message):
+        load_config(write(tmp_path, yaml.safe_dump({"decoder": {key: MOVED[key]}})))
+    with pytest.raises(ConfigError, match=message):
+        load_config(None, [f"decoder.{key}={json.dumps(MOVED[key])}"])
+    with pytest.raises(ConfigError, match=message):
+        build(Config, {"decoder": {"drafter": "context_ngram", key: MOVED[key]}})
+    moved = load_config(None, ["engine.name=transformers", f"transformers.{key}={json.dumps(MOVED[key])}"])
+    assert getattr(moved.transformers, key) == MOVED[key]
 
 
 def test_unknown_drafter_lists_the_valid_ones():
@@ -43,12 +64,11 @@ def test_unknown_drafter_lists_the_valid_ones():
 
 
 def test_overrides_are_typed_and_validated():
-    config = load_config("configs/default.yaml", ["engine.name=transformers", "decoder.k=4", "decoder.stop=['END', '##']"])
-    assert config.decoder.k == 4 and config.decoder.stop == ("END", "##")
-    with pytest.raises(ConfigError, match="decoder.k: must be at most decoder.bigram_top_k"):
-        load_config(overrides=["engine.name=transformers", "decoder.drafter=mixed", "decoder.k=64"])
+    config = load_config("configs/default.yaml", ["engine.name=transformers", "transformers.k=4",
+                                                  "decoder.stop=['END', '##']"])
+    assert config.transformers.k == 4 and config.decoder.stop == ("END", "##")
     with pytest.raises(ConfigError, match="expected key=value"):
-        load_config(overrides=["decoder.k"])
+        load_config(overrides=["decoder.w"])
 
 
 def test_sampling_settings_are_validated():
@@ -60,41 +80,28 @@ def test_sampling_settings_are_validated():
         load_config(overrides=["decoder.temperature=-1"])
 
 
-def test_lenience_is_an_explicit_option_of_the_draft_model_only():
-    config = load_config(overrides=["engine.name=transformers", "decoder.drafter=draft_model", "decoder.k=1",
-                                    "decoder.lenience=0.5"])
-    assert config.decoder.lenience == 0.5
-    with pytest.raises(ConfigError, match="decoder.lenience: must be 1 unless decoder.drafter is 'draft_model'"):
-        load_config(overrides=["decoder.drafter=context_ngram", "decoder.lenience=0.5"])
-    with pytest.raises(ConfigError, match="decoder.k: must be 1 with drafter 'draft_model'"):
-        load_config(overrides=["engine.name=transformers", "decoder.drafter=draft_model", "decoder.k=2"])
+@pytest.mark.parametrize("override,message", [
+    ("transformers.lenience=0", r"transformers.lenience: must be a number in \(0, 1\]"),
+    ("transformers.max_batch_requests=0", "transformers.max_batch_requests: must be an integer >= 1"),
+    ("transformers.max_batch_tokens=1", r"transformers.max_batch_tokens: must be 0 \(no cap\) or at least"),
+    ("transformers.draft_layers=0", "transformers.draft_layers: must be an integer >= 1"),
+    ("transformers.verify=graph", "transformers.verify: 'graph' is not allowed; choose one of 'batch', 'tree'"),
+])
+def test_the_transformers_section_checks_its_own_shape_at_load(override, message):
+    """Its fields on their own, whatever the engine (what it refuses with other sections is the
+    engine's: tests/pipeline/engines/transformers/test_settings.py)."""
+    with pytest.raises(ConfigError, match=message):
+        load_config(overrides=[override])
 
 
-def test_throughput_mode_settings_are_checked():
-    from pipeline.config import ConfigError, load_config
-
-    with pytest.raises(ConfigError, match="ray.batch_size: must be at least decoder.max_batch_requests"):
-        load_config(overrides=["engine.name=transformers", "decoder.max_batch_requests=8", "ray.batch_size=2"])
-    with pytest.raises(ConfigError, match="decoder.max_batch_requests"):
-        load_config(overrides=["engine.name=transformers", "decoder.drafter=draft_model", "decoder.k=1",
-                               "decoder.max_batch_requests=2", "ray.batch_size=4"])
-    config = load_config(overrides=["decoder.max_batch_requests=8", "ray.batch_size=32"])
-    assert config.decoder.max_batch_requests == 8
+def test_throughput_mode_defaults_follow_the_drafter():
+    assert load_config(overrides=["decoder.drafter=context_ngram"]).transformers.max_batch_requests == 4
+    assert load_config(overrides=["decoder.drafter=draft_model"]).transformers.max_batch_requests == 1
+    config = load_config(overrides=["transformers.max_batch_requests=8", "ray.batch_size=32"])
+    assert config.transformers.max_batch_requests == 8
 
 
-def test_engine_slots_are_apart_from_the_ray_batch():
-    from pipeline.config import CPU_MAX_NUM_SEQS, concurrent_batches
-
-    # On vLLM the Ray batch only sizes the blocks Ray moves: the engine's slots are its own.
-    config = load_config(overrides=["engine.name=vllm", "engine.max_num_seqs=256", "ray.batch_size=64"])
-    assert config.engine.max_num_seqs == 256
-    assert concurrent_batches(config) == 13  # 3 x 256 slots in 64-row batches, plus one
-    assert concurrent_batches(load_config(overrides=["engine.name=vllm", "ray.batch_size=8"])) == \
-        3 * CPU_MAX_NUM_SEQS // 8 + 1
-    assert concurrent_batches(load_config(overrides=["engine.name=vllm", "ray.max_concurrent_batches=3"])) == 3
-    assert concurrent_batches(load_config(overrides=["engine.name=transformers"])) == 1
-    with pytest.raises(ConfigError, match="ray.max_concurrent_batches: must be 0 \\(auto\\) or 1 with engine.name transformers"):
-        load_config(overrides=["engine.name=transformers", "ray.max_concurrent_batches=4"])
+def test_engine_settings_check_their_own_shape_at_load():
     with pytest.raises(ConfigError, match="engine.max_num_seqs: must be an integer >= 0"):
         load_config(overrides=["engine.max_num_seqs=-1"])
     with pytest.raises(ConfigError, match="engine.max_num_batched_tokens: must be an integer >= 0"):
@@ -104,7 +111,8 @@ def test_engine_slots_are_apart_from_the_ray_batch():
                               ("engine.restart_window_s=0", "engine.restart_window_s: must be a number of seconds > 0")):
         with pytest.raises(ConfigError, match=message):
             load_config(overrides=[override])
-    assert load_config(overrides=["engine.name=vllm", "decoder.max_batch_requests=8", "ray.batch_size=2"]).ray.batch_size == 2
+    # What an engine cannot honour is its own check, when the job starts (tests/pipeline/engines/test_build.py)
+    assert load_config(overrides=["engine.name=transformers", "ray.max_concurrent_batches=4"]).ray.max_concurrent_batches == 4
 
 
 def test_model_dtype_auto_is_float32_without_a_gpu():
@@ -122,40 +130,6 @@ def test_engine_auto_is_vllm_where_it_is_installed_and_is_recorded_resolved():
     assert load_config(overrides=["engine.name=transformers"]).engine.name == "transformers"
     with pytest.raises(ConfigError, match="engine.name: 'gpu' is not allowed; choose one of 'auto', 'vllm', 'transformers'"):
         load_config(overrides=["engine.name=gpu"])
-
-
-@pytest.mark.parametrize("override,field", [
-    ("decoder.k=2", "decoder.k"), ("decoder.k=auto", "decoder.k"), ("decoder.verify=tree", "decoder.verify"),
-    ("decoder.max_batch_tokens=64", "decoder.max_batch_tokens"), ("ray.num_gpus_per_actor=2", "ray.num_gpus_per_actor")])
-def test_vllm_refuses_what_it_cannot_honour_naming_the_field(override, field):
-    """What only the transformers engine does is refused on vLLM, not silently run some other way."""
-    with pytest.raises(ConfigError, match=rf"^{field}: must be .*engine.name"):
-        load_config("configs/default.yaml", ["engine.name=vllm", override])
-    load_config("configs/default.yaml", ["engine.name=transformers", override])
-
-
-def test_tensor_parallel_ranks_take_one_gpu_each_on_vllm_only():
-    split = load_config("configs/default.yaml", ["engine.name=vllm", "engine.tensor_parallel_size=2",
-                                                 "ray.num_gpus_per_actor=2"])
-    assert (split.engine.tensor_parallel_size, split.ray.num_gpus_per_actor) == (2, 2)
-    with pytest.raises(ConfigError, match=r"^ray.num_gpus_per_actor: .*engine.tensor_parallel_size \(2\)"):
-        load_config("configs/default.yaml", ["engine.name=vllm", "engine.tensor_parallel_size=2",
-                                             "ray.num_gpus_per_actor=1"])
-    with pytest.raises(ConfigError, match="^engine.tensor_parallel_size: must be 1 with engine.name transformers"):
-        load_config("configs/default.yaml", ["engine.name=transformers", "engine.tensor_parallel_size=2"])
-    with pytest.raises(ConfigError, match="^engine.pipeline_parallel_size: must be 1: vLLM 0.32 cannot speculate"):
-        load_config("configs/default.yaml", ["engine.name=vllm", "engine.pipeline_parallel_size=2"])
-
-
-def test_vllm_refuses_the_draft_model():
-    with pytest.raises(ConfigError, match="decoder.drafter: must be a point drafter with engine.name vllm"):
-        load_config(overrides=["engine.name=vllm", "decoder.drafter=draft_model"])
-
-
-def test_a_draft_model_with_tree_verification_is_refused_not_run_as_batch():
-    with pytest.raises(ConfigError, match=r"decoder.verify: must be 'batch' with drafter 'draft_model'"):
-        load_config(overrides=["engine.name=transformers", "decoder.drafter=draft_model", "decoder.k=1",
-                               "decoder.max_batch_requests=1", "ray.batch_size=1", "decoder.verify=tree"])
 
 
 def test_placement_and_series_settings_are_checked_naming_the_field():
@@ -204,9 +178,10 @@ def test_the_demo_config_holds_only_what_it_changes_from_the_defaults():
 
 def test_auto_is_resolved_by_the_classes_the_same_for_every_caller():
     assert DecoderConfig().auto_w and DecoderConfig().w == AUTO_MAX["w"]
-    assert DecoderConfig(w="auto", k="auto").auto_k
-    assert build(Config, {"engine": {"name": "vllm"}, "decoder": {"w": "auto"}}).decoder.w == AUTO_MAX_VLLM_W
+    assert TransformersConfig(k="auto").auto_k and TransformersConfig(k="auto").k == AUTO_MAX["k"]
+    assert build(Config, {"engine": {"name": "vllm"}, "decoder": {"w": "auto"}}).decoder.w == AUTO_MAX["w"]
     assert load_config(None, ["engine.name=vllm"]).decoder == Config(engine=EngineConfig(name="vllm")).decoder
+    assert checked_config(load_config(None, ["engine.name=vllm"])) == checked_config(Config(engine=EngineConfig(name="vllm")))
     assert not load_config(None, ["decoder.w=3"]).decoder.auto_w
     with pytest.raises(ConfigError, match="decoder.w: must be an integer or 'auto'"):
         load_config(None, ["decoder.w=always"])
@@ -223,7 +198,9 @@ def test_show_config_prints_every_setting_and_reads_back_the_same(tmp_path, engi
     # `w: auto` as such (not the engine's limit), so the file reads right on the other engine too
     assert yaml.safe_load(text)["decoder"]["w"] == "auto"
     other = "vllm" if engine == "transformers" else "transformers"
-    assert load_config(tmp_path / "all.yaml", [f"engine.name={other}"]).decoder.w == load_config(
-        None, [f"engine.name={other}"]).decoder.w
+    assert checked_config(load_config(tmp_path / "all.yaml", [f"engine.name={other}"])).decoder.w == checked_config(
+        load_config(None, [f"engine.name={other}"])).decoder.w
+    started = checked_config(load_config(None, ["transformers.k=auto", "engine.name=transformers"]))
+    assert yaml.safe_load(config_yaml(started))["transformers"]["k"] == "auto"
     every_field = sum(len(dataclasses.fields(getattr(config, section.name))) for section in dataclasses.fields(config))
     assert len(list(_leaves(yaml.safe_load(text)))) == every_field - 2  # auto_k, auto_w: said by k and w

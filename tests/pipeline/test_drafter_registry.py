@@ -6,13 +6,14 @@ from drafters.base import DraftContext
 from pipeline.drafter_registry import FACTORIES, build_tables, make_batch_drafter, make_drafter, needs_model_tables
 from pipeline.config import ConfigError, DecoderConfig, load_config
 from pipeline.drafter_kinds import DRAFTER_KINDS
+from pipeline.engines.build import checked_config
 
 
 def test_the_config_accepts_exactly_the_registry_names():
     for name in DRAFTER_KINDS:
         assert DecoderConfig(drafter=name, datastore="a-datastore").drafter == name
     with pytest.raises(ConfigError, match="decoder.drafter: must be one of ours with engine.name transformers"):
-        load_config(overrides=["decoder.drafter=vllm_ngram", "engine.name=transformers"])
+        checked_config(load_config(overrides=["decoder.drafter=vllm_ngram", "engine.name=transformers"]))
     with pytest.raises(ConfigError, match="decoder.drafter: 'trigram' is not allowed"):
         DecoderConfig(drafter="trigram")
 
@@ -20,8 +21,8 @@ def test_the_config_accepts_exactly_the_registry_names():
 @pytest.mark.parametrize("name", [name for name, make in FACTORIES.items()
                                   if make is not None and name not in ("rest", "draft_model")])
 def test_each_entry_builds_its_drafter_from_the_tables_it_names(tiny_model, tmp_path, name):
-    config = DecoderConfig(drafter=name, k=2, w=3, bigram_top_k=4, bigram_prefix="none")
-    tables = build_tables(tiny_model, None, "tiny", config, tmp_path)
+    config = DecoderConfig(drafter=name, w=3, bigram_top_k=4, bigram_prefix="none")
+    tables = build_tables(tiny_model, None, "tiny", config, tmp_path, rows=2)
     assert needs_model_tables(config) == bool(DRAFTER_KINDS[name].tables)
     for field in ("unigram", "chained", "extended"):  # built exactly when the entry names them
         assert (getattr(tables, field) is not None) == (field in DRAFTER_KINDS[name].tables), field
@@ -33,8 +34,8 @@ def test_bigram_and_extended_bigram_are_different_drafters(tiny_model, tmp_path)
     """bigram continues by chaining the table's top-1; extended_bigram by the model's own tokens."""
     rows = {}
     for name in ("bigram", "extended_bigram"):
-        config = DecoderConfig(drafter=name, k=4, w=5, bigram_top_k=4, bigram_prefix="none")
-        tables = build_tables(tiny_model, None, "tiny", config, tmp_path)
+        config = DecoderConfig(drafter=name, w=5, bigram_top_k=4, bigram_prefix="none")
+        tables = build_tables(tiny_model, None, "tiny", config, tmp_path, rows=4)
         drafter = make_drafter(config, tables, 0)
         rows[name] = [drafter.propose(DraftContext([1, token], 3), 4, 5).tokens.tolist() for token in range(2, 40)]
         assert all(set(d.strategies) == {name} for d in [drafter.propose(DraftContext([1, 2], 3), 4, 5)])

@@ -10,6 +10,7 @@ import pytest
 
 from pipeline.config import ConfigError, load_config
 from pipeline.engines.base import FINISH_REASONS, EngineSampling, Request, RequestError
+from pipeline.engines.build import checked_config
 from pipeline.llm import build_processor, vLLMEngineProcessorConfig
 from pipeline.row_values import rows_table
 from pipeline.sampling_params import sampling_of
@@ -34,7 +35,7 @@ def test_the_config_maps_ray_data_llm_keywords_onto_ours():
     autoscaling = vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct", concurrency=3).pipeline_config()
     assert (autoscaling.ray.min_actors, autoscaling.ray.max_actors) == (1, 3)  # as ray.data.llm reads an int
     default = vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct").pipeline_config()
-    job = load_config("configs/default.yaml", ["engine.name=vllm"])
+    job = checked_config(load_config("configs/default.yaml", ["engine.name=vllm"]))  # as the job starts it
     # the job's default drafter: batch_suffix, w auto
     assert (default.decoder.drafter, default.decoder.w, default.decoder.auto_w) == (
         job.decoder.drafter, job.decoder.w, job.decoder.auto_w)
@@ -58,7 +59,8 @@ def test_vllms_other_engine_arguments_pass_through_and_its_speculation_runs_as_v
 
 
 def test_engine_arguments_vllm_does_not_take_fail_in_the_driver_naming_them(tmp_path):
-    from pipeline.engines.build import ModelRefused, check_vllm_args
+    from pipeline.engines.build import ModelRefused
+    from pipeline.engines.vllm.settings import check_vllm_args
     from pipeline.model_loading import resolve_model_dir
 
     def config(**engine_kwargs):
@@ -104,6 +106,8 @@ def test_tensor_parallel_ranks_are_the_actors_resources():
     ({"task_type": "embed"}, "task_type"),
     ({"decoder": {"drafter": "nonsense"}}, "decoder.drafter"),
     ({"decoder": {"k_typo": 1}}, "k_typo"),
+    ({"decoder": {"k": 4}, "engine": "transformers"}, "decoder.k moved to transformers.k"),
+    ({"transformers": {"verify": "tree"}}, "transformers.verify: must be 'batch' with engine.name vllm"),
     ({"statistics_columns": ["finish_reason", "tokens_per_cal"]}, "statistics_columns ('tokens_per_cal')"),
     ({"statistics_columns": "finish_reason"}, "statistics_columns"),
     ({"checkpoint_path": "/tmp/c"}, "checkpoint_path"),  # resuming needs the ids
@@ -202,7 +206,7 @@ def test_stop_strings_cut_the_text_with_or_without_themselves():
 def stage(tiny_model_dir):
     # A fixed w: under `w: auto` whether a draft pays depends on the step costs this machine measures.
     config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers",
-                                       decoder={"drafter": "batch_suffix", "w": 4, "max_batch_requests": 4})
+                                       decoder={"drafter": "batch_suffix", "w": 4}, transformers={"max_batch_requests": 4})
     return GenerationStage(config.pipeline_config(), StageSettings(continue_on_error=True))
 
 
@@ -240,7 +244,7 @@ def test_greedy_output_equals_plain_decoding_of_the_same_rows(stage, tiny_model_
     rows.append({"tokenized_prompt": [1, 2, 3, 4, 5, 1, 2, 3], "sampling_params": {"temperature": 0, "max_tokens": 24}})
     plain = GenerationStage(vLLMEngineProcessorConfig(
         model_source=str(tiny_model_dir), engine="transformers",
-        decoder={"drafter": "none", "w": 0, "max_batch_requests": 4}).pipeline_config())
+        decoder={"drafter": "none", "w": 0}, transformers={"max_batch_requests": 4}).pipeline_config())
     ours, reference = stage(rows_table(rows)).to_pylist(), plain(rows_table(rows)).to_pylist()
     assert [row["generated_tokens"] for row in ours] == [row["generated_tokens"] for row in reference]
     assert sum(row["num_target_calls"] for row in ours) < sum(row["num_target_calls"] for row in reference)

@@ -92,8 +92,8 @@ def test_rest_actors_map_the_datastore_the_driver_checked(local_ray, tiny_model_
     rows = [{"id": str(i), "prompt": "def add(a, b):\n    return a + b"} for i in range(3)]
     tokenizer = load_model(load_config(overrides=[f"model.name={tiny_model_dir}"]).model).tokenizer
     build_datastore([tokenizer(rows[0]["prompt"] * 3, add_special_tokens=False)["input_ids"]], tmp_path / "ds", {})
-    overrides = [f"input.path={write_jsonl(tmp_path / 'in.jsonl', rows)}", "decoder.drafter=rest", "decoder.k=2",
-                 "decoder.w=3", "decoder.verify=tree"]
+    overrides = [f"input.path={write_jsonl(tmp_path / 'in.jsonl', rows)}", "decoder.drafter=rest", "transformers.k=2",
+                 "decoder.w=3", "transformers.verify=tree"]
     with pytest.raises(FileNotFoundError, match="does not exist; build one with: python -m jobs.build_datastore"):
         run_job(job_config(tiny_model_dir, tmp_path, *overrides, f"decoder.datastore={tmp_path / 'nowhere'}"), "r")
     monkeypatch.chdir(tmp_path)  # a relative datastore path is resolved on the driver for every actor
@@ -179,7 +179,7 @@ def test_a_model_the_engine_cannot_run_fails_the_job_at_start(local_ray, tiny_ge
 def test_too_many_errored_rows_fail_the_job(local_ray, tiny_model_dir, tmp_path):
     path = write_jsonl(tmp_path / "in.jsonl", [{"id": str(i), "prompt": ""} for i in range(4)])
     config = job_config(tiny_model_dir, tmp_path, f"input.path={path}", "job.max_errored_rows=1", "ray.batch_size=2",
-                        "decoder.max_batch_requests=2")
+                        "transformers.max_batch_requests=2")
     with pytest.raises(JobFailed, match=r"rows failed, more than job.max_errored_rows \(1\)"):
         run_job(config, "r")
 
@@ -206,7 +206,7 @@ def tables_in_an_actor_process(config, refs):
 
 
 def test_drafter_tables_reach_actors_as_read_only_shared_memory(local_ray, tiny_model_dir, tmp_path):
-    config = job_config(tiny_model_dir, tmp_path, "decoder.drafter=mixed", "decoder.k=2", "decoder.w=3")
+    config = job_config(tiny_model_dir, tmp_path, "decoder.drafter=mixed", "transformers.k=2", "decoder.w=3")
     loaded = load_model(config.model)
     tables = build_tables(loaded.model, loaded.tokenizer, loaded.fingerprint, config.decoder, tmp_path / "cache")
     ref = ray.put(tables.as_plain_arrays())
@@ -376,7 +376,7 @@ def test_a_run_drafts_from_an_earlier_runs_outputs_and_refuses_a_store_of_anothe
     from jobs import build_datastore as build_command
 
     path = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "prompt": f"Count to {i % 3}"} for i in range(6)])
-    common = [f"input.path={path}", "decoder.max_new_tokens=24", "decoder.max_batch_requests=1", "ray.batch_size=2"]
+    common = [f"input.path={path}", "decoder.max_new_tokens=24", "transformers.max_batch_requests=1", "ray.batch_size=2"]
     run_job(job_config(tiny_model_dir, tmp_path, *common, "decoder.drafter=none", "decoder.w=0"), "first")
     store = tmp_path / "store"
     build_command.main(["--corpus", str(tmp_path / "out" / "run=first"), "--out", str(store), "--model", str(tiny_model_dir)])
@@ -405,7 +405,7 @@ def test_the_job_and_the_processor_write_the_same_rows(local_ray, tiny_model_dir
 
     rows = [{"id": f"p{i}", "prompt": f"Count from {i} to {i + 9}:"} for i in range(5)] + [{"id": "long", "prompt": "word " * 2000}]
     config = job_config(tiny_model_dir, tmp_path, f"input.path={write_jsonl(tmp_path / 'in.jsonl', rows)}",
-                        "decoder.drafter=mixed", "decoder.k=3", "decoder.w=2", "ray.batch_size=4")
+                        "decoder.drafter=mixed", "transformers.k=3", "decoder.w=2", "ray.batch_size=4")
     run_job(config, "cli")
     job = {row["id"]: row for row in read_run(tmp_path, "cli")}
 

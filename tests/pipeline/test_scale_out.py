@@ -61,7 +61,7 @@ def test_actors_run_on_workers_not_the_head_and_survive_a_killed_actor(tiny_mode
         ids = [f"q{i:02d}" for i in range(32)]
         command = generate_command(tiny_model_dir, str(write_jsonl(tmp_path / "in.jsonl", ids)),
                                    str(tmp_path / "out"), "decoder.max_new_tokens=120", "ray.batch_size=1",
-                                   "decoder.max_batch_requests=1", "ray.min_actors=2", "ray.max_actors=2")
+                                   "transformers.max_batch_requests=1", "ray.min_actors=2", "ray.max_actors=2")
         # The cluster's authentication mode (this process's): the job would otherwise turn tokens on, and the
         # cluster's workers, sending none, could not reach it.
         mode = os.environ.get("RAY_AUTH_MODE", "disabled")
@@ -130,7 +130,7 @@ def test_s3_series_resumes_a_killed_driver_exactly_once_and_drafts_its_next_run_
     ids = [f"q{i:02d}" for i in range(12)]
     with filesystem.open_output_stream("corpus/in.jsonl") as stream:
         stream.write(write_jsonl(tmp_path / "in.jsonl", ids).read_bytes())
-    settings = ["job.series=nightly", "ray.batch_size=1", "decoder.max_batch_requests=1", "decoder.max_new_tokens=120"]
+    settings = ["job.series=nightly", "ray.batch_size=1", "transformers.max_batch_requests=1", "decoder.max_new_tokens=120"]
     command = generate_command(tiny_model_dir, "s3://corpus/in.jsonl", "s3://corpus/out", *settings)
     driver = processes.start(command, cwd=REPO, env=environment(**env))
     run = "corpus/out/series=nightly/run=nightly"
@@ -183,7 +183,7 @@ def test_driver_memory_does_not_grow_with_the_corpus(tiny_model_dir, tmp_path, p
     for rows in (2_000, 20_000):
         path = write_jsonl(tmp_path / f"in{rows}.jsonl", [f"r{i}" for i in range(rows)])
         command = generate_command(tiny_model_dir, str(path), str(tmp_path / f"out{rows}"),
-                                   "decoder.max_new_tokens=4", "ray.batch_size=1000", "decoder.max_batch_requests=500")
+                                   "decoder.max_new_tokens=4", "ray.batch_size=1000", "transformers.max_batch_requests=500")
         processes.run(command, cwd=REPO, env=environment(), timeout=600)
         summary = json.loads((tmp_path / f"out{rows}" / "run=nightly" / "summary.json").read_text())
         assert summary["rows"] == rows

@@ -47,8 +47,8 @@ def test_rows_sample_with_their_own_settings_and_reproduce(stage):
 
 
 def test_a_self_draft_stage_reports_alpha_and_draft_cost(tiny_model_dir, tmp_path):
-    config = load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}", "decoder.drafter=draft_model", "decoder.k=1",
-                                    "decoder.w=3", "decoder.draft_layers=1", "decoder.max_new_tokens=10",
+    config = load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}", "decoder.drafter=draft_model", "transformers.k=1",
+                                    "decoder.w=3", "transformers.draft_layers=1", "decoder.max_new_tokens=10",
                                     "decoder.temperature=0.7"])
     out = generate(job_stage(config), {"id": ["a", "b"], "prompt": ["def f(x):", "Hello"]}).to_pydict()
     assert out["error"] == [None, None] and out["drafter"] == ["draft_model"] * 2
@@ -63,7 +63,7 @@ def test_throughput_mode_returns_every_row_in_order_with_the_same_tokens(tiny_mo
     outputs = []
     for requests in (1, 3):
         config = load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}", "decoder.drafter=context_ngram",
-                                        "decoder.max_new_tokens=12", f"decoder.max_batch_requests={requests}",
+                                        "decoder.max_new_tokens=12", f"transformers.max_batch_requests={requests}",
                                         f"ray.batch_size={max(requests, 2)}"])
         outputs.append(generate(job_stage(config), batch).to_pydict())
     one, many = outputs
@@ -74,10 +74,10 @@ def test_throughput_mode_returns_every_row_in_order_with_the_same_tokens(tiny_mo
 
 @pytest.mark.parametrize("max_batch_requests,k,verify", [(1, 2, "batch"), (4, 2, "tree"), (4, 1, "batch")])
 def test_the_verify_column_says_what_ran(tiny_model_dir, tmp_path, max_batch_requests, k, verify):
-    # Throughput mode verifies each request's rows as a tree, whatever decoder.verify says.
+    # Throughput mode verifies each request's rows as a tree, whatever transformers.verify says.
     config = load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}",
-                                    f"decoder.max_batch_requests={max_batch_requests}", f"decoder.k={k}",
-                                    "decoder.verify=batch", "decoder.max_new_tokens=4"])
+                                    f"transformers.max_batch_requests={max_batch_requests}", f"transformers.k={k}",
+                                    "transformers.verify=batch", "decoder.max_new_tokens=4"])
     out = generate(job_stage(config), {"id": ["a", "b"], "prompt": ["def add(a, b):", "Hi"]}).to_pydict()
     assert out["verify"] == [verify, verify]
     assert all(share <= calls for share, calls in zip(out["forward_call_share"], out["num_target_calls"]))

@@ -1,7 +1,8 @@
 """The transformers engine: our own speculative decoder over a Hugging Face model.
 
 The only engine with k > 1 drafts, tree verification, draft models (and the self-draft) and
-lenience; with decoder.max_batch_requests > 1 it batches requests in throughput mode.
+lenience, its own section of the config (`transformers:`, settings.py); with
+transformers.max_batch_requests > 1 it batches requests in throughput mode.
 """
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Sequence
 
 from drafters.budget import StepCostFit
 from pipeline.drafter_registry import DrafterTables, load_draft_model, make_drafter
-from pipeline.config import Config, DecoderConfig, ModelConfig
+from pipeline.config import Config
 from pipeline.engines.base import EngineSampling, Failed, Request, RequestError, Result
 from pipeline.engines.transformers.attention import use_gqa_attention
 from pipeline.engines.transformers.batched_decoder import BatchedDecoder
@@ -17,21 +18,22 @@ from pipeline.engines.transformers.decoder import SpeculativeDecoder
 from pipeline.model_loading import LoadedModel
 
 
-def build_decoder(config: DecoderConfig, model_config: ModelConfig, loaded: LoadedModel,
-                  tables: DrafterTables) -> SpeculativeDecoder:
-    """The decoder `config` describes: its drafter over `tables`, the draft model if it has one,
-    and with k or w auto a step cost it learns from its own calls (drafters/budget.py)."""
+def build_decoder(config: Config, loaded: LoadedModel, tables: DrafterTables) -> SpeculativeDecoder:
+    """The decoder `config` describes (its decoder and transformers sections): its drafter over
+    `tables`, the draft model if it has one, and with k or w auto a step cost it learns from its
+    own calls (drafters/budget.py)."""
+    decoder, own = config.decoder, config.transformers
     tokenizer = loaded.tokenizer
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     use_gqa_attention(loaded.model)
     draft_model = None
-    if config.drafter == "draft_model" and config.w > 0:
-        draft_model = load_draft_model(config, model_config, loaded)
+    if decoder.drafter == "draft_model" and decoder.w > 0:
+        draft_model = load_draft_model(own, config.model, loaded)
         use_gqa_attention(draft_model)
-    drafter = make_drafter(config, tables, pad, draft_model, len(tokenizer))
-    costs = StepCostFit() if config.auto_k or config.auto_w else None
-    return SpeculativeDecoder(loaded.model, tokenizer, drafter, config.k, config.w, config.ngram_max_q,
-                              config.lenience, config.verify, costs, config.auto_k, config.auto_w)
+    drafter = make_drafter(decoder, tables, pad, draft_model, len(tokenizer))
+    costs = StepCostFit() if own.auto_k or decoder.auto_w else None
+    return SpeculativeDecoder(loaded.model, tokenizer, drafter, own.k, decoder.w, decoder.ngram_max_q,
+                              own.lenience, own.verify, costs, own.auto_k, decoder.auto_w)
 
 
 class TransformersEngine:
@@ -41,26 +43,26 @@ class TransformersEngine:
     def __init__(self, config: Config, loaded: LoadedModel, tables: DrafterTables):
         self.config = config
         self.tokenizer = loaded.tokenizer
-        self.decoder = build_decoder(config.decoder, config.model, loaded, tables)
-        decoder = config.decoder
-        # Throughput mode (decoder.max_batch_requests > 1): the requests share forward calls.
+        self.decoder = build_decoder(config, loaded, tables)
+        own = config.transformers
+        # Throughput mode (transformers.max_batch_requests > 1): the requests share forward calls.
         self.batched = None
-        if decoder.max_batch_requests > 1:
-            self.batched = BatchedDecoder(self.decoder, decoder.max_batch_requests, decoder.max_batch_tokens)
+        if own.max_batch_requests > 1:
+            self.batched = BatchedDecoder(self.decoder, own.max_batch_requests, own.max_batch_tokens)
 
     def columns(self) -> dict:
-        decoder = self.config.decoder
+        decoder, own = self.config.decoder, self.config.transformers
         return {"engine": self.name, "drafter": decoder.drafter, "k": self.decoder.k, "w": self.decoder.w,
-                "auto_k": decoder.auto_k, "auto_w": decoder.auto_w, "lenience": decoder.lenience,
+                "auto_k": own.auto_k, "auto_w": decoder.auto_w, "lenience": own.lenience,
                 "verify": self.verify_mode()}
 
     def verify_mode(self) -> str:
         """The mode that runs: throughput mode merges each request's rows into a tree (for one row
         of drafts, a tree and a batch are the same call)."""
-        decoder = self.config.decoder
-        if self.batched is not None and (decoder.k > 1 or decoder.auto_k):
+        own = self.config.transformers
+        if self.batched is not None and (own.k > 1 or own.auto_k):
             return "tree"
-        return decoder.verify
+        return own.verify
 
     def steps(self) -> None:
         """The transformers engine keeps no step accounting (its throughput mode drains each batch)."""

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from jobs.benchmark.occupancy import simulate
-from pipeline.config import concurrent_batches, load_config
+from pipeline.config import load_config
+from pipeline.engines.build import concurrent_batches
 
 
 def skewed_lengths(count: int, seed: int = 0) -> np.ndarray:

@@ -10,7 +10,7 @@ from drafters.datastore import build_datastore
 from pipeline.config import load_config
 from pipeline.engines.base import Failed, Request, Result
 from pipeline.drafter_registry import drafter_tables
-from pipeline.engines.build import build_engine
+from pipeline.engines.build import build_engine, checked_config
 from drafters.primitives.sampling import SamplingParams
 
 W = 4
@@ -19,9 +19,9 @@ PROMPTS = ["def fib(n):\n    if n < 2:\n        return n", "Count: one two three
 
 
 def config(tiny_model_dir, *overrides):
-    return load_config("configs/default.yaml", [
+    return checked_config(load_config("configs/default.yaml", [
         "engine.name=vllm", f"model.name={tiny_model_dir}", "engine.execution=eager",
-        "engine.cpu_kv_cache_gib=1", "engine.max_model_len=384", "engine.max_num_seqs=4", *overrides])
+        "engine.cpu_kv_cache_gib=1", "engine.max_model_len=384", "engine.max_num_seqs=4", *overrides]))
 
 
 @pytest.fixture(scope="module")

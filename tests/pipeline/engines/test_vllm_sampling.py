@@ -18,7 +18,7 @@ import torch
 
 from pipeline.config import load_config
 from pipeline.engines.base import Failed, Request, Result
-from pipeline.engines.build import build_engine
+from pipeline.engines.build import build_engine, checked_config
 from drafters.primitives.sampling import SamplingParams
 from tests.pipeline.engines.sampling_checks import assert_exact, generate_tracking
 
@@ -53,12 +53,12 @@ def peaked_model_dir(tiny_model_dir, tmp_path_factory):
 
 
 def config(model_dir, cache, *overrides):
-    return load_config("configs/default.yaml", [
+    return checked_config(load_config("configs/default.yaml", [
         "engine.name=vllm", f"model.name={model_dir}", f"model.cache_dir={cache}", "engine.execution=eager",
         "engine.cpu_kv_cache_gib=1", "engine.max_model_len=256", "engine.max_num_seqs=16", f"decoder.w={W}",
         # A step prefills at most 64 tokens: prompts are prefilled in chunks, which draws (and
         # discards) tokens from the seeded requests' generators at each partial chunk.
-        "engine.max_num_batched_tokens=64", *overrides])
+        "engine.max_num_batched_tokens=64", *overrides]))
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import pytest
 
 from pipeline.config import load_config
 from pipeline.engines.base import Request
-from pipeline.engines.build import ModelRefused, build_engine, check_engine_can_run
+from pipeline.engines.build import ModelRefused, build_engine, check_engine_can_run, checked_config
 from jobs.benchmark.datasets import encode_prompt
 
 pytestmark = pytest.mark.slow
@@ -17,10 +17,10 @@ PROMPTS = ["def fib(n):\n    if n < 2:\n        return n", "Count: one two three
 
 
 def config(tiny_model_dir, tmp_path, *overrides):
-    return load_config("configs/default.yaml", [
+    return checked_config(load_config("configs/default.yaml", [
         "engine.name=vllm", f"model.name={tiny_model_dir}", "engine.execution=eager",
         "engine.cpu_kv_cache_gib=1", "engine.max_model_len=384", "engine.max_num_seqs=4", "model.num_threads=2",
-        "engine.tensor_parallel_size=2", *overrides])
+        "engine.tensor_parallel_size=2", *overrides]))
 
 
 def generate(engine_config) -> list:

@@ -14,7 +14,7 @@ PROMPTS = [[1, 5, 9, 2, 5, 9, 2, 7], [1, 40, 41, 42, 43, 40, 41], [1, 3], [1]]
 
 
 def decoder_for(model, tables, drafter, k, w, tokenizer=None, min_q=2):
-    config = DecoderConfig(drafter=drafter, k=k, w=w, bigram_top_k=8, ngram_max_q=3, ngram_min_q=min_q)
+    config = DecoderConfig(drafter=drafter, w=w, bigram_top_k=8, ngram_max_q=3, ngram_min_q=min_q)
     if tables.bigram is not None:
         extended = None
         if drafter == "extended_bigram":
