@@ -413,7 +413,8 @@ def test_the_job_and_the_processor_write_the_same_rows(local_ray, tiny_model_dir
         llm.vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers", batch_size=4,
                                       placement_group_config={"bundles": [{"CPU": 1}]}, should_continue_on_error=True,
                                       decoder={k: v for k, v in dataclasses.asdict(config.decoder).items()
-                                               if k != "max_new_tokens"}),
+                                               if k != "max_new_tokens"},
+                                      transformers=dataclasses.asdict(config.transformers)),
         # As a ray.data.llm user writes it: a text prompt as one user message, greedy, 6 tokens.
         preprocess=lambda row: {"messages": [{"role": "user", "content": row["prompt"]}],
                                 "sampling_params": {"temperature": 0, "max_tokens": 6}})
