@@ -14,7 +14,12 @@ tend to start where their prediction starts).
 from __future__ import annotations
 
 import bisect
+from dataclasses import dataclass
 from typing import Sequence
+
+import numpy as np
+
+from drafters.budget import allocate
 
 
 class PredictionDrafter:
@@ -55,3 +60,62 @@ class PredictionDrafter:
         if at == len(ends):
             return ends[-1]
         return ends[at - 1] if at and expected - ends[at - 1] < ends[at] - expected else ends[at]
+
+
+# How often a prediction's draft holds. An edited document's answer follows its prediction for long
+# stretches and leaves it where the edit is: a draft from the prediction is accepted up to there.
+# Each request's rate of leaving (divergences per judged token) starts from the rate pooled over
+# every request so far, itself starting from PRIOR_DIVERGENCES in PRIOR_TOKENS, and weighs its own
+# tokens against OWN_PRIOR_TOKENS of the pooled rate.
+PRIOR_TOKENS, PRIOR_DIVERGENCES, OWN_PRIOR_TOKENS = 32.0, 1.0, 16.0
+
+
+@dataclass
+class Hold:
+    """How one request's prediction drafts fared: the tokens judged, and how many times the answer
+    left the prediction (a draft token rejected)."""
+    judged: int = 0
+    diverged: int = 0
+
+
+class HoldRates:
+    """Divergences per judged prediction token, pooled over requests (the prior of each one's own)."""
+
+    def __init__(self):
+        self.judged, self.diverged = 0, 0
+
+    def judge(self, hold: Hold, draft: Sequence[int], emitted: Sequence[int]) -> int:
+        """A verified draft against what the request emitted from the same position (its accepted
+        tokens and one more): the tokens accepted. A draft cut short by the engine is judged only
+        as far as the emitted tokens go."""
+        accepted = next((i for i, (a, b) in enumerate(zip(draft, emitted)) if a != b), min(len(draft), len(emitted)))
+        diverged = int(accepted < min(len(draft), len(emitted)))
+        hold.judged += accepted + diverged
+        hold.diverged += diverged
+        self.judged += accepted + diverged
+        self.diverged += diverged
+        return accepted
+
+    def rate(self, hold: Hold) -> float:
+        pooled = (self.diverged + PRIOR_DIVERGENCES) / (self.judged + PRIOR_TOKENS)
+        return min((hold.diverged + OWN_PRIOR_TOKENS * pooled) / (hold.judged + OWN_PRIOR_TOKENS), 1.0)
+
+    def gains(self, hold: Hold, length: int) -> np.ndarray:
+        """[length]: the probability that a draft's first j + 1 tokens are all accepted."""
+        return (1.0 - self.rate(hold)) ** np.arange(1, length + 1, dtype=np.float64)
+
+
+def cut_to_budget(gains: list[np.ndarray], cost, fed_before: int) -> np.ndarray:
+    """How many tokens of each prediction draft a step keeps (drafters/budget.py's rule: the most
+    likely first, while one more raises the step's expected tokens per second), `gains[i]` the
+    draft's probabilities, `cost` the step's LinearStepCost, `fed_before` the tokens the step feeds
+    without these drafts (a token per running request, and the other requests' drafts)."""
+    lengths = np.array([len(g) for g in gains], dtype=np.int64)
+    table = np.zeros((len(gains), max(int(lengths.max(initial=0)), 1)))
+    for i, g in enumerate(gains):
+        table[i, :len(g)] = g
+    # allocate() counts one fed token per draft's request first: its step costs start at fed_before.
+    step_cost = cost.seconds(np.arange(fed_before - len(gains), fed_before + int(lengths.sum()) + 1))
+    taken = np.zeros(len(gains), dtype=np.int64)
+    allocate(table, lengths, step_cost, taken)
+    return taken

@@ -72,6 +72,12 @@ class EngineConfig:
     # vLLM: the model's layers split over this many ranks. Only 1: vLLM 0.32 cannot speculate with
     # pipeline parallelism (its earlier stages' model runners have no proposer).
     pipeline_parallel_size: int = 1
+    # vLLM: the longest draft a row's `prediction` may give (a series' changed row drafts from its
+    # last output): where a prediction holds, a step verifies up to this many of its tokens, the
+    # step budget (w: auto) cutting them to what pays for itself at the measured step cost. vLLM fixes
+    # its longest draft (num_speculative_tokens) at start: the larger of this and decoder.w where
+    # the job drafts from predictions. 0: predictions draft at most decoder.w tokens, as the drafter.
+    prediction_w: int = 128
     # vLLM: any other of vLLM's engine arguments (vllm.engine.arg_utils.EngineArgs: quantization,
     # kv_cache_dtype, enable_prefix_caching, ...), given to vLLM as they are; checked against
     # EngineArgs when the job starts (the transformers engine refuses them). Those set above, or by
@@ -87,6 +93,7 @@ class EngineConfig:
     restart_window_s: float = 3600.0
 
     def __post_init__(self):
+        _require(self.prediction_w >= 0, "engine.prediction_w", "an integer >= 0 (0: predictions draft at most decoder.w)")
         _require(self.hang_timeout_s >= 0, "engine.hang_timeout_s", "a number of seconds >= 0 (0: no limit)")
         _require(self.max_restarts >= 0, "engine.max_restarts", "an integer >= 0 (0: a failed engine stops the job)")
         _require(self.restart_window_s > 0, "engine.restart_window_s", "a number of seconds > 0")

@@ -19,9 +19,10 @@ import pyarrow.compute as pc
 from pipeline.config import Config
 from pipeline.row_values import python_value, request_key
 from pipeline.schema import BAD_INPUT, INFERENCE_ERROR, JOB_SCHEMA
+from pipeline.engines.base import RequestError
 from pipeline.engines.build import drafts_from_predictions
 from pipeline.series import LAST_OUTPUT, ROW_SETTINGS, row_fingerprint, settings_fingerprint
-from pipeline.stage import StageSettings
+from pipeline.stage import StageSettings, prediction_text
 
 # The columns of a processor's row the preprocess sets (None where unused), so that an input column of
 # the same name does not take part in the request.
@@ -75,7 +76,7 @@ def request_row(config: Config, settings: str | None = None) -> Callable[[dict],
             if value is not None:
                 params[key] = value
         out = dict.fromkeys(REQUEST_COLUMNS)
-        own, last = python_value(row.get("prediction")), row.get(LAST_OUTPUT)
+        own, last = as_text(python_value(row.get("prediction"))), row.get(LAST_OUTPUT)
         drafted_from = ("row" if own is not None else LAST_OUTPUT if last is not None else None) if predicted else None
         out.update(id=request_key(row.get(source.id_column)), sampling_params=params, **{BAD_INPUT: row.get(BAD_INPUT)},
                    fingerprint=row_fingerprint(config, settings, row), prediction=own if own is not None else last,
@@ -83,6 +84,15 @@ def request_row(config: Config, settings: str | None = None) -> Callable[[dict],
                    **{"messages" if isinstance(prompt, list) else "prompt": prompt})
         return out
     return convert
+
+
+def as_text(prediction):
+    """A row's prediction in OpenAI's form as its text (a column holds one type); one the stage
+    cannot read stays as it is, for the stage to name in the row's error."""
+    try:
+        return prediction_text(prediction, "") or None
+    except RequestError:
+        return prediction
 
 
 def output_table(batch: pa.Table) -> pa.Table:

@@ -222,7 +222,8 @@ def generate_and_write(config: Config, run_id: str) -> dict:
 
 SUMS = {"generated_tokens": "num_generated_tokens", "target_calls": "num_target_calls",
         "forward_calls": "forward_call_share", "checked_draft_tokens": "num_checked_draft_tokens",
-        "acceptance_probability_sum": "sum_acceptance_probability"}
+        "acceptance_probability_sum": "sum_acceptance_probability",
+        "accepted_prediction_tokens": "accepted_prediction_tokens", "rejected_prediction_tokens": "rejected_prediction_tokens"}
 
 
 def block_totals(table) -> dict:

@@ -101,6 +101,9 @@ class RunSummary:
     mean_tokens_per_call: float | None
     tokens_per_forward_call: float | None
     acceptance_rate: float | None  # alpha over every checked draft token of the run (null: nothing drafted)
+    # The rows' predictions drafted and accepted, and drafted and rejected (OpenAI's names).
+    accepted_prediction_tokens: int
+    rejected_prediction_tokens: int
     fingerprint: str  # what produced the rows (RunPlan.fingerprint)
     input_rows: int
     rows_read: int
@@ -149,6 +152,8 @@ class RunSummary:
             mean_tokens_per_call=ratio(after["generated_tokens"], after["target_calls"], 4),
             tokens_per_forward_call=ratio(after["generated_tokens"], after["forward_calls"], 4),
             acceptance_rate=ratio(after["acceptance_probability_sum"], after["checked_draft_tokens"], 4),
+            accepted_prediction_tokens=after["accepted_prediction_tokens"],
+            rejected_prediction_tokens=after["rejected_prediction_tokens"],
             fingerprint=plan.fingerprint, input_rows=reading.input_rows, rows_read=reading.rows_read,
             seconds_to_first_batch=first_batch, series_store=series_store, set_aside=reading.set_aside,
             rows_this_invocation=this_time["rows"], rows_errored_this_invocation=this_time["errored_rows"],

@@ -13,6 +13,8 @@ Each column of ours, once:
   steps won by the row of rank r (transformers engine, k > 1);
 - strategy_rows, strategy_wins, strategy_accepted_tokens: per drafting strategy ("none": steps
   without a draft);
+- accepted_prediction_tokens, rejected_prediction_tokens: the row's `prediction` tokens drafted and
+  accepted, and drafted and rejected (OpenAI's names for predicted outputs; 0 without a prediction);
 - num_checked_draft_tokens, sum_acceptance_probability, alpha (their mean: the acceptance rate);
 - num_draft_model_calls, draft_cost_ratio (a draft model's call over a target call), draft_seconds,
   median_draft_seconds, verify_seconds; num_drafter_failed_steps (steps it went on without drafts);
@@ -58,6 +60,8 @@ STATISTICS = pa.schema([
     ("strategy_rows", COUNTS),
     ("strategy_wins", COUNTS),
     ("strategy_accepted_tokens", COUNTS),
+    ("accepted_prediction_tokens", pa.int64()),
+    ("rejected_prediction_tokens", pa.int64()),
     ("num_checked_draft_tokens", pa.int64()),
     ("sum_acceptance_probability", pa.float64()),
     ("alpha", pa.float64()),

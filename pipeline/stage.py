@@ -51,7 +51,7 @@ from pipeline.engines.base import (Engine, EngineFailed, EngineHung, EngineSteps
 from pipeline.engines.build import build_engine
 from pipeline.metrics import RunMetrics
 from pipeline.progress import BatchReport, EngineCrashLoop, JobStopped, RestartWindow
-from pipeline.row_values import request_key
+from pipeline.row_values import python_value, request_key
 from drafters.primitives.sampling import request_seed
 from pipeline.sampling_params import sampling_of
 from pipeline.schema import BAD_INPUT, GENERATED, INFERENCE_ERROR, STATISTICS, TYPED_BY_THE_DATA
@@ -113,7 +113,8 @@ class GenerationStage:
                  "it is) or token ids: one of them"},
                 {"sampling_params": "vLLM's SamplingParams keys (vLLM's defaults where absent)",
                  "model": "a LoRA adapter's directory (engine_kwargs enable_lora)",
-                 "prediction": "text the answer is expected to resemble: drafted from first (vLLM engine)"})
+                 "prediction": "text the answer is expected to resemble, or OpenAI's {'type': 'content', 'content': "
+                               "text or text parts}: drafted from first (vLLM engine)"})
 
     # --- One row ----------------------------------------------------------------------------------
 
@@ -141,12 +142,11 @@ class GenerationStage:
                        self.prediction(row, name)), prompt, name
 
     def prediction(self, row: dict, name: str) -> tuple[int, ...]:
-        """The row's `prediction` (text its answer is expected to resemble) as token ids; () without one."""
-        text = row.get("prediction")
-        if text is None or text == "":
+        """The row's `prediction` (text its answer is expected to resemble, or OpenAI's form of it) as
+        token ids; () without one."""
+        text = prediction_text(python_value(row.get("prediction")), name)
+        if not text:
             return ()
-        if not isinstance(text, str):
-            raise RequestError(f"{name}: prediction must be text, got {type(text).__name__}")
         with self.tokenizer_lock:
             return tuple(self.tokenizer.encode(text, add_special_tokens=False))
 
@@ -389,3 +389,21 @@ def ray_running() -> bool:
     import ray
 
     return ray.is_initialized()
+
+
+def prediction_text(value, name: str) -> str:
+    """A row's prediction as text: the text itself, or OpenAI's predicted output
+    (`{"type": "content", "content": text or [{"type": "text", "text": ...}, ...]}`); "" for none."""
+    if value is None or isinstance(value, str):
+        return value or ""
+    if not isinstance(value, dict) or value.get("type") != "content":
+        raise RequestError(f"{name}: prediction must be text or OpenAI's {{'type': 'content', 'content': ...}}, "
+                           f"got {str(value)[:80]}")
+    content = value.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(part, dict) and part.get("type") == "text"
+                                         and isinstance(part.get("text"), str) for part in content):
+        return "".join(part["text"] for part in content)
+    raise RequestError(f"{name}: prediction.content must be text or a list of {{'type': 'text', 'text': ...}} parts, "
+                       f"got {str(content)[:80]}")

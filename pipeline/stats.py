@@ -33,6 +33,11 @@ class RequestStats:
     strategy_wins: dict[str, int] = field(default_factory=dict)
     # Draft tokens accepted per strategy (the winning row's strategy gets the step's accepted tokens).
     strategy_accepted_tokens: dict[str, int] = field(default_factory=dict)
+    # A row's prediction (OpenAI's predicted outputs, by its names): its tokens drafted and accepted,
+    # and drafted and not accepted (OpenAI counts the prediction's tokens that are not in the answer;
+    # here a prediction's token never drafted, where the answer left it, is in neither).
+    accepted_prediction_tokens: int = 0
+    rejected_prediction_tokens: int = 0
     # Draft tokens checked (accepted, then the first rejected one) and the sum of their acceptance
     # probabilities: alpha = the mean, the acceptance rate of speculative sampling's analysis.
     num_checked_draft_tokens: int = 0

@@ -27,6 +27,8 @@ from pipeline.engines.base import Request
 OURS = "batch_suffix:1:auto"  # the default drafter, as the engines subcommand names it
 PREDICTED = "batch_suffix:1:auto+prediction"
 HISTORY = "batch_suffix:1:auto+series store"
+SHORT = "batch_suffix:1:auto, prediction_w=0"  # vLLM started for drafts of decoder.w tokens at most
+SHORT_PREDICTED = "batch_suffix:1:auto+prediction, prediction_w=0"
 
 
 def add_cli_args(parser) -> None:
@@ -34,21 +36,46 @@ def add_cli_args(parser) -> None:
     parser.set_defaults(dataset="corpus-rewrite-code")
     parser.add_argument("--batch", type=integers, default=[1, 16], help="requests per call, comma-separated")
     parser.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16"))
+    parser.add_argument("--edit", default="line", choices=("line", "field", "paragraph"), help="what each document's edit touches")
+    parser.add_argument("--short-drafts", action="store_true",
+                        help="also ours on an engine started with engine.prediction_w=0 (predictions draft at most "
+                             "decoder.w tokens), with and without the last outputs")
     parser.add_argument("--new-rows", action="store_true",
                         help="also generate `--limit` new documents with and without the store of the earlier run")
 
 
-def edit(prompt: str) -> str:
-    """The prompt with a few lines of its document edited: " (updated)" appended to the line a
-    third of the way in, and the line two thirds of the way in deleted."""
+def edit(prompt: str, kind: str = "line") -> str:
+    """The prompt's document edited (its instruction, before the first blank line, kept):
+    - line: " (updated)" appended to the line a third of the way in, the line two thirds in deleted;
+    - field: one value changed: the first number a third of the way in or later incremented (a
+      word appended to that line where there is none);
+    - paragraph: five lines from a third of the way in replaced by one new line."""
     lines = prompt.splitlines(keepends=True)
     start = next((i + 1 for i, line in enumerate(lines) if not line.strip()), 0)  # after the instruction
     body = lines[start:]
     if len(body) >= 6:
         third = len(body) // 3
-        body[third] = body[third].rstrip("\n") + " (updated)\n"
-        del body[2 * third]
+        if kind == "line":
+            body[third] = body[third].rstrip("\n") + " (updated)\n"
+            del body[2 * third]
+        elif kind == "field":
+            body = changed_field(body, third)
+        else:
+            body[third:third + 5] = ["(This part was rewritten.)\n"]
     return "".join(lines[:start] + body)
+
+
+def changed_field(body: list[str], first: int) -> list[str]:
+    """The first number at or after line `first` incremented; without one, " (v2)" on that line."""
+    import re
+
+    for i in range(first, len(body)):
+        match = re.search(r"\d+", body[i])
+        if match:
+            body[i] = body[i][:match.start()] + str(int(match.group()) + 1) + body[i][match.end():]
+            return body
+    body[first] = body[first].rstrip("\n") + " (v2)\n"
+    return body
 
 
 def run(args) -> dict:
@@ -64,24 +91,29 @@ def run(args) -> dict:
     engines = {name: engine for (method, _), engine in build_engines(base, list(methods.values()), args.batch).items()
                for name in [method.name]}
     engines[PREDICTED] = engines[OURS]
+    if args.short_drafts:
+        short = next(iter(build_engines([*base, "engine.prediction_w=0"], [methods[OURS]], args.batch).values()))
+        engines[SHORT], engines[SHORT_PREDICTED] = short, short
     everything = load_prompts(args.dataset, 2 * args.limit if args.new_rows else args.limit)
     prompts, new_prompts = everything[:args.limit], everything[args.limit:]
     tokenizer = engines["plain"].tokenizer
     original = [Request(p.request_id, encode_prompt(tokenizer, p.prompt, p.request_id), args.max_new_tokens)
                 for p in prompts]
     last = [r.token_ids for r in engines["plain"].generate(original)]  # the series' earlier run
-    edited = [Request(p.request_id, encode_prompt(tokenizer, edit(p.prompt), p.request_id), args.max_new_tokens)
+    edited = [Request(p.request_id, encode_prompt(tokenizer, edit(p.prompt, args.edit), p.request_id), args.max_new_tokens)
               for p in prompts]
     requests = {name: edited for name in engines}
-    requests[PREDICTED] = [Request(r.request_id, r.prompt_ids, r.max_new_tokens, prediction=tuple(ids))
-                           for r, ids in zip(edited, last)]
+    for name in (PREDICTED, SHORT_PREDICTED):
+        requests[name] = [Request(r.request_id, r.prompt_ids, r.max_new_tokens, prediction=tuple(ids))
+                          for r, ids in zip(edited, last)]
     # Each batch size on its own prompts: the suffix methods remember what they have generated.
     share = len(prompts) // len(args.batch)
     rows = [{**row, "rows": "changed"} for i, batch in enumerate(args.batch) for row in compare(
         engines, {name: rs[i * share:(i + 1) * share] for name, rs in requests.items()}, batch)]
     if new_prompts:
         rows += new_rows(args, base, {"plain": engines["plain"], OURS: engines[OURS]}, last, new_prompts)
-    return {"dataset": args.dataset, "model": args.model, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
+    return {"dataset": args.dataset, "edit": args.edit, "model": args.model, "prompts": len(prompts),
+            "max_new_tokens": args.max_new_tokens,
             "prompts_per_batch_size": share, "new_prompts": len(new_prompts), "runs": [
                 {key: value for key, value in row.items() if key != "outputs"} for row in rows]}
 
@@ -126,9 +158,11 @@ def compare(engines: dict, requests: dict, batch: int) -> list[dict]:
     for name in names:
         tokens = sum(len(r.token_ids) for r in results[name])
         calls = sum(r.stats.num_target_calls for r in results[name])
-        predicted = sum(r.stats.strategy_accepted_tokens.get("prediction", 0) for r in results[name])
+        predicted = sum(r.stats.accepted_prediction_tokens for r in results[name])
+        rejected = sum(r.stats.rejected_prediction_tokens for r in results[name])
         rows.append({"method": name, "batch": batch, "tokens": tokens, "tokens_per_second": round(tokens / seconds[name], 2),
-                     "tokens_per_call": round(tokens / calls, 3), "tokens_from_prediction": predicted,
+                     "tokens_per_call": round(tokens / calls, 3), "accepted_prediction_tokens": predicted,
+                     "rejected_prediction_tokens": rejected,
                      "identical_to_plain": sum(r.token_ids == p for r, p in zip(results[name], plain)),
                      "outputs": [r.token_ids for r in results[name]]})
     for row in rows:
@@ -141,6 +175,7 @@ def compare(engines: dict, requests: dict, batch: int) -> list[dict]:
 
 def markdown(report: dict) -> str:
     return markdown_table(report["runs"], {"rows": "rows", "method": "method", "batch": "B", "tokens_per_second": "tokens/s",
-                                           "tokens_per_call": "tokens/call", "tokens_from_prediction": "from prediction",
+                                           "tokens_per_call": "tokens/call", "accepted_prediction_tokens": "prediction accepted",
+                                           "rejected_prediction_tokens": "rejected",
                                            "identical_to_plain": "rows = plain's", "vs_plain": "vs plain",
                                            "vs_vllm_suffix": "vs vllm_suffix", "vs_ours": "vs ours"})

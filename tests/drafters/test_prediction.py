@@ -1,6 +1,10 @@
 """Drafting from a prediction (drafters/prediction.py): the answer's tail found in the prediction,
-through insertions and deletions, at the copy where the answer has reached."""
-from drafters.prediction import PredictionDrafter
+through insertions and deletions, at the copy where the answer has reached; how often a request's
+prediction holds, and the step budget's cut of its drafts."""
+import numpy as np
+
+from drafters.budget import LinearStepCost
+from drafters.prediction import Hold, HoldRates, PredictionDrafter, cut_to_budget
 
 
 def first(drafter, generated, w):
@@ -41,3 +45,33 @@ def test_a_draft_says_how_much_of_the_answer_matched():
     assert drafter.draft(list(range(100, 110)), 2) == ([110, 111], 6)
     assert drafter.draft([1, 2, 3, 115, 116], 2) == ([117, 118], 2)
     assert drafter.draft([1, 2, 3], 2) == ([], 0)
+
+
+def test_a_prediction_that_holds_earns_longer_drafts_than_one_that_leaves():
+    rates = HoldRates()
+    holding, leaving = Hold(), Hold()
+    for _ in range(10):
+        assert rates.judge(holding, [1, 2, 3, 4], [1, 2, 3, 4, 9]) == 4  # every token held, and the bonus
+        assert rates.judge(leaving, [1, 2, 3, 4], [1, 7]) == 1  # the answer left at the second token
+    assert (holding.judged, holding.diverged) == (40, 0)
+    assert (leaving.judged, leaving.diverged) == (20, 10)
+    assert rates.rate(holding) < rates.rate(leaving)
+    gains = rates.gains(holding, 5)
+    assert np.all(np.diff(gains) < 0) and gains[0] < 1
+    cost = LinearStepCost(1.0, 0.05)
+    kept = cut_to_budget([rates.gains(holding, 64), rates.gains(leaving, 64)], cost, fed_before=2)
+    assert kept[0] > kept[1] >= 0
+    assert kept[0] <= 64
+
+
+def test_a_draft_cut_short_by_the_engine_is_judged_as_far_as_it_went():
+    rates, hold = HoldRates(), Hold()
+    assert rates.judge(hold, [1, 2, 3, 4], [1, 2, 3]) == 3  # two tokens verified, the third the model's own
+    assert (hold.judged, hold.diverged) == (3, 0)
+
+
+def test_a_free_token_is_always_kept_and_a_costly_one_only_when_likely():
+    rates, hold = HoldRates(), Hold()
+    gains = rates.gains(hold, 200)
+    assert cut_to_budget([gains], LinearStepCost(1.0, 0.0), fed_before=1)[0] == 200  # a GPU-like step: all of it
+    assert cut_to_budget([gains], LinearStepCost(1.0, 1.0), fed_before=1)[0] < 10  # each token a whole step

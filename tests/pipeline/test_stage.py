@@ -83,10 +83,15 @@ def test_the_verify_column_says_what_ran(tiny_model_dir, tmp_path, max_batch_req
     assert all(share <= calls for share, calls in zip(out["forward_call_share"], out["num_target_calls"]))
 
 
-def test_a_prediction_that_is_not_text_is_the_rows_error(stage):
-    batch = {"id": ["text", "number"], "prompt": ["def add(a, b):", "def add(a, b):"],
-             "prediction": ["    return a + b", 7]}
+def test_a_prediction_is_text_or_openais_form_and_anything_else_is_the_rows_error(stage):
+    openai = {"type": "content", "content": "    return a + b"}
+    parts = {"type": "content", "content": [{"type": "text", "text": "    return "}, {"type": "text", "text": "a + b"}]}
+    batch = {"id": ["text", "openai", "parts", "number", "other"], "prompt": ["def add(a, b):"] * 5,
+             "prediction": ["    return a + b", openai, parts, 7, {"type": "image", "content": "x"}]}
     out = generate(stage, batch).to_pydict()
     errors = dict(zip(out["id"], out["error"]))
-    assert errors["text"] is None
-    assert "row 'number': prediction must be text, got int" in errors["number"]
+    assert errors["text"] is None and errors["openai"] is None and errors["parts"] is None, errors
+    assert "row 'number': prediction must be text or OpenAI's {'type': 'content', 'content': ...}, got 7" in errors["number"]
+    assert "row 'other': prediction must be text or OpenAI's" in errors["other"]
+    texts = dict(zip(out["id"], out["generated_text"]))
+    assert texts["openai"] == texts["parts"] == texts["text"]

@@ -51,6 +51,7 @@ from pipeline.engines.vllm.compat import (
 )
 from pipeline.engines.vllm.feeder import EngineFeeder
 from pipeline.engines.vllm.proposer import (
+    PREDICTION,
     Proposal,
     Tracked,
     attach_drafter,
@@ -169,6 +170,9 @@ class VllmEngine:
         self.drafts = decoder.drafter != "none" and decoder.w > 0
         # Ours run as vLLM's proposer; vLLM's own methods (vllm_ngram, vllm_suffix) run as vLLM has them.
         self.ours = self.drafts and decoder.drafter not in VLLM_METHODS
+        # vLLM's num_speculative_tokens, fixed from the start: ours draft from the rows' predictions
+        # too, up to engine.prediction_w tokens (settings.py drafts_from_predictions).
+        self.max_w = max(decoder.w, config.engine.prediction_w) if self.ours else decoder.w
         self.tokenizer = load_tokenizer(model_dir, config.model)
         self.sampling = vllm_sampling()
         self.adapters: dict = {}  # LoRA adapter -> its LoRARequest (vLLM's ids count from 1)
@@ -177,7 +181,6 @@ class VllmEngine:
         self.feeder = EngineFeeder(lambda: self.start(model_dir), self.finished if self.ours else None,
                                    config.engine.hang_timeout_s)
         self.max_model_len = self.feeder.llm.llm_engine.model_config.max_model_len
-        self.max_w = decoder.w  # vLLM's num_speculative_tokens: fixed from here on
         # Whether vLLM's sampling, on every worker, is now exact with drafts (cpu_sampling.py). If
         # not, no request drafts in a step that runs a sampled one.
         self.exact_sampling = not self.drafts or all(self.collective_rpc(check_worker))
@@ -196,7 +199,8 @@ class VllmEngine:
         decoder = self.config.decoder
         speculative = None
         if self.drafts:
-            speculative = {"method": VLLM_METHODS.get(decoder.drafter, "custom_class"), "num_speculative_tokens": decoder.w}
+            speculative = {"method": VLLM_METHODS.get(decoder.drafter, "custom_class"),
+                           "num_speculative_tokens": self.max_w}
             if self.ours:
                 speculative["model"] = PROPOSER
             elif decoder.drafter == "vllm_ngram":
@@ -226,7 +230,8 @@ class VllmEngine:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         drafter = make_batch_drafter(decoder, tables or DrafterTables(), pad, len(self.tokenizer),
                                      self.feeder.llm.llm_engine.model_config.get_vocab_size())
-        self.collective_rpc(attach_drafter, (drafter, decoder.w, decoder.auto_w, self.exact_sampling))
+        prediction_w = min(max(decoder.w, self.config.engine.prediction_w), self.max_w)
+        self.collective_rpc(attach_drafter, (drafter, decoder.w, decoder.auto_w, self.exact_sampling, prediction_w))
         self.config = dataclasses.replace(self.config, decoder=decoder)
 
     def keyed_draws(self, on: bool) -> None:
@@ -352,6 +357,8 @@ def request_stats(prompt_length: int, token_ids: list[int], metrics, tracked: Tr
     drafted = checked = 0
     if metrics is not None:
         histogram = list(metrics.histogram) + [0] * (w + 1 - len(metrics.histogram))
+        while len(histogram) > w + 1 and not histogram[-1]:  # sized for vLLM's longest draft (a prediction's)
+            histogram.pop()
         drafted = metrics.num_draft_tokens
         checked = sum(a + (1 if a < d else 0) for a, d in zip(metrics.per_step_accepted, metrics.per_step_drafted))
     accepted = sum(j * count for j, count in enumerate(histogram))
@@ -388,6 +395,9 @@ def attribute_strategies(stats: RequestStats, proposals: list[Proposal], token_i
         actual = token_ids[proposal.position:proposal.position + len(proposal.tokens)]
         accepted = next((i for i, (a, b) in enumerate(zip(proposal.tokens, actual)) if a != b), len(actual))
         stats.strategy_rows[proposal.strategy] = stats.strategy_rows.get(proposal.strategy, 0) + 1
+        if proposal.strategy == PREDICTION:
+            stats.accepted_prediction_tokens += accepted
+            stats.rejected_prediction_tokens += len(proposal.tokens) - accepted
         if accepted:
             stats.strategy_wins[proposal.strategy] = stats.strategy_wins.get(proposal.strategy, 0) + 1
             stats.strategy_accepted_tokens[proposal.strategy] = (

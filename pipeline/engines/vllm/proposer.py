@@ -31,7 +31,7 @@ import torch
 
 from drafters.base import BatchDrafter, BatchDrafts
 from drafters.budget import StepCostFit, cost_table
-from drafters.prediction import PredictionDrafter
+from drafters.prediction import Hold, HoldRates, PredictionDrafter, cut_to_budget
 from pipeline.engines.vllm.compat import (
     external_request_id,
     live_request_ids,
@@ -64,6 +64,8 @@ class Tracked:
     draft_seconds: float = 0.0
     proposals: list[Proposal] = field(default_factory=list)  # drafts vLLM verified or will
     prediction: PredictionDrafter | None = None  # the request's prediction, drafted from first
+    hold: Hold = field(default_factory=Hold)  # how its prediction drafts fared
+    judged: int = 0  # its proposals judged for `hold` so far
 
 
 PREDICTION = "prediction"  # the strategy of a draft taken from the request's prediction
@@ -79,6 +81,8 @@ class NgrammysProposer:
         self.max_model_len = vllm_config.model_config.max_model_len
         self.drafter: BatchDrafter | None = None
         self.w = 0
+        self.prediction_w = 0  # the longest draft from a request's prediction
+        self.holds = HoldRates()
         self.runner = None
         self.adaptive = False
         self.draft_sampled = True  # False: no request drafts in a step with a sampled (temperature > 0) request
@@ -88,16 +92,21 @@ class NgrammysProposer:
         self.last_step: tuple[float, int] | None = None  # (when the last proposal ended, tokens it had fed)
         self.reported: set[str] = set()  # drafting errors already logged (each kind once)
 
-    def configure(self, runner, drafter: BatchDrafter | None, w: int, adaptive: bool, draft_sampled: bool = True) -> None:
-        """Drafts of at most w tokens (w <= vLLM's num_speculative_tokens) from `drafter`, cut to
-        the step's budget if `adaptive`. With `draft_sampled` False (the engine's rejection sampler
+    def configure(self, runner, drafter: BatchDrafter | None, w: int, adaptive: bool, draft_sampled: bool = True,
+                  prediction_w: int = 0) -> None:
+        """Drafts of at most w tokens (w <= vLLM's num_speculative_tokens) from `drafter`, and of
+        at most prediction_w (or w, if more) from a request's prediction, cut to the step's budget if
+        `adaptive`. With `draft_sampled` False (the engine's rejection sampler
         is not exact for sampled requests, and in a step with one it scales every draft position
         wrongly, greedy ones too) no request drafts in a step that runs a sampled request."""
-        assert w <= self.max_w, f"vLLM was started for drafts of up to {self.max_w} tokens, not {w}"
+        assert max(w, prediction_w) <= self.max_w, (
+            f"vLLM was started for drafts of up to {self.max_w} tokens, not {max(w, prediction_w)}")
         self.runner, self.drafter, self.w, self.adaptive = runner, drafter, w, adaptive
+        self.prediction_w = max(w, prediction_w)
         self.draft_sampled = draft_sampled
         # A new drafter starts from nothing: no requests, no cost fit of another's steps.
         self.tracked, self.started, self.costs, self.last_step = {}, set(), StepCostFit(), None
+        self.holds = HoldRates()
 
     def load_model(self, *args, **kwargs) -> None:
         """vLLM calls this on every proposer; drafting from tables and contexts loads nothing."""
@@ -164,18 +173,41 @@ class NgrammysProposer:
     def predict(self, rows: list[int], tracked: list[Tracked], lengths: np.ndarray, token_ids_cpu: np.ndarray,
                 drafts: list[list[int]]) -> None:
         """A request with a prediction drafts from it (drafters/prediction.py) where the answer's last
-        PREDICTION_EVIDENCE tokens (or its start) match there and the drafter's own draft is no longer."""
-        for row, t, length in zip(rows, tracked, lengths.tolist()):
+        PREDICTION_EVIDENCE tokens (or its start) match there: up to prediction_w tokens, cut with
+        `w: auto` to what the step's budget keeps by how often the request's prediction has held,
+        and taken where the drafter's own draft is no longer."""
+        guesses = {}
+        for i, (row, t, length) in enumerate(zip(rows, tracked, lengths.tolist())):
             if t.prediction is None:
                 continue
-            guess, matched = t.prediction.draft(token_ids_cpu[row, t.prompt_length:length].tolist(),
-                                                min(self.w, t.limit - length - 1))
-            if guess and matched >= PREDICTION_EVIDENCE and len(guess) >= len(drafts[row]):
-                position = length - t.prompt_length
+            generated = token_ids_cpu[row, t.prompt_length:length].tolist()
+            self.judge(t, generated)
+            guess, matched = t.prediction.draft(generated, min(self.prediction_w, t.limit - length - 1))
+            if guess and matched >= PREDICTION_EVIDENCE:
+                guesses[i] = guess
+        if guesses and self.adaptive:
+            fed = len(drafts) + sum(map(len, drafts)) - sum(len(drafts[rows[i]]) for i in guesses)
+            kept = cut_to_budget([self.holds.gains(tracked[i].hold, len(g)) for i, g in guesses.items()],
+                                 self.costs.cost(), fed)
+            guesses = {i: g[:n] for (i, g), n in zip(guesses.items(), kept.tolist())}
+        for i, guess in guesses.items():
+            row, t = rows[i], tracked[i]
+            if guess and len(guess) >= len(drafts[row]):
+                position = int(lengths[i]) - t.prompt_length
                 if drafts[row] and t.proposals and t.proposals[-1].position == position:
                     t.proposals.pop()
                 drafts[row] = guess
                 t.proposals.append(Proposal(position, tuple(guess), PREDICTION))
+
+    def judge(self, t: Tracked, generated: list[int]) -> None:
+        """The request's proposals verified since the last step, those from its prediction judged
+        against what it emitted (how often its prediction holds)."""
+        while t.judged < len(t.proposals) and t.proposals[t.judged].position < len(generated):
+            proposal = t.proposals[t.judged]
+            if proposal.strategy == PREDICTION:
+                end = proposal.position + len(proposal.tokens) + 1
+                self.holds.judge(t.hold, proposal.tokens, generated[proposal.position:end])
+            t.judged += 1
 
     def paused(self) -> bool:
         """Whether no request drafts this step: a sampled request runs, and sampled drafts are not verified exactly."""
@@ -249,9 +281,10 @@ class NgrammysProposer:
 
 # Called on the worker by LLM.collective_rpc, with the worker as first argument.
 
-def attach_drafter(worker, drafter: BatchDrafter | None, w: int, adaptive: bool, draft_sampled: bool = True) -> None:
+def attach_drafter(worker, drafter: BatchDrafter | None, w: int, adaptive: bool, draft_sampled: bool = True,
+                   prediction_w: int = 0) -> None:
     runner = model_runner(worker)
-    proposer_of(runner).configure(runner, drafter, w, adaptive, draft_sampled)
+    proposer_of(runner).configure(runner, drafter, w, adaptive, draft_sampled, prediction_w)
 
 
 def take_tracked(worker, outputs: dict[str, list[int]]) -> dict[str, Tracked]:
