@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "gpu-step": "jobs.benchmark.micro.gpu_step",
     "host-step": "jobs.benchmark.micro.host_step",
     "host-speed": "jobs.benchmark.micro.host_speed",
+    "sampling-draw": "jobs.benchmark.micro.sampling_draw",
 }
 
 
