@@ -3,7 +3,7 @@
     python -m jobs.generate [--config FILE] [--input PATH] [--output DIR] \\
         [--run-id ID] [--set section.key=value ...] [--show-config]
 
-Settings: pipeline/config.py's defaults, then --config's file, then --set (and --input, --output,
+Settings: pipeline/config/settings.py's defaults, then --config's file, then --set (and --input, --output,
 --run-id). With no cluster it starts a local Ray; under `ray job submit`, or with RAY_ADDRESS set, it joins
 that cluster. Outputs go under <output>/run=<run-id>/; re-running a run id resumes it.
 """
@@ -25,14 +25,14 @@ import ray  # noqa: E402
 
 from pipeline.config import ConfigError, load_config  # noqa: E402
 from pipeline.engines.build import checked_config  # noqa: E402
-from pipeline.ray_job import JobFailed, new_run_id, run_job  # noqa: E402
-from pipeline.storage import StorageError  # noqa: E402
+from pipeline.job.ray_job import JobFailed, new_run_id, run_job  # noqa: E402
+from pipeline.llm.storage import StorageError  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default=None,
-                        help="a YAML file of the settings it changes from the defaults (pipeline/config.py)")
+                        help="a YAML file of the settings it changes from the defaults (pipeline/config/settings.py)")
     parser.add_argument("--input", help="input file, directory or glob (overrides input.path)")
     parser.add_argument("--output", help="output directory (overrides job.output)")
     parser.add_argument("--run-id", help="run to write or resume (overrides job.run_id)")

@@ -22,8 +22,8 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from jobs.plots import AcceptanceCounts, pyplot, save_acceptance_plots
-from pipeline import storage
-from pipeline.output_files import readable_columns
+from pipeline.llm import storage
+from pipeline.job.output_files import readable_columns
 
 COLUMNS = ("id", "error", "drafter", "k", "w", "auto_k", "auto_w", "verify", "num_generated_tokens",
            "num_target_calls", "num_verified_tokens", "tokens_per_call", "alpha",

@@ -1,4 +1,4 @@
-"""Engine failures injected into running jobs and processors (tests of pipeline/stage.py's engine
+"""Engine failures injected into running jobs and processors (tests of pipeline/llm/stage.py's engine
 restarts). `install` is Ray's worker_process_setup_hook: in every worker process it arranges that
 when the vLLM engine's feeder is imported, its step reads the fault written to
 $NGRAMMYS_TEST_FAULTS/fault.json (by `inject`) and fails as told:

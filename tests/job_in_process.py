@@ -1,13 +1,13 @@
 """The job's three steps in this process, for tests: its preprocess, the stage with the job's
-settings (pipeline/job_rows.py), its postprocess."""
+settings (pipeline/job/rows.py), its postprocess."""
 from __future__ import annotations
 
 import pyarrow as pa
 
-from pipeline import job_rows
+from pipeline.job import rows as job_rows
 from pipeline.config import Config
-from pipeline.row_values import rows_table
-from pipeline.stage import GenerationStage
+from pipeline.llm.row_values import rows_table
+from pipeline.llm.stage import GenerationStage
 
 
 def job_stage(config: Config) -> GenerationStage:

@@ -4,15 +4,15 @@ circle, and nothing outside an engine's folder reaches past its public surface (
 Layers, top to bottom (docs/layout.md, "Where things are"; ../shared/ARCHITECTURE.md):
 
     jobs                 entry points and the benchmark
-    job                  pipeline/ray_job (read -> the processor -> Parquet; checkpoints), run (the run's
+    job                  pipeline/job/ray_job (read -> the processor -> Parquet; checkpoints), run (the run's
                          paths, plan and summary), job_rows, job_input, series, series_store
     processor            pipeline/llm (ray.data.llm's API)
-    stage                pipeline/actor_pool, stage, schema, sampling_params, row_values, checkpoint, storage,
+    stage                pipeline/llm/actor_pool, stage, schema, sampling_params, row_values, checkpoint, storage,
                          output_files, progress, metrics
     engine builder       pipeline/engines/build
     engines              pipeline/engines/vllm/, pipeline/engines/transformers/ (siblings)
     engine interface     pipeline/engines/base
-    wiring               pipeline/drafter_registry (name -> drafter + tables), model_loading, config,
+    wiring               pipeline/config/drafter_registry (name -> drafter + tables), model_loading, config,
                          config_types, drafter_kinds, stats, package_data
     drafters             drafters/ (engine-neutral: it imports nothing from pipeline/)
     primitives           drafters/primitives/ (sampling primitives, forward helpers, cache keys)
@@ -34,17 +34,17 @@ ENGINES = ("pipeline.engines.vllm", "pipeline.engines.transformers")
 # the module itself and everything below it).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("jobs", ("jobs",)),
-    ("job", ("pipeline.ray_job", "pipeline.run", "pipeline.job_rows", "pipeline.job_input", "pipeline.series",
-             "pipeline.series_store")),
+    ("job", ("pipeline.job.ray_job", "pipeline.job.run", "pipeline.job.rows", "pipeline.job.inputs", "pipeline.job.series",
+             "pipeline.job.series_store")),
     ("processor", ("pipeline.llm",)),
-    ("stage", ("pipeline.actor_pool", "pipeline.stage", "pipeline.schema", "pipeline.sampling_params",
-               "pipeline.row_values", "pipeline.checkpoint", "pipeline.storage", "pipeline.output_files",
-               "pipeline.progress", "pipeline.metrics")),
+    ("stage", ("pipeline.llm.actor_pool", "pipeline.llm.stage", "pipeline.llm.schema", "pipeline.llm.sampling_params",
+               "pipeline.llm.row_values", "pipeline.llm.checkpoint", "pipeline.llm.storage", "pipeline.job.output_files",
+               "pipeline.llm.progress", "pipeline.llm.metrics")),
     ("engine builder", ("pipeline.engines.build",)),
     ("engines", ENGINES),
     ("engine interface", ("pipeline.engines.base", "pipeline.engines")),
-    ("wiring", ("pipeline.drafter_registry", "pipeline.model_loading", "pipeline.config", "pipeline.config_types",
-                "pipeline.drafter_kinds", "pipeline.stats", "pipeline.package_data", "pipeline")),
+    ("wiring", ("pipeline.config.drafter_registry", "pipeline.config.model_loading", "pipeline.config", "pipeline.config.typed",
+                "pipeline.config.drafter_kinds", "pipeline.engines.stats", "pipeline.config.package_data", "pipeline")),
     ("drafters", ("drafters",)),
     ("primitives", ("drafters.primitives",)),
 ]
@@ -162,7 +162,7 @@ def test_every_import_points_down_and_no_module_imports_in_a_circle():
 
 @pytest.mark.parametrize("module,source,expected", [
     # pipeline/ (outside the transformers engine) reaching into its internals
-    ("pipeline.stats", "from pipeline.engines.transformers.verification import Verdict",
+    ("pipeline.engines.stats", "from pipeline.engines.transformers.verification import Verdict",
      "an internal of the engine pipeline.engines.transformers"),
     # a drafter importing the wiring above it (the registry, the config)
     ("drafters.suffix.drafter", "from pipeline.config import DecoderConfig", "up from 'drafters' to 'wiring'"),
@@ -187,9 +187,9 @@ def test_an_import_that_breaks_the_rule_is_named(tmp_path, module, source, expec
 
 
 def test_a_circle_is_found():
-    graph = {"pipeline.config": {"pipeline.stats"}, "pipeline.stats": {"drafters.primitives.sampling"},
-             "drafters.primitives.sampling": {"pipeline.config"}, "pipeline.schema": set()}
-    assert circles(graph) == [["drafters.primitives.sampling", "pipeline.config", "pipeline.stats"]]
+    graph = {"pipeline.config": {"pipeline.engines.stats"}, "pipeline.engines.stats": {"drafters.primitives.sampling"},
+             "drafters.primitives.sampling": {"pipeline.config"}, "pipeline.llm.schema": set()}
+    assert circles(graph) == [["drafters.primitives.sampling", "pipeline.config", "pipeline.engines.stats"]]
     assert any(line.startswith("circle: ") for line in violations(graph))
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.drafter_registry import build_tables, load_draft_model, make_drafter
+from pipeline.config.drafter_registry import build_tables, load_draft_model, make_drafter
 from jobs.benchmark.hf import hf_generate
 from pipeline.config import DecoderConfig, ModelConfig, TransformersConfig
 from pipeline.engines.transformers.decoder import SpeculativeDecoder
-from pipeline.model_loading import cache_root
+from pipeline.config.model_loading import cache_root
 from jobs.benchmark.datasets import encode_prompt, load_prompts
 
 # The transformers engine on SmolLM2 (about 4 minutes, SmolLM2's bigram table included: one forward

@@ -20,7 +20,7 @@ import textwrap
 from pathlib import Path
 from typing import Callable, Iterator
 
-from pipeline.package_data import json_list_records, sharegpt_path
+from pipeline.config.package_data import json_list_records, sharegpt_path
 
 EXTRACT_JSON = ('Extract every person, organization, place, date and number mentioned in the text below. Answer '
                 'with JSON only, in this form: {"people": [], "organizations": [], "places": [], "dates": [], '

@@ -10,7 +10,7 @@ The same prompts and engine settings (max_num_seqs, dtype, eager, KV cache) thre
 - `feeder`: our engine's streaming feeder in this process, no Ray: the prompts cut into batches of
   --batch-size, as many handed to VllmEngine.generate at once from threads as a job's actor would
   (concurrent_batches); what feeding costs by itself, apart from Ray's;
-- `job`: our Ray job end to end (pipeline/ray_job.py), Ray batches of --batch-size;
+- `job`: our Ray job end to end (pipeline/job/ray_job.py), Ray batches of --batch-size;
 - `ray_data_llm`: ray.data.llm's processor (build_processor, vLLMEngineProcessorConfig) with the
   same engine settings and Ray batches, fed the same token ids: plain, and vLLM's own methods
   (`vllm_suffix`, `vllm_ngram`) as its users configure them (`engine_kwargs.speculative_config`);
@@ -33,7 +33,7 @@ from jobs.benchmark.datasets import encode_prompt, load_prompts
 from jobs.benchmark.engines import Method, parse_methods
 from jobs.benchmark.report import markdown_table
 from pipeline.config import Config, load_config
-from pipeline.drafter_kinds import VLLM_METHODS
+from pipeline.config.drafter_kinds import VLLM_METHODS
 from pipeline.engines.base import Request, engine_summary
 from pipeline.engines.build import build_engine, checked_config
 
@@ -162,7 +162,7 @@ def job_row(args, method: Method, input_path: str, output: str, reference: dict)
     import pyarrow.parquet as pq
 
     from jobs.report import find_parts
-    from pipeline.ray_job import run_job
+    from pipeline.job.ray_job import run_job
 
     summary = run_job(feeding_config(args, method, output, input_path), "feeding")
     table = pq.read_table(find_parts(summary["run_dir"]), columns=["id", "generated_tokens"])
@@ -181,7 +181,7 @@ def processor_run(llm, args, method: Method, prompts, prompt_ids: dict, **ours) 
     start (its finish less its time_taken_llm) to the last request's finish."""
     import ray
 
-    from pipeline.model_loading import resolve_model_dir
+    from pipeline.config.model_loading import resolve_model_dir
 
     config = feeding_config(args, method)
     model_dir, _ = resolve_model_dir(config.model)

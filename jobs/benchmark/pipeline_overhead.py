@@ -31,10 +31,10 @@ def run(args) -> dict:
     """Tokens/s of the Ray job (after its actors have started) and of the same stage in-process."""
     import ray
 
-    from pipeline import job_rows
-    from pipeline.ray_job import run_job  # here, as the stage: the replay runs on a GPU machine's host without Ray
-    from pipeline.row_values import rows_table
-    from pipeline.stage import GenerationStage
+    from pipeline.job import rows as job_rows
+    from pipeline.job.ray_job import run_job  # here, as the stage: the replay runs on a GPU machine's host without Ray
+    from pipeline.llm.row_values import rows_table
+    from pipeline.llm.stage import GenerationStage
 
     output = tempfile.mkdtemp(prefix="pipeline-benchmark-")
     config = checked_config(load_config(args.config, [  # as the job starts it

@@ -39,8 +39,8 @@ from pipeline.config import (
 from pipeline.engines.base import Engine, Failed, Request
 from pipeline.engines.build import build_engine
 from pipeline.engines.transformers import use_gqa_attention
-from pipeline.model_loading import load_model
-from pipeline.stats import RequestStats
+from pipeline.config.model_loading import load_model
+from pipeline.engines.stats import RequestStats
 
 DEFAULT_METHODS = ("hf_greedy,hf_prompt_lookup:3,plain,context_ngram:1:3,bigram:1:1,"
                    "mixed:1:3,mixed:2:3,mixed:4:4,mixed:10:10")

@@ -33,7 +33,7 @@ class Ours(Method):
     is also scored against what its tokens were predicted to do (`DepthCalibration`)."""
 
     def __init__(self, args, store, answers, cost=None):
-        from pipeline.drafter_registry import DrafterTables, make_batch_drafter
+        from pipeline.config.drafter_registry import DrafterTables, make_batch_drafter
         from pipeline.config import DecoderConfig
 
         # as a job builds it: the config's defaults, drafts of up to --max-draft tokens

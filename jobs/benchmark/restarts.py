@@ -1,4 +1,4 @@
-"""restarts: an engine that fails mid-run is closed and built again in place (pipeline/stage.py).
+"""restarts: an engine that fails mid-run is closed and built again in place (pipeline/llm/stage.py).
 
     python -m jobs.benchmark restarts --limit 64 --max-new-tokens 32 --failures 3
 
@@ -48,10 +48,10 @@ def fail_at(steps: dict) -> None:
 
 def run(args) -> dict:
     from jobs.benchmark.datasets import load_prompts
-    from pipeline import job_rows
+    from pipeline.job import rows as job_rows
     from pipeline.config import load_config
-    from pipeline.row_values import rows_table
-    from pipeline.stage import GenerationStage
+    from pipeline.llm.row_values import rows_table
+    from pipeline.llm.stage import GenerationStage
 
     config = load_config(overrides=["engine.name=vllm", f"model.name={args.model}", "engine.cpu_kv_cache_gib=1",
                                     f"decoder.max_new_tokens={args.max_new_tokens}"])

@@ -1,7 +1,7 @@
 """What every engine shares: requests in, results with our statistics out.
 
 An *engine* turns a list of requests into one result per request, in the same order, each with
-its per-request statistics (pipeline/stats.py). The Ray stage holds one engine and never asks
+its per-request statistics (pipeline/engines/stats.py). The Ray stage holds one engine and never asks
 which: `vllm` (vLLM with our drafters as its proposer) and `transformers` (our own decoder)
 implement the same three members below.
 """
@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from drafters.primitives.sampling import GREEDY, SamplingParams
 from pipeline.config import Config
-from pipeline.stats import FINISH_REASONS, RequestStats
+from pipeline.engines.stats import FINISH_REASONS, RequestStats
 
 __all__ = ["FINISH_REASONS", "SAMPLING_KEYS", "Engine", "EngineKind", "EngineSampling", "EngineSteps", "Failed",
            "ModelRefused", "Request", "RequestError", "Result", "budget", "cut_at_stop", "engine_summary"]
@@ -50,7 +50,7 @@ class EngineKind:
 class EngineFailed(RuntimeError):
     """The engine itself failed, not one request (an error out of its step, a worker process gone):
     every request it held is lost with it. The stage closes it, builds a new one and runs the
-    batches again (pipeline/stage.py)."""
+    batches again (pipeline/llm/stage.py)."""
 
 
 class EngineHung(EngineFailed):
@@ -58,7 +58,7 @@ class EngineHung(EngineFailed):
     stage ends the actor's process and Ray starts it again."""
 
 
-# sampling_params keys every engine runs (pipeline/sampling_params.py reads them). Any other key is
+# sampling_params keys every engine runs (pipeline/llm/sampling_params.py reads them). Any other key is
 # the engine's own (EngineSampling), given to it as it is.
 SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n")
 

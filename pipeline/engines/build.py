@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Sequence
 
 from pipeline.config import Config
-from pipeline.drafter_registry import DrafterTables, drafter_tables
+from pipeline.config.drafter_registry import DrafterTables, drafter_tables
 from pipeline.engines.base import Engine, EngineKind, ModelRefused
-from pipeline.model_loading import LoadedModel, load_model, resolve_model_dir
+from pipeline.config.model_loading import LoadedModel, load_model, resolve_model_dir
 
 __all__ = ["ModelRefused", "build_engine", "build_engines", "check_engine_can_run", "checked_config",
            "concurrent_batches", "drafts_from_predictions", "engine_kind"]

@@ -1,7 +1,7 @@
 import numpy as np
 import pyarrow as pa
 
-from pipeline.checkpoint import checkpoint_config
+from pipeline.llm.checkpoint import checkpoint_config
 
 
 def test_ids_are_compared_as_text_on_both_sides():

@@ -3,9 +3,9 @@ are all a drafter needs."""
 import pytest
 
 from drafters.base import DraftContext
-from pipeline.drafter_registry import FACTORIES, build_tables, make_batch_drafter, make_drafter, needs_model_tables
+from pipeline.config.drafter_registry import FACTORIES, build_tables, make_batch_drafter, make_drafter, needs_model_tables
 from pipeline.config import ConfigError, DecoderConfig, load_config
-from pipeline.drafter_kinds import DRAFTER_KINDS
+from pipeline.config.drafter_kinds import DRAFTER_KINDS
 from pipeline.engines.build import checked_config
 
 

@@ -1,5 +1,5 @@
 """An engine that fails never fails the run: the stage closes it, builds a new one and runs its
-batches again (pipeline/stage.py). Faults are injected into the vLLM engine's step (tests/faults.py):
+batches again (pipeline/llm/stage.py). Faults are injected into the vLLM engine's step (tests/faults.py):
 here in the stage's own process, and in a running job's actors and a running processor's through
 Ray's worker setup hook. Every id comes back once, with no error row and the text of a run without
 the failure; a crash loop stops the run naming its cause."""
@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import ray
 
-from pipeline import job_rows
-from pipeline.actor_pool import JobFailed
+from pipeline.job import rows as job_rows
+from pipeline.llm.actor_pool import JobFailed
 from pipeline.config import load_config
 from pipeline.engines.vllm import feeder
-from pipeline.progress import EngineCrashLoop, RestartWindow
-from pipeline.ray_job import run_job
-from pipeline.stage import GenerationStage
+from pipeline.llm.progress import EngineCrashLoop, RestartWindow
+from pipeline.job.ray_job import run_job
+from pipeline.llm.stage import GenerationStage
 from tests import faults, outputs
 from tests.job_in_process import generate
 

@@ -3,10 +3,10 @@ schema, and one prompt rule and one seed rule for the job and the processor alik
 import pytest
 
 from pipeline.config import load_config
-from pipeline.job_rows import output_table, request_row
-from pipeline.row_values import rows_table
+from pipeline.job.rows import output_table, request_row
+from pipeline.llm.row_values import rows_table
 from drafters.primitives.sampling import request_seed
-from pipeline.schema import INFERENCE_ERROR, JOB_SCHEMA
+from pipeline.llm.schema import INFERENCE_ERROR, JOB_SCHEMA
 from tests.job_in_process import generate, job_stage
 
 
@@ -33,7 +33,7 @@ def test_a_job_row_becomes_messages_or_a_prompt_with_the_configs_settings(config
 
 
 def test_a_row_is_changed_where_its_id_had_an_output_and_predicted_from_says_what_is_drafted_from(config):
-    from pipeline.series import LAST_OUTPUT
+    from pipeline.job.series import LAST_OUTPUT
 
     convert = request_row(config)  # the vLLM engine, the default drafter: predictions are drafted from
     last = convert({"uid": 1, "prompt": "Hi", LAST_OUTPUT: "before"})
@@ -64,7 +64,7 @@ def test_the_job_and_a_processor_prompt_and_seed_a_row_alike(tiny_model_dir):
     a row without a seed samples with one derived from the configured seed and its id, whichever
     path it takes and whatever else is in its batch: the same text."""
     from pipeline.llm import vLLMEngineProcessorConfig
-    from pipeline.stage import GenerationStage, StageSettings
+    from pipeline.llm.stage import GenerationStage, StageSettings
 
     job = load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}", "decoder.max_new_tokens=8",
                                  "decoder.temperature=0.9", "decoder.seed=7", "decoder.drafter=none", "decoder.w=0"])
@@ -85,7 +85,7 @@ def test_the_job_and_a_processor_prompt_and_seed_a_row_alike(tiny_model_dir):
 
 def test_a_processor_with_an_id_column_names_rows_by_their_id(tiny_model_dir):
     from pipeline.llm import vLLMEngineProcessorConfig
-    from pipeline.stage import GenerationStage, StageSettings
+    from pipeline.llm.stage import GenerationStage, StageSettings
 
     config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers", id_column="item")
     stage = GenerationStage(config.pipeline_config(), StageSettings(continue_on_error=True, id_column="item"))
@@ -123,7 +123,7 @@ def test_a_rows_fingerprint_is_the_same_however_its_values_were_read():
     """A JSON column with a missing value is read as floats in that block (pandas): 5 and 5.0, and
     messages with or without null keys, fingerprint alike; another prompt does not."""
     from pipeline.config import load_config
-    from pipeline.series import row_fingerprint, settings_fingerprint
+    from pipeline.job.series import row_fingerprint, settings_fingerprint
 
     config = load_config(overrides=["input.prompt_column=messages"])
     settings = settings_fingerprint(config)

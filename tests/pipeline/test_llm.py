@@ -12,10 +12,10 @@ from pipeline.config import ConfigError, load_config
 from pipeline.engines.base import FINISH_REASONS, EngineSampling, Request, RequestError
 from pipeline.engines.build import checked_config
 from pipeline.llm import build_processor, vLLMEngineProcessorConfig
-from pipeline.row_values import rows_table
-from pipeline.sampling_params import sampling_of
-from pipeline.schema import GENERATED, INFERENCE_ERROR, RAY_LLM_COLUMNS
-from pipeline.stage import GenerationStage, StageSettings, prompt_of
+from pipeline.llm.row_values import rows_table
+from pipeline.llm.sampling_params import sampling_of
+from pipeline.llm.schema import GENERATED, INFERENCE_ERROR, RAY_LLM_COLUMNS
+from pipeline.llm.stage import GenerationStage, StageSettings, prompt_of
 
 
 def test_the_config_maps_ray_data_llm_keywords_onto_ours():
@@ -61,7 +61,7 @@ def test_vllms_other_engine_arguments_pass_through_and_its_speculation_runs_as_v
 def test_engine_arguments_vllm_does_not_take_fail_in_the_driver_naming_them(tmp_path):
     from pipeline.engines.build import ModelRefused
     from pipeline.engines.vllm.settings import check_vllm_args
-    from pipeline.model_loading import resolve_model_dir
+    from pipeline.config.model_loading import resolve_model_dir
 
     def config(**engine_kwargs):
         return vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct", engine_kwargs=engine_kwargs).pipeline_config()
@@ -267,7 +267,7 @@ def test_statistics_columns_choose_which_of_ours_a_row_gets(tiny_model_dir):
 
 
 def test_the_postprocess_sees_errors_as_ray_data_llms_does():
-    from pipeline.llm import rows_postprocess
+    from pipeline.llm.processor import rows_postprocess
 
     def postprocess(row):
         return {"answer": row["generated_text"]}
@@ -335,7 +335,7 @@ def test_the_processor_lists_its_stage_and_logs_its_input_columns_as_ray_data_ll
     assert processor.get_stage_by_name("GenerationStage") is processor.settings
     with pytest.raises(ValueError, match="Stage vLLMEngineStage not found"):
         processor.get_stage_by_name("vLLMEngineStage")
-    with caplog.at_level(logging.INFO, logger="pipeline.llm"):
+    with caplog.at_level(logging.INFO, logger="pipeline.llm.processor"):
         processor.log_input_column_names()
     assert "Required input columns:\n\tmessages | prompt | tokenized_prompt" in caplog.text
     assert "sampling_params" in caplog.text
@@ -343,7 +343,7 @@ def test_the_processor_lists_its_stage_and_logs_its_input_columns_as_ray_data_ll
 
 def test_max_tokens_none_runs_to_the_models_length_as_in_vllm():
     from pipeline.engines.base import budget
-    from pipeline.sampling_params import UP_TO_THE_MODELS_LENGTH
+    from pipeline.llm.sampling_params import UP_TO_THE_MODELS_LENGTH
 
     settings = sampling_of({"temperature": 0, "max_tokens": None}, "row 7", None, TRANSFORMERS)
     assert settings.max_tokens == UP_TO_THE_MODELS_LENGTH
@@ -368,10 +368,10 @@ def test_rows_whose_sampling_params_carry_different_keys_run_together(stage):
 
 def test_log_engine_metrics_reports_each_batch_to_the_live_metrics(tiny_model_dir, monkeypatch):
     """The processor's actors count rows, errors, tokens, target calls and accepted drafts into
-    the job's live counters (pipeline/metrics.py), tagged with the processor's run id."""
+    the job's live counters (pipeline/llm/metrics.py), tagged with the processor's run id."""
     import ray
 
-    import pipeline.stage
+    import pipeline.llm.stage
 
     recorded, tags = [], []
 
@@ -382,7 +382,7 @@ def test_log_engine_metrics_reports_each_batch_to_the_live_metrics(tiny_model_di
         def record(self, counts, steps=None, previous=None):
             recorded.append(counts)
 
-    monkeypatch.setattr(pipeline.stage, "RunMetrics", Recording)
+    monkeypatch.setattr(pipeline.llm.stage, "RunMetrics", Recording)
     monkeypatch.setattr(ray, "is_initialized", lambda: True)  # as in a Ray Data actor
 
     class Context:

@@ -8,8 +8,8 @@ import ray
 
 from pipeline.config import ModelConfig
 from pipeline.engines.base import FINISH_REASONS
-from pipeline.model_loading import resolve_model_dir
-from pipeline.schema import INFERENCE_ERROR, RAY_LLM_COLUMNS
+from pipeline.config.model_loading import resolve_model_dir
+from pipeline.llm.schema import INFERENCE_ERROR, RAY_LLM_COLUMNS
 
 ITEMS = ["Start of the haiku is: Complete this for me...", "Write a haiku about the sea.",
          "A haiku on autumn leaves, please.", "Finish this: The old pond, a frog jumps"]

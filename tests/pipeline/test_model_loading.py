@@ -3,7 +3,7 @@ import shutil
 import pytest
 import torch
 
-from pipeline import model_loading
+from pipeline.config import model_loading
 from pipeline.config import ModelConfig
 
 

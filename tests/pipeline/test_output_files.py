@@ -5,7 +5,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.output_files import set_aside_unreadable, whole_files
+from pipeline.job.output_files import set_aside_unreadable, whole_files
 
 
 def test_a_write_killed_half_way_leaves_no_parquet_file(tmp_path):

@@ -14,12 +14,12 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 
-from pipeline.drafter_registry import build_tables
+from pipeline.config.drafter_registry import build_tables
 from pipeline.config import load_config
-from pipeline.model_loading import load_model
-from pipeline.job_input import check_columns, read_input
-from pipeline.ray_job import JobFailed, run_job
-from pipeline.stage import GenerationStage
+from pipeline.config.model_loading import load_model
+from pipeline.job.inputs import check_columns, read_input
+from pipeline.job.ray_job import JobFailed, run_job
+from pipeline.llm.stage import GenerationStage
 from tests import outputs
 
 REPO = Path(__file__).resolve().parents[2]
@@ -141,7 +141,7 @@ def test_unreadable_input_is_named_by_file_and_line(local_ray, tiny_model_dir, t
     """A CSV row that does not parse and a Parquet file cut short become rows naming them (the
     job writes them as error rows: test_every_input_row_yields_one_output_row); with
     input.on_bad_line fail the job stops before any actor starts, naming the file and line."""
-    from pipeline.schema import BAD_INPUT
+    from pipeline.llm.schema import BAD_INPUT
 
     csv_path = tmp_path / "in.csv"
     csv_path.write_text("id,prompt\na,one\nb,two,extra\nc,three\n")
@@ -236,7 +236,7 @@ def test_actors_draft_from_one_copy_of_the_datastore_in_the_object_store(local_r
     import shutil
 
     from drafters.datastore import Datastore, build_datastore
-    from pipeline.actor_pool import prepared_tables
+    from pipeline.llm.actor_pool import prepared_tables
 
     # Past Ray's 100 KiB for objects it inlines in the owner's memory instead of the object store.
     build_datastore([list(range(5, 105))] * 400, tmp_path / "ds", {})
@@ -286,7 +286,7 @@ def test_a_torn_output_file_is_set_aside_and_its_ids_generated_again(local_ray, 
 
 @pytest.mark.slow  # several job runs: make test-slow
 def test_a_series_generates_only_what_no_earlier_run_generated(local_ray, tiny_model_dir, tmp_path, monkeypatch):
-    import pipeline.llm as llm  # the job's processor prepares the model
+    import pipeline.llm.processor as llm  # the job's processor prepares the model
 
     settings = ["job.series=nightly", "decoder.max_new_tokens=2", "ray.batch_size=4"]
     first = run_job(job_config(tiny_model_dir, tmp_path, f"input.path={corpus(tmp_path, 30)}", *settings), "r1")
@@ -294,7 +294,7 @@ def test_a_series_generates_only_what_no_earlier_run_generated(local_ray, tiny_m
     grown = corpus(tmp_path, 33)
     second = run_job(job_config(tiny_model_dir, tmp_path, f"input.path={grown}", *settings), "r2")
     assert second["rows_this_invocation"] == 3 and second["rows_skipped_already_done"] == 30
-    # The second run drafted from the store the first one left (pipeline/series_store.py), and
+    # The second run drafted from the store the first one left (pipeline/job/series_store.py), and
     # the store changed no fingerprint.
     assert first["series_store"]["documents"] == 30 and second["series_store"]["runs"] == 2
     assert second["settings"]["decoder"]["datastore"] == first["series_store"]["path"]

@@ -7,7 +7,7 @@ import pytest
 import ray
 
 from pipeline.config import load_config
-from pipeline.ray_job import run_job
+from pipeline.job.ray_job import run_job
 from tests.outputs import read_run
 from tests.pipeline.test_ray_job import REPO, write_jsonl
 

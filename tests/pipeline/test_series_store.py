@@ -1,4 +1,4 @@
-"""A series' store of earlier outputs (pipeline/series_store.py), kept by the job after each run:
+"""A series' store of earlier outputs (pipeline/job/series_store.py), kept by the job after each run:
 built from the runs it does not hold, extended, versioned, and drafted from by default. No model
 and no Ray cluster: the store's task runs in-process."""
 import numpy as np
@@ -7,10 +7,10 @@ import pyarrow.parquet as pq
 
 from drafters.datastore import Datastore
 from drafters.suffix.store_search import SEPARATOR
-from pipeline import storage
+from pipeline.llm import storage
 from pipeline.config import load_config
-from pipeline.run import RunPaths
-from pipeline.series_store import current_version, extend_store, with_series_store
+from pipeline.job.run import RunPaths
+from pipeline.job.series_store import current_version, extend_store, with_series_store
 
 extend = extend_store._function  # the Ray task's body
 MODEL = load_config().model.name

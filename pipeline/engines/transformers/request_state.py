@@ -25,7 +25,7 @@ from drafters.budget import StepCostFit
 from pipeline.engines.base import Request, Result, budget, cut_at_stop
 from pipeline.engines.transformers.verification import Verdict
 from drafters.primitives.sampling import RandomState
-from pipeline.stats import RequestStats
+from pipeline.engines.stats import RequestStats
 
 # A stop string of n characters spans at most n tokens that decode to text; a few more cover
 # tokens that decode to nothing alone (special tokens, the first bytes of a character).

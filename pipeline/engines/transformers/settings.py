@@ -1,12 +1,12 @@
 """The transformers engine's settings: what it refuses of the config, and of a model, when the job
 starts (pipeline/engines/build.py reads KIND). Its own section is `transformers:`
-(pipeline/config.py, TransformersConfig); these checks are the ones that span sections."""
+(pipeline/config/settings.py, TransformersConfig); these checks are the ones that span sections."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from pipeline.config import Config, ConfigError
-from pipeline.drafter_kinds import DRAFTER_KINDS
+from pipeline.config.drafter_kinds import DRAFTER_KINDS
 from pipeline.engines.base import EngineKind, ModelRefused
 
 NAME = "transformers"

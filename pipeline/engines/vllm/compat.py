@@ -37,7 +37,7 @@ from typing import Callable
 import torch
 
 from drafters.primitives.keyed_noise import gumbel_argmax
-from pipeline.config_types import ConfigError
+from pipeline.config.typed import ConfigError
 from pipeline.engines.vllm.cpu_sampling import (
     expand,
     keeping_discarded_draws,

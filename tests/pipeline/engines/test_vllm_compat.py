@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.config import load_config
-from pipeline.config_types import ConfigError
+from pipeline.config.typed import ConfigError
 from pipeline.engines.vllm import compat
 from pipeline.engines.vllm.compat import (
     PUBLIC_MODULES,
@@ -194,7 +194,7 @@ def test_compat_itself_is_what_the_rules_catch():
 
 @pytest.mark.parametrize("module,source,expected", [
     ("pipeline.engines.vllm.engine", "from vllm.v1.sample import rejection_sampler", "vllm.v1.sample.rejection_sampler (a private"),
-    ("pipeline.stage", "def f():\n    import vllm._C", "vllm._C (a private"),
+    ("pipeline.llm.stage", "def f():\n    import vllm._C", "vllm._C (a private"),
     ("jobs.benchmark.feeding", "from vllm import _custom_ops", "vllm._custom_ops (a private"),
     ("pipeline.engines.vllm.engine", "import sys\nenvs = sys.modules.get('vllm.envs')", "vllm.envs (a private"),
     ("pipeline.engines.vllm.engine", "from vllm import envs", "vllm.envs (a private"),
@@ -211,8 +211,8 @@ def test_compat_itself_is_what_the_rules_catch():
     ("pipeline.engines.vllm.engine", "def f(runner):\n    del runner._sample", "the private attribute runner._sample"),
     ("pipeline.engines.vllm.engine", "def wrapped(self):\n    return self._bookkeeping_sync()",
      "the private attribute self._bookkeeping_sync"),
-    ("pipeline.llm", "from vllm import SamplingParams\nSamplingParams.clone = None", "a patch of vLLM's SamplingParams.clone"),
-    ("pipeline.llm", "import vllm\nsetattr(vllm.LLM, 'generate', None)", "a patch of vLLM's vllm.LLM"),
+    ("pipeline.llm.processor", "from vllm import SamplingParams\nSamplingParams.clone = None", "a patch of vLLM's SamplingParams.clone"),
+    ("pipeline.llm.processor", "import vllm\nsetattr(vllm.LLM, 'generate', None)", "a patch of vLLM's vllm.LLM"),
     ("pipeline.engines.vllm.seeded_sampling", "from vllm import SamplingParams", "a patch file imports nothing"),
     ("pipeline.engines.vllm.cpu_sampling", "def f(runner):\n    return runner._sample", "the private attribute runner._sample"),
 ])

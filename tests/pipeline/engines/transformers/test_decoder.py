@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from drafters import model_tables
-from pipeline.drafter_registry import DrafterTables, make_drafter
+from pipeline.config.drafter_registry import DrafterTables, make_drafter
 from pipeline.config import DecoderConfig
 from pipeline.engines.base import RequestError
 from pipeline.engines.transformers.decoder import SpeculativeDecoder

@@ -18,10 +18,10 @@ from datetime import datetime, timezone
 
 from ray.data.checkpoint import CheckpointConfig
 
-from pipeline import storage
+from pipeline.llm import storage
 from pipeline.config import Config
-from pipeline.output_files import SET_ASIDE
-from pipeline.series import digest
+from pipeline.job.output_files import SET_ASIDE
+from pipeline.job.series import digest
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class RunPaths:
 
     @property
     def store(self) -> str:
-        """The series' store of earlier outputs (pipeline/series_store.py), one per model."""
+        """The series' store of earlier outputs (pipeline/job/series_store.py), one per model."""
         return storage.join(self.output, "_checkpoints", f"series={self.series}", "store", f"model={digest(self.model)}")
 
     @property
@@ -73,7 +73,7 @@ class RunPlan:
     config: Config  # as given (its datastore checked): what decides the rows' text and fingerprints
     drafting: Config  # what the actors draft with: `config`, or with the series' store as its datastore
     paths: RunPaths
-    fingerprint: str  # pipeline/series.settings_fingerprint of `config`
+    fingerprint: str  # pipeline/job/series.settings_fingerprint of `config`
     checkpoint: CheckpointConfig  # what the read skips and the write records
 
 
@@ -110,7 +110,7 @@ class RunSummary:
     # From the job's start to the first batch's: reading, placing actors (an autoscaler bringing a
     # node up) and loading the model.
     seconds_to_first_batch: float | None
-    series_store: dict | None  # the series' store after this run (pipeline/series_store.py)
+    series_store: dict | None  # the series' store after this run (pipeline/job/series_store.py)
     set_aside: list  # earlier output files that could not be read, moved aside (the file, where, why)
     rows_this_invocation: int
     rows_errored_this_invocation: int

@@ -27,14 +27,14 @@ from typing import Any, Callable, Mapping, Sequence
 
 import pyarrow as pa
 
-from pipeline.actor_pool import generation_stage, prepared_tables
-from pipeline.checkpoint import checkpoint_config
+from pipeline.llm.actor_pool import generation_stage, prepared_tables
+from pipeline.llm.checkpoint import checkpoint_config
 from pipeline.config import ENGINES, Config, ConfigError, build
 from pipeline.engines.build import checked_config, concurrent_batches
-from pipeline.vllm_arguments import VLLM_ARGUMENTS
-from pipeline.row_values import rows_table
-from pipeline.schema import INFERENCE_ERROR, STATISTICS
-from pipeline.stage import GenerationStage, StageSettings
+from pipeline.config.vllm_arguments import VLLM_ARGUMENTS
+from pipeline.llm.row_values import rows_table
+from pipeline.llm.schema import INFERENCE_ERROR, STATISTICS
+from pipeline.llm.stage import GenerationStage, StageSettings
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
     detokenize_stage: bool = True
     placement_group_config: Mapping[str, Any] | None = None
     # Live metrics from every actor, through Ray's metrics (Ray's dashboard, Prometheus): the job's
-    # counters (pipeline/metrics.py: rows, tokens, target calls, accepted drafts, engine steps and
+    # counters (pipeline/llm/metrics.py: rows, tokens, target calls, accepted drafts, engine steps and
     # occupancy), tagged run_id "processor-<id>".
     log_engine_metrics: bool = True
     task_type: str = "generate"
@@ -189,7 +189,7 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         resources = self.resources()
         # On a CPU the engine's threads are the CPUs the actor reserved (Ray starts it with one otherwise).
         threads = 0 if resources["GPU"] else max(1, int(resources["CPU"]))
-        # The job's default drafter (pipeline/config.py's defaults) unless `decoder` names another.
+        # The job's default drafter (pipeline/config/settings.py's defaults) unless `decoder` names another.
         # Each engine's per-request record on (ray.data.llm's `metrics`), where it keeps one.
         sections: dict[str, dict] = {"model": {"name": self.model_source, "num_threads": threads},
                                      "engine": {"name": self.engine, "request_metrics": True},
@@ -199,7 +199,7 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
             argument = VLLM_ARGUMENTS.get(key)
             if key == "speculative_config":
                 sections["decoder"].update(self.speculative_decoder(value))
-            elif key in ENGINE_RECOVERY:  # ours, not vLLM's: what a failed engine does (pipeline/stage.py)
+            elif key in ENGINE_RECOVERY:  # ours, not vLLM's: what a failed engine does (pipeline/llm/stage.py)
                 sections["engine"][key] = value
             elif argument is None:
                 vllm_args[key] = value
@@ -267,7 +267,7 @@ def rows_postprocess(postprocess: Callable, continue_on_error: bool) -> Callable
     return apply
 
 
-# engine_kwargs that are ours: an engine's restarts after a failure (pipeline/config.py, EngineConfig).
+# engine_kwargs that are ours: an engine's restarts after a failure (pipeline/config/settings.py, EngineConfig).
 ENGINE_RECOVERY = ("hang_timeout_s", "max_restarts", "restart_window_s")
 
 
@@ -276,7 +276,7 @@ class Processor:
     """A Dataset in, the lazy Dataset of its generated rows out: the preprocess (a row's function,
     its output merged into the row), the stage of actors, the postprocess (a block's function, every
     row in it). build_processor makes one from ray.data.llm's config and functions; the job makes one
-    from its own config (pipeline/job_rows.py)."""
+    from its own config (pipeline/job/rows.py)."""
     config: Config  # the pipeline's settings: model, engine, drafter, actors
     settings: StageSettings  # how the stage reads and writes rows
     checkpoint: Any = None  # ray.data.checkpoint.CheckpointConfig for the input's pipeline, or None

@@ -1,8 +1,8 @@
 """The generation stage: the one callable class Ray Data runs in an actor pool (`map_batches`), for
-every processor (pipeline/llm.py), the CLI job's included. It holds an engine (the model, tokenizer
+every processor (pipeline/llm/processor.py), the CLI job's included. It holds an engine (the model, tokenizer
 and drafter, built once) and turns a batch of rows in ray.data.llm's form (`messages`, `prompt` or
 `tokenized_prompt`, `sampling_params`) into the same rows with the generated columns of
-pipeline/schema.py. It does not know which engine it holds (pipeline/engines).
+pipeline/llm/schema.py. It does not know which engine it holds (pipeline/engines).
 
 One prompt rule: `messages` are chat-templated (the generation prompt after a user's last message,
 the last message continued otherwise), a text `prompt` is tokenized as it is, `tokenized_prompt`
@@ -44,17 +44,17 @@ from typing import Any, Mapping
 import pyarrow as pa
 import torch
 
-from pipeline.drafter_registry import DrafterTables
+from pipeline.config.drafter_registry import DrafterTables
 from pipeline.config import Config
 from pipeline.engines.base import (Engine, EngineFailed, EngineHung, EngineSteps, Failed, Request, RequestError,
                                    Result)
 from pipeline.engines.build import build_engine
-from pipeline.metrics import RunMetrics
-from pipeline.progress import BatchReport, EngineCrashLoop, JobStopped, RestartWindow
-from pipeline.row_values import python_value, request_key
+from pipeline.llm.metrics import RunMetrics
+from pipeline.llm.progress import BatchReport, EngineCrashLoop, JobStopped, RestartWindow
+from pipeline.llm.row_values import python_value, request_key
 from drafters.primitives.sampling import request_seed
-from pipeline.sampling_params import sampling_of
-from pipeline.schema import BAD_INPUT, GENERATED, INFERENCE_ERROR, STATISTICS, TYPED_BY_THE_DATA
+from pipeline.llm.sampling_params import sampling_of
+from pipeline.llm.schema import BAD_INPUT, GENERATED, INFERENCE_ERROR, STATISTICS, TYPED_BY_THE_DATA
 
 logger = logging.getLogger(__name__)
 
@@ -62,7 +62,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class StageSettings:
     """How the stage reads and writes rows (the processor's, from vLLMEngineProcessorConfig; the
-    job's, pipeline/job_rows.py)."""
+    job's, pipeline/job/rows.py)."""
     chat_template: bool = True  # template `messages` (False: a row needs prompt or tokenized_prompt)
     template: str | None = None  # a Jinja template instead of the tokenizer's
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # apply_chat_template's keywords
@@ -71,7 +71,7 @@ class StageSettings:
     seed: int | None = None  # rows without a seed sample with one derived from it and their id
     id_column: str | None = None  # names rows in errors and seeds them; a row without one is an error
     statistics: tuple[str, ...] | None = None  # which of STATISTICS a row gets (None: all)
-    live_metrics: bool = False  # Ray metrics from each actor (pipeline/metrics.py), tagged run_id
+    live_metrics: bool = False  # Ray metrics from each actor (pipeline/llm/metrics.py), tagged run_id
     run_id: str = ""
 
 

@@ -1,9 +1,9 @@
 """The Ray Data job: input -> pipeline.llm's processor (the job's rows turned into ray.data.llm's
-form by its preprocess, pipeline/job_rows.py; the one stage of actors; the map back into the job's
+form by its preprocess, pipeline/job/rows.py; the one stage of actors; the map back into the job's
 schema) -> Parquet written by the workers. The job is a user of the processor: reading, checkpoints,
 the Parquet and the summary are the job's; the model, the actors and the requests are the processor's.
 
-A run is three values (pipeline/run.py): its plan, made once at the start (its paths, the config
+A run is three values (pipeline/job/run.py): its plan, made once at the start (its paths, the config
 its rows come from and the one its actors draft with, the settings' fingerprint, the checkpoint),
 what it found before generating (the input's rows, those not yet written, the earlier output files
 set aside), and its summary, written once at the end. Every step below reads the plan.
@@ -15,7 +15,7 @@ Nothing funnels through the driver:
   read-only copy per node);
 - the workers write the outputs with Ray Data's Parquet writer, one file per block, under
   <output>/run=<run_id>/ (local paths and s3://, gs://, abfs:// URIs through pyarrow.fs), each
-  file whole (pipeline/output_files.py);
+  file whole (pipeline/job/output_files.py);
 - resuming is Ray Data's checkpointing: the ids of the rows written are recorded under
   <output>/_checkpoints/run=<run_id>/ as they are written, and a rerun of the run id skips them on
   read, so a job killed half-way and started again writes every id exactly once;
@@ -35,17 +35,17 @@ from ray.data.context import ShuffleStrategy
 from ray.data.checkpoint.checkpoint_filter import IdColumnCheckpointManager
 
 from drafters.datastore import Datastore
-from pipeline import storage
-from pipeline.actor_pool import JobFailed, unplaceable
+from pipeline.llm import storage
+from pipeline.llm.actor_pool import JobFailed, unplaceable
 from pipeline.config import Config
-from pipeline import job_rows, series, series_store
-from pipeline.checkpoint import checkpoint_config as ids_checkpoint
+from pipeline.job import rows as job_rows, series, series_store
+from pipeline.llm.checkpoint import checkpoint_config as ids_checkpoint
 from pipeline.llm import Processor
-from pipeline.job_input import check_columns, read_input
-from pipeline.output_files import parquet_files, set_aside_unreadable, whole_files
-from pipeline.progress import RunProgress, empty_totals
-from pipeline.run import Reading, RunPaths, RunPlan, RunSummary
-from pipeline.schema import BAD_INPUT
+from pipeline.job.inputs import check_columns, read_input
+from pipeline.job.output_files import parquet_files, set_aside_unreadable, whole_files
+from pipeline.llm.progress import RunProgress, empty_totals
+from pipeline.job.run import Reading, RunPaths, RunPlan, RunSummary
+from pipeline.llm.schema import BAD_INPUT
 
 # Small and fractional on purpose, for every operator beside the actors (a column selection too):
 # Ray Data's default is a whole CPU, which a node whose actors hold part of its CPUs never has
@@ -89,7 +89,7 @@ def make_plan(config: Config, run_id: str) -> RunPlan:
 def checkpoint_config(config: Config, paths: RunPaths, fingerprint: str) -> CheckpointConfig:
     """Checkpoints of a run live beside the runs, not in the run's directory of outputs. A lone run
     records the ids it wrote (the output's `id` is the input's id column as the job names it:
-    request_key); a series the fingerprints of its rows (pipeline/series.py), in one checkpoint
+    request_key); a series the fingerprints of its rows (pipeline/job/series.py), in one checkpoint
     shared by its runs, so each skips the rows written unchanged."""
     if config.job.series:
         return ids_checkpoint("fingerprint", paths.checkpoints, config.input.id_column,
@@ -155,7 +155,7 @@ def run_job(config: Config, run_id: str) -> dict:
 
 def prepare_output(plan: RunPlan) -> list[dict]:
     """Makes the run's directory, and sets aside the earlier outputs that cannot be read before
-    anything reads them (pipeline/output_files.py): the checkpoint then no longer holds their ids,
+    anything reads them (pipeline/job/output_files.py): the checkpoint then no longer holds their ids,
     and this run generates them again. Returns what it set aside."""
     paths = plan.paths
     try:

@@ -1,4 +1,4 @@
-"""YAML values checked against a frozen dataclass's type hints (pipeline/config.py's sections),
+"""YAML values checked against a frozen dataclass's type hints (pipeline/config/settings.py's sections),
 each error naming the field (`section.field`) and what it takes."""
 from __future__ import annotations
 

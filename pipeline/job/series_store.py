@@ -24,13 +24,13 @@ import pyarrow.compute as pc
 import ray
 
 from drafters.datastore import Datastore, build_datastore
-from pipeline import storage
-from pipeline.actor_pool import local_datastore
+from pipeline.llm import storage
+from pipeline.llm.actor_pool import local_datastore
 from pipeline.config import Config
-from pipeline.drafter_registry import needs_datastore
-from pipeline.output_files import readable_columns
-from pipeline.run import RunPaths
-from pipeline.series import output_files
+from pipeline.config.drafter_registry import needs_datastore
+from pipeline.job.output_files import readable_columns
+from pipeline.job.run import RunPaths
+from pipeline.job.series import output_files
 
 RUN = re.compile(r"/run=([^/]+)/")
 
@@ -86,7 +86,7 @@ def generated_tokens(runs_root: str, paths: list[str], model: str) -> list[list[
     found = []
     for path in paths:
         table = readable_columns(filesystem, path, ["generated_tokens", "error", "model"])
-        if table is None:  # damaged after the run's check (pipeline/output_files.py): left out
+        if table is None:  # damaged after the run's check (pipeline/job/output_files.py): left out
             continue
         kept = pc.and_(pc.is_null(table["error"]), pc.equal(table["model"], model))
         found += [tokens for tokens in table.filter(kept)["generated_tokens"].to_pylist() if tokens]

@@ -20,9 +20,9 @@ from typing import Any, ClassVar, Literal
 
 import yaml
 
-from pipeline.config_types import ConfigError, build
-from pipeline.drafter_kinds import DRAFTER_KINDS
-from pipeline.vllm_arguments import VLLM_ARGUMENTS
+from pipeline.config.typed import ConfigError, build
+from pipeline.config.drafter_kinds import DRAFTER_KINDS
+from pipeline.config.vllm_arguments import VLLM_ARGUMENTS
 
 # The largest k and w a `k: auto` / `w: auto` decoder may choose (an engine may raise w's: the vLLM
 # engine's drafts cost only their tokens, pipeline/engines/vllm/settings.py).
@@ -142,7 +142,7 @@ class DecoderConfig:
     MOVED: ClassVar[dict[str, str]] = {name: f"transformers.{name}" for name in (
         "k", "auto_k", "verify", "lenience", "max_batch_requests", "max_batch_tokens", "draft_model", "draft_layers")}
     # Which drafter proposes drafts; "none" is plain greedy decoding.
-    # The names are pipeline/drafter_kinds.py's (vllm_ngram, vllm_suffix: vLLM's own methods).
+    # The names are pipeline/config/drafter_kinds.py's (vllm_ngram, vllm_suffix: vLLM's own methods).
     drafter: str = "batch_suffix"
     # Tokens per draft row; w = 0 means no drafts (plain decoding). "auto": each step keeps only the
     # draft tokens that pay for what they cost the step, up to AUTO_MAX["w"], or the vLLM engine's
@@ -309,7 +309,7 @@ class InputConfig:
     # A line of a JSONL or CSV file that does not parse, and a Parquet file that cannot be read:
     # "error_row" writes an error row in its place (its id "<file>:<line>", its error naming the
     # file, the line and the cause) and generates every other row; "fail" stops the job at once
-    # with that message (pipeline/job_input.py).
+    # with that message (pipeline/job/inputs.py).
     on_bad_line: Literal["error_row", "fail"] = "error_row"
 
     def __post_init__(self):
@@ -331,7 +331,7 @@ class JobConfig:
     max_errored_rows: int = -1
     # A named series of runs (a nightly job over a growing corpus): its runs write under
     # <output>/series=<name>/run=<run_id>/, and a run generates only the ids no earlier run of the
-    # series generated unchanged (pipeline/series.py, by row fingerprint); "" : a lone run.
+    # series generated unchanged (pipeline/job/series.py, by row fingerprint); "" : a lone run.
     series: str = ""
 
     def __post_init__(self):

@@ -1,6 +1,6 @@
 """Resuming through Ray Data's checkpointing, for the job and pipeline.llm's processor alike: the
 ids of the rows written are recorded as they are written, and a rerun skips the input rows whose id
-is recorded. Ids are compared as the job names them (pipeline.row_values.request_key: any type, as
+is recorded. Ids are compared as the job names them (pipeline.llm.row_values.request_key: any type, as
 text), so an id read as an integer from one file and written as text resumes exactly once."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pyarrow as pa
 from ray.data.checkpoint import CheckpointConfig
 from ray.data.checkpoint.checkpoint_filter import NumpyArrayBasedCheckpointFilter
 
-from pipeline.row_values import request_key
+from pipeline.llm.row_values import request_key
 
 
 class InputIdCheckpointFilter(NumpyArrayBasedCheckpointFilter):
@@ -28,7 +28,7 @@ class InputIdCheckpointFilter(NumpyArrayBasedCheckpointFilter):
         return table.filter(pa.array(~np.isin(keys, self.checkpointed_keys)))
 
     def keys(self, table: pa.Table) -> list[str]:
-        """The key each input row is recorded by: its id (a series: pipeline/series.py's fingerprint)."""
+        """The key each input row is recorded by: its id (a series: pipeline/job/series.py's fingerprint)."""
         return [request_key(value) for value in table[self.input_id_column].to_pylist()]
 
 

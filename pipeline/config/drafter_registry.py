@@ -1,6 +1,6 @@
 """The drafter registry: `decoder.drafter` name -> its factory, and the model tables it drafts from.
 
-The names and what each needs are pipeline/drafter_kinds.py's (the config validates against them);
+The names and what each needs are pipeline/config/drafter_kinds.py's (the config validates against them);
 a new drafter is one module in drafters/, one kind there and one factory in FACTORIES here. The
 engines build a drafter only through `make_drafter` (one request at a time: the transformers
 engine) or `make_batch_drafter` (a batch per call: vLLM's proposer), and the tables a drafter
@@ -26,8 +26,8 @@ from drafters.retrieval import RetrievalDrafter, check_vocabulary
 from drafters.suffix import BatchSuffixDrafter
 from drafters.unigram import UnigramDrafter
 from pipeline.config import Config, DecoderConfig, ModelConfig, TransformersConfig
-from pipeline.drafter_kinds import DRAFTER_KINDS, DRAFTER_NAMES
-from pipeline.model_loading import LoadedModel, cache_root, load_model
+from pipeline.config.drafter_kinds import DRAFTER_KINDS, DRAFTER_NAMES
+from pipeline.config.model_loading import LoadedModel, cache_root, load_model
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,7 @@ def _draft_model(parts: DrafterParts) -> Drafter:
     return DraftModelDrafter(parts.draft_model)
 
 
-# A factory per name of pipeline/drafter_kinds.py; None: nothing of ours drafts (plain decoding,
+# A factory per name of pipeline/config/drafter_kinds.py; None: nothing of ours drafts (plain decoding,
 # or a method vLLM runs itself).
 FACTORIES: dict[str, Callable[[DrafterParts], Drafter] | None] = {
     "none": None,
@@ -120,7 +120,7 @@ FACTORIES: dict[str, Callable[[DrafterParts], Drafter] | None] = {
     "vllm_ngram": None,
     "vllm_suffix": None,
 }
-assert tuple(FACTORIES) == DRAFTER_NAMES, "pipeline/drafter_registry.py FACTORIES must name every drafter kind, in order"
+assert tuple(FACTORIES) == DRAFTER_NAMES, "pipeline/config/drafter_registry.py FACTORIES must name every drafter kind, in order"
 
 
 def needs_model_tables(config: DecoderConfig) -> bool:

@@ -25,11 +25,11 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import ray
 
-from pipeline import storage
-from pipeline.checkpoint import InputIdCheckpointFilter
+from pipeline.llm import storage
+from pipeline.llm.checkpoint import InputIdCheckpointFilter
 from pipeline.config import Config
-from pipeline.output_files import SET_ASIDE, readable_columns
-from pipeline.row_values import python_value, request_key, rows_table
+from pipeline.job.output_files import SET_ASIDE, readable_columns
+from pipeline.llm.row_values import python_value, request_key, rows_table
 
 # A job row's optional setting columns, and the sampling_params key each is.
 ROW_SETTINGS = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
@@ -124,7 +124,7 @@ def tag_rows(table: pa.Table, id_column: str) -> pa.Table:
 def read_outputs(files: pa.Table, runs_root: str) -> pa.Table:
     """Earlier outputs of the files in `files` (path, written): their id, text (None for an error
     row) and when their file was written. A file that cannot be read (damaged after the run's
-    check: pipeline/output_files.py) is left out, with a warning: its ids draft from no last output."""
+    check: pipeline/job/output_files.py) is left out, with a warning: its ids draft from no last output."""
     filesystem, _ = storage.resolve(runs_root)
     tables = []
     for path, when in zip(files["path"].to_pylist(), files["written"].to_pylist()):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import pyarrow as pa
 
 INFERENCE_ERROR = "__inference_error__"
-# A processor row that stands for input that could not be read (a bad line: pipeline/job_input.py):
+# A processor row that stands for input that could not be read (a bad line: pipeline/job/inputs.py):
 # the stage writes its error row with this message and runs nothing for it.
 BAD_INPUT = "__bad_input__"
 
@@ -97,7 +97,7 @@ TYPED_BY_THE_DATA = ("metrics", "logprobs", "prompt_logprobs")
 # and those whose data it holds in another: prompt (prompt_token_ids) and params (the settings'
 # own columns).
 JOB_SCHEMA = pa.schema([("id", pa.string()),
-                        # what produced the row (pipeline/series.py); the prediction it was drafted
+                        # what produced the row (pipeline/job/series.py); the prediction it was drafted
                         # from first: "row" (its own `prediction`), "last_output" (a series' changed
                         # row), null (none, or an engine that drafts from none); whether its id had an
                         # output in an earlier run of its series (its input or settings changed)

@@ -1,5 +1,5 @@
 """Per-request acceptance statistics; each field is one output column, under the one name
-pipeline/schema.py gives it (and so are the properties tokens_per_call, alpha, draft_cost_ratio
+pipeline/llm/schema.py gives it (and so are the properties tokens_per_call, alpha, draft_cost_ratio
 and median_draft_seconds)."""
 from __future__ import annotations
 

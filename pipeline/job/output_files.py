@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipeline import storage
+from pipeline.llm import storage
 
 logger = logging.getLogger(__name__)
 

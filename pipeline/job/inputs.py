@@ -19,12 +19,12 @@ import pyarrow as pa
 import ray
 from ray.data.datasource import FileBasedDatasource
 
-from pipeline import storage
-from pipeline.actor_pool import JobFailed
+from pipeline.llm import storage
+from pipeline.llm.actor_pool import JobFailed
 from pipeline.config import InputConfig
-from pipeline.package_data import BUILTIN_DATASETS, builtin_prompts
-from pipeline.row_values import rows_table
-from pipeline.schema import BAD_INPUT
+from pipeline.config.package_data import BUILTIN_DATASETS, builtin_prompts
+from pipeline.llm.row_values import rows_table
+from pipeline.llm.schema import BAD_INPUT
 
 ROWS_PER_BLOCK = 4096
 

@@ -1,4 +1,4 @@
-"""The engine's actor pool joined to a Dataset, for the processor (pipeline/llm.py) and so for the
+"""The engine's actor pool joined to a Dataset, for the processor (pipeline/llm/processor.py) and so for the
 job: the model prepared where it runs (converted if need be, checked, the drafter tables built and
 left in that node's object store), the pool, each actor's resources and threads.
 """
@@ -10,11 +10,11 @@ import time
 import ray
 
 from drafters.datastore import Datastore
-from pipeline.drafter_registry import drafter_tables, needs_datastore
+from pipeline.config.drafter_registry import drafter_tables, needs_datastore
 from pipeline.config import Config
 from pipeline.engines.build import ModelRefused, check_engine_can_run, concurrent_batches
-from pipeline import storage
-from pipeline.model_loading import cache_root, resolve_model_dir
+from pipeline.llm import storage
+from pipeline.config.model_loading import cache_root, resolve_model_dir
 
 
 class JobFailed(RuntimeError):
@@ -24,7 +24,7 @@ class JobFailed(RuntimeError):
 
 def local_datastore(config: Config, path: str) -> str:
     """A local directory of the datastore at `path`: one in object storage (a series' store,
-    pipeline/series_store.py) is copied once per node; each version of a store never changes."""
+    pipeline/job/series_store.py) is copied once per node; each version of a store never changes."""
     return storage.local_copy(path, cache_root(config.model) / "datastores")
 
 
@@ -121,7 +121,7 @@ def generation_stage(dataset: ray.data.Dataset, config: Config, constructor_kwar
     processor alike: the pool, each actor's resources and threads, batches of ray.batch_size, and
     a lost actor (node gone, process killed) restarted with its batch retried (Ray Data's default for
     actor pools: max_restarts and max_task_retries -1)."""
-    from pipeline.stage import GenerationStage
+    from pipeline.llm.stage import GenerationStage
 
     return dataset.map_batches(GenerationStage, fn_constructor_kwargs=constructor_kwargs, compute=actor_pool(config),
                                **actor_resources(config), batch_size=config.ray.batch_size, batch_format="pyarrow",

@@ -1,7 +1,7 @@
 """The CLI job as a pipeline.llm processor program: its preprocess turns a job row (an id, a text
 prompt or chat messages, per-row settings) into the processor's row, its postprocess turns every
-generated row into the job's (pipeline/schema.py JOB_SCHEMA: the processor's columns, the id, the
-error), and the stage is the processor's (pipeline/stage.py), with the job's settings.
+generated row into the job's (pipeline/llm/schema.py JOB_SCHEMA: the processor's columns, the id, the
+error), and the stage is the processor's (pipeline/llm/stage.py), with the job's settings.
 
 A job row's settings are the config's decoder.* where the row's column is null or absent:
 max_new_tokens (vLLM's max_tokens), temperature, top_k, top_p and seed. A text prompt is one user
@@ -17,12 +17,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config import Config
-from pipeline.row_values import python_value, request_key
-from pipeline.schema import BAD_INPUT, INFERENCE_ERROR, JOB_SCHEMA
+from pipeline.llm.row_values import python_value, request_key
+from pipeline.llm.schema import BAD_INPUT, INFERENCE_ERROR, JOB_SCHEMA
 from pipeline.engines.base import RequestError
 from pipeline.engines.build import drafts_from_predictions
-from pipeline.series import LAST_OUTPUT, ROW_SETTINGS, row_fingerprint, settings_fingerprint
-from pipeline.stage import StageSettings, prediction_text
+from pipeline.job.series import LAST_OUTPUT, ROW_SETTINGS, row_fingerprint, settings_fingerprint
+from pipeline.llm.stage import StageSettings, prediction_text
 
 # The columns of a processor's row the preprocess sets (None where unused), so that an input column of
 # the same name does not take part in the request.
