@@ -1,19 +1,19 @@
 """The layout's rule, read from the code: every import points down the layers, nothing imports in a
 circle, and nothing outside an engine's folder reaches past its public surface (the package).
 
-Layers, top to bottom (docs/layout.md, "Where things are"; ../shared/ARCHITECTURE.md):
+Layers, top to bottom (docs/layout.md, "Where things are"; ../shared/ARCHITECTURE.md), a folder each:
 
     jobs                 entry points and the benchmark
-    job                  pipeline/job/ray_job (read -> the processor -> Parquet; checkpoints), run (the run's
-                         paths, plan and summary), job_rows, job_input, series, series_store
-    processor            pipeline/llm (ray.data.llm's API)
-    stage                pipeline/llm/actor_pool, stage, schema, sampling_params, row_values, checkpoint, storage,
-                         output_files, progress, metrics
+    job                  pipeline/job/: ray_job (read -> the processor -> Parquet), run (the run's paths, plan
+                         and summary), rows, inputs, output_files, series, series_store
+    llm                  pipeline/llm/: ray.data.llm's API (processor) and its stage: stage, actor_pool, schema,
+                         sampling_params, row_values, checkpoint, storage, progress, metrics
     engine builder       pipeline/engines/build
     engines              pipeline/engines/vllm/, pipeline/engines/transformers/ (siblings)
-    engine interface     pipeline/engines/base
-    wiring               pipeline/config/drafter_registry (name -> drafter + tables), model_loading, config,
-                         config_types, drafter_kinds, stats, package_data
+    engine interface     pipeline/engines/base, stats
+    config               pipeline/config/: settings (its names importable from pipeline.config), typed,
+                         drafter_kinds, vllm_arguments, drafter_registry (name -> drafter + tables),
+                         model_loading, package_data
     drafters             drafters/ (engine-neutral: it imports nothing from pipeline/)
     primitives           drafters/primitives/ (sampling primitives, forward helpers, cache keys)
 
@@ -34,17 +34,12 @@ ENGINES = ("pipeline.engines.vllm", "pipeline.engines.transformers")
 # the module itself and everything below it).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("jobs", ("jobs",)),
-    ("job", ("pipeline.job.ray_job", "pipeline.job.run", "pipeline.job.rows", "pipeline.job.inputs", "pipeline.job.series",
-             "pipeline.job.series_store")),
-    ("processor", ("pipeline.llm",)),
-    ("stage", ("pipeline.llm.actor_pool", "pipeline.llm.stage", "pipeline.llm.schema", "pipeline.llm.sampling_params",
-               "pipeline.llm.row_values", "pipeline.llm.checkpoint", "pipeline.llm.storage", "pipeline.job.output_files",
-               "pipeline.llm.progress", "pipeline.llm.metrics")),
+    ("job", ("pipeline.job",)),
+    ("llm", ("pipeline.llm",)),
     ("engine builder", ("pipeline.engines.build",)),
     ("engines", ENGINES),
-    ("engine interface", ("pipeline.engines.base", "pipeline.engines")),
-    ("wiring", ("pipeline.config.drafter_registry", "pipeline.config.model_loading", "pipeline.config", "pipeline.config.typed",
-                "pipeline.config.drafter_kinds", "pipeline.engines.stats", "pipeline.config.package_data", "pipeline")),
+    ("engine interface", ("pipeline.engines.base", "pipeline.engines.stats", "pipeline.engines")),
+    ("config", ("pipeline.config", "pipeline")),
     ("drafters", ("drafters",)),
     ("primitives", ("drafters.primitives",)),
 ]
@@ -164,8 +159,8 @@ def test_every_import_points_down_and_no_module_imports_in_a_circle():
     # pipeline/ (outside the transformers engine) reaching into its internals
     ("pipeline.engines.stats", "from pipeline.engines.transformers.verification import Verdict",
      "an internal of the engine pipeline.engines.transformers"),
-    # a drafter importing the wiring above it (the registry, the config)
-    ("drafters.suffix.drafter", "from pipeline.config import DecoderConfig", "up from 'drafters' to 'wiring'"),
+    # a drafter importing the config above it (the registry, the settings)
+    ("drafters.suffix.drafter", "from pipeline.config import DecoderConfig", "up from 'drafters' to 'config'"),
     # a drafter importing an engine
     ("drafters.context_ngram", "import pipeline.engines.base", "up from 'drafters' to 'engine interface'"),
     # a primitive importing a drafter
@@ -174,8 +169,10 @@ def test_every_import_points_down_and_no_module_imports_in_a_circle():
     ("pipeline.engines.vllm.proposer", "from pipeline.engines.transformers.tree import build_tree",
      "an internal of the engine pipeline.engines.transformers"),
     # an import inside a function counts too
-    ("pipeline.config", "def f():\n    from pipeline.engines.build import build_engine",
-     "up from 'wiring' to 'engine builder'"),
+    ("pipeline.config.settings", "def f():\n    from pipeline.engines.build import build_engine",
+     "up from 'config' to 'engine builder'"),
+    # the stage importing the job above it
+    ("pipeline.llm.stage", "from pipeline.job.run import RunPaths", "up from 'llm' to 'job'"),
 ])
 def test_an_import_that_breaks_the_rule_is_named(tmp_path, module, source, expected):
     graph = import_graph()
