@@ -50,13 +50,9 @@ def fastest(work, rounds: int) -> float:
 
 def fused_kernel():
     """vLLM's fused CPU kernel of the keyed draw (float32 logits [N, V], int64 keys [N] -> [N]), or None."""
-    try:
-        from vllm.platforms import current_platform
+    from pipeline.engines.vllm import fused_gumbel_argmax
 
-        current_platform.import_kernels()
-        return torch.ops._C.fused_gumbel_argmax
-    except (ImportError, AttributeError, RuntimeError):
-        return None
+    return fused_gumbel_argmax(load=True)
 
 
 def text_ids(tokenizer, tokens: int) -> torch.Tensor:

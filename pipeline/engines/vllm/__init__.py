@@ -1,14 +1,16 @@
 """The vLLM engine: vLLM runs the model, our drafter is its proposer. Its public surface is
 VllmEngine, what it declares of its settings (KIND, settings.py), how its feeder admits requests
 (WAITING_SHARE), how it shares a CPU's cores among tensor-parallel ranks (cpu_binding), which vLLM
-versions it supports (SUPPORTED_VERSIONS, check_vllm_version: a job checks at its start), and how
+versions it supports (SUPPORTED_VERSIONS, check_vllm_version: a job checks at its start), its
+keyed draw's CPU kernel (fused_gumbel_argmax: the sampling-draw benchmark), and how
 it prepares a process to start vLLM (set_vllm_environment, llvmlite_set_aside: for a benchmark that
 starts vLLM itself); vLLM loads the proposer (proposer.py) by its dotted path. Every reach into vLLM
 past its public surface is in compat.py, with the versions each applies to."""
-from pipeline.engines.vllm.compat import SUPPORTED_VERSIONS, UnsupportedVllm, check_vllm_version, llvmlite_set_aside
+from pipeline.engines.vllm.compat import (SUPPORTED_VERSIONS, UnsupportedVllm, check_vllm_version, fused_gumbel_argmax,
+                                          llvmlite_set_aside)
 from pipeline.engines.vllm.engine import VllmEngine, cpu_binding, set_vllm_environment
 from pipeline.engines.vllm.feeder import WAITING_SHARE
 from pipeline.engines.vllm.settings import KIND
 
 __all__ = ["KIND", "SUPPORTED_VERSIONS", "WAITING_SHARE", "UnsupportedVllm", "VllmEngine", "check_vllm_version",
-           "cpu_binding", "llvmlite_set_aside", "set_vllm_environment"]
+           "cpu_binding", "fused_gumbel_argmax", "llvmlite_set_aside", "set_vllm_environment"]

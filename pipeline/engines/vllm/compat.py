@@ -244,12 +244,16 @@ def check_worker(worker) -> bool:
 
 # --- The keyed draws (seeded_sampling.py) ---------------------------------------------------------
 
-def fused_gumbel_argmax():
-    """vLLM's fused CPU kernel of the keyed draw, where this process has vLLM's kernels loaded
-    (REACHES: fused_gumbel_argmax); else None."""
+def fused_gumbel_argmax(load: bool = False):
+    """vLLM's fused CPU kernel of the keyed draw, where this process has vLLM's kernels loaded (or,
+    with `load`, can load them: a benchmark outside an engine; REACHES: fused_gumbel_argmax); else None."""
     try:
+        if load:
+            from vllm.platforms import current_platform
+
+            current_platform.import_kernels()
         return torch.ops._C.fused_gumbel_argmax
-    except (AttributeError, RuntimeError):
+    except (ImportError, AttributeError, RuntimeError):
         return None
 
 
