@@ -10,6 +10,15 @@ drafts what follows it there. After an insertion the answer's tail
 is new text and nothing matches until it rejoins the prediction; after a deletion the tail matches
 further on. Before the answer has min_match tokens, the prediction's beginning is drafted (answers
 tend to start where their prediction starts).
+
+A draft from a prediction runs as far as the prediction goes (the engine's longest draft for
+predictions, not the drafter's w). How much of it a step verifies is the step budget's call
+(drafters/budget.py's rule, `cut_to_budget`): each token is worth the probability that the draft
+holds that far, from how often this request's prediction has held so far (`HoldRates`: its rate of
+leaving the prediction per judged token, starting from the rate pooled over every request). On a
+GPU, where a verified token costs a step little, a prediction that holds is verified in long
+stretches; on a CPU, where each costs nearly a generated token, in short ones. `step_drafts` is one
+step over the running requests (the vLLM proposer's, and the replay's).
 """
 from __future__ import annotations
 
@@ -119,3 +128,28 @@ def cut_to_budget(gains: list[np.ndarray], cost, fed_before: int) -> np.ndarray:
     taken = np.zeros(len(gains), dtype=np.int64)
     allocate(table, lengths, step_cost, taken)
     return taken
+
+
+# The answer's last tokens that must match in the prediction for its draft to be taken: a shorter
+# match (a common pair of tokens) says little about where the answer is.
+PREDICTION_EVIDENCE = 4
+
+
+def step_drafts(predictions: list[tuple[PredictionDrafter, Hold, Sequence[int], int]], own: Sequence[int], fed: int,
+                holds: HoldRates, cost=None) -> list[list[int] | None]:
+    """One step's drafts from the requests' predictions: for each (its prediction, how it has held,
+    the tokens generated so far, the most draft tokens it may take), the draft that replaces the
+    drafter's own (`own`: that draft's length), or None. A prediction drafts where the answer's last
+    PREDICTION_EVIDENCE tokens (or its start) match in it; with a `cost` (w: auto: the step's
+    LinearStepCost) its drafts are cut to the step's budget by how often each has held, `fed` being
+    the tokens the step feeds with the drafter's drafts; a draft no longer than the drafter's loses."""
+    guesses: dict[int, list[int]] = {}
+    for i, (prediction, _, generated, room) in enumerate(predictions):
+        guess, matched = prediction.draft(generated, room)
+        if guess and matched >= PREDICTION_EVIDENCE:
+            guesses[i] = guess
+    if guesses and cost is not None:
+        kept = cut_to_budget([holds.gains(predictions[i][1], len(g)) for i, g in guesses.items()], cost,
+                             fed - sum(own[i] for i in guesses))
+        guesses = {i: g[:n] for (i, g), n in zip(guesses.items(), kept.tolist())}
+    return [guesses[i] if guesses.get(i) and len(guesses[i]) >= own[i] else None for i in range(len(predictions))]

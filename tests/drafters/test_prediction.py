@@ -4,7 +4,7 @@ prediction holds, and the step budget's cut of its drafts."""
 import numpy as np
 
 from drafters.budget import LinearStepCost
-from drafters.prediction import Hold, HoldRates, PredictionDrafter, cut_to_budget
+from drafters.prediction import Hold, HoldRates, PredictionDrafter, cut_to_budget, step_drafts
 
 
 def first(drafter, generated, w):
@@ -75,3 +75,17 @@ def test_a_free_token_is_always_kept_and_a_costly_one_only_when_likely():
     gains = rates.gains(hold, 200)
     assert cut_to_budget([gains], LinearStepCost(1.0, 0.0), fed_before=1)[0] == 200  # a GPU-like step: all of it
     assert cut_to_budget([gains], LinearStepCost(1.0, 1.0), fed_before=1)[0] < 10  # each token a whole step
+
+
+def test_a_step_takes_a_predictions_draft_where_it_matches_and_is_longer_than_the_drafters():
+    predicted = list(range(100, 200))
+    rates = HoldRates()
+    rows = [(PredictionDrafter(predicted), Hold(), predicted[:10], 50),  # on the prediction
+            (PredictionDrafter(predicted), Hold(), [1, 2, 3, 4, 5], 50),  # left it: nothing matches
+            (PredictionDrafter(predicted), Hold(), predicted[:10], 3)]  # on it, but room for 3 only
+    found = step_drafts(rows, own=[2, 0, 5], fed=10, holds=rates)
+    assert found[0] == predicted[10:60]
+    assert found[1] is None  # no evidence
+    assert found[2] is None  # the drafter's 5 tokens are longer than the prediction's 3
+    costly = step_drafts(rows[:1], own=[0], fed=1, holds=rates, cost=LinearStepCost(1.0, 0.5))
+    assert costly[0] is not None and 0 < len(costly[0]) < 50  # the budget cut it

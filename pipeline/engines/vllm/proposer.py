@@ -31,7 +31,7 @@ import torch
 
 from drafters.base import BatchDrafter, BatchDrafts
 from drafters.budget import StepCostFit, cost_table
-from drafters.prediction import Hold, HoldRates, PredictionDrafter, cut_to_budget
+from drafters.prediction import Hold, HoldRates, PredictionDrafter, step_drafts
 from pipeline.engines.vllm.compat import (
     external_request_id,
     live_request_ids,
@@ -69,9 +69,6 @@ class Tracked:
 
 
 PREDICTION = "prediction"  # the strategy of a draft taken from the request's prediction
-# The answer's last tokens that must match in the prediction for its draft to be taken: a shorter
-# match (a common pair of tokens) says little about where the answer is.
-PREDICTION_EVIDENCE = 4
 
 
 class NgrammysProposer:
@@ -172,32 +169,30 @@ class NgrammysProposer:
 
     def predict(self, rows: list[int], tracked: list[Tracked], lengths: np.ndarray, token_ids_cpu: np.ndarray,
                 drafts: list[list[int]]) -> None:
-        """A request with a prediction drafts from it (drafters/prediction.py) where the answer's last
-        PREDICTION_EVIDENCE tokens (or its start) match there: up to prediction_w tokens, cut with
-        `w: auto` to what the step's budget keeps by how often the request's prediction has held,
-        and taken where the drafter's own draft is no longer."""
-        guesses = {}
-        for i, (row, t, length) in enumerate(zip(rows, tracked, lengths.tolist())):
-            if t.prediction is None:
-                continue
-            generated = token_ids_cpu[row, t.prompt_length:length].tolist()
+        """A request with a prediction drafts from it (drafters/prediction.py step_drafts): up to
+        prediction_w tokens, cut with `w: auto` to what the step's budget keeps by how often the
+        request's prediction has held, where the drafter's own draft is no longer."""
+        chosen = [i for i, t in enumerate(tracked) if t.prediction is not None]
+        if not chosen:
+            return
+        predictions = []
+        for i in chosen:
+            t, length = tracked[i], int(lengths[i])
+            generated = token_ids_cpu[rows[i], t.prompt_length:length].tolist()
             self.judge(t, generated)
-            guess, matched = t.prediction.draft(generated, min(self.prediction_w, t.limit - length - 1))
-            if guess and matched >= PREDICTION_EVIDENCE:
-                guesses[i] = guess
-        if guesses and self.adaptive:
-            fed = len(drafts) + sum(map(len, drafts)) - sum(len(drafts[rows[i]]) for i in guesses)
-            kept = cut_to_budget([self.holds.gains(tracked[i].hold, len(g)) for i, g in guesses.items()],
-                                 self.costs.cost(), fed)
-            guesses = {i: g[:n] for (i, g), n in zip(guesses.items(), kept.tolist())}
-        for i, guess in guesses.items():
+            predictions.append((t.prediction, t.hold, generated, min(self.prediction_w, t.limit - length - 1)))
+        fed = len(drafts) + sum(map(len, drafts))
+        found = step_drafts(predictions, [len(drafts[rows[i]]) for i in chosen], fed, self.holds,
+                            self.costs.cost() if self.adaptive else None)
+        for i, guess in zip(chosen, found):
+            if guess is None:
+                continue
             row, t = rows[i], tracked[i]
-            if guess and len(guess) >= len(drafts[row]):
-                position = int(lengths[i]) - t.prompt_length
-                if drafts[row] and t.proposals and t.proposals[-1].position == position:
-                    t.proposals.pop()
-                drafts[row] = guess
-                t.proposals.append(Proposal(position, tuple(guess), PREDICTION))
+            position = int(lengths[i]) - t.prompt_length
+            if drafts[row] and t.proposals and t.proposals[-1].position == position:
+                t.proposals.pop()
+            drafts[row] = guess
+            t.proposals.append(Proposal(position, tuple(guess), PREDICTION))
 
     def judge(self, t: Tracked, generated: list[int]) -> None:
         """The request's proposals verified since the last step, those from its prediction judged
