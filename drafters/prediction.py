@@ -34,10 +34,11 @@ from drafters.budget import allocate
 class PredictionDrafter:
     """One request's prediction, indexed by its token runs of min_match..max_match tokens."""
 
-    def __init__(self, tokens: Sequence[int], min_match: int = 2, max_match: int = 8):
+    def __init__(self, tokens: Sequence[int], min_match: int = 2, max_match: int = 8, near: int = 8):
         assert 1 <= min_match <= max_match, f"need 1 <= min_match ({min_match}) <= max_match ({max_match})"
         self.tokens = list(tokens)
         self.min_match, self.max_match = min_match, max_match
+        self.near = near  # how far from where the answer is expected a short match still counts in full
         self.index: dict[tuple[int, ...], list[int]] = {}  # a run of tokens -> the positions after it, ascending
         for size in range(min_match, max_match + 1):
             for end in range(size, len(self.tokens) + 1):
@@ -53,12 +54,15 @@ class PredictionDrafter:
             if list(generated) != self.tokens[:len(generated)]:
                 return [], 0
             return self.tokens[len(generated):len(generated) + w], self.max_match  # the answer's start: its prediction's
+        expected = self.reached + len(generated) - self.reached_at
         for size in range(min(self.max_match, len(generated)), self.min_match - 1, -1):
             ends = self.index.get(tuple(generated[len(generated) - size:]))
             if ends:
-                end = self.nearest(ends, self.reached + len(generated) - self.reached_at)
+                end = self.nearest(ends, expected)
                 self.reached, self.reached_at = end, len(generated)
-                return self.tokens[end:end + w], size
+                # A short match where the answer is expected to be (it rejoins the prediction after
+                # an edit of a few tokens) is as good evidence as a long one anywhere.
+                return self.tokens[end:end + w], self.max_match if abs(end - expected) <= self.near else size
         return [], 0
 
     @staticmethod

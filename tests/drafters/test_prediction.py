@@ -89,3 +89,16 @@ def test_a_step_takes_a_predictions_draft_where_it_matches_and_is_longer_than_th
     assert found[2] is None  # the drafter's 5 tokens are longer than the prediction's 3
     costly = step_drafts(rows[:1], own=[0], fed=1, holds=rates, cost=LinearStepCost(1.0, 0.5))
     assert costly[0] is not None and 0 < len(costly[0]) < 50  # the budget cut it
+
+
+def test_a_short_match_where_the_answer_is_expected_counts_as_full_evidence():
+    predicted = list(range(100, 160))
+    drafter = PredictionDrafter(predicted, min_match=2, max_match=8, near=4)
+    assert drafter.draft(predicted[:20], 4) == (predicted[20:24], 8)
+    edited = predicted[:20] + [7, 8]  # two tokens of the prediction (120, 121) replaced by two new ones
+    assert drafter.draft(edited, 4) == ([], 0)
+    rejoined = edited + [122, 123]  # back on the prediction: a 2-token match right where it is expected
+    assert drafter.draft(rejoined, 4) == (predicted[24:28], 8)
+    far = PredictionDrafter(predicted, min_match=2, max_match=8, near=4)
+    far.draft(predicted[:20], 4)
+    assert far.draft(predicted[:20] + [150, 151], 4) == (predicted[52:56], 2)  # a jump ahead: short evidence

@@ -43,6 +43,10 @@ def test_a_row_is_changed_where_its_id_had_an_output_and_predicted_from_says_wha
         ("before", "last_output", True), ("mine", "row", True), (None, None, False)]
     plain = request_row(load_config(overrides=["engine.name=transformers"]))({"id": 1, "prompt": "Hi", LAST_OUTPUT: "x"})
     assert (plain["prediction"], plain["predicted_from"], plain["changed"]) == ("x", None, True)
+    openai = convert({"uid": 4, "prompt": "Hi", "prediction": {"type": "content", "content": "theirs"}})
+    assert (openai["prediction"], openai["predicted_from"]) == ("theirs", "row")  # OpenAI's form, as its text
+    odd = convert({"uid": 5, "prompt": "Hi", "prediction": {"type": "image"}})
+    assert odd["prediction"] == {"type": "image"}  # left for the stage to name in the row's error
 
 
 def test_the_postprocess_writes_the_jobs_schema_with_each_rows_error_or_none():
