@@ -32,16 +32,17 @@ from drafters.budget import allocate
 
 
 class PredictionDrafter:
-    """One request's prediction, indexed by its token runs of min_match..max_match tokens."""
+    """One request's prediction, indexed by its runs of min_match tokens (a longer match is one of
+    those occurrences checked further back: the index costs one entry per token, made when the
+    request starts, where one per run length cost the engine's step milliseconds for each new request)."""
 
     def __init__(self, tokens: Sequence[int], min_match: int = 2, max_match: int = 8):
         assert 1 <= min_match <= max_match, f"need 1 <= min_match ({min_match}) <= max_match ({max_match})"
         self.tokens = list(tokens)
         self.min_match, self.max_match = min_match, max_match
-        self.index: dict[tuple[int, ...], list[int]] = {}  # a run of tokens -> the positions after it, ascending
-        for size in range(min_match, max_match + 1):
-            for end in range(size, len(self.tokens) + 1):
-                self.index.setdefault(tuple(self.tokens[end - size:end]), []).append(end)
+        self.index: dict[tuple[int, ...], list[int]] = {}  # a run of min_match tokens -> the positions after it, ascending
+        for end in range(min_match, len(self.tokens) + 1):
+            self.index.setdefault(tuple(self.tokens[end - min_match:end]), []).append(end)
         self.reached, self.reached_at = 0, 0  # where the last match ended in the prediction, and in the answer
 
     def draft(self, generated: Sequence[int], w: int) -> tuple[list[int], int]:
@@ -53,13 +54,24 @@ class PredictionDrafter:
             if list(generated) != self.tokens[:len(generated)]:
                 return [], 0
             return self.tokens[len(generated):len(generated) + w], self.max_match  # the answer's start: its prediction's
-        for size in range(min(self.max_match, len(generated)), self.min_match - 1, -1):
-            ends = self.index.get(tuple(generated[len(generated) - size:]))
-            if ends:
-                end = self.nearest(ends, self.reached + len(generated) - self.reached_at)
-                self.reached, self.reached_at = end, len(generated)
-                return self.tokens[end:end + w], size
-        return [], 0
+        ends = self.index.get(tuple(generated[len(generated) - self.min_match:]))
+        if not ends:
+            return [], 0
+        # The longest run of the answer's last tokens (up to max_match) that ends at each occurrence.
+        longest = min(self.max_match, len(generated))
+        sizes = [self.matched(generated, end, longest) for end in ends]
+        size = max(sizes)
+        end = self.nearest([e for e, n in zip(ends, sizes) if n == size], self.reached + len(generated) - self.reached_at)
+        self.reached, self.reached_at = end, len(generated)
+        return self.tokens[end:end + w], size
+
+    def matched(self, generated: Sequence[int], end: int, longest: int) -> int:
+        """How many of the answer's last tokens (min_match of them known to match, at most `longest`)
+        the prediction's tokens before `end` repeat."""
+        size = self.min_match
+        while size < min(longest, end) and self.tokens[end - size - 1] == generated[len(generated) - size - 1]:
+            size += 1
+        return size
 
     @staticmethod
     def nearest(ends: list[int], expected: int) -> int:

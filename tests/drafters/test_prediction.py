@@ -89,3 +89,43 @@ def test_a_step_takes_a_predictions_draft_where_it_matches_and_is_longer_than_th
     assert found[2] is None  # the drafter's 5 tokens are longer than the prediction's 3
     costly = step_drafts(rows[:1], own=[0], fed=1, holds=rates, cost=LinearStepCost(1.0, 0.5))
     assert costly[0] is not None and 0 < len(costly[0]) < 50  # the budget cut it
+
+
+class EveryRunIndex:
+    """The reference: the prediction indexed by every run of min_match..max_match tokens, the longest
+    run of the answer's tail looked up first (what PredictionDrafter finds from its min_match index)."""
+
+    def __init__(self, tokens, min_match=2, max_match=8):
+        self.tokens, self.min_match, self.max_match = list(tokens), min_match, max_match
+        self.index = {}
+        for size in range(min_match, max_match + 1):
+            for end in range(size, len(self.tokens) + 1):
+                self.index.setdefault(tuple(self.tokens[end - size:end]), []).append(end)
+        self.reached, self.reached_at = 0, 0
+
+    def draft(self, generated, w):
+        if len(generated) < self.min_match:
+            if list(generated) != self.tokens[:len(generated)]:
+                return [], 0
+            return self.tokens[len(generated):len(generated) + w], self.max_match
+        for size in range(min(self.max_match, len(generated)), self.min_match - 1, -1):
+            ends = self.index.get(tuple(generated[len(generated) - size:]))
+            if ends:
+                end = PredictionDrafter.nearest(ends, self.reached + len(generated) - self.reached_at)
+                self.reached, self.reached_at = end, len(generated)
+                return self.tokens[end:end + w], size
+        return [], 0
+
+
+def test_the_min_match_index_drafts_as_an_index_of_every_run_length():
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        predicted = rng.integers(0, 6, int(rng.integers(10, 80))).tolist()  # few distinct tokens: many repeats
+        answer = list(predicted)
+        for _ in range(3):  # edits: a token changed, a stretch deleted, one inserted
+            at = int(rng.integers(0, len(answer)))
+            answer[at:at + int(rng.integers(0, 4))] = rng.integers(0, 8, int(rng.integers(0, 3))).tolist()
+        min_match, max_match = int(rng.integers(1, 3)), int(rng.integers(3, 9))
+        drafter, reference = PredictionDrafter(predicted, min_match, max_match), EveryRunIndex(predicted, min_match, max_match)
+        for length in range(len(answer) + 1):
+            assert drafter.draft(answer[:length], 5) == reference.draft(answer[:length], 5)
