@@ -305,7 +305,7 @@ def run(args) -> dict:
         if args.project:  # ours (and ours_prediction) with that GPU's budget
             jobs += [(args, m, batch, answers, store, args.project) for m in ("ours", "ours_prediction")
                      if m == "ours" or m in methods]
-    _warm_up(args, answers, store, methods)
+    _warm_up(jobs)
     rows = []
     context = multiprocessing.get_context("fork")
     calibration = []
@@ -338,13 +338,16 @@ def calibration_plot(rows: list[dict], directory: Path, title: str) -> Path:
     return save_calibration_plot(series, directory / "calibration.png", f"draft acceptance by depth: {title}")
 
 
-def _warm_up(args, answers, store, methods) -> None:
-    """Compiles the numba methods' code once in this process, so no child pays for it (arctic's is
-    C++: warming it would only leave its freed tree's memory for a child to reuse unseen)."""
-    few = answers[:4]
-    for method in methods:
-        if method != "vllm_suffix":
-            replay(args, method, 2, few, store)
+def _warm_up(jobs: list[tuple]) -> None:
+    """Compiles the numba methods' code once in this process, each method with and without a budget
+    (the budget's allocation of prediction drafts is its own compiled signature), so no child pays
+    for it (arctic's is C++: warming it would only leave its freed tree's memory for a child to
+    reuse unseen). Rows with a prediction go first, so that its path runs."""
+    warmed = set()
+    for args, method, _, answers, store, *budget in jobs:
+        if method != "vllm_suffix" and (method, *budget) not in warmed:
+            warmed.add((method, *budget))
+            replay(args, method, 2, sorted(answers, key=lambda a: a.prediction is None)[:4], store, *budget)
 
 
 def rate(row: dict, *parts: str) -> float:
