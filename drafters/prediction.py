@@ -32,17 +32,18 @@ from drafters.budget import allocate
 
 
 class PredictionDrafter:
-    """One request's prediction, indexed by its token runs of min_match..max_match tokens."""
+    """One request's prediction, indexed by its runs of min_match tokens (a longer match is one of
+    those occurrences checked further back: the index costs one entry per token, made when the
+    request starts, where one per run length cost the engine's step milliseconds for each new request)."""
 
     def __init__(self, tokens: Sequence[int], min_match: int = 2, max_match: int = 8, near: int = 8):
         assert 1 <= min_match <= max_match, f"need 1 <= min_match ({min_match}) <= max_match ({max_match})"
         self.tokens = list(tokens)
         self.min_match, self.max_match = min_match, max_match
         self.near = near  # how far from where the answer is expected a short match still counts in full
-        self.index: dict[tuple[int, ...], list[int]] = {}  # a run of tokens -> the positions after it, ascending
-        for size in range(min_match, max_match + 1):
-            for end in range(size, len(self.tokens) + 1):
-                self.index.setdefault(tuple(self.tokens[end - size:end]), []).append(end)
+        self.index: dict[tuple[int, ...], list[int]] = {}  # a run of min_match tokens -> the positions after it, ascending
+        for end in range(min_match, len(self.tokens) + 1):
+            self.index.setdefault(tuple(self.tokens[end - min_match:end]), []).append(end)
         self.reached, self.reached_at = 0, 0  # where the last match ended in the prediction, and in the answer
 
     def draft(self, generated: Sequence[int], w: int) -> tuple[list[int], int]:
@@ -54,16 +55,27 @@ class PredictionDrafter:
             if list(generated) != self.tokens[:len(generated)]:
                 return [], 0
             return self.tokens[len(generated):len(generated) + w], self.max_match  # the answer's start: its prediction's
+        ends = self.index.get(tuple(generated[len(generated) - self.min_match:]))
+        if not ends:
+            return [], 0
+        # The longest run of the answer's last tokens (up to max_match) that ends at each occurrence.
+        longest = min(self.max_match, len(generated))
+        sizes = [self.matched(generated, end, longest) for end in ends]
+        size = max(sizes)
         expected = self.reached + len(generated) - self.reached_at
-        for size in range(min(self.max_match, len(generated)), self.min_match - 1, -1):
-            ends = self.index.get(tuple(generated[len(generated) - size:]))
-            if ends:
-                end = self.nearest(ends, expected)
-                self.reached, self.reached_at = end, len(generated)
-                # A short match where the answer is expected to be (it rejoins the prediction after
-                # an edit of a few tokens) is as good evidence as a long one anywhere.
-                return self.tokens[end:end + w], self.max_match if abs(end - expected) <= self.near else size
-        return [], 0
+        end = self.nearest([e for e, n in zip(ends, sizes) if n == size], expected)
+        self.reached, self.reached_at = end, len(generated)
+        # A short match where the answer is expected to be (it rejoins the prediction after an edit
+        # of a few tokens) is as good evidence as a long one anywhere.
+        return self.tokens[end:end + w], self.max_match if abs(end - expected) <= self.near else size
+
+    def matched(self, generated: Sequence[int], end: int, longest: int) -> int:
+        """How many of the answer's last tokens (min_match of them known to match, at most `longest`)
+        the prediction's tokens before `end` repeat."""
+        size = self.min_match
+        while size < min(longest, end) and self.tokens[end - size - 1] == generated[len(generated) - size - 1]:
+            size += 1
+        return size
 
     @staticmethod
     def nearest(ends: list[int], expected: int) -> int:

@@ -1,7 +1,8 @@
 """replay: a finished greedy run's outputs through drafters, no model.
 
     python -m jobs.benchmark replay RUN_DIR [RUN_DIR ...] --batch 1,16,64,256 --out R.json \
-        [--store DATASTORE_DIR] [--max-draft 16] [--methods ours,vllm_suffix,vllm_ngram,plain] [--project a100-8b]
+        [--store DATASTORE_DIR] [--max-draft 16] [--methods ours,vllm_suffix,vllm_ngram,plain] [--project a100-8b] \
+        [--predictions EARLIER_RUN_DIR ...] [--prediction-w 128]
 
 Greedy verification accepts exactly a draft's common prefix with the greedy output, so a recorded
 greedy output (the run's `prompt_token_ids` and `generated_tokens`) says what any draft would have
@@ -11,6 +12,11 @@ tokens plus one. Every method drafts at most --max-draft tokens per request-step
 - `ours`: drafters/suffix/ with the config's defaults, one compiled call per step for every
   running request (with --store, an earlier runs' datastore); no step budget (its confidence cut only);
 - `ours_budget_<gpu>_<model>` (--project): the same with the step budget of that roofline step cost;
+- `ours_prediction` (with --predictions, as a series' changed rows run: each row's prediction is the
+  earlier run's `generated_tokens` of its `id`, none where the earlier run has no such id): ours, then
+  for the rows with a prediction drafters/prediction.py's step of prediction drafts, as vLLM's proposer
+  drafts them (up to --prediction-w tokens; each judged by what the row emitted), and
+  `ours_prediction_budget_<gpu>_<model>` the same with that step's budget cutting both;
 - `vllm_suffix`: arctic-inference's SuffixDecodingCache as vLLM's `suffix` method calls it (tree
   depth 24, min token probability 0.1, spec factor 1.0), per request; with --store, the store's
   documents are first added to its global tree as finished responses (if installed:
@@ -37,6 +43,7 @@ from pathlib import Path
 import numpy as np
 
 from jobs.benchmark.arguments import integers
+from jobs.benchmark.replay_answers import Answer, load_answers, load_predictions
 from jobs.benchmark.replay_methods import METHODS, Ours
 from jobs.benchmark.step_costs import GPUS, MODELS, CpuStepCost, MeasuredStepCost, RooflineStepCost
 
@@ -60,6 +67,12 @@ def add_cli_args(parser) -> None:
                         help="the host's time per step (the host-step subcommand), which async scheduling hides "
                              "(with --project cpu: the CPU's whole step, host and device)")
     parser.add_argument("--plots", default="", help="directory for the calibration plot (default: none)")
+    parser.add_argument("--predictions", nargs="+", default=[], metavar="EARLIER_RUN_DIR",
+                        help="earlier runs of the replayed rows (a series' last outputs): each row's prediction is "
+                             "the generated_tokens of its id there (an id in several: the last listed); adds "
+                             "ours_prediction")
+    parser.add_argument("--prediction-w", type=int, default=128,
+                        help="a prediction's draft tokens per request-step, at most (the engine's engine.prediction_w)")
 
 
 def markdown(report: dict) -> str:
@@ -70,31 +83,6 @@ def markdown(report: dict) -> str:
     if "projection" in report:
         table += "\n\n" + report["projection"]["formula"] + "\n\n" + markdown_table(report["projection"]["rows"])
     return table
-
-
-@dataclass(frozen=True)
-class Answer:
-    prompt: np.ndarray  # [P] int64
-    output: np.ndarray  # [G] int64, the greedy output
-    max_tokens: int  # what the run allowed it (its output, where the run's cap cut it)
-
-
-def load_answers(run_dirs: list[str], max_tokens: int) -> list[Answer]:
-    import pyarrow.parquet as pq
-
-    from jobs.report import find_parts
-
-    answers = []
-    for run_dir in run_dirs:
-        table = pq.read_table(find_parts(run_dir), columns=["prompt_token_ids", "generated_tokens", "finish_reason"])
-        columns = (table.column(name).to_pylist() for name in ("prompt_token_ids", "generated_tokens", "finish_reason"))
-        for prompt, output, finish in zip(*columns):
-            if prompt and output:  # a request cut by its token budget had exactly that many
-                answers.append(Answer(np.array(prompt, np.int64), np.array(output, np.int64),
-                                      len(output) if finish == "length" else max(max_tokens, len(output))))
-    if not answers:
-        raise SystemExit(f"--replay {run_dirs}: no rows with prompt_token_ids and generated_tokens")
-    return answers
 
 
 def resident_mb() -> float:
@@ -189,17 +177,17 @@ def read_json(path: str) -> dict | None:
 
 def replay(args, method: str, batch: int, answers: list[Answer], store, budget: str = "") -> dict:
     """One method at one batch size over every answer (see the module's docstring); `budget`: ours
-    with that GPU-model's roofline step budget."""
+    (or ours_prediction) with that GPU-model's step budget."""
     gc.collect()
     before = resident_mb()
     clock = (StepClock(budget or args.project, step_costs(args), read_json(getattr(args, "host_step", "")))
              if (budget or args.project) else None)
-    drafter = Ours(args, store, answers, clock.cost) if budget else METHODS[method](args, store, answers)
+    drafter = METHODS[method](args, store, answers, clock.cost) if budget else METHODS[method](args, store, answers)
     longest = max(len(a.prompt) + len(a.output) for a in answers) + 1
     tokens = np.zeros((batch, longest), np.int32)
     waiting, free_rows = list(range(len(answers)))[::-1], list(range(batch))[::-1]
     active: dict[int, list] = {}  # answer -> [row, emitted, draft]
-    totals = {"steps": 0, "emitted": 0, "drafted": 0}
+    totals = {"steps": 0, "emitted": 0, "drafted": 0, "most_fed": 0}
     seconds, calls, per_step = 0.0, 0, []  # per_step: each step's drafter seconds per request it served
     while waiting or active:
         step_seconds = 0.0
@@ -228,14 +216,17 @@ def replay(args, method: str, batch: int, answers: list[Answer], store, budget: 
                 active[key][2] = draft
         seconds += step_seconds
     steps = totals["steps"]
-    row = {"method": f"ours_budget_{budget.replace('-', '_')}" if budget else method, "batch": batch,
+    row = {"method": f"{method}_budget_{budget.replace('-', '_')}" if budget else method, "batch": batch,
            "tokens_per_step": round(totals["emitted"] / steps, 4), "draft_tokens_per_step": round(totals["drafted"] / steps, 4),
            "us_per_request_step_mean": round(1e6 * seconds / max(calls, 1), 2),
            "us_per_request_step_p99": round(1e6 * float(np.percentile(per_step, 99)), 2) if per_step else 0.0,
-           "memory_mb": round(resident_mb() - before, 1), "request_steps": steps}
+           "memory_mb": round(resident_mb() - before, 1), "request_steps": steps, "most_fed_in_a_step": totals["most_fed"]}
     if isinstance(drafter, Ours):
         row["calibration_error"] = round(drafter.calibration.error(), 4)
         row["calibration"] = drafter.calibration.rows()
+    if getattr(drafter, "predictions", None) is not None:  # its prediction tokens drafted, and accepted, per request-step
+        row["prediction_tokens_per_step"] = round(drafter.predictions.drafted / steps, 4)
+        row["accepted_prediction_tokens_per_step"] = round(drafter.predictions.accepted / steps, 4)
     if clock is not None:  # seconds on the GPU, the host's per step, the drafter's (see `projection`)
         row["projected_seconds"] = {"gpu": round(clock.seconds, 6), "host": round(clock.host_seconds, 6),
                                     "drafter": round(seconds, 6)}
@@ -267,6 +258,7 @@ def verify(active: dict, answers: list[Answer], drafter, free_rows: list, totals
             seconds += time.perf_counter() - started
             free_rows.append(state[0])
             del active[key]
+    totals["most_fed"] = max(totals["most_fed"], fed)
     if clock is not None and running:
         clock.step(running, fed, context, prompts)
     return seconds
@@ -295,20 +287,25 @@ def run(args) -> dict:
     if args.project == "cpu" and (args.step_costs or not args.host_step):
         raise SystemExit("--project cpu: this CPU's step comes from --host-step (python -m jobs.benchmark host-step), "
                          "not --step-costs (a GPU's)")
-    answers = load_answers(args.runs, args.max_new_tokens)
+    answers = load_answers(args.runs, args.max_new_tokens, load_predictions(args.predictions) if args.predictions else None)
     store = Datastore.open(args.store) if args.store else None
     methods = [m for m in (args.methods or ",".join(METHODS)).split(",") if m]
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise SystemExit(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
+    if not args.predictions:
+        if args.methods and "ours_prediction" in methods:
+            raise SystemExit("--methods ours_prediction: the rows' predictions come from --predictions EARLIER_RUN_DIR")
+        methods = [m for m in methods if m != "ours_prediction"]
     skipped = [m for m in methods if not available(m)]
     methods = [m for m in methods if m not in skipped]
     jobs = []
     for batch in args.batch:
         jobs += [(args, method, batch, answers, store) for method in methods]
-        if args.project:
-            jobs.append((args, "ours", batch, answers, store, args.project))  # ours with that GPU's budget
-    _warm_up(args, answers, store, methods)
+        if args.project:  # ours (and ours_prediction) with that GPU's budget
+            jobs += [(args, m, batch, answers, store, args.project) for m in ("ours", "ours_prediction")
+                     if m == "ours" or m in methods]
+    _warm_up(jobs)
     rows = []
     context = multiprocessing.get_context("fork")
     calibration = []
@@ -318,6 +315,7 @@ def run(args) -> dict:
         calibration += [{"method": rows[-1]["method"], "batch": rows[-1]["batch"], **depth}
                         for depth in rows[-1].pop("calibration", [])]
     report = {"replay": rows, "answers": len(answers), "generated_tokens": int(sum(len(a.output) for a in answers)),
+              "predicted_answers": sum(a.prediction is not None for a in answers),
               "store_tokens": int(len(store)) if store is not None else 0, "max_draft": args.max_draft,
               "skipped": skipped, "calibration": calibration}
     if calibration and args.plots:
@@ -340,13 +338,16 @@ def calibration_plot(rows: list[dict], directory: Path, title: str) -> Path:
     return save_calibration_plot(series, directory / "calibration.png", f"draft acceptance by depth: {title}")
 
 
-def _warm_up(args, answers, store, methods) -> None:
-    """Compiles the numba methods' code once in this process, so no child pays for it (arctic's is
-    C++: warming it would only leave its freed tree's memory for a child to reuse unseen)."""
-    few = answers[:4]
-    for method in methods:
-        if method != "vllm_suffix":
-            replay(args, method, 2, few, store)
+def _warm_up(jobs: list[tuple]) -> None:
+    """Compiles the numba methods' code once in this process, each method with and without a budget
+    (the budget's allocation of prediction drafts is its own compiled signature), so no child pays
+    for it (arctic's is C++: warming it would only leave its freed tree's memory for a child to
+    reuse unseen). Rows with a prediction go first, so that its path runs."""
+    warmed = set()
+    for args, method, _, answers, store, *budget in jobs:
+        if method != "vllm_suffix" and (method, *budget) not in warmed:
+            warmed.add((method, *budget))
+            replay(args, method, 2, sorted(answers, key=lambda a: a.prediction is None)[:4], store, *budget)
 
 
 def rate(row: dict, *parts: str) -> float:
@@ -401,6 +402,7 @@ def projection(rows: list[dict], name: str, measured: dict | None = None, host: 
     the host and a device-side drafter's work overlapping the GPU's steps (taken as fully hidden:
     an upper bound for the asynchronous side). Ratios: `vs_plain_async` (each row as it runs today,
     synchronous, against plain vLLM with async scheduling: what a GPU user compares us with),
+    `vs_vllm_suffix` (against vLLM's suffix method, both synchronous),
     `vs_plain_sync` (against plain without it), `async_vs_plain_async` (each row as if it ran
     asynchronously: ours under model runner V2 with a device-side drafter; vllm_ngram stands for
     `ngram_gpu`, whose V2 kernel looks up the same n-grams on the GPU)."""
@@ -408,6 +410,7 @@ def projection(rows: list[dict], name: str, measured: dict | None = None, host: 
     projected = []
     for batch in sorted({row["batch"] for row in rows}):
         plain = next((r for r in rows if r["batch"] == batch and r["method"] == "plain"), None)
+        suffix = next((r for r in rows if r["batch"] == batch and r["method"] == "vllm_suffix"), None)
         for row in (r for r in rows if r["batch"] == batch):
             entry = {"method": row["method"], "batch": batch,
                      "tokens_per_second": round(rate(row, "gpu", "host", "drafter"), 1),
@@ -417,6 +420,8 @@ def projection(rows: list[dict], name: str, measured: dict | None = None, host: 
                 entry["vs_plain_async"] = round(entry["tokens_per_second"] / plain_async, 3)
                 entry["vs_plain_sync"] = round(entry["tokens_per_second"] / plain_sync, 3)
                 entry["async_vs_plain_async"] = round(entry["tokens_per_second_async"] / plain_async, 3)
+            if suffix is not None:  # both synchronous, as vLLM runs them today
+                entry["vs_vllm_suffix"] = round(entry["tokens_per_second"] / rate(suffix, "gpu", "host", "drafter"), 3)
             projected.append(entry)
     step = ("c(n, B) measured (MeasuredStepCost over --step-costs, context "
             f"{measured['context']}, {measured['device']})" if measured is not None

@@ -1,5 +1,6 @@
 """The drafting methods the replay (replay.py) drives, each as its engine calls it: ours
-(drafters/suffix/, with the acceptance model's calibration by depth), vLLM's suffix method
+(drafters/suffix/, with the acceptance model's calibration by depth; `ours_prediction`: and each
+row's prediction drafted from as vLLM's proposer does, drafters/prediction.py), vLLM's suffix method
 (arctic-inference's cache), vLLM's n-gram lookup, and plain decoding."""
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import gc
 import numpy as np
 
 from drafters.budget import cost_table
+from drafters.prediction import Hold, HoldRates, PredictionDrafter, step_drafts
 
 
 class Method:
@@ -30,9 +32,10 @@ class Method:
 
 class Ours(Method):
     """drafters/suffix/: one call per step for every running request. Each verified draft
-    is also scored against what its tokens were predicted to do (`DepthCalibration`)."""
+    is also scored against what its tokens were predicted to do (`DepthCalibration`). With
+    `predicted`, a row with a prediction drafts from it as the proposer does (`Predictions`)."""
 
-    def __init__(self, args, store, answers, cost=None):
+    def __init__(self, args, store, answers, cost=None, predicted: bool = False):
         from pipeline.config.drafter_registry import DrafterTables, make_batch_drafter
         from pipeline.config import DecoderConfig
 
@@ -49,31 +52,85 @@ class Ours(Method):
         self.calibration = DepthCalibration(args.max_draft)
         self.predicted: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.out = None
+        self.predictions = Predictions(answers, args.prediction_w) if predicted else None
 
     def start(self, key: int, prompt: np.ndarray, limit: int) -> None:
         self.drafter.start(key, len(prompt), limit)
+        if self.predictions is not None:
+            self.predictions.start(key)
 
     def draft(self, batch: list[int], rows: np.ndarray, lengths: np.ndarray, prompts: np.ndarray,
               limits: np.ndarray, tokens: np.ndarray) -> list[np.ndarray]:
-        table = None if self.cost is None else self.table(self.cost(len(batch), lengths), len(batch))
+        step_cost = None if self.cost is None else self.cost(len(batch), lengths)
+        table = None if step_cost is None else self.table(step_cost, len(batch))
         self.out = out = self.drafter.step(batch, tokens, rows, lengths, table)
-        return [out.tokens[i, :out.lengths[i]] for i in range(len(batch))]
+        drafts = [out.tokens[i, :out.lengths[i]] for i in range(len(batch))]
+        if self.predictions is not None:
+            self.predictions.step(batch, rows, lengths, prompts, limits, tokens, drafts, step_cost)
+        return drafts
 
     def predict(self, batch: list[int]) -> None:
-        """Keeps what the last step's drafts were predicted to do (outside the drafter's time)."""
+        """Keeps what the last step's drafts were predicted to do (outside the drafter's time); a
+        draft the prediction's replaced is not the drafter's to score."""
         out = self.out
         calibrated = self.drafter.calibrated(out)
+        replaced = self.predictions.pending if self.predictions is not None else {}
         for i, key in enumerate(batch):
             n = out.lengths[i]
-            self.predicted[key] = (out.confidence[i, :n].copy(), calibrated[i, :n])
+            if key not in replaced:
+                self.predicted[key] = (out.confidence[i, :n].copy(), calibrated[i, :n])
 
     def judged(self, key: int, accepted: int) -> None:
+        if self.predictions is not None:
+            self.predictions.judged(key, accepted)
         model, calibrated = self.predicted.pop(key, (None, None))
         if model is not None and len(model):
             self.calibration.add(model, calibrated, accepted)
 
     def finish(self, key: int, output: np.ndarray) -> None:
         self.drafter.finish(key, output.tolist())
+
+
+class Predictions:
+    """The rows' predictions as vLLM's proposer drafts from them (pipeline/engines/vllm/proposer.py
+    `predict`, `judge`): each step after the drafter's, drafters/prediction.py's `step_drafts` over
+    the running rows with a prediction (a draft of up to prediction_w tokens, and never past the
+    row's limit), with the step's cost when the method has a budget; each draft it gave judged
+    against what the row emitted from there (its output, the accepted tokens and one more)."""
+
+    def __init__(self, answers, prediction_w: int):
+        self.answers, self.w = answers, prediction_w
+        self.holds = HoldRates()
+        self.drafters: dict[int, tuple[PredictionDrafter, Hold]] = {}
+        self.pending: dict[int, tuple[int, list[int]]] = {}  # key -> (the draft's position in the output, the draft)
+        self.drafted, self.accepted = 0, 0  # prediction tokens drafted, and accepted
+
+    def start(self, key: int) -> None:
+        prediction = self.answers[key].prediction
+        if prediction is not None and len(prediction):
+            self.drafters[key] = (PredictionDrafter(prediction.tolist()), Hold())
+
+    def step(self, batch: list[int], rows: np.ndarray, lengths: np.ndarray, prompts: np.ndarray, limits: np.ndarray,
+             tokens: np.ndarray, drafts: list[np.ndarray], cost) -> None:
+        """Replaces, in `drafts`, the drafter's drafts that step_drafts prefers a prediction's to."""
+        chosen = [i for i, key in enumerate(batch) if key in self.drafters]
+        if not chosen:
+            return
+        predictions = [(*self.drafters[batch[i]], tokens[rows[i], prompts[i]:lengths[i]].tolist(),
+                        int(min(self.w, limits[i] - lengths[i] - 1))) for i in chosen]
+        fed = len(batch) + sum(map(len, drafts))
+        found = step_drafts(predictions, [len(drafts[i]) for i in chosen], fed, self.holds, cost)
+        for i, guess in zip(chosen, found):
+            if guess is not None:
+                drafts[i] = np.array(guess, np.int64)
+                self.pending[batch[i]] = (int(lengths[i] - prompts[i]), guess)
+
+    def judged(self, key: int, accepted: int) -> None:
+        position, draft = self.pending.pop(key, (0, None))
+        if draft is not None:
+            emitted = self.answers[key].output[position:position + accepted + 1].tolist()
+            self.holds.judge(self.drafters[key][1], draft, emitted)
+            self.drafted, self.accepted = self.drafted + len(draft), self.accepted + accepted
 
 
 class DepthCalibration:
@@ -165,7 +222,15 @@ class Plain(Method):
         return [np.zeros(0, np.int64)] * len(batch)
 
 
-METHODS = {"ours": Ours, "vllm_suffix": ArcticSuffix, "vllm_ngram": VllmNgram, "plain": Plain}
+class OursPredicted(Ours):
+    """ours, each row with a prediction drafting from it (replay --predictions)."""
+
+    def __init__(self, args, store, answers, cost=None):
+        super().__init__(args, store, answers, cost, predicted=True)
+
+
+METHODS = {"ours": Ours, "ours_prediction": OursPredicted, "vllm_suffix": ArcticSuffix, "vllm_ngram": VllmNgram,
+           "plain": Plain}
 
 
 def store_documents(store) -> list[np.ndarray]:

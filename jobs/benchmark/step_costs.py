@@ -52,23 +52,30 @@ class RooflineStepCost:
 class MeasuredStepCost:
     """A GPU step's seconds as measured (jobs/benchmark/micro/gpu_step.py: a table of batch sizes x tokens
     fed per request, at one context): the table's batch size nearest to `batch` (in ratio),
-    interpolated linearly in the tokens fed per request, and extrapolated past its last two points."""
+    interpolated linearly in the tokens fed per request, and extrapolated past its last two points,
+    but never faster than the GPU fed tokens in any measured step: a long draft (a prediction's, up
+    to 128 tokens a request) takes a small batch's step far past its table, where the step turns
+    compute-bound and the memory-bound slope of its last points would make its tokens nearly free.
+    Within the table the floor never binds (each measured step is at most that fast)."""
     batches: tuple[int, ...]
     fed_per_request: tuple[tuple[float, ...], ...]  # per batch size, increasing
     step_seconds: tuple[tuple[float, ...], ...]
     batch: int  # running requests
+    tokens_per_second: float = np.inf  # the most tokens fed per second in a measured step (all of them compute)
 
     @classmethod
     def from_report(cls, report: dict, batch: int) -> "MeasuredStepCost":
         batches = tuple(sorted({row["batch"] for row in report["rows"]}))
         rows = [sorted((r["fed_per_request"], r["seconds"]) for r in report["rows"] if r["batch"] == b) for b in batches]
+        fastest = max(r["batch"] * r["fed_per_request"] / r["seconds"] for r in report["rows"])
         return cls(batches, tuple(tuple(f for f, _ in points) for points in rows),
-                   tuple(tuple(t for _, t in points) for points in rows), batch)
+                   tuple(tuple(t for _, t in points) for points in rows), batch, fastest)
 
     def seconds(self, fed: np.ndarray) -> np.ndarray:
         index = int(np.argmin(np.abs(np.log(np.asarray(self.batches, dtype=np.float64)) - np.log(max(self.batch, 1)))))
         x, y = np.asarray(self.fed_per_request[index]), np.asarray(self.step_seconds[index])
-        return interpolated(x, y, np.asarray(fed, dtype=np.float64) / max(self.batch, 1))
+        fed = np.asarray(fed, dtype=np.float64)
+        return np.maximum(interpolated(x, y, fed / max(self.batch, 1)), fed / self.tokens_per_second)
 
 
 @dataclass(frozen=True)

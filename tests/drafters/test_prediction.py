@@ -102,3 +102,44 @@ def test_a_short_match_where_the_answer_is_expected_counts_as_full_evidence():
     far = PredictionDrafter(predicted, min_match=2, max_match=8, near=4)
     far.draft(predicted[:20], 4)
     assert far.draft(predicted[:20] + [150, 151], 4) == (predicted[52:56], 2)  # a jump ahead: short evidence
+
+
+class EveryRunIndex:
+    """The reference: the prediction indexed by every run of min_match..max_match tokens, the longest
+    run of the answer's tail looked up first (what PredictionDrafter finds from its min_match index)."""
+
+    def __init__(self, tokens, min_match=2, max_match=8):
+        self.tokens, self.min_match, self.max_match = list(tokens), min_match, max_match
+        self.index = {}
+        for size in range(min_match, max_match + 1):
+            for end in range(size, len(self.tokens) + 1):
+                self.index.setdefault(tuple(self.tokens[end - size:end]), []).append(end)
+        self.reached, self.reached_at = 0, 0
+
+    def draft(self, generated, w):
+        if len(generated) < self.min_match:
+            if list(generated) != self.tokens[:len(generated)]:
+                return [], 0
+            return self.tokens[len(generated):len(generated) + w], self.max_match
+        for size in range(min(self.max_match, len(generated)), self.min_match - 1, -1):
+            ends = self.index.get(tuple(generated[len(generated) - size:]))
+            if ends:
+                end = PredictionDrafter.nearest(ends, self.reached + len(generated) - self.reached_at)
+                self.reached, self.reached_at = end, len(generated)
+                return self.tokens[end:end + w], size
+        return [], 0
+
+
+def test_the_min_match_index_drafts_as_an_index_of_every_run_length():
+    rng = np.random.default_rng(3)
+    for _ in range(40):
+        predicted = rng.integers(0, 6, int(rng.integers(10, 80))).tolist()  # few distinct tokens: many repeats
+        answer = list(predicted)
+        for _ in range(3):  # edits: a token changed, a stretch deleted, one inserted
+            at = int(rng.integers(0, len(answer)))
+            answer[at:at + int(rng.integers(0, 4))] = rng.integers(0, 8, int(rng.integers(0, 3))).tolist()
+        min_match, max_match = int(rng.integers(1, 3)), int(rng.integers(3, 9))
+        # near=-1: the evidence as the match's length alone, as the reference has it
+        drafter, reference = PredictionDrafter(predicted, min_match, max_match, near=-1), EveryRunIndex(predicted, min_match, max_match)
+        for length in range(len(answer) + 1):
+            assert drafter.draft(answer[:length], 5) == reference.draft(answer[:length], 5)

@@ -9,7 +9,7 @@ import pytest
 
 from jobs.benchmark.cli import main
 from jobs.benchmark.replay import StepClock
-from jobs.benchmark.step_costs import CpuStepCost
+from jobs.benchmark.step_costs import CpuStepCost, MeasuredStepCost
 
 FIELDS = {"method", "batch", "tokens_per_step", "draft_tokens_per_step", "us_per_request_step_mean",
           "us_per_request_step_p99", "memory_mb"}
@@ -118,6 +118,16 @@ def test_a_cpu_step_interpolates_between_the_measured_batches_and_extends_the_la
         CpuStepCost.from_report({"median": [{"batch": 16, "host_ms_per_step": 5.0, "device_ms_per_step": 95.0}]})
 
 
+def test_a_measured_step_is_never_faster_than_the_fastest_measured_step_fed_tokens():
+    """Past its table a small batch's step is extended along its last (memory-bound) slope, but a
+    step of 64 tokens a request feeds as many tokens as the fastest measured step would in that time."""
+    report = {"rows": [{"batch": b, "fed_per_request": f, "seconds": t} for b, f, t in [
+        (16, 1, 0.006), (16, 9, 0.007), (256, 1, 0.012), (256, 9, 0.0576)]]}  # fastest: 2304 tokens in 57.6 ms
+    small = MeasuredStepCost.from_report(report, 16)
+    assert small.seconds(np.array([16, 144, 16 * 17])) == pytest.approx([0.006, 0.007, 0.008])  # the table, extended
+    assert small.seconds(np.array([16 * 64])) == pytest.approx([1024 / 40000])  # not 0.007 + 55 / 8000
+
+
 def test_the_step_clock_sums_each_steps_roofline_cost():
     clock = StepClock("a100-8b")
     clock.step(256, 512, 256 * 200)
@@ -157,3 +167,65 @@ def test_predicted_acceptance_by_depth_is_within_the_margin_of_observed():
     assert row["calibration_error"] <= 0.02
     # the drafter's probabilities fall with depth, as what held does
     assert all(a["predicted_calibrated"] > b["predicted_calibrated"] for a, b in zip(depths, depths[1:]))
+
+
+def random_answers(count: int, seed: int = 1) -> tuple[list, list]:
+    """Prompts and outputs of random tokens (nothing in them repeats: the drafter's own drafts rarely hold)."""
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, 5000, 30).tolist() for _ in range(count)], [rng.integers(0, 5000, 96).tolist() for _ in range(count)]
+
+
+def test_rows_drafted_from_their_earlier_output_replay_in_far_fewer_steps(tmp_path):
+    """--predictions: each row's prediction is the earlier run's generated_tokens of its id; a row
+    whose answer is its prediction is verified in long stretches, a row without one (ids 10, 11
+    are not in the earlier run) as ours verifies it."""
+    prompts, outputs = random_answers(12)
+    for name, ids, rows in (("run=edited", range(12), outputs), ("run=earlier", range(10), outputs[:10])):
+        (tmp_path / name).mkdir()
+        pq.write_table(pa.table({"id": [str(i) for i in ids], "prompt_token_ids": prompts[:len(rows)],
+                                 "generated_tokens": rows, "finish_reason": ["length"] * len(rows)}),
+                       tmp_path / name / "part-0.parquet")
+    report = main(["replay", str(tmp_path / "run=edited"), "--predictions", str(tmp_path / "run=earlier"), "--batch", "4",
+                   "--methods", "ours,ours_prediction,plain", "--prediction-w", "32", "--project", "",
+                   "--out", str(tmp_path / "r.json")])
+    assert report["predicted_answers"] == 10
+    rows = {r["method"]: r for r in report["replay"]}
+    assert rows["ours"]["request_steps"] > 0.9 * 12 * 96  # its own drafts: next to nothing
+    assert rows["ours_prediction"]["request_steps"] < 10 * 96 / 20 + 2 * 96
+    predicted = rows["ours_prediction"]
+    assert predicted["accepted_prediction_tokens_per_step"] * predicted["request_steps"] > 0.8 * 10 * 96
+    with pytest.raises(SystemExit, match="--predictions EARLIER_RUN_DIR"):
+        main(["replay", str(tmp_path / "run=edited"), "--methods", "ours_prediction", "--project", "",
+              "--out", str(tmp_path / "r.json")])
+
+
+def step_report(path, extra_token: float) -> str:
+    """A gpu_step report of 4 requests: a step of one token each 10 ms, each token more `extra_token` ms."""
+    rows = [{"batch": 4, "fed_per_request": fed, "seconds": 1e-3 * (10 + extra_token * 4 * (fed - 1))} for fed in (1, 2, 64)]
+    path.write_text(json.dumps({"context": 448, "device": "test", "rows": rows}))
+    return str(path)
+
+
+def test_the_budget_keeps_shorter_prediction_drafts_where_a_token_costs_more(tmp_path):
+    """ours_prediction with a step budget: where a draft token is nearly free the prediction is
+    verified in long stretches; where each costs a tenth of a step, in shorter ones (the answer
+    leaves its prediction every 32 tokens: a draft past there is rejected)."""
+    from types import SimpleNamespace
+
+    from jobs.benchmark.replay import Answer, replay
+
+    prompts, outputs = random_answers(8)
+    answers = []
+    for prompt, output in zip(prompts, outputs):
+        predicted = np.array(output)
+        predicted[31::32] += 1  # the edits: one token in 32 differs
+        answers.append(Answer(np.array(prompt), np.array(output), 96, prediction=predicted))
+    found = {}
+    for name, extra in (("cheap", 0.01), ("costly", 1.0)):
+        args = SimpleNamespace(max_draft=8, project="h100-8b", step_costs=step_report(tmp_path / f"{name}.json", extra),
+                               host_step="", prediction_w=64)
+        found[name] = replay(args, "ours_prediction", 4, answers, None, budget="h100-8b")
+        assert found[name]["method"] == "ours_prediction_budget_h100_8b"
+    cheap, costly = found["cheap"], found["costly"]
+    assert costly["prediction_tokens_per_step"] < 0.6 * cheap["prediction_tokens_per_step"]
+    assert cheap["tokens_per_step"] > costly["tokens_per_step"] > 2

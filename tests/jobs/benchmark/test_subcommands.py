@@ -110,3 +110,19 @@ def test_benchmark_compares_engines_side_by_side_on_the_same_prompts(tiny_model_
         assert all(r["tokens_per_second"] > 0 and r["tokens_per_call"] >= 1 for r in rows.values())
         assert all(r["identical_fraction"] == 1.0 for r in rows.values() if r["engine"] == "vllm")
         assert rows["vllm", "plain"]["tokens_per_call"] == 1.0 and rows["vllm", "plain"]["vs_plain"] == 1.0
+
+
+@pytest.mark.nightly  # vLLM started (about a minute): make test-nightly
+def test_edits_writes_a_series_runs_that_the_replay_drafts_from(tiny_model_dir, tmp_path, processes):
+    """edits --write-runs: plain vLLM's earlier run and an edited rerun as Parquet, the rows joined by
+    id; the replay gives each edited row its earlier output as prediction (ours_prediction)."""
+    runs = tmp_path / "runs"
+    processes.run([sys.executable, "-m", "jobs.benchmark", "edits", "--dataset", "corpus-rewrite-code", "--limit", "4",
+                   "--max-new-tokens", "8", "--batch", "4", "--edit", "line,field", "--write-runs", str(runs),
+                   "--model", str(tiny_model_dir), "--out", str(tmp_path / "edits.json")], cwd=REPO, env=environment(),
+                  timeout=600)
+    written = json.loads((tmp_path / "edits.json").read_text())
+    assert [(r["run"], r["rows"]) for r in written["runs"]] == [("earlier", 4), ("line", 4), ("field", 4)]
+    report = benchmark.main(["replay", str(runs / "line"), "--predictions", str(runs / "earlier"), "--batch", "2",
+                             "--methods", "ours_prediction,plain", "--project", "", "--out", str(tmp_path / "r.json")])
+    assert report["predicted_answers"] == 4 and {r["method"] for r in report["replay"]} == {"ours_prediction", "plain"}
