@@ -205,6 +205,7 @@ def run(args) -> dict:
         order = names[index % len(names):] + names[:index % len(names)]
         results = measure_cell(args, work / f"{kind}-b{batch}", prompts, kind, batch, order)
         rows += [{**row, "order": order.index(row["method"]) + 1} for row in cell_rows(kind, batch, results)]
+        (work / "runs.json").write_text(json.dumps(rows, indent=1) + "\n")  # the cells so far, should a later one fail
     return {"dataset": args.dataset, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "model": args.model,
             "cells": [f"{kind}:{batch}" for kind, batch in args.cells], "overrides": args.overrides,
             "workdir": str(work), "minutes": round((time.time() - started) / 60, 1), "runs": rows, "goals": goals(rows)}
