@@ -168,6 +168,7 @@ def cell_rows(kind: str, batch: int, results: dict[str, dict]) -> list[dict]:
         rows.append({"edit": kind, "batch": batch, "method": method, **{key: summary.get(key) for key in SUMMARY_FIELDS},
                      "identical_to_plain": f"{same}/{len(plain)}"})
     ours = next(row for row in rows if row["method"] == "ours")
+    ours["first_run"] = results["ours"].get("first_run")  # the series' first run, on the corpus before its edits
     for other in ("vllm_suffix", "plain"):
         row = next(row for row in rows if row["method"] == other)
         for key, short in (("tokens_per_second_after_startup", "speed"), ("mean_tokens_per_call", "calls")):
