@@ -14,6 +14,7 @@ SUBCOMMANDS = {
     "engines": "jobs.benchmark.engines",
     "sampling": "jobs.benchmark.sampling",
     "edits": "jobs.benchmark.edits",
+    "series-edits": "jobs.benchmark.series_edits",
     "restarts": "jobs.benchmark.restarts",
     "pipeline": "jobs.benchmark.pipeline_overhead",
     "feeding": "jobs.benchmark.feeding",

@@ -1,0 +1,53 @@
+"""series-edits' pure parts: its cells, the job's inputs and commands, and the table from summaries."""
+import sys
+
+import pytest
+
+from jobs.benchmark.datasets import Prompt
+from jobs.benchmark.edits import edit
+from jobs.benchmark.series_edits import cell_rows, cells, corpus_rows, goals, job_command, summary_path
+
+DOCUMENT = "Rewrite this.\n\n" + "".join(f"line {i} = {i}\n" for i in range(9))
+
+
+def test_cells_are_edit_kinds_and_batch_sizes_and_anything_else_is_refused():
+    assert cells("line:1, field:16,") == [("line", 1), ("field", 16)]
+    for bad in ("line", "word:1", "line:0", "line:x"):
+        with pytest.raises(ValueError, match="a cell is EDIT:B"):
+            cells(bad)
+
+
+def test_the_inputs_are_the_prompts_and_the_same_ids_edited():
+    prompts = [Prompt("a", DOCUMENT), Prompt("b", "short")]
+    assert corpus_rows(prompts) == [{"id": "a", "prompt": DOCUMENT}, {"id": "b", "prompt": "short"}]
+    edited = corpus_rows(prompts, "paragraph")
+    assert edited == [{"id": "a", "prompt": edit(DOCUMENT, "paragraph")}, {"id": "b", "prompt": "short"}]
+    assert edited[0]["prompt"] != DOCUMENT
+
+
+def test_a_run_is_the_job_as_a_user_types_it():
+    command = job_command("in.jsonl", "out", "edited", ["job.series=s", "engine.max_num_seqs=1"])
+    assert command == [sys.executable, "-m", "jobs.generate", "--input", "in.jsonl", "--output", "out",
+                       "--run-id", "edited", "--set", "job.series=s", "--set", "engine.max_num_seqs=1"]
+    assert summary_path("{...}\nParquet: d/*.parquet\nSummary: d/summary.json\n") == "d/summary.json"
+
+
+def summary(speed, calls, tokens, accepted=0):
+    return {"tokens_per_second_after_startup": speed, "mean_tokens_per_call": calls, "generated_tokens": 6,
+            "accepted_prediction_tokens": accepted, "rejected_prediction_tokens": 0, "tokens": tokens}
+
+
+def test_the_table_compares_ours_with_suffix_and_plain_and_the_goals_read_it():
+    plain = {"a": [1, 2, 3], "b": [4, 5, 6]}
+    results = {"ours": summary(30.0, 7.5, plain, accepted=5), "vllm_suffix": summary(20.0, 3.0, {"a": [1, 2, 3], "b": [4, 5]}),
+               "plain": summary(10.0, 1.0, plain)}
+    rows = {row["method"]: row for row in cell_rows("line", 1, results)}
+    assert [rows[m]["identical_to_plain"] for m in ("ours", "vllm_suffix", "plain")] == ["2/2", "1/2", "2/2"]
+    assert (rows["ours"]["speed_vs_vllm_suffix"], rows["ours"]["calls_vs_vllm_suffix"]) == (1.5, 2.5)
+    assert (rows["ours"]["speed_vs_plain"], rows["ours"]["calls_vs_plain"]) == (3.0, 7.5)
+    assert rows["ours"]["accepted_prediction_tokens"] == 5 and "speed_vs_plain" not in rows["plain"]
+    assert [(g["goal"], g["met"]) for g in goals(list(rows.values()))] == [
+        ("tokens/call vs vllm_suffix >= 2.5", True), ("tokens/s vs vllm_suffix >= 1.4", True)]
+    slower = {row["method"]: row for row in cell_rows("line", 16, {**results, "plain": summary(40.0, 1.0, plain)})}
+    assert [(g["goal"], g["met"]) for g in goals(list(slower.values()))] == [
+        ("tokens/s vs vllm_suffix >= 1.0", True), ("tokens/s vs plain >= 1.0", False)]
