@@ -395,6 +395,10 @@ def test_a_prediction_is_drafted_from_first_and_changes_no_token(engines, reques
     assert [r.token_ids for r in results] == reference
     from_prediction = sum(r.stats.strategy_accepted_tokens.get("prediction", 0) for r in results)
     assert from_prediction > 0.6 * sum(map(len, reference)), [r.stats.strategy_accepted_tokens for r in results]
+    # OpenAI's names for the same count, and the prediction's tokens drafted and not accepted.
+    assert sum(r.stats.accepted_prediction_tokens for r in results) == from_prediction
+    assert all(r.stats.rejected_prediction_tokens >= 0 for r in results)
+    assert sum(r.stats.rejected_prediction_tokens for r in results) > 0  # the inserted tokens were drafted past
     batches, plain, _ = sampled
     hot = [dataclasses.replace(r, prediction=tuple(ids)) for r, ids in zip(batches["sampled"], plain["sampled"])]
     results = ours.generate(hot)
