@@ -23,7 +23,7 @@ step over the running requests (the vLLM proposer's, and the replay's).
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -97,17 +97,22 @@ PRIOR_TOKENS, PRIOR_DIVERGENCES, OWN_PRIOR_TOKENS = 32.0, 1.0, 16.0
 
 @dataclass
 class Hold:
-    """How one request's prediction drafts fared: the tokens judged, and how many times the answer
-    left the prediction (a draft token rejected)."""
-    judged: int = 0
-    diverged: int = 0
+    """How one request's prediction drafts fared, apart where it was on its prediction (its last
+    prediction draft accepted whole: the next continues it) and where it was rejoining it (a fresh
+    match after the answer left): the tokens judged, and how many times the answer left the
+    prediction (a draft token rejected). A draft that rejoins holds far less often than one that
+    continues, and the first kind must not make the second short, nor the second the first long."""
+    judged: list[int] = field(default_factory=lambda: [0, 0])  # [rejoining, on track]
+    diverged: list[int] = field(default_factory=lambda: [0, 0])
+    on_track: bool = True  # an answer starts where its prediction starts
 
 
 class HoldRates:
-    """Divergences per judged prediction token, pooled over requests (the prior of each one's own)."""
+    """Divergences per judged prediction token, on track and rejoining apart, pooled over requests
+    (the prior of each one's own)."""
 
     def __init__(self):
-        self.judged, self.diverged = 0, 0
+        self.judged, self.diverged = [0, 0], [0, 0]
 
     def judge(self, hold: Hold, draft: Sequence[int], emitted: Sequence[int]) -> int:
         """A verified draft against what the request emitted from the same position (its accepted
@@ -115,15 +120,17 @@ class HoldRates:
         as far as the emitted tokens go."""
         accepted = next((i for i, (a, b) in enumerate(zip(draft, emitted)) if a != b), min(len(draft), len(emitted)))
         diverged = int(accepted < min(len(draft), len(emitted)))
-        hold.judged += accepted + diverged
-        hold.diverged += diverged
-        self.judged += accepted + diverged
-        self.diverged += diverged
+        kind = int(hold.on_track)
+        for counts in (hold, self):
+            counts.judged[kind] += accepted + diverged
+            counts.diverged[kind] += diverged
+        hold.on_track = not diverged
         return accepted
 
     def rate(self, hold: Hold) -> float:
-        pooled = (self.diverged + PRIOR_DIVERGENCES) / (self.judged + PRIOR_TOKENS)
-        return min((hold.diverged + OWN_PRIOR_TOKENS * pooled) / (hold.judged + OWN_PRIOR_TOKENS), 1.0)
+        kind = int(hold.on_track)
+        pooled = (self.diverged[kind] + PRIOR_DIVERGENCES) / (self.judged[kind] + PRIOR_TOKENS)
+        return min((hold.diverged[kind] + OWN_PRIOR_TOKENS * pooled) / (hold.judged[kind] + OWN_PRIOR_TOKENS), 1.0)
 
     def gains(self, hold: Hold, length: int) -> np.ndarray:
         """[length]: the probability that a draft's first j + 1 tokens are all accepted."""

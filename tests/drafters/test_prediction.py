@@ -53,8 +53,9 @@ def test_a_prediction_that_holds_earns_longer_drafts_than_one_that_leaves():
     for _ in range(10):
         assert rates.judge(holding, [1, 2, 3, 4], [1, 2, 3, 4, 9]) == 4  # every token held, and the bonus
         assert rates.judge(leaving, [1, 2, 3, 4], [1, 7]) == 1  # the answer left at the second token
-    assert (holding.judged, holding.diverged) == (40, 0)
-    assert (leaving.judged, leaving.diverged) == (20, 10)
+    assert (holding.judged, holding.diverged, holding.on_track) == ([0, 40], [0, 0], True)
+    # [rejoining, on track]: its first draft was on track, every later one rejoining after it left
+    assert (leaving.judged, leaving.diverged, leaving.on_track) == ([18, 2], [9, 1], False)
     assert rates.rate(holding) < rates.rate(leaving)
     gains = rates.gains(holding, 5)
     assert np.all(np.diff(gains) < 0) and gains[0] < 1
@@ -67,7 +68,7 @@ def test_a_prediction_that_holds_earns_longer_drafts_than_one_that_leaves():
 def test_a_draft_cut_short_by_the_engine_is_judged_as_far_as_it_went():
     rates, hold = HoldRates(), Hold()
     assert rates.judge(hold, [1, 2, 3, 4], [1, 2, 3]) == 3  # two tokens verified, the third the model's own
-    assert (hold.judged, hold.diverged) == (3, 0)
+    assert (hold.judged, hold.diverged) == ([0, 3], [0, 0])
 
 
 def test_a_free_token_is_always_kept_and_a_costly_one_only_when_likely():
@@ -143,3 +144,17 @@ def test_the_min_match_index_drafts_as_an_index_of_every_run_length():
         drafter, reference = PredictionDrafter(predicted, min_match, max_match, near=-1), EveryRunIndex(predicted, min_match, max_match)
         for length in range(len(answer) + 1):
             assert drafter.draft(answer[:length], 5) == reference.draft(answer[:length], 5)
+
+
+def test_a_draft_that_rejoins_is_judged_apart_from_one_that_continues():
+    rates, hold = HoldRates(), Hold()
+    for _ in range(20):  # continuing drafts hold; each rejoining one fails at once
+        hold.on_track = True
+        rates.judge(hold, [1, 2, 3, 4], [1, 2, 3, 4, 5])
+        hold.on_track = False
+        rates.judge(hold, [1, 2, 3, 4], [9])
+    hold.on_track = True
+    continuing = rates.gains(hold, 32)
+    hold.on_track = False
+    rejoining = rates.gains(hold, 32)
+    assert continuing[7] > 0.5 > rejoining[1]
