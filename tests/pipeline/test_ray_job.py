@@ -402,6 +402,7 @@ def test_the_job_and_the_processor_write_the_same_rows(local_ray, tiny_model_dir
     fixed k and w, so its statistics do not depend on the batches either (batch_suffix's would:
     it drafts from the other requests' outputs)."""
     from pipeline import llm
+    from pipeline.llm.schema import INFERENCE_ERROR
 
     rows = [{"id": f"p{i}", "prompt": f"Count from {i} to {i + 9}:"} for i in range(5)] + [{"id": "long", "prompt": "word " * 2000}]
     config = job_config(tiny_model_dir, tmp_path, f"input.path={write_jsonl(tmp_path / 'in.jsonl', rows)}",
@@ -433,7 +434,7 @@ def test_the_job_and_the_processor_write_the_same_rows(local_ray, tiny_model_dir
     for request_id in job:
         if request_id == "long":  # an error row either way, each naming the row its own way
             assert "no room to generate" in job["long"]["error"]
-            assert "no room to generate" in api["long"][llm.INFERENCE_ERROR]
+            assert "no room to generate" in api["long"][INFERENCE_ERROR]
             continue
         assert job[request_id]["generated_text"] == api[request_id]["generated_text"]
         assert {name: job[request_id][name] for name in shared} == {name: api[request_id][name] for name in shared}
