@@ -61,9 +61,10 @@ def extend_store(config: Config, paths: RunPaths) -> dict | None:
     root, runs_root = paths.store, paths.runs_root
     version = current_version(root)
     previous = Datastore.open(local_datastore(config, version)) if version else None
-    held = set(previous.meta["files"]) if previous else set()
-    files = sorted(set(output_files(runs_root)) - held)
-    documents = generated_tokens(runs_root, files, config.model.name)
+    inner = storage.resolve(runs_root)[1]
+    held = {under(path, inner) for path in previous.meta["files"]} if previous else set()
+    files = sorted({under(path, inner) for path in output_files(runs_root)} - held)
+    documents = generated_tokens(runs_root, [f"{inner}/{name}" for name in files], config.model.name)
     started = time.perf_counter()
     if documents:
         with tempfile.TemporaryDirectory() as staging:
@@ -75,9 +76,17 @@ def extend_store(config: Config, paths: RunPaths) -> dict | None:
         drop_old_versions(root, version.rsplit("/", 1)[1])
     if previous is None:
         return None
-    runs = {match.group(1) for match in map(RUN.search, previous.meta["files"]) if match}
+    runs = {match.group(1) for match in map(RUN.search, ("/" + name for name in previous.meta["files"])) if match}
     return {"path": version, "runs": len(runs), "documents": previous.meta["num_documents"],
             "tokens": previous.meta["num_tokens"], "extend_seconds": round(time.perf_counter() - started, 3)}
+
+
+def under(path: str, runs_root: str) -> str:
+    """A run's file as the store names it: its path under the series' runs root, so that a series
+    moved or copied elsewhere (another bucket, a renamed directory) finds its store holding its
+    files. (Stores written before named files by their whole path: those under this root are read
+    the same.)"""
+    return path[len(runs_root) + 1:] if path.startswith(runs_root.rstrip("/") + "/") else path
 
 
 def generated_tokens(runs_root: str, paths: list[str], model: str) -> list[list[int]]:

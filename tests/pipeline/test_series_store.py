@@ -1,6 +1,8 @@
 """A series' store of earlier outputs (pipeline/job/series_store.py), kept by the job after each run:
 built from the runs it does not hold, extended, versioned, and drafted from by default. No model
 and no Ray cluster: the store's task runs in-process."""
+import shutil
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -64,3 +66,18 @@ def test_the_store_holds_every_runs_generated_rows_once_and_is_extended_run_by_r
     assert with_series_store(own, store) == own
     no_drafts = load_config(overrides=[f"job.output={tmp_path / 'out'}", "job.series=nightly", "decoder.w=0"])
     assert with_series_store(no_drafts, store) == no_drafts
+
+
+def test_a_series_copied_elsewhere_finds_its_store_holding_its_files(tmp_path):
+    """The store names the runs' files by their path under the series: a series moved or copied to
+    another directory (or bucket) extends its store with new runs only, never its old ones again."""
+    config = load_config(overrides=[f"job.output={tmp_path / 'out'}", "job.series=nightly"])
+    write_run(tmp_path / "out" / "series=nightly", "r1", [([1, 2, 3], None), ([4, 5], None)])
+    assert extend(config, RunPaths.of(config, "unused"))["documents"] == 2
+    shutil.copytree(tmp_path / "out", tmp_path / "copy")
+    copied = load_config(overrides=[f"job.output={tmp_path / 'copy'}", "job.series=nightly"])
+    paths = RunPaths.of(copied, "unused")
+    write_run(tmp_path / "copy" / "series=nightly", "r2", [([6, 7], None)])
+    extended = extend(copied, paths)
+    assert (extended["runs"], extended["documents"]) == (2, 3)
+    assert sorted(documents(Datastore.open(extended["path"]))) == [[1, 2, 3], [4, 5], [6, 7]]
