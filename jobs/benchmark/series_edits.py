@@ -15,7 +15,11 @@ of jobs/benchmark/edits.py's `edit`, and B):
 3. fresh runs (no series, output directories of their own) of plain vLLM (`decoder.drafter=none`)
    and vLLM's suffix decoding (`decoder.drafter=vllm_suffix`, arctic-inference) on the edited corpus at B.
 
-The three runs of steps 2-3 are sequential, in an order rotated by one from each cell to the
+`--ours NAME:SECTION.KEY=VALUE[,...]` adds a run of ours with other settings (method `ours:NAME`),
+on a copy of the series as its first run left it: settings of ours compared side by side, each
+drafting from the same last outputs and store.
+
+The runs of steps 2-3 are sequential, in an order rotated by one from each cell to the
 next, so that the machine's drift falls on each method alike. B is `engine.max_num_seqs`, one
 actor (ray.*'s defaults: 1 actor of 0.5 CPUs, batches of ray.batch_size rows). Each run's
 summary.json gives tokens/s after start-up, mean tokens per call, generated tokens and the
@@ -65,8 +69,21 @@ def add_cli_args(parser) -> None:
                              "engine.max_num_seqs of each measurement")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="a job setting for every run (as python -m jobs.generate --set)")
+    parser.add_argument("--ours", dest="variants", type=variant, action="append", default=[],
+                        metavar="NAME:SECTION.KEY=VALUE[,...]",
+                        help="another run of ours with these settings (method ours:NAME), on a copy of the series "
+                             "after its first run; repeatable")
     parser.add_argument("--workdir", default="", help="where the inputs, outputs and logs go (default: a new temporary directory)")
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one job run may take")
+
+
+def variant(text: str) -> tuple[str, list[str]]:
+    """`long:engine.prediction_w=128` -> ("ours:long", ["engine.prediction_w=128"])."""
+    name, _, settings = text.partition(":")
+    overrides = [part.strip() for part in settings.split(",") if part.strip()]
+    if not name.isidentifier() or not overrides or not all("=" in part for part in overrides):
+        raise ValueError(f"{text!r}: an ours variant is NAME:SECTION.KEY=VALUE[,SECTION.KEY=VALUE...]")
+    return f"ours:{name}", overrides
 
 
 def corpus_rows(prompts, kind: str | None = None) -> list[dict]:
@@ -131,8 +148,9 @@ def generated_by_id(run_dir: str) -> dict[str, list[int]]:
 
 
 def measure_cell(args, work: Path, prompts, kind: str, batch: int, order: list[str]) -> dict[str, dict]:
-    """One cell: the series' first run, then `order`'s runs on the edited corpus; each method's
-    summary (with `tokens`: its rows' generated tokens by id)."""
+    """One cell: the series' first run, then `order`'s runs on the edited corpus (ours and each
+    variant of ours on a series of its own, copied from the first run's); each method's summary
+    (with `tokens`: its rows' generated tokens by id)."""
     base = ["engine.name=vllm", f"model.name={json.dumps(args.model)}",
             f"decoder.max_new_tokens={args.max_new_tokens}", *args.overrides]
     name = f"{kind}-b{batch}"
@@ -143,18 +161,25 @@ def measure_cell(args, work: Path, prompts, kind: str, batch: int, order: list[s
     print(f"[{name}] the series' first run (B = {largest})", flush=True)
     first = run_job(job_command(original, work / "series", "first", [*base, *series, f"engine.max_num_seqs={largest}"]),
                      work / "logs" / f"{name}-first", args.timeout)
+    variants = dict(args.variants)
+    for method in variants:
+        shutil.copytree(work / "series", work / series_directory(method))
     results = {}
     for method in order:
         print(f"[{name}] {method}", flush=True)
-        at_b = [*base, *METHODS[method], f"engine.max_num_seqs={batch}"]
-        if method == "ours":
-            command = job_command(edited, work / "series", "edited", [*at_b, *series])
+        at_b = [*base, *METHODS.get(method, variants.get(method, [])), f"engine.max_num_seqs={batch}"]
+        if method.startswith("ours"):
+            command = job_command(edited, work / series_directory(method), "edited", [*at_b, *series])
         else:
             command = job_command(edited, work / f"fresh-{method}-{name}", "edited", at_b)
         summary = run_job(command, work / "logs" / f"{name}-{method}", args.timeout)
         results[method] = {**summary, "tokens": generated_by_id(summary["run_dir"])}
     results["ours"]["first_run"] = {key: first.get(key) for key in SUMMARY_FIELDS}
     return results
+
+
+def series_directory(method: str) -> str:
+    return "series" if method == "ours" else f"series-{method.split(':', 1)[1]}"
 
 
 def cell_rows(kind: str, batch: int, results: dict[str, dict]) -> list[dict]:
@@ -167,12 +192,12 @@ def cell_rows(kind: str, batch: int, results: dict[str, dict]) -> list[dict]:
         same = sum(1 for key, ids in tokens.items() if key in plain and list(ids or []) == list(plain[key] or []))
         rows.append({"edit": kind, "batch": batch, "method": method, **{key: summary.get(key) for key in SUMMARY_FIELDS},
                      "identical_to_plain": f"{same}/{len(plain)}"})
-    ours = next(row for row in rows if row["method"] == "ours")
-    ours["first_run"] = results["ours"].get("first_run")  # the series' first run, on the corpus before its edits
-    for other in ("vllm_suffix", "plain"):
-        row = next(row for row in rows if row["method"] == other)
-        for key, short in (("tokens_per_second_after_startup", "speed"), ("mean_tokens_per_call", "calls")):
-            ours[f"{short}_vs_{other}"] = ratio(ours[key], row[key])
+    next(row for row in rows if row["method"] == "ours")["first_run"] = results["ours"].get("first_run")
+    for ours in (row for row in rows if row["method"].startswith("ours")):
+        for other in ("vllm_suffix", "plain"):
+            row = next(row for row in rows if row["method"] == other)
+            for key, short in (("tokens_per_second_after_startup", "speed"), ("mean_tokens_per_call", "calls")):
+                ours[f"{short}_vs_{other}"] = ratio(ours[key], row[key])
     return rows
 
 
@@ -181,17 +206,17 @@ def ratio(numerator, denominator) -> float | None:
 
 
 def goals(rows: list[dict]) -> list[dict]:
-    """Issue 64's goals against ours' rows: at B = 1, tokens per call >= 2.5x vllm_suffix's and
-    tokens/s >= 1.4x; at B > 1 tokens/s not below vllm_suffix's or plain's."""
+    """Issue 64's goals against ours' rows (and each variant's): at B = 1, tokens per call >= 2.5x
+    vllm_suffix's and tokens/s >= 1.4x; at B > 1 tokens/s not below vllm_suffix's or plain's."""
     found = []
-    for row in (r for r in rows if r["method"] == "ours"):
+    for row in (r for r in rows if r["method"].startswith("ours")):
         if row["batch"] == 1:
             wanted = [("tokens/call vs vllm_suffix", row.get("calls_vs_vllm_suffix"), GOAL_CALLS_B1),
                       ("tokens/s vs vllm_suffix", row.get("speed_vs_vllm_suffix"), GOAL_SPEED_B1)]
         else:
             wanted = [("tokens/s vs vllm_suffix", row.get("speed_vs_vllm_suffix"), 1.0),
                       ("tokens/s vs plain", row.get("speed_vs_plain"), 1.0)]
-        found += [{"edit": row["edit"], "batch": row["batch"], "goal": f"{what} >= {target}", "measured": value,
+        found += [{"edit": row["edit"], "batch": row["batch"], "method": row["method"], "goal": f"{what} >= {target}", "measured": value,
                    "met": value is not None and value >= target} for what, value, target in wanted]
     return found
 
@@ -201,7 +226,7 @@ def run(args) -> dict:
 
     work = Path(args.workdir or tempfile.mkdtemp(prefix="series-edits-"))
     prompts = load_prompts(args.dataset, args.limit)
-    names, rows, started = list(METHODS), [], time.time()
+    names, rows, started = [*METHODS, *dict(args.variants)], [], time.time()
     for index, (kind, batch) in enumerate(args.cells):
         order = names[index % len(names):] + names[:index % len(names)]
         results = measure_cell(args, work / f"{kind}-b{batch}", prompts, kind, batch, order)
@@ -209,6 +234,7 @@ def run(args) -> dict:
         (work / "runs.json").write_text(json.dumps(rows, indent=1) + "\n")  # the cells so far, should a later one fail
     return {"dataset": args.dataset, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "model": args.model,
             "cells": [f"{kind}:{batch}" for kind, batch in args.cells], "overrides": args.overrides,
+            "variants": dict(args.variants),
             "workdir": str(work), "minutes": round((time.time() - started) / 60, 1), "runs": rows, "goals": goals(rows)}
 
 
@@ -220,4 +246,4 @@ def markdown(report: dict) -> str:
         "speed_vs_vllm_suffix": "tokens/s vs suffix", "speed_vs_plain": "tokens/s vs plain",
         "calls_vs_vllm_suffix": "tokens/call vs suffix", "calls_vs_plain": "tokens/call vs plain",
         "seconds_to_first_batch": "start s"})
-    return runs + "\n\n" + markdown_table(report["goals"], ["edit", "batch", "goal", "measured", "met"])
+    return runs + "\n\n" + markdown_table(report["goals"], ["edit", "batch", "method", "goal", "measured", "met"])

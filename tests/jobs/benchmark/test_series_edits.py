@@ -5,7 +5,8 @@ import pytest
 
 from jobs.benchmark.datasets import Prompt
 from jobs.benchmark.edits import edit
-from jobs.benchmark.series_edits import cell_rows, cells, corpus_rows, goals, job_command, summary_path
+from jobs.benchmark.series_edits import (cell_rows, cells, corpus_rows, goals, job_command, series_directory,
+                                         summary_path, variant)
 
 DOCUMENT = "Rewrite this.\n\n" + "".join(f"line {i} = {i}\n" for i in range(9))
 
@@ -51,3 +52,19 @@ def test_the_table_compares_ours_with_suffix_and_plain_and_the_goals_read_it():
     slower = {row["method"]: row for row in cell_rows("line", 16, {**results, "plain": summary(40.0, 1.0, plain)})}
     assert [(g["goal"], g["met"]) for g in goals(list(slower.values()))] == [
         ("tokens/s vs vllm_suffix >= 1.0", True), ("tokens/s vs plain >= 1.0", False)]
+
+
+def test_a_variant_of_ours_is_named_compared_and_runs_on_a_series_of_its_own():
+    assert variant("long:engine.prediction_w=128, decoder.w=8") == ("ours:long", ["engine.prediction_w=128", "decoder.w=8"])
+    for bad in ("long", "long:", "2x:engine.w=1", "long:engine.prediction_w"):
+        with pytest.raises(ValueError, match="an ours variant is NAME:"):
+            variant(bad)
+    assert (series_directory("ours"), series_directory("ours:long")) == ("series", "series-long")
+    plain = {"a": [1, 2, 3]}
+    results = {"ours": summary(30.0, 6.0, plain), "ours:long": summary(20.0, 9.0, plain),
+               "vllm_suffix": summary(20.0, 3.0, plain), "plain": summary(10.0, 1.0, plain)}
+    rows = {row["method"]: row for row in cell_rows("line", 1, results)}
+    assert (rows["ours:long"]["speed_vs_vllm_suffix"], rows["ours:long"]["calls_vs_vllm_suffix"]) == (1.0, 3.0)
+    assert "first_run" in rows["ours"] and "first_run" not in rows["ours:long"]
+    assert [(g["method"], g["met"]) for g in goals(list(rows.values()))] == [
+        ("ours", False), ("ours", True), ("ours:long", True), ("ours:long", False)]
