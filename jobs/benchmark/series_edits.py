@@ -47,7 +47,7 @@ KINDS = ("line", "field", "paragraph")
 GOAL_CALLS_B1, GOAL_SPEED_B1 = 2.5, 1.4
 SUMMARY_FIELDS = ("tokens_per_second_after_startup", "mean_tokens_per_call", "generated_tokens",
                   "accepted_prediction_tokens", "rejected_prediction_tokens", "rows", "errored_rows",
-                  "changed_rows", "seconds_to_first_batch", "wall_seconds")
+                  "changed_rows", "seconds_to_first_batch", "wall_seconds", "engine_step_cost")
 
 
 def cells(text: str) -> list[tuple[str, int]]:
@@ -191,6 +191,7 @@ def cell_rows(kind: str, batch: int, results: dict[str, dict]) -> list[dict]:
         tokens = summary["tokens"]
         same = sum(1 for key, ids in tokens.items() if key in plain and list(ids or []) == list(plain[key] or []))
         rows.append({"edit": kind, "batch": batch, "method": method, **{key: summary.get(key) for key in SUMMARY_FIELDS},
+                     "fed_token_share": (summary.get("engine_step_cost") or {}).get("fed_token_share"),
                      "identical_to_plain": f"{same}/{len(plain)}"})
     next(row for row in rows if row["method"] == "ours")["first_run"] = results["ours"].get("first_run")
     for ours in (row for row in rows if row["method"].startswith("ours")):
@@ -243,6 +244,7 @@ def markdown(report: dict) -> str:
         "edit": "edit", "batch": "B", "method": "method", "order": "ran", "tokens_per_second_after_startup": "tokens/s",
         "mean_tokens_per_call": "tokens/call", "generated_tokens": "tokens", "accepted_prediction_tokens": "prediction accepted",
         "rejected_prediction_tokens": "rejected", "identical_to_plain": "rows = plain's",
+        "fed_token_share": "fed token / step",
         "speed_vs_vllm_suffix": "tokens/s vs suffix", "speed_vs_plain": "tokens/s vs plain",
         "calls_vs_vllm_suffix": "tokens/call vs suffix", "calls_vs_plain": "tokens/call vs plain",
         "seconds_to_first_batch": "start s"})

@@ -136,6 +136,9 @@ class EngineSteps:
     drain_steps: int = 0  # steps since the last admission
     drain_running: int = 0
     drain_seconds: float = 0.0  # from the last admission to the last request's end
+    # What the draft budget measured a step to cost: (a, b), a step feeding n tokens taking a + b n
+    # seconds (drafters/budget.py StepCostFit); None where no budget measured one.
+    step_cost: tuple[float, float] | None = None
 
 
 def engine_summary(engines: Sequence[EngineSteps]) -> dict:
@@ -145,7 +148,17 @@ def engine_summary(engines: Sequence[EngineSteps]) -> dict:
     return {"engine_occupancy": round(sum(e.running for e in engines) / slot_steps, 4) if slot_steps else None,
             "engine_steps": sum(e.steps + e.drain_steps for e in engines) if engines else None,
             "engine_idle_seconds": round(sum(e.idle_seconds for e in engines), 3) if engines else None,
-            "engine_drain_seconds": round(sum(e.drain_seconds for e in engines), 3) if engines else None}
+            "engine_drain_seconds": round(sum(e.drain_seconds for e in engines), 3) if engines else None,
+            "engine_step_cost": step_cost([e.step_cost for e in engines if e.step_cost is not None])}
+
+
+def step_cost(fits: list[tuple[float, float]]) -> dict | None:
+    """The engines' measured step costs, averaged: a step's seconds whatever it feeds, the seconds
+    per token it feeds, and their ratio (what a verified draft token costs, in steps)."""
+    if not fits:
+        return None
+    a, b = (sum(values) / len(fits) for values in zip(*fits))
+    return {"seconds": round(a, 5), "seconds_per_fed_token": round(b, 6), "fed_token_share": round(b / a, 4)}
 
 
 class Engine(Protocol):

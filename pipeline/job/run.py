@@ -133,6 +133,9 @@ class RunSummary:
     engine_steps: int | None
     engine_idle_seconds: float | None
     engine_drain_seconds: float | None
+    # The step cost our proposer's draft budget measured, averaged over the engines: a step's
+    # seconds, the seconds per token it feeds and their ratio (pipeline/engines/base.py step_cost).
+    engine_step_cost: dict | None
     engine_series: list
     actor_peak_rss_mb: float | None  # the largest actor process's peak resident memory
     engine_restarts: dict  # engines that failed inside a live actor and were built again (or their actor restarted)
@@ -163,7 +166,7 @@ class RunSummary:
             tokens_per_second=ratio(generated, wall, 3), tokens_per_second_after_startup=ratio(generated, generating, 3),
             rows_per_second_after_startup=ratio(this_time["rows"], generating, 3), actor_nodes=this_time["nodes"],
             **{name: this_time[name] for name in ("engine_occupancy", "engine_steps", "engine_idle_seconds",
-                                                  "engine_drain_seconds", "engine_series", "actor_peak_rss_mb",
+                                                  "engine_drain_seconds", "engine_step_cost", "engine_series", "actor_peak_rss_mb",
                                                   "engine_restarts")},
             driver_peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             settings={section: asdict(getattr(plan.drafting, section))

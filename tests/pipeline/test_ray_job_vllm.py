@@ -60,6 +60,8 @@ def test_the_job_on_vllm_returns_every_row_once_with_statistics_and_keeps_the_en
     series = summary["engine_series"]
     assert len(series) == 16 and all(0 < occupancy <= 1 for _, occupancy in series if occupancy is not None)
     assert summary["engine_steps"] > 0 and summary["engine_drain_seconds"] > 0
+    cost = summary["engine_step_cost"]  # what the proposer's budget measured a step to cost
+    assert cost["seconds"] > 0 and cost["seconds_per_fed_token"] > 0 and cost["fed_token_share"] > 0, cost
     assert json.loads((tmp_path / "out" / "run=v" / "summary.json").read_text())["settings"]["engine"]["name"] == "vllm"
 
 

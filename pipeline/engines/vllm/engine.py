@@ -55,6 +55,7 @@ from pipeline.engines.vllm.proposer import (
     Proposal,
     Tracked,
     attach_drafter,
+    measured_step_cost,
     take_tracked,
 )
 from pipeline.config.model_loading import dtype_name, load_tokenizer
@@ -271,7 +272,19 @@ class VllmEngine:
                 "verify": "batch", "lenience": 1.0}
 
     def steps(self) -> EngineSteps:
-        return self.feeder.steps() if self.feeder is not None else EngineSteps()
+        if self.feeder is None:
+            return EngineSteps()
+        return dataclasses.replace(self.feeder.steps(), step_cost=self.measured_step_cost())
+
+    def measured_step_cost(self) -> tuple[float, float] | None:
+        """What our proposer's budget has measured a step to cost (a, b); None without our proposer
+        or with an engine that has failed (its steps are reported without it)."""
+        if not self.ours:
+            return None
+        try:
+            return self.collective_rpc(measured_step_cost)[0]
+        except Exception:  # noqa: BLE001 - a failed engine's steps are still reported
+            return None
 
     def close(self) -> None:
         """Stops the engine thread, which shuts the engine down (its worker processes with it), and

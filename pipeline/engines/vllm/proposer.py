@@ -282,5 +282,14 @@ def attach_drafter(worker, drafter: BatchDrafter | None, w: int, adaptive: bool,
     proposer_of(runner).configure(runner, drafter, w, adaptive, draft_sampled, prediction_w)
 
 
+def measured_step_cost(worker) -> tuple[float, float] | None:
+    """(a, b) of the step cost the proposer's budget has measured (StepCostFit), None before a step."""
+    proposer = proposer_of(model_runner(worker))
+    if proposer.costs.sums[0] < 1:
+        return None
+    cost = proposer.costs.cost()
+    return cost.a, cost.b
+
+
 def take_tracked(worker, outputs: dict[str, list[int]]) -> dict[str, Tracked]:
     return proposer_of(model_runner(worker)).take(outputs)
