@@ -34,8 +34,8 @@ from pipeline.engines.base import Failed, Request
 OURS = "batch_suffix:1:auto"  # the default drafter, as the engines subcommand names it
 PREDICTED = "batch_suffix:1:auto+prediction"
 HISTORY = "batch_suffix:1:auto+series store"
-LONG = "batch_suffix:1:auto, prediction_w=128"  # vLLM started for prediction drafts of 128 tokens (a GPU actor's auto)
-LONG_PREDICTED = "batch_suffix:1:auto+prediction, prediction_w=128"
+SHORT = "batch_suffix:1:auto, prediction_w=0"  # predictions draft at most decoder.w tokens, as the drafter
+SHORT_PREDICTED = "batch_suffix:1:auto+prediction, prediction_w=0"
 
 
 def add_cli_args(parser) -> None:
@@ -46,9 +46,9 @@ def add_cli_args(parser) -> None:
     parser.add_argument("--edit", type=edit_kinds, default=["line"],
                         help=f"what each document's edit touches: one of {', '.join(EDITS)} (with --write-runs, "
                              "several, comma-separated)")
-    parser.add_argument("--long-drafts", action="store_true",
-                        help="also ours on an engine started with engine.prediction_w=128 (auto on a GPU; on a CPU "
-                             "predictions draft at most decoder.w tokens), with and without the last outputs")
+    parser.add_argument("--short-drafts", action="store_true",
+                        help="also ours on an engine started with engine.prediction_w=0 (predictions draft at most "
+                             "decoder.w tokens), with and without the last outputs")
     parser.add_argument("--new-rows", action="store_true",
                         help="also generate `--limit` new documents with and without the store of the earlier run")
     parser.add_argument("--write-runs", default="", metavar="DIR",
@@ -120,9 +120,9 @@ def run(args) -> dict:
     engines = {name: engine for (method, _), engine in build_engines(base, list(methods.values()), args.batch).items()
                for name in [method.name]}
     engines[PREDICTED] = engines[OURS]
-    if args.long_drafts:
-        long = next(iter(build_engines([*base, "engine.prediction_w=128"], [methods[OURS]], args.batch).values()))
-        engines[LONG], engines[LONG_PREDICTED] = long, long
+    if args.short_drafts:
+        short = next(iter(build_engines([*base, "engine.prediction_w=0"], [methods[OURS]], args.batch).values()))
+        engines[SHORT], engines[SHORT_PREDICTED] = short, short
     everything = load_prompts(args.dataset, 2 * args.limit if args.new_rows else args.limit)
     prompts, new_prompts = everything[:args.limit], everything[args.limit:]
     tokenizer = engines["plain"].tokenizer
@@ -132,7 +132,7 @@ def run(args) -> dict:
     edited = [Request(p.request_id, encode_prompt(tokenizer, edit(p.prompt, kind), p.request_id), args.max_new_tokens)
               for p in prompts]
     requests = {name: edited for name in engines}
-    for name in (PREDICTED, LONG_PREDICTED):
+    for name in (PREDICTED, SHORT_PREDICTED):
         requests[name] = [Request(r.request_id, r.prompt_ids, r.max_new_tokens, prediction=tuple(ids))
                           for r, ids in zip(edited, last)]
     # Each batch size on its own prompts: the suffix methods remember what they have generated.

@@ -76,10 +76,11 @@ class EngineConfig:
     # last output): where a prediction holds, a step verifies up to this many of its tokens, the
     # step budget (w: auto) cutting them to what pays for itself at the measured step cost. vLLM fixes
     # its longest draft (num_speculative_tokens) at start: the larger of this and decoder.w where
-    # the job drafts from predictions. 0: predictions draft at most decoder.w tokens, as the drafter.
-    # "auto": 128 on GPU actors (a verified token costs a step little), 0 on a CPU (each costs
-    # nearly a generated one: docs/benchmarks.md, "Predicted outputs through the job").
-    prediction_w: int | Literal["auto"] = "auto"
+    # our drafter runs. 0: predictions draft at most decoder.w tokens, as the drafter. 128 on every
+    # device: through the job on a CPU, where a verified token costs ~0.03 of a step, 128 beat 16 on
+    # every edit measured, and on an H100 step by the replay (docs/benchmarks.md, "Predicted outputs
+    # through the job"); a step that verifies 128 holding tokens is already ~100 plain steps' worth.
+    prediction_w: int = 128
     # vLLM: any other of vLLM's engine arguments (vllm.engine.arg_utils.EngineArgs: quantization,
     # kv_cache_dtype, enable_prefix_caching, ...), given to vLLM as they are; checked against
     # EngineArgs when the job starts (the transformers engine refuses them). Those set above, or by
@@ -95,8 +96,8 @@ class EngineConfig:
     restart_window_s: float = 3600.0
 
     def __post_init__(self):
-        _require(self.prediction_w == "auto" or self.prediction_w >= 0, "engine.prediction_w",
-                 "an integer >= 0 (0: predictions draft at most decoder.w) or auto")
+        _require(isinstance(self.prediction_w, int) and self.prediction_w >= 0, "engine.prediction_w",
+                 "an integer >= 0 (0: predictions draft at most decoder.w)")
         _require(self.hang_timeout_s >= 0, "engine.hang_timeout_s", "a number of seconds >= 0 (0: no limit)")
         _require(self.max_restarts >= 0, "engine.max_restarts", "an integer >= 0 (0: a failed engine stops the job)")
         _require(self.restart_window_s > 0, "engine.restart_window_s", "a number of seconds > 0")

@@ -105,20 +105,6 @@ def cpu_binding(config: Config) -> str:
     return "|".join(",".join(map(str, cores[rank * share:(rank + 1) * share])) for rank in range(ranks))
 
 
-# engine.prediction_w auto on GPU actors. The replay of a series' edited rows on an H100 step
-# (docs/benchmarks.md, "Predicted outputs at full length"): 2.33x plain async at 16 sequences, against
-# 2.27x with drafts of decoder.w (16); through the job on a CPU long drafts lost (their tokens cost).
-GPU_PREDICTION_W = 128
-
-
-def prediction_w(config: Config) -> int:
-    """engine.prediction_w, `auto` resolved by where the engine runs (GPU_PREDICTION_W on GPU actors, else 0)."""
-    value = config.engine.prediction_w
-    if value == "auto":
-        return GPU_PREDICTION_W if config.ray.num_gpus_per_actor > 0 else 0
-    return value
-
-
 def max_num_seqs(config: Config) -> int | None:
     """engine.max_num_seqs, or for 0: vLLM's own default on a GPU (None), CPU_MAX_NUM_SEQS on a CPU."""
     import torch
@@ -186,8 +172,8 @@ class VllmEngine:
         # Ours run as vLLM's proposer; vLLM's own methods (vllm_ngram, vllm_suffix) run as vLLM has them.
         self.ours = self.drafts and decoder.drafter not in VLLM_METHODS
         # vLLM's num_speculative_tokens, fixed from the start: ours draft from the rows' predictions
-        # too, up to engine.prediction_w tokens (settings.py drafts_from_predictions).
-        self.max_w = max(decoder.w, prediction_w(config)) if self.ours else decoder.w
+        # too, up to engine.prediction_w tokens (pipeline/engines/build.py drafts_from_predictions).
+        self.max_w = max(decoder.w, config.engine.prediction_w) if self.ours else decoder.w
         self.tokenizer = load_tokenizer(model_dir, config.model)
         self.sampling = vllm_sampling()
         self.adapters: dict = {}  # LoRA adapter -> its LoRARequest (vLLM's ids count from 1)
@@ -245,7 +231,7 @@ class VllmEngine:
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         drafter = make_batch_drafter(decoder, tables or DrafterTables(), pad, len(self.tokenizer),
                                      self.feeder.llm.llm_engine.model_config.get_vocab_size())
-        longest = min(max(decoder.w, prediction_w(self.config)), self.max_w)
+        longest = min(max(decoder.w, self.config.engine.prediction_w), self.max_w)
         self.collective_rpc(attach_drafter, (drafter, decoder.w, decoder.auto_w, self.exact_sampling, longest))
         self.config = dataclasses.replace(self.config, decoder=decoder)
 
