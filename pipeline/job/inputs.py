@@ -20,7 +20,7 @@ import ray
 from ray.data.datasource import FileBasedDatasource
 
 from pipeline.llm import storage
-from pipeline.llm.actor_pool import JobFailed
+from pipeline.llm.errors import JobFailed
 from pipeline.config import InputConfig
 from pipeline.config.package_data import BUILTIN_DATASETS, builtin_prompts
 from pipeline.llm.row_values import rows_table
@@ -174,3 +174,17 @@ def check_columns(dataset: ray.data.Dataset, source: InputConfig) -> None:
                              source.prompt_column or source.messages_column)):
         if column not in names:
             raise JobFailed(f"{setting}: the input has no column {column!r}; its columns are {names}")
+
+
+def with_columns(block, names: list[str]):
+    """`block` (as read: pandas or Arrow) with exactly the columns `names`, null where it has none
+    (a block of bad lines has none of the settings; a good one no BAD_INPUT)."""
+    if isinstance(block, pa.Table):
+        for name in names:
+            if name not in block.column_names:
+                block = block.append_column(name, pa.nulls(len(block)))
+        return block.select(names)
+    for name in names:
+        if name not in block.columns:
+            block[name] = None
+    return block[names]

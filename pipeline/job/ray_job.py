@@ -41,11 +41,11 @@ from pipeline.config import Config
 from pipeline.job import rows as job_rows, series, series_store
 from pipeline.llm.checkpoint import checkpoint_config as ids_checkpoint
 from pipeline.llm import Processor
-from pipeline.job.inputs import check_columns, read_input
+from pipeline.job.inputs import check_columns, read_input, with_columns
 from pipeline.job.output_files import parquet_files, set_aside_unreadable, whole_files
 from pipeline.llm.progress import RunProgress, empty_totals
 from pipeline.job.run import Reading, RunPaths, RunPlan, RunSummary
-from pipeline.llm.schema import BAD_INPUT
+from pipeline.job.block_counts import SUMS, block_totals, count_block
 
 # Small and fractional on purpose, for every operator beside the actors (a column selection too):
 # Ray Data's default is a whole CPU, which a node whose actors hold part of its CPUs never has
@@ -95,15 +95,6 @@ def checkpoint_config(config: Config, paths: RunPaths, fingerprint: str) -> Chec
         return ids_checkpoint("fingerprint", paths.checkpoints, config.input.id_column,
                               series.fingerprint_filter(config, fingerprint))
     return ids_checkpoint("id", paths.checkpoints, config.input.id_column)
-
-
-def count_block(table, checkpoint: CheckpointConfig | None, ids: list | None) -> dict:
-    """One input block's rows, those whose id is not checkpointed, and its bad lines with the first
-    one's message (a one-row batch)."""
-    kept = len(table) if checkpoint is None else len(
-        checkpoint.checkpoint_filter_cls(checkpoint, ids[0]).filter_rows_for_block(table))
-    bad = [message for message in table[BAD_INPUT].to_pylist() if message] if BAD_INPUT in table.column_names else []
-    return {"rows": [len(table)], "new": [kept], "bad": [len(bad)], "first_bad": [bad[0] if bad else None]}
 
 
 def count_input(plan: RunPlan, dataset: ray.data.Dataset) -> tuple[int, int]:
@@ -176,7 +167,7 @@ def read_plan(plan: RunPlan) -> tuple[ray.data.Dataset, Reading]:
     input_rows, new_rows = count_input(plan, dataset)
     rows_read = min(input_rows, config.input.limit) if config.input.limit else input_rows
     # The columns read (a null one where a block has none): the native block, as read.
-    dataset = dataset.map_batches(job_rows.with_columns, fn_kwargs={"names": columns}, batch_format=None,
+    dataset = dataset.map_batches(with_columns, fn_kwargs={"names": columns}, batch_format=None,
                                   batch_size=None, num_cpus=IO_CPUS)
     if config.input.limit:
         dataset = dataset.limit(config.input.limit)
@@ -218,22 +209,6 @@ def generate_and_write(config: Config, run_id: str) -> dict:
     if config.job.series:  # the next run drafts from this one's outputs too
         store = ray.get(series_store.extend_store.options(num_cpus=IO_CPUS).remote(config, paths))
     return summary_of(plan, reading, this_time, time.perf_counter() - started, first_batch, store)
-
-
-SUMS = {"generated_tokens": "num_generated_tokens", "target_calls": "num_target_calls",
-        "forward_calls": "forward_call_share", "checked_draft_tokens": "num_checked_draft_tokens",
-        "acceptance_probability_sum": "sum_acceptance_probability",
-        "accepted_prediction_tokens": "accepted_prediction_tokens", "rejected_prediction_tokens": "rejected_prediction_tokens"}
-
-
-def block_totals(table) -> dict:
-    """One block's rows, errored rows and sums (a one-row batch)."""
-    import pyarrow.compute as pc
-
-    row = {"rows": [table.num_rows], "errored_rows": [table.num_rows - table.column("error").null_count],
-           "changed_rows": [pc.sum(table.column("changed").cast("int64")).as_py() or 0]}
-    row.update({name: [pc.sum(table.column(column)).as_py() or 0] for name, column in SUMS.items()})
-    return row
 
 
 def run_totals(output: str) -> dict:

@@ -44,20 +44,6 @@ def input_columns(config: Config, names: list[str]) -> list[str]:
                                *(name for name in (*ROW_SETTINGS, "prediction") if name in names), BAD_INPUT]))
 
 
-def with_columns(block, names: list[str]):
-    """`block` (as read: pandas or Arrow) with exactly the columns `names`, null where it has none
-    (a block of bad lines has none of the settings; a good one no BAD_INPUT)."""
-    if isinstance(block, pa.Table):
-        for name in names:
-            if name not in block.column_names:
-                block = block.append_column(name, pa.nulls(len(block)))
-        return block.select(names)
-    for name in names:
-        if name not in block.columns:
-            block[name] = None
-    return block[names]
-
-
 def request_row(config: Config, settings: str | None = None) -> Callable[[dict], dict]:
     """The preprocess: a job row -> the processor's columns (id, messages or prompt, sampling_params);
     `settings`: the settings' fingerprint, where the caller has it (the run's plan)."""

@@ -14,12 +14,8 @@ from pipeline.config.drafter_registry import drafter_tables, needs_datastore
 from pipeline.config import Config
 from pipeline.engines.build import ModelRefused, check_engine_can_run, concurrent_batches
 from pipeline.llm import storage
+from pipeline.llm.errors import JobFailed  # noqa: F401 - raised here, and imported from here by callers
 from pipeline.config.model_loading import cache_root, resolve_model_dir
-
-
-class JobFailed(RuntimeError):
-    """The job or processor stopped on purpose (a model the engine cannot run, no node for an actor,
-    too many errored rows, unusable input); the message says why."""
 
 
 def local_datastore(config: Config, path: str) -> str:
