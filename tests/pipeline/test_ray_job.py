@@ -168,8 +168,10 @@ def test_missing_column_fails_at_start_naming_it(local_ray, tiny_model_dir, tmp_
 
 
 def test_a_model_the_engine_cannot_run_fails_the_job_at_start(local_ray, tiny_gemma3_dir, tmp_path):
+    # Two rows, not HumanEval's 164 (one block each: counting them took most of the test's time).
+    path = write_jsonl(tmp_path / "in.jsonl", [{"id": str(i), "prompt": "Hi"} for i in range(2)])
     config = load_config(REPO / "configs/default.yaml", ["engine.name=transformers", f"model.name={tiny_gemma3_dir}",
-                                                         f"job.output={tmp_path / 'out'}"])
+                                                         f"job.output={tmp_path / 'out'}", f"input.path={path}"])
     with pytest.raises(JobFailed, match="sliding-window attention"):
         run_job(config, "never")  # refused by the task that prepares the model, before any actor starts
     assert not outputs.run_files(tmp_path / "out" / "run=never")
@@ -333,7 +335,9 @@ def test_a_series_generates_only_what_no_earlier_run_generated(local_ray, tiny_m
 
 def test_actors_asking_for_an_accelerator_the_cluster_lacks_fail_within_the_wait(local_ray, tiny_model_dir, tmp_path):
     # Without the wait this would hang forever; the message can only come from the wait running out.
-    config = job_config(tiny_model_dir, tmp_path, "input.limit=2", "ray.accelerator_type=A100",
+    # Two rows of a file, not HumanEval's 164 (one block each: counting them took most of the test's time).
+    path = write_jsonl(tmp_path / "in.jsonl", [{"id": str(i), "prompt": "Hi"} for i in range(2)])
+    config = job_config(tiny_model_dir, tmp_path, f"input.path={path}", "ray.accelerator_type=A100",
                         "ray.wait_for_actors_s=5")
     with pytest.raises(JobFailed, match=r"'accelerator_type': 'A100'.*within ray.wait_for_actors_s \(5 s\)"):
         run_job(config, "nowhere")
