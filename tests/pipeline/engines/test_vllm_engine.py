@@ -416,3 +416,11 @@ def test_vllm_generates_with_a_model_the_transformers_engine_refuses(tiny_gemma3
     finally:
         engine.close()
     assert isinstance(result, Result) and len(result.token_ids) == 8 and result.stats.num_target_calls >= 1
+
+
+def test_the_engine_reports_the_step_cost_its_proposer_measured(engines, requests, reference):
+    plain, ours = engines
+    ours.generate(requests[:2])
+    a, b = ours.steps().step_cost  # a step's seconds, and per token fed (drafters/budget.py StepCostFit)
+    assert a > 0 and b > 0
+    assert plain.steps().step_cost is None  # no proposer of ours: nothing measured
