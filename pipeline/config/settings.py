@@ -77,7 +77,7 @@ class EngineConfig:
     # step budget (w: auto) cutting them to what pays for itself at the measured step cost. vLLM fixes
     # its longest draft (num_speculative_tokens) at start: the larger of this and decoder.w where
     # our drafter runs. 0: predictions draft at most decoder.w tokens, as the drafter. 128 on every
-    # device: through the job on a CPU, where a verified token costs ~0.03 of a step, 128 beat 16 on
+    # device: through the job on a CPU, where a verified token costs 0.06-0.09 of a step, 128 beat 16 on
     # every edit measured, and on an H100 step by the replay (docs/benchmarks.md, "Predicted outputs
     # through the job"); a step that verifies 128 holding tokens is already ~100 plain steps' worth.
     prediction_w: int = 128
