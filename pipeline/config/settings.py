@@ -77,9 +77,10 @@ class EngineConfig:
     # step budget (w: auto) cutting them to what pays for itself at the measured step cost. vLLM fixes
     # its longest draft (num_speculative_tokens) at start: the larger of this and decoder.w where
     # our drafter runs. 0: predictions draft at most decoder.w tokens, as the drafter. 128 on every
-    # device: through the job on a CPU, where a verified token costs 0.06-0.09 of a step, 128 beat 16 on
-    # every edit measured, and on an H100 step by the replay (docs/benchmarks.md, "Predicted outputs
-    # through the job"); a step that verifies 128 holding tokens is already ~100 plain steps' worth.
+    # device: through the job on a CPU, where a verified token costs 0.06-0.09 of a step, 128 beat 16
+    # on the line and field edits and tied on the paragraph edit, and on an H100 step by the replay
+    # (docs/benchmarks.md, "Predicted outputs through the job"); a step that verifies 128 holding
+    # tokens is already ~100 plain steps' worth.
     prediction_w: int = 128
     # vLLM: any other of vLLM's engine arguments (vllm.engine.arg_utils.EngineArgs: quantization,
     # kv_cache_dtype, enable_prefix_caching, ...), given to vLLM as they are; checked against
