@@ -36,7 +36,8 @@ from ray.data.checkpoint.checkpoint_filter import IdColumnCheckpointManager
 
 from drafters.datastore import Datastore
 from pipeline.llm import storage
-from pipeline.llm.actor_pool import JobFailed, unplaceable
+from pipeline.llm.actor_pool import unplaceable
+from pipeline.llm.errors import JobFailed
 from pipeline.config import Config
 from pipeline.job import rows as job_rows, series, series_store
 from pipeline.llm.checkpoint import checkpoint_config as ids_checkpoint

@@ -86,7 +86,8 @@ def under(path: str, runs_root: str) -> str:
     moved or copied elsewhere (another bucket, a renamed directory) finds its store holding its
     files. (Stores written before named files by their whole path: those under this root are read
     the same.)"""
-    return path[len(runs_root) + 1:] if path.startswith(runs_root.rstrip("/") + "/") else path
+    prefix = runs_root.rstrip("/") + "/"
+    return path[len(prefix):] if path.startswith(prefix) else path
 
 
 def generated_tokens(runs_root: str, paths: list[str], model: str) -> list[list[int]]:

@@ -14,7 +14,7 @@ from pipeline.config.drafter_registry import drafter_tables, needs_datastore
 from pipeline.config import Config
 from pipeline.engines.build import ModelRefused, check_engine_can_run, concurrent_batches
 from pipeline.llm import storage
-from pipeline.llm.errors import JobFailed  # noqa: F401 - raised here, and imported from here by callers
+from pipeline.llm.errors import JobFailed
 from pipeline.config.model_loading import cache_root, resolve_model_dir
 
 

@@ -16,7 +16,7 @@ import pytest
 import ray
 
 from pipeline.job import rows as job_rows
-from pipeline.llm.actor_pool import JobFailed
+from pipeline.llm.errors import JobFailed
 from pipeline.config import load_config
 from pipeline.engines.vllm import feeder
 from pipeline.llm.progress import EngineCrashLoop, RestartWindow
