@@ -158,21 +158,24 @@ def cut_to_budget(gains: list[np.ndarray], cost, fed_before: int) -> np.ndarray:
 PREDICTION_EVIDENCE = 4
 
 
-def step_drafts(predictions: list[tuple[PredictionDrafter, Hold, Sequence[int], int]], own: Sequence[int], fed: int,
-                holds: HoldRates, cost=None) -> list[list[int] | None]:
+def step_drafts(predictions: list[tuple[PredictionDrafter, Hold, Sequence[int], int]], own: Sequence[np.ndarray],
+                fed: int, holds: HoldRates, cost=None) -> list[list[int] | None]:
     """One step's drafts from the requests' predictions: for each (its prediction, how it has held,
     the tokens generated so far, the most draft tokens it may take), the draft that replaces the
-    drafter's own (`own`: that draft's length), or None. A prediction drafts where the answer's last
+    drafter's own, or None. `own[i]`: the drafter's own draft's probabilities (that its first 1, 2,
+    ... tokens are accepted; its length is the draft's). A prediction drafts where the answer's last
     PREDICTION_EVIDENCE tokens (or its start) match in it; with a `cost` (w: auto: the step's
     LinearStepCost) its drafts are cut to the step's budget by how often each has held, `fed` being
-    the tokens the step feeds with the drafter's drafts; a draft no longer than the drafter's loses."""
+    the tokens the step feeds with the drafter's drafts. The draft expected to gain more tokens wins:
+    a prediction that holds outruns any n-gram guess, one that keeps failing yields to the drafter's."""
     guesses: dict[int, list[int]] = {}
     for i, (prediction, _, generated, room) in enumerate(predictions):
         guess, matched = prediction.draft(generated, room)
         if guess and matched >= PREDICTION_EVIDENCE:
             guesses[i] = guess
+    gains = {i: holds.gains(predictions[i][1], len(g)) for i, g in guesses.items()}
     if guesses and cost is not None:
-        kept = cut_to_budget([holds.gains(predictions[i][1], len(g)) for i, g in guesses.items()], cost,
-                             fed - sum(own[i] for i in guesses))
+        kept = cut_to_budget(list(gains.values()), cost, fed - sum(len(own[i]) for i in guesses))
         guesses = {i: g[:n] for (i, g), n in zip(guesses.items(), kept.tolist())}
-    return [guesses[i] if guesses.get(i) and len(guesses[i]) >= own[i] else None for i in range(len(predictions))]
+    return [guesses[i] if guesses.get(i) and gains[i][:len(guesses[i])].sum() > float(np.sum(own[i])) else None
+            for i in range(len(predictions))]

@@ -66,7 +66,7 @@ class Ours(Method):
         self.out = out = self.drafter.step(batch, tokens, rows, lengths, table)
         drafts = [out.tokens[i, :out.lengths[i]] for i in range(len(batch))]
         if self.predictions is not None:
-            self.predictions.step(batch, rows, lengths, prompts, limits, tokens, drafts, step_cost)
+            self.predictions.step(batch, rows, lengths, prompts, limits, tokens, out.confidence, drafts, step_cost)
         return drafts
 
     def predict(self, batch: list[int]) -> None:
@@ -111,7 +111,7 @@ class Predictions:
             self.drafters[key] = (PredictionDrafter(prediction.tolist()), Hold())
 
     def step(self, batch: list[int], rows: np.ndarray, lengths: np.ndarray, prompts: np.ndarray, limits: np.ndarray,
-             tokens: np.ndarray, drafts: list[np.ndarray], cost) -> None:
+             tokens: np.ndarray, confidence: np.ndarray, drafts: list[np.ndarray], cost) -> None:
         """Replaces, in `drafts`, the drafter's drafts that step_drafts prefers a prediction's to."""
         chosen = [i for i, key in enumerate(batch) if key in self.drafters]
         if not chosen:
@@ -119,7 +119,7 @@ class Predictions:
         predictions = [(*self.drafters[batch[i]], tokens[rows[i], prompts[i]:lengths[i]].tolist(),
                         int(min(self.w, limits[i] - lengths[i] - 1))) for i in chosen]
         fed = len(batch) + sum(map(len, drafts))
-        found = step_drafts(predictions, [len(drafts[i]) for i in chosen], fed, self.holds, cost)
+        found = step_drafts(predictions, [confidence[i, :len(drafts[i])] for i in chosen], fed, self.holds, cost)
         for i, guess in zip(chosen, found):
             if guess is not None:
                 drafts[i] = np.array(guess, np.int64)

@@ -78,18 +78,29 @@ def test_a_free_token_is_always_kept_and_a_costly_one_only_when_likely():
     assert cut_to_budget([gains], LinearStepCost(1.0, 1.0), fed_before=1)[0] < 10  # each token a whole step
 
 
-def test_a_step_takes_a_predictions_draft_where_it_matches_and_is_longer_than_the_drafters():
+def test_a_step_takes_a_predictions_draft_where_it_matches_and_is_expected_to_gain_more_than_the_drafters():
     predicted = list(range(100, 200))
     rates = HoldRates()
     rows = [(PredictionDrafter(predicted), Hold(), predicted[:10], 50),  # on the prediction
             (PredictionDrafter(predicted), Hold(), [1, 2, 3, 4, 5], 50),  # left it: nothing matches
             (PredictionDrafter(predicted), Hold(), predicted[:10], 3)]  # on it, but room for 3 only
-    found = step_drafts(rows, own=[2, 0, 5], fed=10, holds=rates)
+    own = [np.full(2, 0.9), np.zeros(0), np.full(5, 0.9)]
+    found = step_drafts(rows, own=own, fed=10, holds=rates)
     assert found[0] == predicted[10:60]
     assert found[1] is None  # no evidence
-    assert found[2] is None  # the drafter's 5 tokens are longer than the prediction's 3
-    costly = step_drafts(rows[:1], own=[0], fed=1, holds=rates, cost=LinearStepCost(1.0, 0.5))
+    assert found[2] is None  # the drafter's 5 likely tokens gain more than the prediction's 3
+    costly = step_drafts(rows[:1], own=[np.zeros(0)], fed=1, holds=rates, cost=LinearStepCost(1.0, 0.5))
     assert costly[0] is not None and 0 < len(costly[0]) < 50  # the budget cut it
+
+
+def test_a_prediction_that_keeps_failing_yields_to_a_confident_draft_of_the_drafters():
+    predicted = list(range(100, 200))
+    rates, hold = HoldRates(), Hold()
+    for _ in range(6):  # six drafts from it, each left after 2 tokens
+        rates.judge(hold, predicted[10:40], predicted[10:12] + [7])
+    row = [(PredictionDrafter(predicted), hold, predicted[:10], 50)]
+    assert step_drafts(row, own=[np.full(8, 0.3)], fed=10, holds=rates)[0] == predicted[10:60]  # a weak guess loses
+    assert step_drafts(row, own=[np.full(8, 0.95)], fed=10, holds=rates)[0] is None  # a confident one wins
 
 
 def test_a_short_match_where_the_answer_is_expected_counts_as_full_evidence():

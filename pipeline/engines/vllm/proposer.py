@@ -69,6 +69,7 @@ class Tracked:
 
 
 PREDICTION = "prediction"  # the strategy of a draft taken from the request's prediction
+NO_GAINS = np.zeros(0)  # the confidence of no draft
 
 
 class NgrammysProposer:
@@ -116,6 +117,7 @@ class NgrammysProposer:
         Returns each request's draft (empty: none)."""
         started = time.perf_counter()
         drafts = [[] for _ in sampled_token_ids]
+        gains = [NO_GAINS] * len(drafts)  # each draft's probabilities that its first 1, 2, ... tokens are accepted
         if self.drafter is None:
             return drafts
         rows = [row for row, sampled in enumerate(sampled_token_ids) if sampled]
@@ -126,14 +128,16 @@ class NgrammysProposer:
         tracked = [self.track(key, length) for key, length in zip(keys, prompt_lengths(self.runner, rows))]
         self.observe_step(started, measurable=not fresh)
         if rows and not self.paused():
-            self.draft(started, keys, rows, tracked, num_tokens_no_spec, token_ids_cpu, drafts)
-            self.predict(rows, tracked, np.asarray(num_tokens_no_spec, dtype=np.int64)[rows], token_ids_cpu, drafts)
+            self.draft(started, keys, rows, tracked, num_tokens_no_spec, token_ids_cpu, drafts, gains)
+            self.predict(rows, tracked, np.asarray(num_tokens_no_spec, dtype=np.int64)[rows], token_ids_cpu, drafts,
+                         gains)
         self.last_step = (time.perf_counter(), len(sampled_token_ids) + sum(map(len, drafts)))
         return drafts
 
     def draft(self, started: float, keys: list[str], rows: list[int], tracked: list[Tracked], num_tokens_no_spec,
-              token_ids_cpu: np.ndarray, drafts: list[list[int]]) -> None:
-        """The drafter's step for the decoding requests it has started, into `drafts` (vLLM's rows)."""
+              token_ids_cpu: np.ndarray, drafts: list[list[int]], gains: list[np.ndarray]) -> None:
+        """The drafter's step for the decoding requests it has started, into `drafts` (vLLM's rows)
+        and `gains` (the drafter's confidence in them)."""
         if not self.started.issuperset(keys):  # a start that failed: that request drafts nothing
             runnable = [i for i, key in enumerate(keys) if key in self.started]
             keys, rows, tracked = [keys[i] for i in runnable], [rows[i] for i in runnable], [tracked[i] for i in runnable]
@@ -148,14 +152,15 @@ class NgrammysProposer:
                 t.failed_steps += 1
             self.report_failure(keys[0], error)
             return
-        self.record(out, rows, keys, tracked, lengths, drafts)
+        self.record(out, rows, keys, tracked, lengths, drafts, gains)
         elapsed = time.perf_counter() - started
         for t in tracked:
             t.draft_seconds += elapsed / len(tracked)
 
     def record(self, out: BatchDrafts, rows: list[int], keys: list[str], tracked: list[Tracked],
-               lengths: np.ndarray, drafts: list[list[int]]) -> None:
-        """The step's drafts into vLLM's rows and each request's proposals; its failures counted."""
+               lengths: np.ndarray, drafts: list[list[int]], gains: list[np.ndarray]) -> None:
+        """The step's drafts into vLLM's rows (and their confidence into `gains`) and each request's
+        proposals; its failures counted."""
         strategies = self.drafter.strategies
         for i, (row, t) in enumerate(zip(rows, tracked)):
             if i in out.failures:
@@ -165,13 +170,14 @@ class NgrammysProposer:
             if length:
                 tokens = tuple(out.tokens[i, :length].tolist())
                 drafts[row] = list(tokens)
+                gains[row] = out.confidence[i, :length].copy()
                 t.proposals.append(Proposal(int(lengths[i]) - t.prompt_length, tokens, strategies[out.sources[i]]))
 
     def predict(self, rows: list[int], tracked: list[Tracked], lengths: np.ndarray, token_ids_cpu: np.ndarray,
-                drafts: list[list[int]]) -> None:
+                drafts: list[list[int]], gains: list[np.ndarray]) -> None:
         """A request with a prediction drafts from it (drafters/prediction.py step_drafts): up to
         prediction_w tokens, cut with `w: auto` to what the step's budget keeps by how often the
-        request's prediction has held, where the drafter's own draft is no longer."""
+        request's prediction has held, where it is expected to gain more than the drafter's own draft."""
         chosen = [i for i, t in enumerate(tracked) if t.prediction is not None]
         if not chosen:
             return
@@ -182,7 +188,7 @@ class NgrammysProposer:
             self.judge(t, generated)
             predictions.append((t.prediction, t.hold, generated, min(self.prediction_w, t.limit - length - 1)))
         fed = len(drafts) + sum(map(len, drafts))
-        found = step_drafts(predictions, [len(drafts[rows[i]]) for i in chosen], fed, self.holds,
+        found = step_drafts(predictions, [gains[rows[i]] for i in chosen], fed, self.holds,
                             self.costs.cost() if self.adaptive else None)
         for i, guess in zip(chosen, found):
             if guess is None:
