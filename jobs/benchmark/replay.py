@@ -23,7 +23,10 @@ tokens plus one. Every method drafts at most --max-draft tokens per request-step
   `make install-suffix`);
 - `vllm_ngram`: vLLM's numba n-gram lookup (`batch_propose_numba`, as its `ngram` method calls it)
   per step over every running request, n-grams of --ngram-min to --ngram-max tokens;
-- `plain`: no drafts (the projection's reference).
+- `plain`: no drafts (the projection's reference);
+- `copy_ceiling`: not a drafter but a bound: each step drafts, knowing the recorded output, the
+  longest run of it that occurs in the row's prediction, prompt or output so far (up to
+  --prediction-w tokens): no drafter copying from those sources takes fewer steps.
 With --project every row also has its projected tokens/s on that GPU (see `projection`), or with
 `--project cpu --host-step R` on this CPU's vLLM engine as the host-step subcommand measured it
 (`cpu_projection`), the budget of `ours_budget_cpu` weighing that CPU step.

@@ -1,7 +1,8 @@
 """The drafting methods the replay (replay.py) drives, each as its engine calls it: ours
 (drafters/suffix/, with the acceptance model's calibration by depth; `ours_prediction`: and each
 row's prediction drafted from as vLLM's proposer does, drafters/prediction.py), vLLM's suffix method
-(arctic-inference's cache), vLLM's n-gram lookup, and plain decoding."""
+(arctic-inference's cache), vLLM's n-gram lookup, plain decoding, and the copy ceiling (a bound:
+the fewest steps of any drafter that copies from a row's prediction, prompt and output)."""
 from __future__ import annotations
 
 import functools
@@ -222,6 +223,43 @@ class Plain(Method):
         return [np.zeros(0, np.int64)] * len(batch)
 
 
+class CopyCeiling(Method):
+    """Not a drafter: a bound. Each step it drafts the longest run of the row's recorded output,
+    from where the row is, that occurs in the row's prediction, its prompt or its output so far
+    (copies may overlap the text they copy, as a repeated line does), up to --prediction-w tokens.
+    No drafter that copies text from those three sources can take fewer steps; an edit whose
+    ceiling is below a goal cannot reach it by drafting from them."""
+
+    def __init__(self, args, store, answers, cost=None):
+        self.answers, self.w = answers, args.prediction_w
+
+    def draft(self, batch, rows, lengths, prompts, limits, tokens):
+        drafts = []
+        for key, n, prompt, limit in zip(batch, lengths, prompts, limits):
+            answer = self.answers[key]
+            at, room = int(n - prompt), int(min(self.w, limit - n - 1))
+            ahead = answer.output[at:at + room]
+            sources = [answer.prompt, answer.output[:at + len(ahead)]] + (
+                [answer.prediction] if answer.prediction is not None else [])
+            size = max(longest_run(source, ahead, before=at if source is sources[1] else len(source))
+                       for source in sources)
+            drafts.append(ahead[:size].astype(np.int64))
+        return drafts
+
+
+def longest_run(source: np.ndarray, ahead: np.ndarray, before: int) -> int:
+    """The longest prefix of `ahead` that occurs in `source` starting before position `before`."""
+    best = 0
+    if not len(ahead):
+        return 0
+    for start in np.flatnonzero(source[:before] == ahead[0]).tolist():
+        size = 1
+        while size < len(ahead) and start + size < len(source) and source[start + size] == ahead[size]:
+            size += 1
+        best = max(best, size)
+    return best
+
+
 class OursPredicted(Ours):
     """ours, each row with a prediction drafting from it (replay --predictions)."""
 
@@ -230,7 +268,7 @@ class OursPredicted(Ours):
 
 
 METHODS = {"ours": Ours, "ours_prediction": OursPredicted, "vllm_suffix": ArcticSuffix, "vllm_ngram": VllmNgram,
-           "plain": Plain}
+           "plain": Plain, "copy_ceiling": CopyCeiling}
 
 
 def store_documents(store) -> list[np.ndarray]:

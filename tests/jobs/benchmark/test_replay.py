@@ -229,3 +229,23 @@ def test_the_budget_keeps_shorter_prediction_drafts_where_a_token_costs_more(tmp
     cheap, costly = found["cheap"], found["costly"]
     assert costly["prediction_tokens_per_step"] < 0.6 * cheap["prediction_tokens_per_step"]
     assert cheap["tokens_per_step"] > costly["tokens_per_step"] > 2
+
+
+def test_the_copy_ceiling_takes_one_step_per_stretch_no_source_holds():
+    """copy_ceiling, a bound: an answer made of its prediction's first half, 7 new tokens, its
+    prompt, and its own first 20 tokens again takes a step per stretch and one per new token."""
+    from types import SimpleNamespace
+
+    from jobs.benchmark.replay import Answer, replay
+
+    rng = np.random.default_rng(3)
+    prompt, predicted, fresh = (rng.integers(1000 * k, 1000 * k + 999, n) for k, n in ((1, 40), (2, 60), (3, 7)))
+    body = np.concatenate([predicted[:30], fresh, prompt])
+    output = np.concatenate([body, body[:20]])
+    args = SimpleNamespace(max_draft=8, project="", prediction_w=128)
+    row = replay(args, "copy_ceiling", 1, [Answer(prompt, output, len(output), prediction=predicted)], None)
+    # The prefill's token; the prediction's 29 more and the first new token; the other 6 new tokens,
+    # one step each; the prompt and the repeat's first token; the repeat's 19 more (from the
+    # prediction or the answer's own start): 10 steps.
+    assert row["request_steps"] == 10, row
+    assert row["tokens_per_step"] == round(len(output) / 10, 4)
