@@ -13,19 +13,11 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 from drafters.primitives.sampling import GREEDY, SamplingParams
 from pipeline.config import Config
+from pipeline.engines.errors import RequestError
 from pipeline.engines.stats import FINISH_REASONS, RequestStats
 
 __all__ = ["FINISH_REASONS", "SAMPLING_KEYS", "Engine", "EngineKind", "EngineSampling", "EngineSteps", "Failed",
-           "ModelRefused", "Request", "RequestError", "Result", "budget", "cut_at_stop", "engine_summary"]
-
-
-class RequestError(ValueError):
-    """A request that cannot be generated as given (no prompt, an over-long one, a bad per-row
-    setting); the message names the request. The request fails alone, as an error row."""
-
-
-class ModelRefused(ValueError):
-    """`engine.name` cannot run this model; the message names the model and the reason."""
+           "Request", "Result", "budget", "cut_at_stop", "engine_summary"]
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,8 @@ from typing import Sequence
 
 from pipeline.config import Config
 from pipeline.config.drafter_registry import DrafterTables, drafter_tables
-from pipeline.engines.base import Engine, EngineKind, ModelRefused
+from pipeline.engines.base import Engine, EngineKind
+from pipeline.engines.errors import ModelRefused
 from pipeline.config.model_loading import LoadedModel, load_model, resolve_model_dir
 
 __all__ = ["ModelRefused", "build_engine", "build_engines", "check_engine_can_run", "checked_config",

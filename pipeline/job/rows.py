@@ -11,18 +11,23 @@ rerun samples the same, and so does a processor given the same ids and seed.
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config import Config
-from pipeline.llm.row_values import python_value, request_key
-from pipeline.llm.schema import BAD_INPUT, INFERENCE_ERROR, JOB_SCHEMA
-from pipeline.engines.base import RequestError
-from pipeline.engines.build import drafts_from_predictions
+from pipeline.engines.errors import RequestError
 from pipeline.job.series import LAST_OUTPUT, ROW_SETTINGS, row_fingerprint, settings_fingerprint
-from pipeline.llm.stage import StageSettings, prediction_text
+from pipeline.llm.row_values import prediction_text, python_value, request_key
+from pipeline.llm.schema import BAD_INPUT, INFERENCE_ERROR, JOB_SCHEMA
+
+if TYPE_CHECKING:
+    from pipeline.llm.stage import StageSettings
+
+# Every Ray task that converts the job's rows (the preprocess, the write) imports this module: what
+# it needs of the engines and the stage is imported where the driver calls for it, so those tasks
+# start without torch (8-9 s for each new worker).
 
 # The columns of a processor's row the preprocess sets (None where unused), so that an input column of
 # the same name does not take part in the request.
@@ -32,6 +37,8 @@ REQUEST_COLUMNS = ("messages", "prompt", "tokenized_prompt", "model")
 def stage_settings(config: Config, run_id: str = "", live_metrics: bool = False) -> StageSettings:
     """The job's stage: every row comes back (an error row where it fails), rows are named and
     seeded by their id, a text prompt is a user's message."""
+    from pipeline.llm.stage import StageSettings
+
     return StageSettings(text_as_user_message=True, continue_on_error=True, seed=config.decoder.seed, id_column="id",
                          live_metrics=live_metrics, run_id=run_id)
 
@@ -51,6 +58,8 @@ def request_row(config: Config, settings: str | None = None) -> Callable[[dict],
     column = source.prompt_column or source.messages_column
     settings = settings or settings_fingerprint(config)
     # `predicted_from` says what ran: null where no prediction is drafted from (the stage still checks one).
+    from pipeline.engines.build import drafts_from_predictions
+
     predicted = drafts_from_predictions(config)
 
     def convert(row: dict) -> dict:

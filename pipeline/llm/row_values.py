@@ -1,11 +1,13 @@
-"""A Ray Data row's values as plain Python, a row's id as text, and rows back into an Arrow block
-as Ray Data makes one."""
+"""A Ray Data row's values as plain Python, a row's id as text, its prediction as text, and rows
+back into an Arrow block as Ray Data makes one."""
 from __future__ import annotations
 
 import math
 
 import numpy as np
 import pyarrow as pa
+
+from pipeline.engines.errors import RequestError
 
 
 def python_value(value):
@@ -39,3 +41,21 @@ def rows_table(rows: list[dict]) -> pa.Table:
 
     names = list(dict.fromkeys(name for row in rows for name in row))
     return pa.table({name: convert_to_pyarrow_array([row.get(name) for row in rows], name) for name in names})
+
+
+def prediction_text(value, name: str) -> str:
+    """A row's prediction as text: the text itself, or OpenAI's predicted output
+    (`{"type": "content", "content": text or [{"type": "text", "text": ...}, ...]}`); "" for none."""
+    if value is None or isinstance(value, str):
+        return value or ""
+    if not isinstance(value, dict) or value.get("type") != "content":
+        raise RequestError(f"{name}: prediction must be text or OpenAI's {{'type': 'content', 'content': ...}}, "
+                           f"got {str(value)[:80]}")
+    content = value.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(part, dict) and part.get("type") == "text"
+                                         and isinstance(part.get("text"), str) for part in content):
+        return "".join(part["text"] for part in content)
+    raise RequestError(f"{name}: prediction.content must be text or a list of {{'type': 'text', 'text': ...}} parts, "
+                       f"got {str(content)[:80]}")

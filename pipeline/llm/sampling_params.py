@@ -9,7 +9,8 @@ import secrets
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from pipeline.engines.base import SAMPLING_KEYS, EngineSampling, RequestError
+from pipeline.engines.base import SAMPLING_KEYS, EngineSampling
+from pipeline.engines.errors import RequestError
 from drafters.primitives.sampling import SamplingParams
 
 # vLLM's StructuredOutputsParams: one constraint, and options.

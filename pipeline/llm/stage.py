@@ -46,12 +46,12 @@ import torch
 
 from pipeline.config.drafter_registry import DrafterTables
 from pipeline.config import Config
-from pipeline.engines.base import (Engine, EngineFailed, EngineHung, EngineSteps, Failed, Request, RequestError,
-                                   Result)
+from pipeline.engines.base import Engine, EngineFailed, EngineHung, EngineSteps, Failed, Request, Result
+from pipeline.engines.errors import RequestError
 from pipeline.engines.build import build_engine
 from pipeline.llm.metrics import RunMetrics
 from pipeline.llm.progress import BatchReport, EngineCrashLoop, JobStopped, RestartWindow
-from pipeline.llm.row_values import python_value, request_key
+from pipeline.llm.row_values import prediction_text, python_value, request_key
 from drafters.primitives.sampling import request_seed
 from pipeline.llm.sampling_params import sampling_of
 from pipeline.llm.schema import BAD_INPUT, GENERATED, INFERENCE_ERROR, STATISTICS, TYPED_BY_THE_DATA
@@ -390,20 +390,3 @@ def ray_running() -> bool:
 
     return ray.is_initialized()
 
-
-def prediction_text(value, name: str) -> str:
-    """A row's prediction as text: the text itself, or OpenAI's predicted output
-    (`{"type": "content", "content": text or [{"type": "text", "text": ...}, ...]}`); "" for none."""
-    if value is None or isinstance(value, str):
-        return value or ""
-    if not isinstance(value, dict) or value.get("type") != "content":
-        raise RequestError(f"{name}: prediction must be text or OpenAI's {{'type': 'content', 'content': ...}}, "
-                           f"got {str(value)[:80]}")
-    content = value.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(isinstance(part, dict) and part.get("type") == "text"
-                                         and isinstance(part.get("text"), str) for part in content):
-        return "".join(part["text"] for part in content)
-    raise RequestError(f"{name}: prediction.content must be text or a list of {{'type': 'text', 'text': ...}} parts, "
-                       f"got {str(content)[:80]}")

@@ -137,3 +137,19 @@ def test_a_rows_fingerprint_is_the_same_however_its_values_were_read():
     assert row_fingerprint(config, settings, as_ints) == row_fingerprint(config, settings, as_floats)
     edited = dict(as_ints, messages=[{"role": "user", "content": "hi!"}])
     assert row_fingerprint(config, settings, edited) != row_fingerprint(config, settings, as_ints)
+
+
+def test_the_tasks_that_convert_rows_load_no_engine(config, tmp_path):
+    """A Ray worker that runs the preprocess or the write unpickles these functions: in a new
+    process that imports neither torch nor an engine (they cost each new worker 8-9 s)."""
+    import subprocess
+    import sys
+
+    from ray import cloudpickle
+
+    (tmp_path / "functions.pkl").write_bytes(cloudpickle.dumps((request_row(config), output_table)))
+    code = ("import sys; from ray import cloudpickle; convert, write = cloudpickle.loads(open(sys.argv[1], 'rb').read()); "
+            "print(sorted(m for m in ('torch', 'transformers', 'vllm', 'numba', 'pipeline.engines.base') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "functions.pkl")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr

@@ -9,7 +9,8 @@ import re
 import pytest
 
 from pipeline.config import ConfigError, load_config
-from pipeline.engines.base import FINISH_REASONS, EngineSampling, Request, RequestError
+from pipeline.engines.base import FINISH_REASONS, EngineSampling, Request
+from pipeline.engines.errors import RequestError
 from pipeline.engines.build import checked_config
 from pipeline.llm import build_processor, vLLMEngineProcessorConfig
 from pipeline.llm.row_values import rows_table

@@ -21,7 +21,8 @@ import torch
 
 from drafters.budget import choose_shape, relative_cost
 from drafters.base import Drafts
-from pipeline.engines.base import Failed, Request, RequestError, Result
+from pipeline.engines.base import Failed, Request, Result
+from pipeline.engines.errors import RequestError
 from pipeline.engines.transformers.decoder import (
     SpeculativeDecoder,
     no_drafts,

@@ -11,7 +11,8 @@ from typing import Sequence
 from drafters.budget import StepCostFit
 from pipeline.config.drafter_registry import DrafterTables, load_draft_model, make_drafter
 from pipeline.config import Config
-from pipeline.engines.base import EngineSampling, Failed, Request, RequestError, Result
+from pipeline.engines.base import EngineSampling, Failed, Request, Result
+from pipeline.engines.errors import RequestError
 from pipeline.engines.transformers.attention import use_gqa_attention
 from pipeline.engines.transformers.batched_decoder import BatchedDecoder
 from pipeline.engines.transformers.decoder import SpeculativeDecoder

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from pipeline.config import Config, ConfigError
 from pipeline.config.drafter_kinds import DRAFTER_KINDS
-from pipeline.engines.base import EngineKind, ModelRefused
+from pipeline.engines.base import EngineKind
+from pipeline.engines.errors import ModelRefused
 
 NAME = "transformers"
 

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from pipeline.config import AUTO_MAX, CPU_MAX_NUM_SEQS, Config, ConfigError
 from pipeline.config.drafter_kinds import DRAFTER_KINDS
-from pipeline.engines.base import EngineKind, ModelRefused
+from pipeline.engines.base import EngineKind
+from pipeline.engines.errors import ModelRefused
 from pipeline.engines.vllm.compat import check_vllm_version
 
 NAME = "vllm"

@@ -4,7 +4,7 @@ import torch
 from drafters import model_tables
 from pipeline.config.drafter_registry import DrafterTables, make_drafter
 from pipeline.config import DecoderConfig
-from pipeline.engines.base import RequestError
+from pipeline.engines.errors import RequestError
 from pipeline.engines.transformers.decoder import SpeculativeDecoder
 from pipeline.engines.transformers.request_state import stop_cut
 from drafters.primitives.sampling import SamplingParams
