@@ -5,11 +5,14 @@ the failure report, so the cause a child process printed is never captured and d
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -92,19 +95,49 @@ def environment(**changes: str) -> dict[str, str]:
 def start_ray_head(processes: Processes, env: dict[str, str], num_cpus: float = 2, extra: tuple[str, ...] = (),
                    port: int | None = None, ray: Path = BIN / "ray", **kwargs) -> dict[str, str]:
     """`ray start --head` (with `extra` flags; `ray`: another environment's command, `kwargs` to
-    Popen) on ports that are free now (no fixed port: another Ray may be running); returns its GCS,
-    dashboard and metrics addresses. The caller stops it with `ray stop`."""
+    Popen) on ports that are free now (no fixed port: another Ray may be running) and a temporary
+    directory of its own; returns its GCS, dashboard and metrics addresses and that directory. The
+    caller stops it with `stop_ray_head`."""
+    temp_dir = tempfile.mkdtemp(prefix="ngr-head-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
     ports = {flag: free_port() for flag in ("--dashboard-port", "--ray-client-server-port",
                                             "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
                                             "--runtime-env-agent-port", "--metrics-export-port")}
     ports["--port"] = port or free_port()
     command = [ray, "start", "--head", f"--num-cpus={num_cpus}", "--node-ip-address=127.0.0.1",
-               "--disable-usage-stats", *(f"{flag}={port}" for flag, port in ports.items()), *extra]
+               f"--temp-dir={temp_dir}", "--disable-usage-stats", *(f"{flag}={port}" for flag, port in ports.items()),
+               *extra]
     processes.run(command, timeout=180, env=env, **kwargs)
     dashboard = f"http://127.0.0.1:{ports['--dashboard-port']}"
     wait_for_dashboard(dashboard, env, timeout=180)
     return {"gcs": f"127.0.0.1:{ports['--port']}", "dashboard": dashboard,
-            "metrics_port": str(ports["--metrics-export-port"])}
+            "metrics_port": str(ports["--metrics-export-port"]), "temp_dir": temp_dir}
+
+
+def stop_ray_head(head: dict[str, str], timeout: float = 30) -> None:
+    """Stops the Ray that start_ray_head started, and only it: the processes whose command line
+    names its temporary directory (its GCS, raylets, dashboard, autoscaler; a fake cluster's
+    worker nodes too) and their children (its workers). Not `ray stop`, which stops every Ray on
+    the machine: another test run's, a benchmark's, a user's."""
+    import psutil
+
+    found = {}
+    for process in psutil.process_iter(["cmdline"]):
+        if any(head["temp_dir"] in part for part in process.info["cmdline"] or ()):
+            found[process.pid] = process
+            try:
+                found.update({child.pid: child for child in process.children(recursive=True)})
+            except psutil.NoSuchProcess:
+                pass
+    found.pop(os.getpid(), None)
+    for process in found.values():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.terminate()
+    _, alive = psutil.wait_procs(list(found.values()), timeout=timeout)
+    for process in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    psutil.wait_procs(alive, timeout=timeout)
+    shutil.rmtree(head["temp_dir"], ignore_errors=True)
 
 
 def wait_for_dashboard(dashboard: str, env: dict[str, str], timeout: float) -> None:

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from tests.outputs import read_run
-from tests.processes import environment, scrape_counters, start_ray_head
+from tests.processes import environment, scrape_counters, start_ray_head, stop_ray_head
 
 REPO = Path(__file__).resolve().parents[1]
 PACKAGES = ("pipeline", "drafters", "jobs")
@@ -177,7 +177,7 @@ def test_ray_job_submit_runs_the_job_from_the_wheel_without_the_source(wheel, ti
         refused = processes.run([python.parent / "ngrammys", "generate", "--input", str(inputs)], cwd=submit_from,
                                 env=forgot, timeout=120, check=False)
     finally:
-        processes.run([ray, "stop", "--force"], env=env, timeout=120, check=False)
+        stop_ray_head(head)
     for submitted, run_id in ((from_runtime_env, "from-runtime-env"), (from_image, "from-image")):
         assert "succeeded" in submitted.stdout
         assert "Read 3 of the input's 4 rows (input.limit=3: 1 rows NOT read): 3 generated" in submitted.stdout

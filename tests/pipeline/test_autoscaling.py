@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.outputs import read_run
-from tests.processes import environment, free_port, start_ray_head
+from tests.processes import environment, free_port, start_ray_head, stop_ray_head
 
 REPO = Path(__file__).resolve().parents[2]
 RAY = str(Path(sys.executable).parent / "ray")
@@ -76,7 +76,7 @@ def test_a100_workers_scale_from_zero_for_the_job_and_back(tiny_model_dir, tmp_p
             time.sleep(3)
         left = a100_workers(processes, env)
     finally:
-        processes.run([RAY, "stop", "--force"], env=env, timeout=120, check=False)
+        stop_ray_head(head)
     rows = read_run(tmp_path / "out" / "run=scaled")
     assert sorted(row["id"] for row in rows) == sorted(f"p{i}" for i in range(12))
     assert all(row["error"] is None for row in rows)
