@@ -239,16 +239,16 @@ class CopyCeiling(Method):
             answer = self.answers[key]
             at, room = int(n - prompt), int(min(self.w, limit - n - 1))
             ahead = answer.output[at:at + room]
-            sources = [answer.prompt, answer.output[:at + len(ahead)]] + (
-                [answer.prediction] if answer.prediction is not None else [])
-            size = max(longest_run(source, ahead, before=at if source is sources[1] else len(source))
-                       for source in sources)
-            drafts.append(ahead[:size].astype(np.int64))
+            sizes = [longest_run(answer.prompt, ahead), longest_run(answer.output, ahead, before=at)]
+            if answer.prediction is not None:
+                sizes.append(longest_run(answer.prediction, ahead))
+            drafts.append(ahead[:max(sizes)].astype(np.int64))
         return drafts
 
 
-def longest_run(source: np.ndarray, ahead: np.ndarray, before: int) -> int:
-    """The longest prefix of `ahead` that occurs in `source` starting before position `before`."""
+def longest_run(source: np.ndarray, ahead: np.ndarray, before: int | None = None) -> int:
+    """The longest prefix of `ahead` that occurs in `source` starting before position `before`
+    (anywhere, by default; a run may go on past `before`)."""
     best = 0
     if not len(ahead):
         return 0
