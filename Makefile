@@ -49,7 +49,7 @@ test-wheel: install
 # Tests that start clusters, Ray heads, vLLM in an actor or job runs, and SmolLM2's model tables;
 # CI runs them after make test.
 test-slow: install
-	$(PYTEST) -m slow tests
+	$(PYTEST) -m "slow and not nightly" tests
 
 # Statistics of SmolLM2's sampled rows and the benchmark's engines side by side: outside CI (the same
 # checks run there on a tiny model); run them before a release or after a change of sampling.

@@ -49,7 +49,7 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from pipeline.config import ModelConfig  # noqa: E402
 from pipeline.engines.transformers.attention import use_gqa_attention  # noqa: E402
-from pipeline.config.model_loading import load_model  # noqa: E402
+from pipeline.config.model_loading import load_model, publish  # noqa: E402
 from tests.processes import Processes  # noqa: E402
 
 
@@ -150,8 +150,7 @@ def built_once(name: str, build) -> Path:
         staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{name}-"))
         try:
             build(staging)
-            staging.chmod(0o755)
-            os.replace(staging, target)
+            publish(staging, target)  # (another test process may have published it first)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
     return target

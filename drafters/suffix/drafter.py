@@ -57,6 +57,13 @@ if TYPE_CHECKING:
 
 _NONE, _ZERO_OFFSETS, _NO_COST = np.zeros(0, np.int64), np.zeros(1, np.int64), np.zeros(0)
 _INT64 = np.dtype(np.int64)  # numpy's dtypes of its own types are singletons: `is` is the cheap test
+_INT32 = np.dtype(np.int32)
+
+
+def _read_only(values) -> np.ndarray:
+    view = np.asarray(values).view()
+    view.flags.writeable = False
+    return view
 
 
 def _int64(values) -> np.ndarray:
@@ -96,8 +103,10 @@ class BatchSuffixDrafter:
         self.ring_x = np.zeros((ring, NUM_FEATURES))
         self.ring_y = np.zeros(ring)
         self.calibration = empty_calibration()  # per depth and bin: drafts held to that token, tokens judged
-        self.store_tokens = np.asarray(store.tokens) if store is not None else np.zeros(0, np.uint32)
-        self.suffix_array = np.asarray(store.suffix_array) if store is not None else np.zeros(0, np.int32)
+        # read-only whatever their source (an actor maps them from the object store read-only): one
+        # compiled step for both, not one per kind of array (a compile is seconds)
+        self.store_tokens = _read_only(store.tokens if store is not None else np.zeros(0, np.uint32))
+        self.suffix_array = _read_only(store.suffix_array if store is not None else np.zeros(0, np.int32))
         # the store's q-grams (q its shortest match) and their suffix-array ranges: where searches start
         self.store_ranges = store_ranges(self.store_tokens, self.suffix_array, self.settings.store_min_match)
         self.slot_of: dict[object, int] = {}
@@ -130,6 +139,7 @@ class BatchSuffixDrafter:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
+        self.store_tokens, self.suffix_array = _read_only(self.store_tokens), _read_only(self.suffix_array)  # (unpickled writable)
         self._views = {}
         self._gather()
         self._compile()
@@ -192,6 +202,8 @@ class BatchSuffixDrafter:
         request_slots[:] = known_slots
         if not (rows.dtype is _INT64 and lengths.dtype is _INT64):  # (the usual case: both int64 already)
             rows, lengths = _int64(rows), _int64(lengths)
+        if tokens.dtype is not _INT32:  # vLLM's are int32; one compiled step takes them all as int32
+            tokens = tokens.astype(np.int32)
         drafting = step_cost is None or self.pays.drafting()  # not drafting: only take in the new tokens
         started = time.perf_counter() if step_cost is not None else 0.0
         finished, flat, offsets = self._take_finished() if self.finished else (_NONE, _NONE, _ZERO_OFFSETS)
@@ -254,7 +266,7 @@ class BatchSuffixDrafter:
         if key not in self.slot_of:  # its tokens when first seen are its prompt; its length unknown:
             self.start(key, n, NO_LIMIT)  # its segment as long as any, its drafts bounded by w alone
             weakref.finalize(context, self._forget, key)
-        drafts = self.step([key], np.asarray(context.tokens, dtype=np.int64)[None, :], np.zeros(1), np.array([n]),
+        drafts = self.step([key], np.asarray(context.tokens, dtype=np.int32)[None, :], np.zeros(1), np.array([n]),
                            width=min(w, self.w))
         length = int(drafts.lengths[0])
         rows = [drafts.tokens[0, :length].tolist() + [self.pad_token] * (w - length)] + [[self.pad_token] * w] * (k - 1)

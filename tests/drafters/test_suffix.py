@@ -327,6 +327,28 @@ def test_a_pickled_drafter_goes_on_drafting_as_the_original(tmp_path):
     assert copy.compiled_calls == original.compiled_calls + 1  # (the copy loaded its compiled step when unpickled)
 
 
+def test_every_kind_of_array_runs_one_compiled_step(tmp_path):
+    """vLLM's int32 token rows and the transformers engine's int64, a store built in this process
+    (writable arrays) and one an actor maps from the object store (read-only), and a drafter
+    unpickled (its arrays writable again): one compiled step for all of them, not one per kind of
+    array (each compile is tens of seconds where nothing is cached)."""
+    import pickle
+
+    from drafters.suffix.step import step
+
+    build_datastore([list(range(40)) * 3], tmp_path / "store", {})
+    on_disk = Datastore.open(tmp_path / "store")
+    writable = Datastore(np.array(on_disk.tokens), np.array(on_disk.suffix_array), on_disk.meta)
+    drafters = [compiled(), compiled(on_disk), compiled(writable), pickle.loads(pickle.dumps(compiled(on_disk)))]
+    before = len(step.signatures)
+    rows, prompts, limits = np.arange(1), np.full(1, 3), np.full(1, 60)
+    for drafter in drafters:
+        for dtype in (np.int32, np.int64):
+            tokens = np.array([list(range(40))], dtype)
+            stepped(drafter, [0], tokens, rows, np.full(1, 20), prompts, limits)
+    assert len(step.signatures) == max(before, 1), step.signatures
+
+
 def test_answers_in_flight_are_drafted_from():
     """A request drafts another's answer while that one is still being generated."""
     drafter = compiled()

@@ -225,7 +225,7 @@ def test_drafter_tables_reach_actors_as_read_only_shared_memory(local_ray, tiny_
 def datastore_in_an_actor_process(config, refs):
     stage = GenerationStage(config, tables=refs[0])
     drafter = stage.engine.decoder.drafter  # what the actor's suffix drafter drafts from
-    tokens, suffix_array = drafter.store_tokens, drafter.suffix_array
+    tokens, suffix_array = drafter.store_tokens.base, drafter.suffix_array.base  # (the drafter keeps read-only views)
     return {"tokens": tokens.tolist(), "writeable": tokens.flags.writeable or suffix_array.flags.writeable,
             "where": [shared_memory_location(tokens), shared_memory_location(suffix_array)], "pid": os.getpid()}
 
