@@ -46,13 +46,13 @@ test: install
 test-wheel: install
 	$(PYTEST) -m wheel tests
 
-# Tests that start clusters, Ray heads, vLLM in an actor or job runs, and SmolLM2's model tables;
-# CI runs them after make test.
+# Tests that start clusters, Ray heads, vLLM in an actor or job runs, and SmolLM2 on the transformers
+# engine; CI runs them after make test (the nightly ones among them, SmolLM2's bigram table, it leaves out).
 test-slow: install
 	$(PYTEST) -m "slow and not nightly" tests
 
-# Statistics of SmolLM2's sampled rows and the benchmark's engines side by side: outside CI (the same
-# checks run there on a tiny model); run them before a release or after a change of sampling.
+# Statistics of SmolLM2's sampled rows, the drafters that need SmolLM2's bigram table, and the benchmark's
+# engines side by side: outside CI (the same checks run there on a tiny model); run them before a release or after a change of sampling.
 test-nightly: install
 	$(PYTEST) -m nightly tests
 

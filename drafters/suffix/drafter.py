@@ -104,7 +104,7 @@ class BatchSuffixDrafter:
         self.ring_y = np.zeros(ring)
         self.calibration = empty_calibration()  # per depth and bin: drafts held to that token, tokens judged
         # read-only whatever their source (an actor maps them from the object store read-only): one
-        # compiled step for both, not one per kind of array (a compile is seconds)
+        # compiled step for both, not one per kind of array (a compile is tens of seconds where nothing is cached)
         self.store_tokens = _read_only(store.tokens if store is not None else np.zeros(0, np.uint32))
         self.suffix_array = _read_only(store.suffix_array if store is not None else np.zeros(0, np.int32))
         # the store's q-grams (q its shortest match) and their suffix-array ranges: where searches start
