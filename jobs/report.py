@@ -9,7 +9,9 @@ rows generated, skipped as done and errored, tokens/s, tokens per call and accep
 run's summary.json (series.png, series.json, series.md). Writes to DIR (default RUN_DIR/report): the paper's Figure 4 ablations
 (accepted_length.png, accepted_rank.png, strategy_rows.png, strategy_wins.png) with one bar
 group per decoder setting found in the run, tokens_per_call.png (its distribution over
-requests), and report.json / report.md with the totals. Rows that errored are counted, not plotted.
+requests), occupancy.png (the engines' occupancy), speculation.png (each actor's speculation mode and
+its measured windows, where it measured any), and report.json / report.md with the totals. Rows that
+errored are counted, not plotted.
 """
 from __future__ import annotations
 
@@ -129,6 +131,35 @@ def save_occupancy(summary: dict, path: Path) -> Path | None:
     return path
 
 
+def save_speculation(summary: dict, path: Path) -> Path | None:
+    """Each actor's speculation mode over its busy seconds (summary.json's speculation): every
+    measured window a segment at its tokens per second, coloured by the drafter that ran it ("none":
+    plain), and a dotted line where the actor switched; None when no actor measured a window."""
+    actors = (summary.get("speculation") or {}).get("actors") or {}
+    if not any(report["windows"] for report in actors.values()):
+        return None
+    plt = pyplot()
+    figure, axes = plt.subplots(figsize=(6, 3.5))
+    colours: dict[str, str] = {}
+    for number, report in enumerate(actors.values()):
+        for window in report["windows"]:
+            colour = colours.setdefault(window["drafter"], f"C{len(colours)}")
+            start = window["at_busy_seconds"]
+            axes.plot([start, start + window["seconds"]], [window["tokens_per_second"]] * 2, color=colour, linewidth=3,
+                      label=window["drafter"] if window["drafter"] not in axes.get_legend_handles_labels()[1] else None)
+        for switch in report["switches"]:
+            axes.axvline(switch["at_busy_seconds"], color=f"C{number}", linestyle=":", linewidth=1)
+    axes.set_xlabel("an actor's busy seconds (dotted: it switched mode)")
+    axes.set_ylabel("tokens/s in the window")
+    axes.legend(fontsize=7, title="drafter", title_fontsize=7)
+    modes = ", ".join(f"{r['drafter']} ({r['decided_by']})" for r in actors.values())
+    axes.set_title(f"speculation {summary['speculation']['setting']}: {modes}", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
 def run_summary(run_dir: str) -> dict:
     """The run's summary.json ({} for a directory without one)."""
     text = storage.read_text(storage.join(run_dir, "summary.json"))
@@ -143,8 +174,22 @@ def markdown(report: dict) -> str:
     for label, total in report["settings"].items():
         lines.append(f"| {label} | {total['requests']} | {total['generated_tokens']} | {total['tokens_per_call']} | "
                      f"{total['verified_tokens_per_call']} | {total['mean_request_alpha']} |")
+    if report["speculation"]:
+        lines += ["", "| actor | drafter now | decided by | switches | restart s | windows: drafter tokens/s |",
+                  "|---|---|---|---|---|---|"]
+        lines += [f"| {r['actor']} | {r['drafter']} | {r['decided_by']} | {r['switches']} | {r['restart_seconds']} | "
+                  f"{r['windows']} |" for r in report["speculation"]]
     lines += ["", *[f"![{path}]({path})" for path in report["plots"]]]
     return "\n".join(lines) + "\n"
+
+
+def speculation_rows(summary: dict) -> list[dict]:
+    """A line per actor of summary.json's speculation: its mode now, why, and its windows."""
+    actors = (summary.get("speculation") or {}).get("actors") or {}
+    return [{"actor": actor[:12], "drafter": r["drafter"], "decided_by": r["decided_by"], "switches": len(r["switches"]),
+             "restart_seconds": r["restart_seconds"],
+             "windows": ", ".join(f"{w['drafter']} {w['tokens_per_second']}" for w in r["windows"][-6:])}
+            for actor, r in actors.items()]
 
 
 SERIES_PANELS = (("rows_this_invocation", "rows generated"), ("rows_skipped_already_done", "rows skipped (done)"),
@@ -205,11 +250,11 @@ def main(argv=None) -> dict:
     out = args.out or Path(args.run_dir) / "report"
     paths = save_acceptance_plots({label: AcceptanceCounts.total(group) for label, group in groups.items()}, out)
     paths.append(save_tokens_per_call(groups, out / "tokens_per_call.png"))
-    occupancy = save_occupancy(run_summary(args.run_dir), out / "occupancy.png")
-    if occupancy is not None:
-        paths.append(occupancy)
+    summary = run_summary(args.run_dir)
+    paths += [path for path in (save_occupancy(summary, out / "occupancy.png"),
+                                save_speculation(summary, out / "speculation.png")) if path is not None]
     report = {"run_dir": str(args.run_dir), "rows": len(rows), "errored_rows": len(rows) - len(succeeded),
-              "unreadable_files": unreadable,
+              "unreadable_files": unreadable, "speculation": speculation_rows(summary),
               "settings": {label: totals(group) for label, group in groups.items()},
               "plots": [path.name for path in paths]}
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")

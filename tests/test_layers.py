@@ -8,7 +8,7 @@ Layers, top to bottom (docs/layout.md, "Where things are"; ../shared/ARCHITECTUR
                          and summary), rows, inputs, output_files, series, series_store
     llm                  pipeline/llm/: ray.data.llm's API (processor) and its stage: stage, actor_pool, schema,
                          sampling_params, row_values, checkpoint, storage, progress, metrics
-    engine builder       pipeline/engines/build
+    engine builder       pipeline/engines/build (which engine), speculation (which mode it runs in)
     engines              pipeline/engines/vllm/, pipeline/engines/transformers/ (siblings)
     engine interface     pipeline/engines/base, stats
     config               pipeline/config/: settings (its names importable from pipeline.config), typed,
@@ -36,7 +36,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("jobs", ("jobs",)),
     ("job", ("pipeline.job",)),
     ("llm", ("pipeline.llm",)),
-    ("engine builder", ("pipeline.engines.build",)),
+    ("engine builder", ("pipeline.engines.build", "pipeline.engines.speculation")),
     ("engines", ENGINES),
     ("engine interface", ("pipeline.engines.base", "pipeline.engines.stats", "pipeline.engines")),
     ("config", ("pipeline.config", "pipeline")),

@@ -22,6 +22,11 @@ def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="request i samples with a seed derived from it")
 
 
+def numbers(text: str) -> list[float]:
+    """A comma-separated list of numbers (--actor-hours 1,8)."""
+    return [float(part) for part in text.split(",") if part.strip()]
+
+
 def integers(text: str) -> list[int]:
     """A comma-separated list of integers (--batch 1,16)."""
     return [int(part) for part in text.split(",") if part.strip()]

@@ -15,6 +15,7 @@ SUBCOMMANDS = {
     "sampling": "jobs.benchmark.sampling",
     "edits": "jobs.benchmark.edits",
     "series-edits": "jobs.benchmark.series_edits",
+    "speculation": "jobs.benchmark.speculation",
     "restarts": "jobs.benchmark.restarts",
     "pipeline": "jobs.benchmark.pipeline_overhead",
     "feeding": "jobs.benchmark.feeding",

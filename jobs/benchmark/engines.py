@@ -67,13 +67,16 @@ class Method:
         parts = self.name.split(":")
         if parts[0] == "plain":
             return ["decoder.drafter=none", "decoder.w=0"]
+        # A method drafts throughout (engine.speculation on): the comparison is of methods, not of modes.
         if parts[0] in VLLM_DEFAULTS:
             w, extra = VLLM_DEFAULTS[parts[0]]
-            return [f"decoder.drafter={parts[0]}", f"decoder.w={parts[1] if len(parts) > 1 else w}", *extra]
+            return [f"decoder.drafter={parts[0]}", f"decoder.w={parts[1] if len(parts) > 1 else w}", *extra,
+                    "engine.speculation=on"]
         if len(parts) not in (3, 4):
             raise ValueError(f"method {self.name!r}: expected plain, vllm_ngram[:W], vllm_suffix[:W] or DRAFTER:k:w[:tree]")
         verify = [f"transformers.verify={parts[3]}"] if len(parts) == 4 else []
-        return [f"decoder.drafter={parts[0]}", f"transformers.k={parts[1]}", f"decoder.w={parts[2]}", *verify]
+        return [f"decoder.drafter={parts[0]}", f"transformers.k={parts[1]}", f"decoder.w={parts[2]}", *verify,
+                "engine.speculation=on"]
 
 
 def parse_methods(names: str, engine: str) -> list[Method]:

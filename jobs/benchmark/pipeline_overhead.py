@@ -39,7 +39,8 @@ def run(args) -> dict:
     output = tempfile.mkdtemp(prefix="pipeline-benchmark-")
     config = checked_config(load_config(args.config, [  # as the job starts it
         f"model.name={json.dumps(args.model)}", f"input.path={json.dumps(args.dataset)}", f"input.limit={args.limit}",
-        f"decoder.max_new_tokens={args.max_new_tokens}", f"job.output={json.dumps(output)}"]))
+        f"decoder.max_new_tokens={args.max_new_tokens}", f"job.output={json.dumps(output)}",
+        "engine.speculation=on"]))  # the same mode in both
     prompts = load_prompts(args.dataset, args.limit)
     stage = GenerationStage(config, job_rows.stage_settings(config))
     preprocess = job_rows.request_row(config)

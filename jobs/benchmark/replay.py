@@ -23,11 +23,15 @@ tokens plus one. Every method drafts at most --max-draft tokens per request-step
   `make install-suffix`);
 - `vllm_ngram`: vLLM's numba n-gram lookup (`batch_propose_numba`, as its `ngram` method calls it)
   per step over every running request, n-grams of --ngram-min to --ngram-max tokens;
+- `vllm_ngram_gpu`: the same lookup with drafts of at most 5 tokens, as engine.speculation auto runs
+  vLLM's `ngram_gpu` (its Triton kernel finds the same n-grams on the GPU, asynchronously);
 - `plain`: no drafts (the projection's reference);
 - `copy_ceiling`: not a drafter but a bound: each step drafts, knowing the recorded output, the
   longest run of it that occurs in the row's prediction, prompt or output so far (up to
   --prediction-w tokens): no drafter copying from those sources takes fewer steps.
-With --project every row also has its projected tokens/s on that GPU (see `projection`), or with
+With --project, `auto` says what engine.speculation auto would run at each batch size and its tokens/s
+(`auto_projection`: the actor's own chooser over --actor-hours, each switch --restart-seconds), and
+every row also has its projected tokens/s on that GPU (see `projection`), or with
 `--project cpu --host-step R` on this CPU's vLLM engine as the host-step subcommand measured it
 (`cpu_projection`), the budget of `ours_budget_cpu` weighing that CPU step.
 Time is the drafter's own, everything it does over the request-steps it serves (starting and
@@ -45,10 +49,12 @@ from pathlib import Path
 
 import numpy as np
 
-from jobs.benchmark.arguments import integers
+from jobs.benchmark.arguments import integers, numbers
 from jobs.benchmark.replay_answers import Answer, load_answers, load_predictions
 from jobs.benchmark.replay_methods import METHODS, Ours
 from jobs.benchmark.step_costs import GPUS, MODELS, CpuStepCost, MeasuredStepCost, RooflineStepCost
+from pipeline.engines import speculation
+from pipeline.engines.speculation import Chooser
 
 
 def add_cli_args(parser) -> None:
@@ -76,6 +82,11 @@ def add_cli_args(parser) -> None:
                              "ours_prediction")
     parser.add_argument("--prediction-w", type=int, default=128,
                         help="a prediction's draft tokens per request-step, at most (the engine's engine.prediction_w)")
+    parser.add_argument("--actor-hours", type=numbers, default=[1.0, 8.0],
+                        help="engine.speculation auto's projection: the hours of work one actor is given, comma-separated")
+    parser.add_argument("--restart-seconds", type=float, default=60.0,
+                        help="engine.speculation auto's projection: an engine's start, in seconds (an 8B model on a "
+                             "GPU: weights, compilation and CUDA graphs; this CPU's SmolLM2: about 5)")
 
 
 def markdown(report: dict) -> str:
@@ -85,6 +96,8 @@ def markdown(report: dict) -> str:
     table = markdown_table(rows)
     if "projection" in report:
         table += "\n\n" + report["projection"]["formula"] + "\n\n" + markdown_table(report["projection"]["rows"])
+        if report["projection"].get("auto"):
+            table += "\n\nengine.speculation auto:\n\n" + markdown_table(report["projection"]["auto"])
     return table
 
 
@@ -328,7 +341,65 @@ def run(args) -> dict:
         host = read_json(args.host_step)
         report["projection"] = (cpu_projection(rows, host) if args.project == "cpu"
                                 else projection(rows, args.project, step_costs(args), host))
+        report["projection"]["auto"] = auto_projection(rows, args)
     return report
+
+
+def auto_projection(rows: list[dict], args) -> list[dict]:
+    """What engine.speculation auto gives at each batch size (pipeline/engines/speculation.py), from the
+    projected tokens/s of its candidates: ours as vLLM runs it (synchronously; with the step budget,
+    and drafting from the predictions where the rows have them), plain (asynchronously on a GPU) and,
+    on a GPU, vllm_ngram standing for `ngram_gpu` (asynchronous). The actor's own Chooser runs over
+    --actor-hours of work, each switch costing --restart-seconds with nothing generated; a short
+    job (`rule`) runs the rule's mode. Ratios against plain as the user runs it (async on a GPU)."""
+    gpu = args.project != "cpu"
+    parts = ("gpu", "host", "drafter") if gpu else ("gpu", "drafter")
+    budget = f"_budget_{args.project.replace('-', '_')}"
+    ours = "ours_prediction" if any(r["method"] == "ours_prediction" for r in rows) else "ours"
+    auto = []
+    for batch in sorted({row["batch"] for row in rows}):
+        found = {row["method"]: row for row in rows if row["batch"] == batch}
+        if "plain" not in found or ours not in found:
+            continue
+        rates = {"ours": rate(found.get(ours + budget, found[ours]), *parts),
+                 speculation.PLAIN: rate(found["plain"], "gpu") if gpu else rate(found["plain"], *parts)}
+        ngram = found.get("vllm_ngram_gpu", found.get("vllm_ngram"))
+        if gpu and ngram is not None:
+            rates["vllm_ngram_gpu"] = rate(ngram, "gpu")
+        predicted = ours == "ours_prediction"
+        platform = "gpu" if gpu else "cpu"
+        rule = speculation.platform_rule(platform, batch, predicted)
+        short = rates[Chooser(tuple(rates), platform, batch, 0.0, None, predictions=predicted).current]
+        plain = rates[speculation.PLAIN]
+        for hours in args.actor_hours:
+            measured, chooser = simulate_auto(rates, platform, batch, predicted, 3600 * hours, args.restart_seconds)
+            auto.append({"batch": batch, "actor_hours": hours, "ours": ours + budget if ours + budget in found else ours,
+                         **{f"{name}_tokens_per_second": round(value, 1) for name, value in rates.items()},
+                         "rule": rule.choice, "rule_measures": rule.measure, "rows_with_predictions": predicted,
+                         "short_job_vs_plain": round(short / plain, 3), "auto_drafter": chooser.current,
+                         "auto_switches": len(chooser.switches), "auto_tokens_per_second": round(measured, 1),
+                         "auto_vs_plain": round(measured / plain, 3), "auto_vs_ours": round(measured / rates["ours"], 3),
+                         "best": max(rates, key=rates.get), "auto_vs_best": round(measured / max(rates.values()), 3)})
+    return auto
+
+
+def simulate_auto(rates: dict[str, float], platform: str, running: int, predicted: bool, seconds: float,
+                  restart_seconds: float):
+    """An actor's Chooser (its engine `running` requests at once, on `platform`, its rows with
+    predictions or not, as the job tells it) over `seconds` of work at each mode's tokens/s `rates`:
+    a batch of `running` rows a second; a switch costs `restart_seconds` with nothing generated.
+    Returns (its tokens/s, the chooser)."""
+    chooser = Chooser(tuple(rates), platform, running, 0.0, int(seconds) * running, predictions=predicted)
+    chooser.restart_seconds = restart_seconds
+    busy = clock = tokens = 0.0
+    while clock < seconds:
+        made = rates[chooser.current]
+        busy, clock, tokens = busy + 1.0, clock + 1.0, tokens + made
+        target = chooser.observe(busy, int(made), running, running if predicted else 0)
+        if target is not None:
+            chooser.switched(target, 0.0, restart_seconds)
+            clock += restart_seconds
+    return tokens / clock, chooser
 
 
 def calibration_plot(rows: list[dict], directory: Path, title: str) -> Path:

@@ -200,17 +200,28 @@ class VllmNgram(Method):
     def __init__(self, args, store, answers, cost=None):
         from vllm.v1.spec_decode.ngram_proposer import batch_propose_numba
 
-        self.propose, self.args = batch_propose_numba, args
+        self.propose, self.args, self.w = batch_propose_numba, args, args.max_draft
 
     def draft(self, batch, rows, lengths, prompts, limits, tokens):
         args = self.args
-        drafts = np.zeros((tokens.shape[0], args.max_draft), np.int32)
+        drafts = np.zeros((tokens.shape[0], self.w), np.int32)
         counts = np.zeros(tokens.shape[0], np.int32)
         numbers = np.zeros(tokens.shape[0], np.int32)
         numbers[rows] = lengths
-        self.propose(list(rows), numbers, tokens, args.ngram_min, args.ngram_max, tokens.shape[1], args.max_draft, drafts, counts)
+        self.propose(list(rows), numbers, tokens, args.ngram_min, args.ngram_max, tokens.shape[1], self.w, drafts, counts)
         room = limits - lengths - 1
         return [drafts[row, :max(min(counts[row], limit), 0)].astype(np.int64) for row, limit in zip(rows, room)]
+
+
+class VllmNgramGpu(VllmNgram):
+    """vLLM's `ngram_gpu` as engine.speculation auto runs it: the same lookup (its Triton kernel
+    finds the same n-grams on the GPU), drafts of at most NGRAM_GPU_W tokens."""
+
+    def __init__(self, args, store, answers, cost=None):
+        from pipeline.engines.speculation import NGRAM_GPU_W
+
+        super().__init__(args, store, answers, cost)
+        self.w = min(args.max_draft, NGRAM_GPU_W)
 
 
 class Plain(Method):
@@ -268,7 +279,7 @@ class OursPredicted(Ours):
 
 
 METHODS = {"ours": Ours, "ours_prediction": OursPredicted, "vllm_suffix": ArcticSuffix, "vllm_ngram": VllmNgram,
-           "plain": Plain, "copy_ceiling": CopyCeiling}
+           "vllm_ngram_gpu": VllmNgramGpu, "plain": Plain, "copy_ceiling": CopyCeiling}
 
 
 def store_documents(store) -> list[np.ndarray]:

@@ -54,7 +54,7 @@ def run(args) -> dict:
     from pipeline.llm.stage import GenerationStage
 
     config = load_config(overrides=["engine.name=vllm", f"model.name={args.model}", "engine.cpu_kv_cache_gib=1",
-                                    f"decoder.max_new_tokens={args.max_new_tokens}"])
+                                    f"decoder.max_new_tokens={args.max_new_tokens}", "engine.speculation=on"])
     steps = {"count": 0, "at": 0}
     fail_at(steps)
     started = time.perf_counter()

@@ -28,19 +28,19 @@ predictions' accepted and rejected tokens; rows identical to plain's compare gen
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 from jobs.benchmark.arguments import add_prompt_args
+from jobs.benchmark.job_runs import generated_by_id, job_command, run_job, write_jsonl
 from jobs.benchmark.report import markdown_table
 
 # method -> the overrides of its runs (ours: the series' default drafter, drafting from predictions)
-METHODS = {"ours": [], "vllm_suffix": ["decoder.drafter=vllm_suffix"], "plain": ["decoder.drafter=none"]}
+# (each drafts throughout, engine.speculation on: the comparison is of methods, not of modes)
+METHODS = {"ours": ["engine.speculation=on"], "vllm_suffix": ["decoder.drafter=vllm_suffix", "engine.speculation=on"],
+           "plain": ["decoder.drafter=none"]}
 KINDS = ("line", "field", "paragraph")
 # Issue 64's goals for edited rows through the job on this CPU: at B = 1, ours/vllm_suffix of
 # tokens per call and of tokens/s at least these; at B > 1, tokens/s not below either other method.
@@ -91,60 +91,6 @@ def corpus_rows(prompts, kind: str | None = None) -> list[dict]:
     from jobs.benchmark.edits import edit
 
     return [{"id": p.request_id, "prompt": edit(p.prompt, kind) if kind else p.prompt} for p in prompts]
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    return path
-
-
-def job_command(input_path: Path, output: Path, run_id: str, overrides: list[str]) -> list[str]:
-    """`python -m jobs.generate` as a user types it, each override one --set."""
-    command = [sys.executable, "-m", "jobs.generate", "--input", str(input_path), "--output", str(output),
-               "--run-id", run_id]
-    for override in overrides:
-        command += ["--set", override]
-    return command
-
-
-def run_job(command: list[str], logs: Path, timeout: float) -> dict:
-    """Runs one job in a process of its own, with a Ray of its own (a new RAY_TMPDIR; RAY_ADDRESS
-    unset); returns its summary.json. Its stdout and stderr are kept in `logs`.*; a failed run
-    raises with the end of its stderr."""
-    ray_tmp = tempfile.mkdtemp(prefix="ngr-se-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    env = {key: value for key, value in os.environ.items() if key != "RAY_ADDRESS"}
-    env.update(RAY_TMPDIR=ray_tmp, PYTHONUNBUFFERED="1")
-    logs.parent.mkdir(parents=True, exist_ok=True)
-    stdout, stderr = logs.with_suffix(".stdout"), logs.with_suffix(".stderr")
-    try:
-        with open(stdout, "wb") as out, open(stderr, "wb") as err:
-            done = subprocess.run(command, stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env, timeout=timeout)
-    finally:
-        shutil.rmtree(ray_tmp, ignore_errors=True)
-    if done.returncode != 0:
-        raise RuntimeError(f"exit status {done.returncode}: {' '.join(command)}\n"
-                           f"{stderr.read_text(errors='replace')[-3000:]}")
-    return json.loads(Path(summary_path(stdout.read_text())).read_text())
-
-
-def summary_path(stdout: str) -> str:
-    """The summary.json a job's output names (its line `Summary: PATH`)."""
-    lines = [line for line in stdout.splitlines() if line.startswith("Summary: ")]
-    if not lines:
-        raise RuntimeError("the job printed no `Summary: PATH` line")
-    return lines[-1].removeprefix("Summary: ").strip()
-
-
-def generated_by_id(run_dir: str) -> dict[str, list[int]]:
-    """Each row's generated tokens, by id, from the run's Parquet files."""
-    import pyarrow.parquet as pq
-
-    found = {}
-    for path in sorted(Path(run_dir).glob("*.parquet")):
-        table = pq.read_table(path, columns=["id", "generated_tokens"])
-        found.update(zip(map(str, table["id"].to_pylist()), table["generated_tokens"].to_pylist()))
-    return found
 
 
 def measure_cell(args, work: Path, prompts, kind: str, batch: int, order: list[str]) -> dict[str, dict]:

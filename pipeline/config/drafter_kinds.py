@@ -37,6 +37,9 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
     # decoding (arctic-inference).
     "vllm_ngram": DrafterKind(vllm_method="ngram"),
     "vllm_suffix": DrafterKind(vllm_method="suffix"),
+    # vLLM's n-gram lookup on the GPU (a Triton kernel over each request's tokens): the one method of
+    # vLLM 0.32 that keeps async scheduling on; GPU actors only.
+    "vllm_ngram_gpu": DrafterKind(vllm_method="ngram_gpu"),
 }
 DRAFTER_NAMES = tuple(DRAFTER_KINDS)
 VLLM_METHODS = {name: kind.vllm_method for name, kind in DRAFTER_KINDS.items() if kind.vllm_method}

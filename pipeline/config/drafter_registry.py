@@ -119,6 +119,7 @@ FACTORIES: dict[str, Callable[[DrafterParts], Drafter] | None] = {
     "batch_suffix": _batch_suffix,
     "vllm_ngram": None,
     "vllm_suffix": None,
+    "vllm_ngram_gpu": None,
 }
 assert tuple(FACTORIES) == DRAFTER_NAMES, "pipeline/config/drafter_registry.py FACTORIES must name every drafter kind, in order"
 

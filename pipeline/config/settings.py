@@ -95,6 +95,17 @@ class EngineConfig:
     hang_timeout_s: float = 600.0
     max_restarts: int = 3
     restart_window_s: float = 3600.0
+    # Whether an actor drafts: "on" runs decoder.drafter, "off" plain decoding (vLLM at its best for
+    # the platform: async scheduling on a GPU), "auto" the faster of them (and of vLLM's own
+    # vllm_ngram_gpu on GPU actors), by the platform's rule where it is clear or the actor's work is
+    # too short to measure, else measured on the actor's own rows and checked again as it goes
+    # (pipeline/engines/speculation.py). The mode never changes a row: greedy rows are plain's,
+    # a sampled row is one text with or without drafts. (YAML reads a bare on and off as true and
+    # false: taken as "on" and "off".)
+    speculation: Literal["auto", "on", "off"] | bool = "auto"
+    # auto: the busy seconds of one measurement window; 0 sizes it from the engine's measured start
+    # (pipeline/engines/speculation.py, Chooser.window_s).
+    speculation_window_s: float = 0.0
 
     def __post_init__(self):
         _require(isinstance(self.prediction_w, int) and self.prediction_w >= 0, "engine.prediction_w",
@@ -102,6 +113,9 @@ class EngineConfig:
         _require(self.hang_timeout_s >= 0, "engine.hang_timeout_s", "a number of seconds >= 0 (0: no limit)")
         _require(self.max_restarts >= 0, "engine.max_restarts", "an integer >= 0 (0: a failed engine stops the job)")
         _require(self.restart_window_s > 0, "engine.restart_window_s", "a number of seconds > 0")
+        if isinstance(self.speculation, bool):
+            object.__setattr__(self, "speculation", "on" if self.speculation else "off")
+        _require(self.speculation_window_s >= 0, "engine.speculation_window_s", "a number of seconds >= 0 (0: auto)")
         if self.name == "auto":
             object.__setattr__(self, "name", installed_engine())  # frozen: resolved once, here
         _require(self.max_model_len >= 0, "engine.max_model_len", "an integer >= 0 (0: the model's own)")

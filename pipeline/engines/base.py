@@ -37,6 +37,11 @@ class EngineKind:
     concurrent_batches: Callable[[Config], int]
     # Whether a row's `prediction` is drafted from (drafters/prediction.py).
     drafts_from_predictions: Callable[[Config], bool]
+    # Requests one engine runs at once (its slots): the concurrency the speculation rule reads.
+    slots: Callable[[Config], int]
+    # Drafters of the engine's library that keep its async scheduling on the config's actors:
+    # further candidates of engine.speculation auto (pipeline/engines/speculation.py).
+    async_drafters: Callable[[Config], tuple[str, ...]]
 
 
 class EngineFailed(RuntimeError):

@@ -3,6 +3,8 @@ is): `build_engine` makes it, and what each engine declares of its settings (its
 as it runs it, the models it refuses, its batches at once) is read here for everyone above."""
 from __future__ import annotations
 
+import importlib
+import time
 from pathlib import Path
 from typing import Sequence
 
@@ -12,7 +14,7 @@ from pipeline.engines.base import Engine, EngineKind
 from pipeline.engines.errors import ModelRefused
 from pipeline.config.model_loading import LoadedModel, load_model, resolve_model_dir
 
-__all__ = ["ModelRefused", "build_engine", "build_engines", "check_engine_can_run", "checked_config",
+__all__ = ["ModelRefused", "build_engine", "build_engines", "build_timed", "check_engine_can_run", "checked_config",
            "concurrent_batches", "drafts_from_predictions", "engine_kind"]
 
 
@@ -61,6 +63,14 @@ def build_engine(config: Config, tables: DrafterTables | None = None, loaded: Lo
 
     loaded = loaded or load_model(config.model)
     return TransformersEngine(config, loaded, tables if tables is not None else drafter_tables(config, loaded))
+
+
+def build_timed(config: Config, tables: DrafterTables | None = None) -> tuple[Engine, float]:
+    """build_engine's engine and the seconds it took, the engine's library imported before the
+    clock starts: what building it again in this process costs (an engine switched or replaced)."""
+    importlib.import_module(config.engine.name)  # vllm, or transformers
+    started = time.perf_counter()
+    return build_engine(config, tables), time.perf_counter() - started
 
 
 def build_engines(configs: Sequence[Config]) -> list[Engine]:

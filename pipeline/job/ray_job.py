@@ -172,7 +172,7 @@ def read_plan(plan: RunPlan) -> tuple[ray.data.Dataset, Reading]:
                                   batch_size=None, num_cpus=IO_CPUS)
     if config.input.limit:
         dataset = dataset.limit(config.input.limit)
-    return dataset, Reading(input_rows, rows_read, new_rows, set_aside)
+    return dataset, Reading(input_rows, rows_read, new_rows, set_aside, "prediction" in columns)
 
 
 def generate_and_write(config: Config, run_id: str) -> dict:
@@ -187,12 +187,16 @@ def generate_and_write(config: Config, run_id: str) -> dict:
     # The job is a pipeline.llm processor: it prepares the model where the actors run, its
     # preprocess and postprocess turn the job's rows into the processor's and back, and the
     # checkpoint makes the read skip the rows this run (or its series) already wrote.
-    processor = Processor(plan.drafting, job_rows.stage_settings(config, run_id, live_metrics=True), plan.checkpoint,
+    # The stage's speculation mode reads how many rows it will generate, and whether they carry
+    # predictions (their own, or a series' last outputs).
+    expected = min(reading.new_rows, config.input.limit or reading.new_rows)
+    written = series.output_files(paths.runs_root) if config.job.series else {}
+    settings = job_rows.stage_settings(config, run_id, True, expected, reading.predicted or bool(written))
+    processor = Processor(plan.drafting, settings, plan.checkpoint,
                           preprocess=job_rows.request_row(config, plan.fingerprint), postprocess=job_rows.output_table,
                           preprocess_map_kwargs={"num_cpus": IO_CPUS}, postprocess_map_kwargs={"num_cpus": IO_CPUS},
                           progress=progress)
     try:
-        written = series.output_files(paths.runs_root) if config.job.series else {}
         if written:  # a changed row is drafted from its last output
             dataset = series.with_last_outputs(dataset, config, paths.runs_root, written, IO_CPUS)
         processor(dataset).write_parquet(paths.run_dir, filesystem=whole_files(paths.run_dir),

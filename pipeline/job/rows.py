@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config import Config
+from pipeline.config.drafter_kinds import DRAFTER_KINDS
 from pipeline.engines.errors import RequestError
 from pipeline.job.series import LAST_OUTPUT, ROW_SETTINGS, row_fingerprint, settings_fingerprint
 from pipeline.llm.row_values import prediction_text, python_value, request_key
@@ -34,13 +35,15 @@ if TYPE_CHECKING:
 REQUEST_COLUMNS = ("messages", "prompt", "tokenized_prompt", "model")
 
 
-def stage_settings(config: Config, run_id: str = "", live_metrics: bool = False) -> StageSettings:
+def stage_settings(config: Config, run_id: str = "", live_metrics: bool = False, expected_rows: int | None = None,
+                   predictions: bool = False) -> StageSettings:
     """The job's stage: every row comes back (an error row where it fails), rows are named and
-    seeded by their id, a text prompt is a user's message."""
+    seeded by their id, a text prompt is a user's message; `expected_rows`: those the run will
+    generate; `predictions`: whether its rows carry predictions, as far as it knows."""
     from pipeline.llm.stage import StageSettings
 
     return StageSettings(text_as_user_message=True, continue_on_error=True, seed=config.decoder.seed, id_column="id",
-                         live_metrics=live_metrics, run_id=run_id)
+                         live_metrics=live_metrics, run_id=run_id, expected_rows=expected_rows, predictions=predictions)
 
 
 def input_columns(config: Config, names: list[str]) -> list[str]:
@@ -90,11 +93,20 @@ def as_text(prediction):
         return prediction
 
 
+# The drafters that draft from a row's prediction: ours (not plain, not vLLM's own methods).
+PREDICTION_DRAFTERS = pa.array([name for name, kind in DRAFTER_KINDS.items() if name != "none" and not kind.vllm_method])
+
+
 def output_table(batch: pa.Table) -> pa.Table:
     """The postprocess, a block at a time: the job's columns of every row, in JOB_SCHEMA's types,
-    the processor's __inference_error__ as `error` (null when the row was generated)."""
+    the processor's __inference_error__ as `error` (null when the row was generated), and
+    `predicted_from` null where the mode that ran the row drafts from no prediction (plain, with
+    engine.speculation auto)."""
     error = batch.column(INFERENCE_ERROR)
     columns = {name: batch.column(name) if name in batch.column_names else pa.nulls(len(batch))
                for name in JOB_SCHEMA.names if name != "error"}
     columns["error"] = pc.if_else(pc.equal(error, ""), pa.scalar(None, pa.string()), error)
+    if "drafter" in batch.column_names and "predicted_from" in batch.column_names:
+        drafted = pc.fill_null(pc.is_in(batch.column("drafter"), value_set=PREDICTION_DRAFTERS), False)
+        columns["predicted_from"] = pc.if_else(drafted, batch.column("predicted_from"), pa.scalar(None, pa.string()))
     return pa.table(columns).cast(JOB_SCHEMA)

@@ -84,6 +84,7 @@ class Reading:
     rows_read: int
     new_rows: int
     set_aside: list  # earlier output files set aside (output_files.set_aside_unreadable)
+    predicted: bool = False  # whether the input has a prediction column
 
 
 @dataclass(frozen=True)
@@ -139,6 +140,10 @@ class RunSummary:
     engine_series: list
     actor_peak_rss_mb: float | None  # the largest actor process's peak resident memory
     engine_restarts: dict  # engines that failed inside a live actor and were built again (or their actor restarted)
+    # engine.speculation, and each actor's mode: the drafter it runs ("none": plain), decided by the
+    # rule, the setting or measurement, its measured windows (tokens per busy second) and its
+    # switches with their drain and restart seconds (pipeline/engines/speculation.py).
+    speculation: dict
     driver_peak_rss_mb: float
     settings: dict  # the drafting config's sections as run
 
@@ -168,6 +173,7 @@ class RunSummary:
             **{name: this_time[name] for name in ("engine_occupancy", "engine_steps", "engine_idle_seconds",
                                                   "engine_drain_seconds", "engine_step_cost", "engine_series", "actor_peak_rss_mb",
                                                   "engine_restarts")},
+            speculation={"setting": plan.drafting.engine.speculation, "actors": this_time["speculation"]},
             driver_peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             settings={section: asdict(getattr(plan.drafting, section))
                       for section in ("model", "engine", "decoder", "transformers", "input", "ray")})

@@ -199,7 +199,7 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
             argument = VLLM_ARGUMENTS.get(key)
             if key == "speculative_config":
                 sections["decoder"].update(self.speculative_decoder(value))
-            elif key in ENGINE_RECOVERY:  # ours, not vLLM's: what a failed engine does (pipeline/llm/stage.py)
+            elif key in OUR_ENGINE_KWARGS:  # ours, not vLLM's: a failed engine's restarts, the speculation mode
                 sections["engine"][key] = value
             elif argument is None:
                 vllm_args[key] = value
@@ -267,8 +267,9 @@ def rows_postprocess(postprocess: Callable, continue_on_error: bool) -> Callable
     return apply
 
 
-# engine_kwargs that are ours: an engine's restarts after a failure (pipeline/config/settings.py, EngineConfig).
-ENGINE_RECOVERY = ("hang_timeout_s", "max_restarts", "restart_window_s")
+# engine_kwargs that are ours (pipeline/config/settings.py, EngineConfig): an engine's restarts after a
+# failure (pipeline/llm/stage.py), and whether it drafts (pipeline/engines/speculation.py).
+OUR_ENGINE_KWARGS = ("hang_timeout_s", "max_restarts", "restart_window_s", "speculation", "speculation_window_s")
 
 
 @dataclass(frozen=True)

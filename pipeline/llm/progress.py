@@ -28,6 +28,7 @@ class BatchReport:
     actor: str = ""  # the Ray actor that ran it, its process and its engine (actor/pid/generation)
     engine_steps: EngineSteps | None = None  # that actor's engine's step accounting so far (None: not kept)
     peak_rss_mb: float = 0.0  # the actor process's peak resident memory so far
+    speculation: dict | None = None  # the actor's speculation mode (pipeline/engines/speculation.py Chooser.report)
 
 
 COUNTED = ("rows", "errored_rows", "generated_tokens", "target_calls")  # summed over the batches
@@ -62,7 +63,7 @@ def empty_totals() -> dict:
     """The totals of an invocation that generated nothing."""
     return {"batches": 0, **{name: 0 for name in COUNTED}, "first_start": float("inf"), "last_finish": 0.0,
             "nodes": [], **engine_summary([]), "engine_series": [], "actor_peak_rss_mb": None,
-            "engine_restarts": {"total": 0, "by_actor": {}, "causes": []}}
+            "engine_restarts": {"total": 0, "by_actor": {}, "causes": []}, "speculation": {}}
 
 
 @ray.remote(num_cpus=0)
@@ -81,6 +82,7 @@ class RunProgress:
         self.engines: dict[str, EngineSteps] = {}  # each engine's latest (a replaced engine's stay counted)
         self.peak_rss_mb = 0.0  # the largest of the actors'
         self.series: list[tuple[float, float | None]] = []  # (when, the run's occupancy so far)
+        self.speculation: dict[str, dict] = {}  # each actor's latest speculation report, by its Ray actor id
 
     def report(self, batch: BatchReport) -> str | None:
         """Adds a finished batch; returns why the run must stop, if it must."""
@@ -90,6 +92,8 @@ class RunProgress:
         self.first_start, self.last_finish = min(self.first_start, batch.started), max(self.last_finish, batch.finished)
         self.nodes.add(batch.node)
         self.peak_rss_mb = max(self.peak_rss_mb, batch.peak_rss_mb)
+        if batch.speculation is not None:
+            self.speculation[batch.actor.split("/")[0] or batch.node] = batch.speculation
         if batch.engine_steps is not None:
             self.engines[batch.actor] = batch.engine_steps
             self.series.append((batch.finished, engine_summary(list(self.engines.values()))["engine_occupancy"]))
@@ -121,5 +125,7 @@ class RunProgress:
                 "engine_restarts": {"total": sum(w.total for w in self.restarts.values()),
                                     "by_actor": {actor: w.total for actor, w in self.restarts.items()},
                                     "causes": list(self.causes)},
+                # Each actor's speculation mode: what it runs, why, its measured windows and switches.
+                "speculation": dict(self.speculation),
                 # The run's occupancy after each batch, by seconds since the first batch started.
                 "engine_series": [[round(when - start, 2), occupancy] for when, occupancy in sorted(self.series)]}

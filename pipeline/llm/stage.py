@@ -20,6 +20,11 @@ A row that cannot be generated raises, or, with `continue_on_error`, comes back 
 are; the other rows of the batch go on. A row with `__bad_input__` (input that could not be read:
 a caller's preprocess says why) is such a row, with that message.
 
+The engine runs in the speculation mode its actor chooses (pipeline/engines/speculation.py): a
+batch finished may ask for another mode, and the stage then lets the batches in the engine finish,
+holds new ones back, closes the engine and builds one for the new mode, as it replaces a failed
+one. The mode never changes a row.
+
 An engine that fails (EngineFailed: the engine's, not a row's) is closed and built again, once,
 whichever batch meets the failure first, and every batch it held runs again on the new one: the
 same rows, the same seeds, so greedy rows and seeded sampled rows come out as they would have. A
@@ -48,7 +53,8 @@ from pipeline.config.drafter_registry import DrafterTables
 from pipeline.config import Config
 from pipeline.engines.base import Engine, EngineFailed, EngineHung, EngineSteps, Failed, Request, Result
 from pipeline.engines.errors import RequestError
-from pipeline.engines.build import build_engine
+from pipeline.engines.build import build_engine, build_timed
+from pipeline.engines import speculation
 from pipeline.llm.metrics import RunMetrics
 from pipeline.llm.progress import BatchReport, EngineCrashLoop, JobStopped, RestartWindow
 from pipeline.llm.row_values import prediction_text, python_value, request_key
@@ -73,6 +79,12 @@ class StageSettings:
     statistics: tuple[str, ...] | None = None  # which of STATISTICS a row gets (None: all)
     live_metrics: bool = False  # Ray metrics from each actor (pipeline/llm/metrics.py), tagged run_id
     run_id: str = ""
+    # The rows the run will generate, where it knows them: each actor's share decides whether its
+    # work pays for measuring the speculation modes (pipeline/engines/speculation.py).
+    expected_rows: int | None = None
+    # Whether the rows carry predictions, as far as the run knows at its start (a series rerun, an
+    # input with a prediction column): the speculation rule's first choice reads it.
+    predictions: bool = False
 
 
 class GenerationStage:
@@ -85,19 +97,32 @@ class GenerationStage:
             import ray  # an ObjectRef: the tables are put in the object store once
             tables = ray.get(tables)
         self.config, self.settings, self.progress, self.tables = config, settings, progress, tables
-        # The engine and how many were built after failures; replaced under engine_lock.
-        self.current: tuple[Engine | None, int] = (engine or build_engine(config, tables), 0)
+        share = None if settings.expected_rows is None else -(-settings.expected_rows // config.ray.max_actors)
+        self.chooser = speculation.chooser(config, share, settings.predictions)
+        if engine is not None:  # given: it runs in its own mode
+            self.chooser = speculation.Chooser((engine.columns()["drafter"],), "", 1, 0.0, share)
+        self.engine_config = speculation.mode_config(config, self.chooser.current)  # what a rebuild builds
+        if engine is None:
+            engine, self.chooser.restart_seconds = build_timed(self.engine_config, tables)
+        # The engine and how many were built (after failures, or for another mode); replaced under engine_lock.
+        self.current: tuple[Engine | None, int] = (engine, 0)
         self.engine_lock = threading.Lock()
+        self.choice_lock = threading.Lock()  # the chooser's: batches finish on several threads
+        # What runs now, for an error row (nothing of it ran for that row; a generated row has the
+        # columns of the engine that ran it).
+        self.ran = {"model": config.model.name, **self.engine.columns()}
+        # Batches in the engine, and whether a switch of mode holds new ones back; the seconds with
+        # a batch in the engine (the actor's busy seconds, which the speculation windows count).
+        self.gate = threading.Condition()
+        self.in_flight, self.switching, self.busy, self.busy_since = 0, False, 0.0, 0.0
         self.restarts = RestartWindow(config.engine.max_restarts, config.engine.restart_window_s)
         self.stopped: str | None = None  # why this stage's engines may not be replaced again
         chosen = settings.statistics
         self.dropped = [] if chosen is None else [f.name for f in STATISTICS if f.name not in chosen]
         self.request_ids = itertools.count()
         # Live metrics only from an actor Ray runs (not from a stage built outside Ray).
-        self.metrics = (RunMetrics(self.engine.name, config.decoder.drafter, settings.run_id)
-                        if settings.live_metrics and ray_running() else None)
-        # What ran, the same on every row this stage writes.
-        self.ran = {"model": config.model.name, **self.engine.columns()}
+        self.metrics = (RunMetrics(self.engine.name, settings.run_id) if settings.live_metrics and ray_running()
+                        else None)
         # The same for every engine this stage builds (a failed one is replaced: replace_engine).
         self.tokenizer, self.sampling = self.engine.tokenizer, self.engine.sampling
         # Ray Data may run several batches on this actor at once (the vLLM engine takes them all):
@@ -176,7 +201,8 @@ class GenerationStage:
 
     def generate(self, rows: list[dict]) -> list[dict]:
         """One generated row per row, in order: the engine runs the good rows' requests together; a
-        bad row gets an error row (or raises), the rest go on."""
+        bad row gets an error row (or raises), the rest go on. The batch then counts towards the
+        actor's choice of speculation mode, which may switch the engine."""
         batch_uuid = uuid.uuid4().hex
         outputs: list = [None] * len(rows)
         made: dict[int, tuple] = {}
@@ -185,23 +211,45 @@ class GenerationStage:
                 made[index] = self.request(row, next(self.request_ids))
             except RequestError as error:  # the message names the row already
                 outputs[index] = self.failed(str(error), row.get("prompt"), batch_uuid)
+        if not made:
+            return outputs
+        requests = [request for request, _, _ in made.values()]
         started = time.perf_counter()
-        results = self.run_on_engine([request for request, _, _ in made.values()]) if made else []
+        results, ran = self.run_on_engine(requests)
         seconds = time.perf_counter() - started
         for (index, (request, prompt, name)), result in zip(made.items(), results):
             if isinstance(result, Failed):
                 outputs[index] = self.failed(f"{name}: {result.message}", prompt, batch_uuid, request.adapter)
             else:
-                outputs[index] = self.generated(request, prompt, result, batch_uuid, seconds)
+                outputs[index] = self.generated(request, prompt, result, batch_uuid, seconds, ran)
+        self.choose_mode(requests, results, ran["drafter"])
         return outputs
 
     @property
     def engine(self) -> Engine | None:
-        """The engine now (None while a failed one is being replaced)."""
+        """The engine now (None while one is being replaced)."""
         return self.current[0]
 
-    def run_on_engine(self, requests: list[Request]) -> list[Result | Failed]:
-        """The engine's results for `requests`; where the engine fails, on a new engine."""
+    def run_on_engine(self, requests: list[Request]) -> tuple[list[Result | Failed], dict]:
+        """The engine's results for `requests` and the columns of the engine that ran them. A batch
+        waits while the mode is being switched, and counts as the actor's busy time while it runs."""
+        with self.gate:
+            while self.switching:
+                self.gate.wait()
+            if not self.in_flight:
+                self.busy_since = time.perf_counter()
+            self.in_flight += 1
+        try:
+            return self.run_on_current(requests)
+        finally:
+            with self.gate:
+                self.in_flight -= 1
+                if not self.in_flight:
+                    self.busy += time.perf_counter() - self.busy_since
+                self.gate.notify_all()
+
+    def run_on_current(self, requests: list[Request]) -> tuple[list[Result | Failed], dict]:
+        """run_on_engine's results; where the engine fails, on a new engine."""
         while True:
             engine, generation = self.current  # one read: an engine and its generation together
             if engine is None:  # another batch is replacing it: the lock is free once it is done
@@ -211,7 +259,7 @@ class GenerationStage:
                 continue
             try:
                 with torch.no_grad():
-                    return engine.generate(requests)
+                    return engine.generate(requests), {"model": self.config.model.name, **engine.columns()}
             except EngineFailed as error:  # left here: its traceback holds the failed engine's frames
                 failure = (repr(error), isinstance(error, EngineHung))
             engine = None  # nor does this batch hold the failed engine: its memory can go
@@ -232,21 +280,76 @@ class GenerationStage:
                 logger.error("%s: ending this actor's process; Ray starts it again and retries its batches", cause)
                 os._exit(75)  # the hung step's thread cannot be stopped
             logger.warning("the engine failed (%s): closing it and building a new one", cause)
-            failed, self.current = self.current[0], (None, generation)
             try:
-                failed.close()
-            except Exception as error:  # noqa: BLE001 - a failed engine may not close cleanly; it is dropped all the same
-                logger.error("the failed engine did not close cleanly: %r", error)
-            del failed
-            gc.unfreeze()  # vLLM froze the heap it started with (gc.freeze): its cycles are collected only so
-            gc.collect()
-            try:
-                engine = build_engine(self.config, self.tables)
+                self.swap_engine(self.engine_config)
             except Exception as error:
                 self.stopped = f"the engine failed ({cause}) and could not be built again: {error!r}"
                 raise EngineCrashLoop(self.stopped) from error
-            with self.report_lock:  # the new engine counts its steps from 0
-                self.current, self.reported_steps = (engine, generation + 1), EngineSteps()
+
+    def swap_engine(self, config: Config) -> None:
+        """Under engine_lock: closes the engine and builds one from `config` in its place (counted
+        as the next generation); raises what the build raised, with no engine in place."""
+        closing, generation = self.current
+        self.current = (None, generation)
+        try:
+            closing.close()
+        except Exception as error:  # noqa: BLE001 - a failed engine may not close cleanly; it is dropped all the same
+            logger.error("the engine did not close cleanly: %r", error)
+        del closing
+        gc.unfreeze()  # vLLM froze the heap it started with (gc.freeze): its cycles are collected only so
+        gc.collect()
+        engine = build_engine(config, self.tables)
+        with self.report_lock:  # the new engine counts its steps from 0
+            self.current, self.reported_steps, self.engine_config = (engine, generation + 1), EngineSteps(), config
+            self.ran = {"model": self.config.model.name, **engine.columns()}
+
+    def choose_mode(self, requests: list[Request], results: list, drafter: str) -> None:
+        """Tells the chooser of a finished batch (run by `drafter`); makes the switch it asks for."""
+        tokens = sum(len(r.token_ids) for r in results if not isinstance(r, Failed))
+        predicted = sum(bool(r.prediction) for r in requests)
+        with self.gate:
+            busy = self.busy + (time.perf_counter() - self.busy_since if self.in_flight else 0.0)
+        with self.choice_lock:
+            target = None
+            if drafter == self.chooser.current:
+                target = self.chooser.observe(busy, tokens, len(requests), predicted)
+        if target is not None:
+            self.switch_mode(target)
+
+    def switch_mode(self, drafter: str) -> None:
+        """Lets the batches in the engine finish, holds new ones back, and builds the engine of
+        `drafter` in place of the current one. A mode whose engine cannot start is dropped from the
+        candidates, and the mode before it built again."""
+        asked = time.perf_counter()
+        with self.gate:
+            self.switching = True
+            while self.in_flight:
+                self.gate.wait()
+        try:
+            drained = time.perf_counter()
+            with self.engine_lock:
+                if self.stopped:
+                    raise EngineCrashLoop(self.stopped)
+                before = self.engine_config
+                try:
+                    self.swap_engine(speculation.mode_config(self.config, drafter))
+                except Exception as error:  # noqa: BLE001 - that mode cannot run here: the one before it goes on
+                    logger.error("the engine for speculation mode %r could not start (%r); dropped", drafter, error)
+                    with self.choice_lock:
+                        self.chooser.dropped(drafter)
+                    drafter = before.decoder.drafter if before.decoder.w > 0 else speculation.PLAIN
+                    try:
+                        self.swap_engine(before)
+                    except Exception as again:
+                        self.stopped = f"no engine could be built after a change of speculation mode: {again!r}"
+                        raise EngineCrashLoop(self.stopped) from again
+            with self.choice_lock:
+                self.chooser.switched(drafter, drained - asked, time.perf_counter() - drained)
+            logger.info("speculation mode: %s (%s)", drafter, self.chooser.switches[-1])
+        finally:
+            with self.gate:
+                self.switching = False
+                self.gate.notify_all()
 
     def count_failure(self, cause: str) -> str | None:
         """Counts an engine failure in the one restart window that decides a crash loop (and tells
@@ -261,14 +364,15 @@ class GenerationStage:
 
         return ray.get(self.progress.engine_failed.remote(ray.get_runtime_context().get_actor_id() or "", cause))
 
-    def generated(self, request: Request, prompt: str, result: Result, batch_uuid: str, seconds: float) -> dict:
+    def generated(self, request: Request, prompt: str, result: Result, batch_uuid: str, seconds: float,
+                  ran: dict) -> dict:
         sampling = request.sampling
         row = {"prompt": prompt, "prompt_token_ids": request.prompt_ids, "generated_tokens": result.token_ids,
                "generated_text": result.text, "request_id": int(request.request_id), "metrics": result.engine_metrics,
                "logprobs": result.logprobs, "prompt_logprobs": result.prompt_logprobs, "batch_uuid": batch_uuid,
                "params": result.params, "temperature": sampling.temperature, "top_k": sampling.top_k,
                "top_p": sampling.top_p, "seed": sampling.seed, INFERENCE_ERROR: "",
-               **result.stats.as_row(), **self.ran}
+               **result.stats.as_row(), **ran}
         row["time_taken_llm"] = row["time_taken_llm"] or seconds  # an engine that does not time each request
         if request.adapter is not None:
             row["model"] = request.adapter  # what ran: the adapter on model_source
@@ -295,16 +399,20 @@ class GenerationStage:
         with self.report_lock:
             engine, generation = self.current
             steps = engine.steps() if engine is not None else None
+            with self.choice_lock:
+                chosen = self.chooser.report()
             batch = BatchReport(rows=len(rows), errored_rows=sum(errored),
                                 generated_tokens=sum(row.get("num_generated_tokens") or 0 for row in done),
                                 target_calls=sum(row.get("num_target_calls") or 0 for row in done),
                                 started=started, finished=time.time(), node=context.get_node_id(),
                                 actor=f"{context.get_actor_id() or ''}/{os.getpid()}/{generation}", engine_steps=steps,
-                                peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+                                peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                                speculation=chosen)
             if self.metrics is not None:
                 accepted = sum(length * count for row in done
                                for length, count in enumerate(row.get("accepted_length_histogram") or []))
-                self.metrics.record({**vars(batch), "accepted_draft_tokens": accepted}, steps, self.reported_steps)
+                self.metrics.record({**vars(batch), "accepted_draft_tokens": accepted}, steps, self.reported_steps,
+                                    chosen["drafter"], len(chosen["switches"]))
             self.reported_steps = steps or self.reported_steps
         if self.progress is not None:
             stop = ray.get(self.progress.report.remote(batch))

@@ -49,6 +49,14 @@ def test_a_row_is_changed_where_its_id_had_an_output_and_predicted_from_says_wha
     assert odd["prediction"] == {"type": "image"}  # left for the stage to name in the row's error
 
 
+def test_predicted_from_is_null_where_the_mode_that_ran_the_row_drafts_from_no_prediction():
+    """engine.speculation auto may run a row plain (drafter none) or with vLLM's own method: the
+    prediction was not drafted from, whatever the preprocess expected."""
+    rows = [{"id": str(i), INFERENCE_ERROR: "", "drafter": drafter, "predicted_from": "last_output"}
+            for i, drafter in enumerate(["batch_suffix", "none", "vllm_ngram_gpu"])]
+    assert [row["predicted_from"] for row in output_table(rows_table(rows)).to_pylist()] == ["last_output", None, None]
+
+
 def test_the_postprocess_writes_the_jobs_schema_with_each_rows_error_or_none():
     rows = [{"id": "y", "generated_text": "ok", "generated_tokens": [1], INFERENCE_ERROR: "", "extra": 1,
              "params": "SamplingParams(...)"},

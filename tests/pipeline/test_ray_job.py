@@ -78,6 +78,11 @@ def test_every_input_row_yields_one_output_row(local_ray, tiny_model_dir, tmp_pa
     accepted = sum(row["sum_acceptance_probability"] or 0 for row in out.values())
     assert summary["acceptance_rate"] == (pytest.approx(accepted / checked, abs=1e-4) if checked else None)
     assert summary["seconds_to_first_batch"] > 0 and summary["series"] is None and len(summary["fingerprint"]) == 16
+    # engine.speculation auto: 9 rows are too few to measure; the actor ran the rule's mode and never restarted.
+    actors = list(summary["speculation"]["actors"].values())
+    assert summary["speculation"]["setting"] == "auto" and len(actors) == 1
+    assert (actors[0]["drafter"], actors[0]["decided_by"], actors[0]["switches"]) == ("batch_suffix", "rule", [])
+    assert actors[0]["candidates"] == ["batch_suffix", "none"] and actors[0]["restart_seconds"] > 0
 
     # Run again, it is finished: the checkpoint has every id (the error rows' too), nothing is written twice.
     again = run_job(config, "r1")

@@ -1,6 +1,8 @@
 import pytest
 
 from pipeline.config import load_config
+from pipeline.job import rows as job_rows
+from pipeline.llm.stage import GenerationStage
 from tests.job_in_process import generate, job_stage
 
 
@@ -95,3 +97,29 @@ def test_a_prediction_is_text_or_openais_form_and_anything_else_is_the_rows_erro
     assert "row 'other': prediction must be text or OpenAI's" in errors["other"]
     texts = dict(zip(out["id"], out["generated_text"]))
     assert texts["openai"] == texts["parts"] == texts["text"]
+
+
+def test_an_auto_stage_switches_mode_on_its_measured_rows_and_the_rows_stay_the_same(tiny_model_dir):
+    """engine.speculation auto, measuring (a job of a million rows, windows of 0.3 s): the stage builds
+    the other mode's engine in place, and the same rows (greedy, and sampled with their seeds) come
+    out of both modes token for token, each row naming the drafter that ran it."""
+    config = load_config(overrides=["engine.name=vllm", f"model.name={tiny_model_dir}", "engine.execution=eager",
+                                    "engine.cpu_kv_cache_gib=1", "engine.max_model_len=256", "engine.max_num_seqs=8",
+                                    "decoder.max_new_tokens=16", "engine.speculation_window_s=0.3"])
+    stage = GenerationStage(config, job_rows.stage_settings(config, expected_rows=10**6))
+    batch = {"id": [f"r{i}" for i in range(8)], "prompt": [f"Count from {i}: {i} {i + 1}" for i in range(8)],
+             "temperature": [0.8 * (i % 2) for i in range(8)], "seed": list(range(8))}
+    try:
+        first = generate(stage, batch).to_pydict()
+        for _ in range(40):  # a window is 16 rows (twice the slots) and 0.3 busy seconds
+            if stage.chooser.switches:
+                break
+            generate(stage, batch)
+        again = generate(stage, batch).to_pydict()
+    finally:
+        stage.engine.close()
+    switch = stage.chooser.switches[0]
+    assert (switch["from"], switch["to"]) == ("batch_suffix", "none") and switch["restart_seconds"] > 0
+    assert first["drafter"] == ["batch_suffix"] * 8 and again["drafter"] == ["none"] * 8
+    assert again["generated_tokens"] == first["generated_tokens"] and again["error"] == [None] * 8
+    assert stage.chooser.report()["windows"][0]["drafter"] == "batch_suffix"

@@ -72,4 +72,5 @@ def require(ok: bool, name: str, allowed: str) -> None:
 
 
 KIND = EngineKind(NAME, sections=("model", "decoder", "transformers"), checked=checked, check_model=check_model,
-                  concurrent_batches=lambda config: 1, drafts_from_predictions=lambda config: False)
+                  concurrent_batches=lambda config: 1, drafts_from_predictions=lambda config: False,
+                  slots=lambda config: config.transformers.max_batch_requests, async_drafters=lambda config: ())

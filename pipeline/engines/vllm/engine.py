@@ -204,7 +204,7 @@ class VllmEngine:
                            "num_speculative_tokens": self.max_w}
             if self.ours:
                 speculative["model"] = PROPOSER
-            elif decoder.drafter == "vllm_ngram":
+            elif decoder.drafter in ("vllm_ngram", "vllm_ngram_gpu"):
                 speculative.update(prompt_lookup_min=decoder.ngram_min_q, prompt_lookup_max=decoder.ngram_max_q)
         install()  # vLLM's CPU sampling corrected for the workers this starts (cpu_sampling.py)
         with llvmlite_set_aside():

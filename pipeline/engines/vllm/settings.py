@@ -21,6 +21,9 @@ NAME = "vllm"
 AUTO_MAX_VLLM_W = 16
 # The largest of vLLM's own GPU defaults (an H100's): what engine.max_num_seqs 0 is sized for on GPU actors.
 GPU_MAX_NUM_SEQS_AT_MOST = 1024
+# vLLM's own GPU default of max_num_seqs on an A100 (the H100's is larger).
+GPU_MAX_NUM_SEQS = 256
+NGRAM_GPU = "vllm_ngram_gpu"
 # Rows in flight per engine slot with ray.max_concurrent_batches auto. A batch goes back only when
 # its longest request ends, so most of the rows in flight belong to batches that wait for their
 # stragglers: with a long-tailed length mix (jobs/benchmark/occupancy.py) 3 rows per slot keep the
@@ -53,6 +56,9 @@ def check_drafter(config: Config) -> None:
     if drafter == "vllm_suffix":
         require(importlib.util.find_spec("arctic_inference") is not None, "decoder.drafter",
                 "'vllm_suffix' only where arctic-inference is installed (make install-suffix)")
+    if drafter == NGRAM_GPU:
+        require(config.ray.num_gpus_per_actor > 0, "decoder.drafter",
+                f"'{NGRAM_GPU}' only on GPU actors (ray.num_gpus_per_actor > 0): vLLM runs it as a GPU kernel")
     require(not DRAFTER_KINDS[drafter].draft_probabilities, "decoder.drafter",
             f"a point drafter with engine.name {NAME}; {drafter!r} (speculative sampling) needs {TRANSFORMERS_ONLY}")
 
@@ -68,6 +74,19 @@ def check_transformers_section(config: Config) -> None:
             f"0 with engine.name {NAME} (vLLM schedules its own tokens); the cap needs {TRANSFORMERS_ONLY}")
     require(own.lenience == 1, "transformers.lenience",
             f"1 with engine.name {NAME} (its sampling is exact); lenience needs {TRANSFORMERS_ONLY} and drafter draft_model")
+
+
+def slots(config: Config) -> int:
+    """The requests one engine runs at once: engine.max_num_seqs, or for 0 vLLM's default for an
+    A100 on GPU actors (the H100's is larger) and CPU_MAX_NUM_SEQS on a CPU."""
+    if config.engine.max_num_seqs:
+        return config.engine.max_num_seqs
+    return GPU_MAX_NUM_SEQS if config.ray.num_gpus_per_actor > 0 else CPU_MAX_NUM_SEQS
+
+
+def async_drafters(config: Config) -> tuple[str, ...]:
+    """vLLM 0.32 keeps async scheduling with its GPU n-gram method only (`ngram_gpu`), on GPU actors."""
+    return (NGRAM_GPU,) if config.ray.num_gpus_per_actor > 0 else ()
 
 
 def concurrent_batches(config: Config) -> int:
@@ -154,4 +173,5 @@ def require(ok: bool, name: str, allowed: str) -> None:
 
 
 KIND = EngineKind(NAME, sections=("model", "engine", "decoder"), checked=checked, check_model=check_model,
-                  concurrent_batches=concurrent_batches, drafts_from_predictions=drafts_from_predictions)
+                  concurrent_batches=concurrent_batches, drafts_from_predictions=drafts_from_predictions,
+                  slots=slots, async_drafters=async_drafters)

@@ -53,6 +53,29 @@ def test_replay_reports_every_method_and_batch_and_ours_gains_from_repeats(run_d
     assert projected[("plain", 4)]["vs_plain_async"] == 1.0  # no --host-step: the host takes no time
     # 4 requests are far from compute-bound on an A100: accepted drafts are nearly free tokens
     assert projected[("ours_budget_a100_8b", 4)]["async_vs_plain_async"] > 1.4
+    # engine.speculation auto at 1 and 4 sequences on a GPU, an hour of work: the rule's mode (vLLM's
+    # ngram_gpu, vllm_ngram standing for it) against ours with the budget and plain; too short to measure.
+    auto = {row["batch"]: row for row in report["projection"]["auto"] if row["actor_hours"] == 1}
+    assert set(auto) == {1, 4} and auto[4]["ours"] == "ours_budget_a100_8b" and auto[4]["rule"] == "vllm_ngram_gpu"
+    assert auto[4]["auto_drafter"] == "vllm_ngram_gpu" and auto[4]["auto_switches"] == 0
+    assert auto[4]["auto_tokens_per_second"] == auto[4]["vllm_ngram_gpu_tokens_per_second"]
+
+
+def test_auto_measures_where_the_rule_leaves_it_open_and_the_restarts_cost_what_they_cost():
+    from jobs.benchmark.replay import simulate_auto
+    from pipeline.engines.speculation import NGRAM_GPU, PLAIN
+
+    rates = {"ours": 100.0, PLAIN: 150.0, NGRAM_GPU: 120.0}
+    clear, _ = simulate_auto(rates, "gpu", 64, False, 3600, 60)
+    assert clear == 120.0  # the rule's mode at 64 sequences, never measured: ngram_gpu, whatever ran faster
+    # At 256 the rule starts plain and leaves it open. An hour of work does not pay for a round: 3
+    # restarts of 60 s and half of a 180 s window are more than 3 % of it. Four hours do: plain's
+    # window, ours', ngram_gpu's, then plain again (the next round, due 9,000 s later, no longer pays).
+    assert simulate_auto(rates, "gpu", 256, False, 3600, 60)[1].switches == []
+    tokens_per_second, chooser = simulate_auto(rates, "gpu", 256, False, 4 * 3600, 60)
+    assert chooser.current == PLAIN and [s["to"] for s in chooser.switches] == ["ours", NGRAM_GPU, PLAIN]
+    assert chooser.window_s == 180 and tokens_per_second == pytest.approx(
+        (100 * 180 + 120 * 180 + 150 * (4 * 3600 - 3 * 60 - 2 * 180)) / (4 * 3600), rel=1e-3)
 
 
 def test_the_projection_charges_the_host_to_synchronous_steps_only(run_dir, tmp_path):

@@ -1,0 +1,297 @@
+"""The speculation mode an engine runs in, and how an actor chooses it (`engine.speculation`).
+
+A mode is the drafter an engine runs with: the configured one (`decoder.drafter`), `none` (plain
+decoding: vLLM at its best for the platform, async scheduling on a GPU), or vLLM's own
+`vllm_ngram_gpu` on GPU actors (it keeps async scheduling). The mode never changes a row: greedy rows
+are plain's, token for token, and a sampled row is one text, keyed by its seed, with or without
+drafts. Which mode runs is a question of speed alone, so an actor may change it whenever it likes,
+at the cost of an engine restart.
+
+`on` runs the configured drafter, `off` plain. `auto` starts in the mode RULES give for the
+platform and the engine's concurrency, where the projection (docs/speculation.md) says who wins
+clearly, and stays there. Where it leaves the answer open, the actor measures on its own rows:
+a window of busy seconds in each candidate mode, one after the other, then keeps the one that
+generated the most tokens per second, and measures again from time to time (the interval doubling
+while the answer stands), and at once when the share of rows with a prediction moves. An actor
+measures only while its remaining work pays for it: the round's restarts, and the windows it may
+spend in a slower mode, at most MEASURE_BUDGET of the work left. A job too short for that never
+restarts an engine.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+
+from pipeline.config import Config
+
+PLAIN = "none"  # the drafter of plain decoding
+DRAFTING = "drafting"  # in RULES: the configured drafter
+# auto measures only while a round costs at most this share of the actor's remaining work, and
+# spaces its rounds so that they cost at most this share of the time between them.
+MEASURE_BUDGET = 0.03
+# What a round is taken to lose in a slower mode's window, as a share of that window.
+SLOWER_SHARE = 0.25
+# Two windows compare like work only if their shares of rows with a prediction differ by at most this.
+MIX_TOLERANCE = 0.25
+# A mode measured faster by less than this is not worth an engine restart.
+MARGIN = 0.02
+# A window is at least this many busy seconds, and at least WINDOW_RESTARTS engine starts' worth.
+MIN_WINDOW_S = 30.0
+WINDOW_RESTARTS = 3
+# vLLM's ngram_gpu drafts this many tokens (its documentation's num_speculative_tokens).
+NGRAM_GPU_W = 5
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What auto does on a platform up to a concurrency, for rows with predictions or without: the
+    mode to run, and whether the projection leaves it open enough to measure."""
+    platform: str  # "gpu": plain and vLLM's ngram_gpu run with async scheduling; "cpu": all synchronously
+    most_running: float  # up to this many requests running at once
+    predictions: bool | None  # for rows that carry a prediction (True), rows that do not (False), or both
+    choice: str  # DRAFTING (the configured drafter), PLAIN or NGRAM_GPU
+    measure: bool
+    why: str  # the figures behind it (docs/speculation.md has their commands)
+
+
+NGRAM_GPU = "vllm_ngram_gpu"
+INF = float("inf")
+# From the projection of an 8B model on an H100 (its measured step, a GPU host's time; ours runs
+# synchronously, plain and ngram_gpu asynchronously) and from this CPU's measurements: docs/speculation.md.
+RULES = (
+    Rule("gpu", 16, True, DRAFTING, True, "16 sequences, edited rows: ours 2.40x / 3.07x / 1.79x plain async "
+                                          "(line, field, paragraph), ngram_gpu 2.04x / 2.14x / 2.06x: open"),
+    Rule("gpu", 16, False, NGRAM_GPU, True, "16 sequences: ngram_gpu 2.33x plain async on corpus work, 1.72x on chat; "
+                                            "ours 2.25x, 1.57x: open"),
+    Rule("gpu", 128, True, NGRAM_GPU, True, "64 sequences, edited rows: ngram_gpu 1.22x / 1.23x / 1.20x plain async, "
+                                            "ours 0.99x / 1.24x / 0.89x: open"),
+    Rule("gpu", 128, False, NGRAM_GPU, False, "64 sequences: ngram_gpu 1.81x plain async on corpus work, 1.35x on "
+                                              "chat; ours 1.30x, 1.01x"),
+    Rule("gpu", INF, None, PLAIN, True, "256 sequences: ngram_gpu 1.17x plain async on corpus work, ours 0.71x; a "
+                                        "draft token costs 0.4-0.9 of a step there: open"),
+    Rule("cpu", 4, None, DRAFTING, False, "this CPU at one request: ours 1.4-2.1x plain (live), 1.8-2.5x (projected)"),
+    Rule("cpu", 32, None, DRAFTING, True, "this CPU at 16 requests: ours 0.94-1.13x plain (live), 1.05-1.10x "
+                                          "(projected): open"),
+    Rule("cpu", INF, None, PLAIN, True, "this CPU beyond 32 requests: not measured; each request's drafts cost a "
+                                        "compute-bound step more: open"),
+)
+
+
+def platform(config: Config) -> str:
+    return "gpu" if config.ray.num_gpus_per_actor > 0 else "cpu"
+
+
+def platform_rule(name: str, running: int, predictions: bool = False) -> Rule:
+    """The rule on platform `name` ("gpu" or "cpu") at `running` requests at once, for rows that
+    carry a prediction or not."""
+    return next(r for r in RULES if r.platform == name and running <= r.most_running
+                and r.predictions in (None, predictions))
+
+
+def candidates(config: Config) -> tuple[str, ...]:
+    """The drafters an actor may run (engine.speculation), the configured one first: `on` runs it,
+    `off` plain, `auto` chooses among it, plain and the engine library's async drafters."""
+    from pipeline.engines.build import engine_kind
+
+    drafter = config.decoder.drafter if config.decoder.w > 0 else PLAIN
+    if config.engine.speculation == "off" or drafter == PLAIN:
+        return (PLAIN,)
+    if config.engine.speculation == "on":
+        return (drafter,)
+    others = [d for d in engine_kind(config.engine.name).async_drafters(config) if d != drafter]
+    return (drafter, PLAIN, *others)
+
+
+def mode_config(config: Config, drafter: str) -> Config:
+    """The config an engine runs `drafter` from (one of `candidates(config)`)."""
+    if drafter == config.decoder.drafter:
+        return config
+    w = NGRAM_GPU_W if drafter == NGRAM_GPU else config.decoder.w
+    return dataclasses.replace(config, decoder=dataclasses.replace(config.decoder, drafter=drafter, w=w, auto_w=False))
+
+
+def concurrency(config: Config, expected_rows: int | None) -> int:
+    """Requests an actor's engine runs at once: its slots, bounded by the rows it is given at once
+    and, where known, by the rows it will see."""
+    from pipeline.engines.build import concurrent_batches, engine_kind
+
+    running = min(engine_kind(config.engine.name).slots(config), config.ray.batch_size * concurrent_batches(config))
+    return max(1, min(running, expected_rows)) if expected_rows is not None else running
+
+
+@dataclass
+class Window:
+    """What one mode generated over a stretch of an actor's busy seconds."""
+    drafter: str
+    start: float  # the actor's busy seconds when it opened
+    seconds: float = 0.0
+    tokens: int = 0
+    rows: int = 0
+    predicted_rows: int = 0  # rows with a prediction
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def prediction_share(self) -> float:
+        return self.predicted_rows / self.rows if self.rows else 0.0
+
+    def as_dict(self) -> dict:
+        return {"drafter": self.drafter, "at_busy_seconds": round(self.start, 2), "seconds": round(self.seconds, 2),
+                "tokens": self.tokens, "rows": self.rows, "tokens_per_second": round(self.rate, 2),
+                "prediction_share": round(self.prediction_share, 3)}
+
+
+@dataclass
+class Chooser:
+    """An actor's choice of mode (the module's docstring), fed each finished batch. Pure: the stage
+    makes the switches it asks for and tells it how long they took."""
+    candidates: tuple[str, ...]
+    platform: str  # "gpu" or "cpu": whose RULES apply; "" : none (engine.speculation on or off, or one candidate)
+    running: int  # the engine's concurrency, which the rule reads
+    window_setting: float  # engine.speculation_window_s (0: window_s)
+    expected_rows: int | None  # this actor's share of the job's rows (None: not known)
+    restart_seconds: float = 0.0  # an engine's start, as last measured
+    current: str = ""
+    busy: float = 0.0  # the actor's busy seconds so far
+    rows: int = 0
+    window: Window | None = None
+    history: list[Window] = field(default_factory=list)
+    round: dict[str, Window] | None = None  # the windows of a measurement in progress
+    to_measure: list[str] = field(default_factory=list)
+    pending: str | None = None  # a switch asked for and not yet made
+    incumbent: str = ""  # the mode chosen before the round in progress
+    check_after: float = 0.0  # busy seconds in the chosen mode before it is measured again
+    settled_at: float = 0.0  # busy seconds when the mode was last chosen
+    settled_share: float = 0.0  # the share of rows with a prediction it was chosen on
+    switches: list[dict] = field(default_factory=list)
+    decided_by: str = "setting"
+    predictions: bool = False  # whether the rows carry predictions, as the run knows at its start
+    rule: Rule | None = None  # the rule for the rows seen last (None: no rule applies)
+
+    def __post_init__(self):
+        if self.platform and len(self.candidates) > 1:
+            self.rule, self.decided_by = platform_rule(self.platform, self.running, self.predictions), "rule"
+        self.current = self.current or self.mode_of(self.rule)
+        self.window = Window(self.current, self.busy)
+
+    @property
+    def min_rows(self) -> int:
+        """A window's least rows: the engine filled twice over."""
+        return 2 * self.running
+
+    def mode_of(self, rule: Rule | None) -> str:
+        """The candidate a rule names (the configured drafter with none; an async drafter this
+        engine does not have stands down to plain)."""
+        if rule is None or rule.choice == DRAFTING:
+            return self.candidates[0]
+        return rule.choice if rule.choice in self.candidates else PLAIN
+
+    @property
+    def window_s(self) -> float:
+        """engine.speculation_window_s, or for 0: MIN_WINDOW_S, or WINDOW_RESTARTS engine starts if longer."""
+        return self.window_setting or max(MIN_WINDOW_S, WINDOW_RESTARTS * self.restart_seconds)
+
+    @property
+    def measures(self) -> bool:
+        return self.rule is not None and self.rule.measure and len(self.candidates) > 1
+
+    def observe(self, busy: float, tokens: int, rows: int, predicted_rows: int) -> str | None:
+        """A finished batch of the current engine (`busy`: the actor's busy seconds now); returns
+        the drafter to switch to, if the actor should."""
+        self.rows += rows
+        window, self.busy = self.window, busy
+        window.seconds, window.tokens = busy - window.start, window.tokens + tokens
+        window.rows, window.predicted_rows = window.rows + rows, window.predicted_rows + predicted_rows
+        if self.pending is not None or window.seconds < self.window_s or window.rows < self.min_rows:
+            return None
+        self.history.append(window)
+        self.window = Window(self.current, busy)
+        return self.after(window)
+
+    def after(self, window: Window) -> str | None:
+        if self.round is not None:  # measuring: the next candidate, or the choice
+            self.round[window.drafter] = window
+            return self.switch(self.to_measure.pop(0), "measure") if self.to_measure else self.settle()
+        if self.rule is not None:
+            now = platform_rule(self.platform, self.running, window.prediction_share > 0.5)
+            if now != self.rule:  # the rows' mix moved to another rule: run its mode, and measure if it says so
+                self.rule, self.check_after, self.decided_by = now, 0.0, "rule"
+                if not now.measure and self.mode_of(now) != self.current and self.pays(self.restart_seconds):
+                    return self.switch(self.mode_of(now), "rule")
+        moved = abs(window.prediction_share - self.settled_share) > MIX_TOLERANCE
+        due = self.busy - self.settled_at >= self.check_after or moved
+        if not (self.measures and due and self.pays(self.round_cost())):
+            return None
+        self.round, self.incumbent = {window.drafter: window}, window.drafter
+        self.to_measure = [c for c in self.candidates if c != window.drafter]
+        return self.switch(self.to_measure.pop(0), "measure")
+
+    def settle(self) -> str | None:
+        """Chooses from the round's windows: the fastest, unless it beats the mode in place by less
+        than MARGIN or the windows saw different mixes of rows (then it measures again soon)."""
+        windows, self.round = self.round, None
+        shares = [w.prediction_share for w in windows.values()]
+        best = max(windows.values(), key=lambda w: w.rate)
+        if max(shares) - min(shares) > MIX_TOLERANCE:
+            choice, interval = self.current, self.window_s
+        else:
+            choice = best.drafter if best.rate > windows[self.current].rate * (1 + MARGIN) else self.current
+            interval = self.round_cost() / MEASURE_BUDGET
+            if choice == self.incumbent and self.check_after:
+                interval = 2 * self.check_after  # the answer stands: measure half as often
+        self.check_after, self.settled_at = interval, self.busy
+        self.settled_share, self.decided_by = best.prediction_share, "measured"
+        return self.switch(choice, "faster") if choice != self.current else None
+
+    def round_cost(self) -> float:
+        """A round's busy seconds lost: a restart per candidate, and a slower mode's windows."""
+        others = len(self.candidates) - 1
+        return len(self.candidates) * self.restart_seconds + others * self.window_s * SLOWER_SHARE
+
+    def pays(self, cost: float) -> bool:
+        """Whether `cost` busy seconds are at most MEASURE_BUDGET of the actor's remaining work: its
+        rows still to come at its seconds per row so far, or, where the rows are not known, as
+        long again as it has run (a stream that has lasted this long is taken to last as long)."""
+        if self.expected_rows is None:
+            remaining = self.busy
+        else:
+            remaining = max(self.expected_rows - self.rows, 0) * self.busy / max(self.rows, 1)
+        return cost <= MEASURE_BUDGET * remaining
+
+    def switch(self, drafter: str, why: str) -> str:
+        self.pending = drafter
+        self.switches.append({"at_busy_seconds": round(self.busy, 2), "at": round(time.time(), 2),
+                              "from": self.current, "to": drafter, "why": why})
+        return drafter
+
+    def switched(self, drafter: str, drain_seconds: float, restart_seconds: float) -> None:
+        """The engine now runs `drafter`: it waited `drain_seconds` for the batches in flight and
+        took `restart_seconds` to start."""
+        self.switches[-1].update(drain_seconds=round(drain_seconds, 2), restart_seconds=round(restart_seconds, 2))
+        self.current, self.pending, self.restart_seconds = drafter, None, restart_seconds
+        self.window = Window(drafter, self.busy)
+
+    def dropped(self, drafter: str) -> None:
+        """`drafter`'s engine could not start: it is no longer a candidate."""
+        self.candidates = tuple(c for c in self.candidates if c != drafter)
+        self.to_measure = [c for c in self.to_measure if c != drafter]
+        self.switches[-1]["why"] += f"; {drafter}'s engine could not start"
+
+    def report(self) -> dict:
+        """What summary.json says of this actor: its mode now, why, its windows and its switches."""
+        return {"drafter": self.current, "decided_by": self.decided_by, "candidates": list(self.candidates),
+                "rule": self.rule.why if self.rule is not None else None, "window_seconds": round(self.window_s, 2),
+                "restart_seconds": round(self.restart_seconds, 2), "busy_seconds": round(self.busy, 2),
+                "rows": self.rows, "windows": [w.as_dict() for w in self.history[-32:]], "switches": self.switches[-32:]}
+
+
+def chooser(config: Config, expected_rows: int | None, predictions: bool = False) -> Chooser:
+    """An actor's chooser for `config` (expected_rows: the actor's share of the job's rows, if
+    known; predictions: whether its rows carry them, as far as the run knows); its first engine's
+    start is its `restart_seconds` once measured."""
+    auto = config.engine.speculation == "auto"
+    return Chooser(candidates(config), platform(config) if auto else "", concurrency(config, expected_rows),
+                   config.engine.speculation_window_s, expected_rows, predictions=predictions)
