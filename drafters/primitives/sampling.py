@@ -37,6 +37,12 @@ def request_seed(seed: int, request_id: str) -> int:
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)
 
 
+def sample_seed(seed: int, sample: int) -> int:
+    """The seed of a request's sample `sample` (sampling_params.n): sample 0 samples with the
+    request's own seed, so one sample of a seed is the text n samples begin with."""
+    return seed if sample == 0 else request_seed(seed, f"sample {sample}")
+
+
 class RandomState:
     """The uniforms of one request: one per generated position, plus a stream for drafting and accepting."""
 

@@ -56,11 +56,13 @@ def summary_path(stdout: str) -> str:
 
 
 def generated_by_id(run_dir: str) -> dict[str, list[int]]:
-    """Each row's generated tokens, by id, from the run's Parquet files."""
+    """Each row's generated tokens, by id (a row's sample i > 0 of decoder.n by "id#i"), from the run's Parquet files."""
     import pyarrow.parquet as pq
 
     found = {}
     for path in sorted(Path(run_dir).glob("*.parquet")):
-        table = pq.read_table(path, columns=["id", "generated_tokens"])
-        found.update(zip(map(str, table["id"].to_pylist()), table["generated_tokens"].to_pylist()))
+        table = pq.read_table(path, columns=["id", "sample_index", "generated_tokens"])
+        keys = [f"{key}#{sample}" if sample else str(key)
+                for key, sample in zip(table["id"].to_pylist(), table["sample_index"].to_pylist())]
+        found.update(zip(keys, table["generated_tokens"].to_pylist()))
     return found

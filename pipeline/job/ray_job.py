@@ -43,7 +43,8 @@ from pipeline.job import rows as job_rows, series, series_store
 from pipeline.llm.checkpoint import checkpoint_config as ids_checkpoint
 from pipeline.llm import Processor
 from pipeline.job.inputs import check_columns, read_input, with_columns
-from pipeline.job.output_files import parquet_files, set_aside_unreadable, whole_files
+from pipeline.job import openai_batch
+from pipeline.job.output_files import parquet_files, readable_columns, set_aside_unreadable, whole_files
 from pipeline.llm.progress import RunProgress, empty_totals
 from pipeline.job.run import Reading, RunPaths, RunPlan, RunSummary
 from pipeline.job.block_counts import SUMS, block_totals, count_block
@@ -172,7 +173,8 @@ def read_plan(plan: RunPlan) -> tuple[ray.data.Dataset, Reading]:
                                   batch_size=None, num_cpus=IO_CPUS)
     if config.input.limit:
         dataset = dataset.limit(config.input.limit)
-    return dataset, Reading(input_rows, rows_read, new_rows, set_aside, "prediction" in columns)
+    return dataset, Reading(input_rows, rows_read, new_rows, set_aside, "prediction" in columns,
+                            openai_batch.REQUEST in columns)
 
 
 def generate_and_write(config: Config, run_id: str) -> dict:
@@ -189,7 +191,7 @@ def generate_and_write(config: Config, run_id: str) -> dict:
     # checkpoint makes the read skip the rows this run (or its series) already wrote.
     # The stage's speculation mode reads how many rows it will generate, and whether they carry
     # predictions (their own, or a series' last outputs).
-    expected = min(reading.new_rows, config.input.limit or reading.new_rows)
+    expected = min(reading.new_rows, config.input.limit or reading.new_rows) * config.decoder.n  # requests
     written = series.output_files(paths.runs_root) if config.job.series else {}
     settings = job_rows.stage_settings(config, run_id, True, expected, reading.predicted or bool(written))
     processor = Processor(plan.drafting, settings, plan.checkpoint,
@@ -216,6 +218,18 @@ def generate_and_write(config: Config, run_id: str) -> dict:
     return summary_of(plan, reading, this_time, time.perf_counter() - started, first_batch, store)
 
 
+def write_openai_outputs(paths: RunPaths) -> dict:
+    """OpenAI's batch output and error files of the whole run (every invocation's rows, each
+    custom_id once), from its Parquet files, a file at a time (a request's samples are in one file)."""
+    def blocks():
+        for path in parquet_files(paths.run_dir):
+            filesystem, inner = storage.resolve(path)
+            table = readable_columns(filesystem, inner, list(openai_batch.OUTPUT_COLUMNS))
+            if table is not None:
+                yield table.to_pylist()
+    return openai_batch.write_outputs(paths.run_dir, paths.run_id, blocks())
+
+
 def run_totals(output: str) -> dict:
     """Rows, errored rows, generated tokens, target calls (per request) and forward calls (shared
     calls counted once) in the run's files, summed per block by Ray Data tasks where the files
@@ -239,6 +253,7 @@ def run_totals(output: str) -> dict:
 def summary_of(plan: RunPlan, reading: Reading, this_time: dict, wall: float, first_batch: float | None,
                store: dict | None) -> dict:
     """The run's summary (whole-run counts from its files, this invocation's from the progress
-    actor), written to summary.json; returned as written."""
+    actor), written to summary.json, with OpenAI's batch files where the input was one; returned as written."""
     after = run_totals(plan.paths.run_dir)
-    return RunSummary.of(plan, reading, after, this_time, wall, first_batch, store).write()
+    batch = write_openai_outputs(plan.paths) if reading.openai_batch else None
+    return RunSummary.of(plan, reading, after, this_time, wall, first_batch, store, batch).write()

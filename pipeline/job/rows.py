@@ -4,7 +4,8 @@ generated row into the job's (pipeline/llm/schema.py JOB_SCHEMA: the processor's
 error), and the stage is the processor's (pipeline/llm/stage.py), with the job's settings.
 
 A job row's settings are the config's decoder.* where the row's column is null or absent:
-max_new_tokens (vLLM's max_tokens), temperature, top_k, top_p and seed. A text prompt is one user
+max_new_tokens (vLLM's max_tokens), temperature, top_k, top_p, seed and n (samples of the row, each
+an output row). A text prompt is one user
 message of a chat (templated with the generation prompt) where the tokenizer has a chat template;
 a row without a seed samples with one derived from decoder.seed and its id (the stage's rule), so a
 rerun samples the same, and so does a processor given the same ids and seed.
@@ -19,9 +20,10 @@ import pyarrow.compute as pc
 from pipeline.config import Config
 from pipeline.config.drafter_kinds import DRAFTER_KINDS
 from pipeline.engines.errors import RequestError
+from pipeline.job import openai_batch
 from pipeline.job.series import LAST_OUTPUT, ROW_SETTINGS, row_fingerprint, settings_fingerprint
 from pipeline.llm.row_values import prediction_text, python_value, request_key
-from pipeline.llm.schema import BAD_INPUT, INFERENCE_ERROR, JOB_SCHEMA
+from pipeline.llm.schema import BAD_INPUT, INFERENCE_ERROR, JOB_SCHEMA, LOGPROBS
 
 if TYPE_CHECKING:
     from pipeline.llm.stage import StageSettings
@@ -51,7 +53,8 @@ def input_columns(config: Config, names: list[str]) -> list[str]:
     settings, and the message of a row that stands for a bad line."""
     source = config.input
     return list(dict.fromkeys([source.id_column, source.prompt_column or source.messages_column,
-                               *(name for name in (*ROW_SETTINGS, "prediction") if name in names), BAD_INPUT]))
+                               *(name for name in (*ROW_SETTINGS, "prediction", openai_batch.REQUEST) if name in names),
+                               BAD_INPUT]))
 
 
 def request_row(config: Config, settings: str | None = None) -> Callable[[dict], dict]:
@@ -66,22 +69,30 @@ def request_row(config: Config, settings: str | None = None) -> Callable[[dict],
     predicted = drafts_from_predictions(config)
 
     def convert(row: dict) -> dict:
-        prompt = python_value(row.get(column))
-        params = {"max_tokens": decoder.max_new_tokens, "temperature": decoder.temperature, "top_k": decoder.top_k,
-                  "top_p": decoder.top_p, "stop": list(decoder.stop)}
-        for name, key in ROW_SETTINGS.items():
-            value = python_value(row.get(name))
-            if value is not None:
-                params[key] = value
+        fields = (openai_batch.request_fields(row[openai_batch.REQUEST], config) if row.get(openai_batch.REQUEST)
+                  else row_fields(row, column, decoder))
+        prompt = fields["prompt"]
         out = dict.fromkeys(REQUEST_COLUMNS)
-        own, last = as_text(python_value(row.get("prediction"))), row.get(LAST_OUTPUT)
+        own, last = as_text(fields["prediction"]), row.get(LAST_OUTPUT)
         drafted_from = ("row" if own is not None else LAST_OUTPUT if last is not None else None) if predicted else None
-        out.update(id=request_key(row.get(source.id_column)), sampling_params=params, **{BAD_INPUT: row.get(BAD_INPUT)},
-                   fingerprint=row_fingerprint(config, settings, row), prediction=own if own is not None else last,
-                   predicted_from=drafted_from, changed=last is not None,
-                   **{"messages" if isinstance(prompt, list) else "prompt": prompt})
+        out.update(id=request_key(row.get(source.id_column)), sampling_params=fields["sampling_params"],
+                   **{BAD_INPUT: row.get(BAD_INPUT)}, fingerprint=row_fingerprint(config, settings, row),
+                   prediction=own if own is not None else last, predicted_from=drafted_from, changed=last is not None,
+                   endpoint=fields["endpoint"], **{"messages" if isinstance(prompt, list) else "prompt": prompt})
         return out
     return convert
+
+
+def row_fields(row: dict, column: str, decoder) -> dict:
+    """A job row's prompt, sampling_params (decoder.* where the row's setting column is null) and prediction."""
+    params = {"max_tokens": decoder.max_new_tokens, "temperature": decoder.temperature, "top_k": decoder.top_k,
+              "top_p": decoder.top_p, "stop": list(decoder.stop), "n": decoder.n}
+    for name, key in ROW_SETTINGS.items():
+        value = python_value(row.get(name))
+        if value is not None:
+            params[key] = value
+    return {"prompt": python_value(row.get(column)), "sampling_params": params,
+            "prediction": python_value(row.get("prediction")), "endpoint": None}
 
 
 def as_text(prediction):
@@ -109,4 +120,16 @@ def output_table(batch: pa.Table) -> pa.Table:
     if "drafter" in batch.column_names and "predicted_from" in batch.column_names:
         drafted = pc.fill_null(pc.is_in(batch.column("drafter"), value_set=PREDICTION_DRAFTERS), False)
         columns["predicted_from"] = pc.if_else(drafted, batch.column("predicted_from"), pa.scalar(None, pa.string()))
+    asked = "logprobs" in batch.column_names and batch.column("logprobs").null_count < len(batch)
+    columns["logprobs"] = (pa.array([logprob_entries(p) for p in batch.column("logprobs").to_pylist()], LOGPROBS)
+                           if asked else pa.nulls(len(batch), LOGPROBS))
     return pa.table(columns).cast(JOB_SCHEMA)
+
+
+def logprob_entries(positions: list | None) -> list | None:
+    """The stage's log probabilities (per position {token id: {logprob, rank, decoded_token}}) as the
+    job's Parquet holds them: per position a list of {token_id, token, logprob, rank}."""
+    if positions is None:
+        return None
+    return [[{"token_id": int(token), "token": entry.get("decoded_token"), "logprob": entry["logprob"],
+              "rank": entry.get("rank")} for token, entry in (position or {}).items()] for position in positions]

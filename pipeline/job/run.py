@@ -85,6 +85,7 @@ class Reading:
     new_rows: int
     set_aside: list  # earlier output files set aside (output_files.set_aside_unreadable)
     predicted: bool = False  # whether the input has a prediction column
+    openai_batch: bool = False  # whether the input is an OpenAI Batch request file
 
 
 @dataclass(frozen=True)
@@ -146,10 +147,13 @@ class RunSummary:
     speculation: dict
     driver_peak_rss_mb: float
     settings: dict  # the drafting config's sections as run
+    # An OpenAI Batch input's output and error files (pipeline/job/openai_batch.py), their requests;
+    # null for other inputs.
+    openai_batch: dict | None
 
     @classmethod
     def of(cls, plan: RunPlan, reading: Reading, after: dict, this_time: dict, wall: float,
-           first_batch: float | None, series_store: dict | None) -> RunSummary:
+           first_batch: float | None, series_store: dict | None, openai_batch: dict | None = None) -> RunSummary:
         """From the run's files' totals (`after`) and this invocation's (`this_time`, the progress actor's)."""
         generated = this_time["generated_tokens"]
         generating = this_time["last_finish"] - this_time["first_start"] if this_time["batches"] else 0
@@ -165,7 +169,7 @@ class RunSummary:
             fingerprint=plan.fingerprint, input_rows=reading.input_rows, rows_read=reading.rows_read,
             seconds_to_first_batch=first_batch, series_store=series_store, set_aside=reading.set_aside,
             rows_this_invocation=this_time["rows"], rows_errored_this_invocation=this_time["errored_rows"],
-            rows_skipped_already_done=reading.rows_read - this_time["rows"],
+            rows_skipped_already_done=reading.rows_read - this_time["input_rows"],
             changed_rows=after["changed_rows"], new_rows=after["rows"] - after["changed_rows"],
             generated_tokens_this_invocation=generated, wall_seconds=round(wall, 3),
             tokens_per_second=ratio(generated, wall, 3), tokens_per_second_after_startup=ratio(generated, generating, 3),
@@ -176,7 +180,8 @@ class RunSummary:
             speculation={"setting": plan.drafting.engine.speculation, "actors": this_time["speculation"]},
             driver_peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
             settings={section: asdict(getattr(plan.drafting, section))
-                      for section in ("model", "engine", "decoder", "transformers", "input", "ray")})
+                      for section in ("model", "engine", "decoder", "transformers", "input", "ray")},
+            openai_batch=openai_batch)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -33,8 +33,12 @@ from pipeline.llm.row_values import python_value, request_key, rows_table
 
 # A job row's optional setting columns, and the sampling_params key each is.
 ROW_SETTINGS = {"max_new_tokens": "max_tokens", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
-                "seed": "seed"}
+                "seed": "seed", "n": "n"}
+# Settings that came after series were first written, and their defaults: fingerprinted only where
+# they differ from them (a row's only where it sets one), so that a series keeps its fingerprints.
+LATER_SETTINGS = {"n": 1}
 LAST_OUTPUT = "last_output"  # the column that carries a changed row's last output to the preprocess
+REQUEST = "openai_request"  # an OpenAI Batch line's request, as JSON text (pipeline/job/openai_batch.py)
 TAGGED = pa.schema([("__key", pa.string()), ("__row", pa.string()), ("__last", pa.string()), ("__written", pa.int64())])
 
 
@@ -50,6 +54,10 @@ def settings_fingerprint(config: Config) -> str:
                 "columns": [config.input.id_column, config.input.prompt_column, config.input.messages_column]}
     if decoder.temperature > 0:  # (the transformers engine's section too: its keys were the decoder's)
         settings["decoder"] = {**asdict(decoder), **asdict(config.transformers)}
+    for name, default in LATER_SETTINGS.items():
+        settings.get("decoder", {}).pop(name, None)
+        if getattr(decoder, name) != default:
+            settings[name] = getattr(decoder, name)
     return digest(json.dumps(settings, sort_keys=True, default=list))
 
 
@@ -65,7 +73,10 @@ def row_fingerprint(config: Config, settings: str, row: dict) -> str:
     source = config.input
     values = {"id": request_key(row.get(source.id_column)),
               "prompt": canonical(python_value(row.get(source.prompt_column or source.messages_column))),
-              **{name: canonical(python_value(row.get(name))) for name in ROW_SETTINGS}}
+              **{name: canonical(python_value(row.get(name))) for name in ROW_SETTINGS
+                 if name not in LATER_SETTINGS or python_value(row.get(name)) is not None}}
+    if row.get(REQUEST):  # an OpenAI Batch line's request: its messages and settings
+        values[REQUEST] = row[REQUEST]
     return digest(settings + json.dumps(values, sort_keys=True, default=str))
 
 

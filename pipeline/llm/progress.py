@@ -18,7 +18,7 @@ class JobStopped(RuntimeError):
 
 @dataclass(frozen=True)
 class BatchReport:
-    rows: int
+    rows: int  # output rows: a row's samples each one
     errored_rows: int
     generated_tokens: int
     target_calls: int
@@ -28,10 +28,11 @@ class BatchReport:
     actor: str = ""  # the Ray actor that ran it, its process and its engine (actor/pid/generation)
     engine_steps: EngineSteps | None = None  # that actor's engine's step accounting so far (None: not kept)
     peak_rss_mb: float = 0.0  # the actor process's peak resident memory so far
+    input_rows: int = 0  # the rows the batch was given
     speculation: dict | None = None  # the actor's speculation mode (pipeline/engines/speculation.py Chooser.report)
 
 
-COUNTED = ("rows", "errored_rows", "generated_tokens", "target_calls")  # summed over the batches
+COUNTED = ("rows", "input_rows", "errored_rows", "generated_tokens", "target_calls")  # summed over the batches
 
 
 class EngineCrashLoop(JobStopped):

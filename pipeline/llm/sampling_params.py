@@ -19,6 +19,8 @@ CONSTRAINT_OPTIONS = ("disable_any_whitespace", "disable_additional_properties",
 # max_tokens None: as many as the model's length leaves (each engine cuts a request's budget to it).
 UP_TO_THE_MODELS_LENGTH = 2**31 - 1
 VLLM_DEFAULTS = {"max_tokens": 16, "temperature": 1.0, "top_p": 1.0, "top_k": 0}
+# Samples one row may ask for (sampling_params.n), as OpenAI's chat completions allow.
+MAX_SAMPLES = 128
 
 
 def without_nulls(value: Any) -> Any:
@@ -70,6 +72,7 @@ class RowSettings:
     stop: tuple[str, ...]
     structured_outputs: dict | None
     engine_sampling: dict | None = None  # the engine's own other sampling keys, as given
+    n: int = 1  # samples of the row, each its own row (sample_index 0 to n - 1)
 
 
 def sampling_of(params: Any, name: str, seed: int | None, engine: EngineSampling) -> RowSettings:
@@ -95,8 +98,6 @@ def sampling_of(params: Any, name: str, seed: int | None, engine: EngineSampling
             raise RequestError(f"{name}: sampling_params.{key} must be {allowed}, got {value!r}")
         return kind(value)
 
-    if values.get("n", 1) != 1:
-        raise RequestError(f"{name}: sampling_params.n must be 1 (one completion per row), got {values['n']!r}")
     stop = values.get("stop") or ()
     stop = (stop,) if isinstance(stop, str) else tuple(stop)
     if not all(isinstance(text, str) and text for text in stop):
@@ -109,5 +110,6 @@ def sampling_of(params: Any, name: str, seed: int | None, engine: EngineSampling
         else (seed if seed is not None else secrets.randbits(63)))  # vLLM: no seed, a fresh one
     max_tokens = (UP_TO_THE_MODELS_LENGTH if to_the_end
                   else number("max_tokens", int, lambda v: v >= 1, "an integer >= 1"))
+    n = number("n", int, lambda v: 1 <= v <= MAX_SAMPLES, f"an integer from 1 to {MAX_SAMPLES}") if "n" in values else 1
     return RowSettings(sampling, max_tokens, stop,
-                       None if structured is None else structured_outputs_of(structured, name), extra or None)
+                       None if structured is None else structured_outputs_of(structured, name), extra or None, n)

@@ -86,22 +86,32 @@ STATISTICS = pa.schema([
     ("seed", pa.int64()),
 ])
 # A processor's row: its own columns, then these (the statistics those statistics_columns names).
-GENERATED = pa.schema([*RAY_LLM_COLUMNS, *STATISTICS, (INFERENCE_ERROR, pa.string())])
+# Ours, on every row: which of the row's samples it is (sampling_params.n: 0 to n - 1; the choice's
+# `index` in OpenAI's output).
+SAMPLE_INDEX = pa.field("sample_index", pa.int64())
+GENERATED = pa.schema([*RAY_LLM_COLUMNS, SAMPLE_INDEX, *STATISTICS, (INFERENCE_ERROR, pa.string())])
 # ray.data.llm's columns whose Arrow type is the data's (vLLM's per-request metrics; log
 # probabilities, keyed by token id), converted as Ray Data converts them.
 TYPED_BY_THE_DATA = ("metrics", "logprobs", "prompt_logprobs")
 
+LOGPROB = pa.struct([("token_id", pa.int64()), ("token", pa.string()), ("logprob", pa.float64()), ("rank", pa.int64())])
+LOGPROBS = pa.list_(pa.list_(LOGPROB))
+
 # The job's Parquet: the row's id, the processor's columns, and the row's error (null when it was
 # generated; the processor's __inference_error__ is ""). Left out are the columns the job cannot
-# fill (a generation's embeddings; metrics and log probabilities, which its rows do not ask for)
-# and those whose data it holds in another: prompt (prompt_token_ids) and params (the settings'
-# own columns).
-JOB_SCHEMA = pa.schema([("id", pa.string()),
+# fill (a generation's embeddings; metrics, and prompt log probabilities, which its rows do not ask
+# for) and those whose data it holds in another: prompt (prompt_token_ids) and params (the
+# settings' own columns).
+JOB_SCHEMA = pa.schema([("id", pa.string()), SAMPLE_INDEX,
                         # what produced the row (pipeline/job/series.py); the prediction it was drafted
                         # from first: "row" (its own `prediction`), "last_output" (a series' changed
                         # row), null (none, or an engine that drafts from none); whether its id had an
                         # output in an earlier run of its series (its input or settings changed)
                         ("fingerprint", pa.string()), ("predicted_from", pa.string()), ("changed", pa.bool_()),
                         *(f for f in GENERATED if f.name not in {*TYPED_BY_THE_DATA, "embeddings", "prompt", "params",
-                                                                 INFERENCE_ERROR}),
+                                                                 "sample_index", INFERENCE_ERROR}),
+                        # a row of an OpenAI Batch file: its url (null for the job's other rows), and the
+                        # log probabilities it asked for, per generated position the token drawn and the
+                        # most likely ones (pipeline/job/openai_batch.py writes them as OpenAI's)
+                        ("endpoint", pa.string()), ("logprobs", LOGPROBS),
                         ("error", pa.string())])

@@ -34,6 +34,7 @@ the run (EngineCrashLoop), naming the last failure.
 """
 from __future__ import annotations
 
+import dataclasses
 import gc
 import itertools
 import logging
@@ -58,7 +59,7 @@ from pipeline.engines import speculation
 from pipeline.llm.metrics import RunMetrics
 from pipeline.llm.progress import BatchReport, EngineCrashLoop, JobStopped, RestartWindow
 from pipeline.llm.row_values import prediction_text, python_value, request_key
-from drafters.primitives.sampling import request_seed
+from drafters.primitives.sampling import request_seed, sample_seed
 from pipeline.llm.sampling_params import sampling_of
 from pipeline.llm.schema import BAD_INPUT, GENERATED, INFERENCE_ERROR, STATISTICS, TYPED_BY_THE_DATA
 
@@ -79,7 +80,7 @@ class StageSettings:
     statistics: tuple[str, ...] | None = None  # which of STATISTICS a row gets (None: all)
     live_metrics: bool = False  # Ray metrics from each actor (pipeline/llm/metrics.py), tagged run_id
     run_id: str = ""
-    # The rows the run will generate, where it knows them: each actor's share decides whether its
+    # The requests (rows, and their samples) the run will generate, where it knows them: each actor's share decides whether its
     # work pays for measuring the speculation modes (pipeline/engines/speculation.py).
     expected_rows: int | None = None
     # Whether the rows carry predictions, as far as the run knows at its start (a series rerun, an
@@ -154,17 +155,25 @@ class GenerationStage:
             raise RequestError(f"row (request_id {number}) has no {settings.id_column!r}")
         return f"row {key!r}", None if settings.seed is None else request_seed(settings.seed, key)
 
-    def request(self, row: dict, number: int) -> tuple[Request, str, str]:
-        """(the row's request, its text prompt, the row's name for errors); a RequestError names the row."""
+    def requests(self, row: dict) -> tuple[list[Request], str, str]:
+        """(the row's requests, one per sample of sampling_params.n, its text prompt, the row's name
+        for errors); a RequestError names the row. Sample 0 samples with the row's seed, sample i
+        with one derived from it and i: a seed is a text, with n = 1 or more."""
+        number = next(self.request_ids)
         name, seed = self.identify(row, number)
         if row.get(BAD_INPUT):  # input that could not be read (its message names the file and line)
             raise RequestError(f"{name}: {row[BAD_INPUT]}")
         settings = sampling_of(row.get("sampling_params"), name, seed, self.sampling)
         with self.tokenizer_lock:
             prompt, ids = prompt_of(self.tokenizer, row, self.settings, name)
-        return Request(str(number), ids, settings.max_tokens, settings.stop, settings.sampling,
-                       settings.structured_outputs, settings.engine_sampling, self.adapter(row, name),
-                       self.prediction(row, name)), prompt, name
+        first = Request(request_id=str(number), prompt_ids=ids, max_new_tokens=settings.max_tokens,
+                        stop=settings.stop, sampling=settings.sampling, structured_outputs=settings.structured_outputs,
+                        engine_sampling=settings.engine_sampling, adapter=self.adapter(row, name),
+                        prediction=self.prediction(row, name))
+        others = [dataclasses.replace(first, request_id=str(next(self.request_ids)),
+                                      sampling=dataclasses.replace(first.sampling, seed=sample_seed(first.sampling.seed, i)))
+                  for i in range(1, settings.n)]
+        return [first, *others], prompt, name
 
     def prediction(self, row: dict, name: str) -> tuple[int, ...]:
         """The row's `prediction` (text its answer is expected to resemble, or OpenAI's form of it) as
@@ -195,35 +204,40 @@ class GenerationStage:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         started = time.time()
-        out = self.generate(batch.to_pylist())
-        self.report(out, [bool(row.get(INFERENCE_ERROR)) for row in out], started)
-        return with_generated_columns(batch, out, self.dropped)
+        out, of_row = self.generate_samples(batch.to_pylist())
+        self.report(out, [bool(row.get(INFERENCE_ERROR)) for row in out], started, len(batch))
+        return with_generated_columns(batch.take(of_row), out, self.dropped)
 
     def generate(self, rows: list[dict]) -> list[dict]:
-        """One generated row per row, in order: the engine runs the good rows' requests together; a
-        bad row gets an error row (or raises), the rest go on. The batch then counts towards the
-        actor's choice of speculation mode, which may switch the engine."""
+        """generate_samples' rows (one per row where each asks for one sample)."""
+        return self.generate_samples(rows)[0]
+
+    def generate_samples(self, rows: list[dict]) -> tuple[list[dict], list[int]]:
+        """A generated row per sample of each row (sampling_params.n, one by default) in order, and
+        the row each came from. The engine runs the good rows' requests together, a row's samples
+        side by side (drafting from each other as they go); a bad row gets one error row (or raises),
+        the rest go on. The batch then counts towards the actor's choice of speculation mode."""
         batch_uuid = uuid.uuid4().hex
-        outputs: list = [None] * len(rows)
-        made: dict[int, tuple] = {}
+        outputs: list[list[dict]] = [[] for _ in rows]
+        made: list[tuple[int, int, Request, str, str]] = []  # (row, sample, request, prompt, name)
         for index, row in enumerate(rows):
             try:
-                made[index] = self.request(row, next(self.request_ids))
+                requests, prompt, name = self.requests(row)
             except RequestError as error:  # the message names the row already
-                outputs[index] = self.failed(str(error), row.get("prompt"), batch_uuid)
-        if not made:
-            return outputs
-        requests = [request for request, _, _ in made.values()]
-        started = time.perf_counter()
-        results, ran = self.run_on_engine(requests)
-        seconds = time.perf_counter() - started
-        for (index, (request, prompt, name)), result in zip(made.items(), results):
-            if isinstance(result, Failed):
-                outputs[index] = self.failed(f"{name}: {result.message}", prompt, batch_uuid, request.adapter)
-            else:
-                outputs[index] = self.generated(request, prompt, result, batch_uuid, seconds, ran)
-        self.choose_mode(requests, results, ran["drafter"])
-        return outputs
+                outputs[index].append(self.failed(str(error), row.get("prompt"), batch_uuid))
+                continue
+            made += [(index, sample, request, prompt, name) for sample, request in enumerate(requests)]
+        if made:
+            requests = [request for _, _, request, _, _ in made]
+            started = time.perf_counter()
+            results, ran = self.run_on_engine(requests)
+            seconds = time.perf_counter() - started
+            for (index, sample, request, prompt, name), result in zip(made, results):
+                outputs[index].append(
+                    self.failed(f"{name}: {result.message}", prompt, batch_uuid, request.adapter, sample)
+                    if isinstance(result, Failed) else self.generated(request, prompt, result, batch_uuid, seconds, ran, sample))
+            self.choose_mode(requests, results, ran["drafter"])
+        return [out for row in outputs for out in row], [index for index, row in enumerate(outputs) for _ in row]
 
     @property
     def engine(self) -> Engine | None:
@@ -365,10 +379,11 @@ class GenerationStage:
         return ray.get(self.progress.engine_failed.remote(ray.get_runtime_context().get_actor_id() or "", cause))
 
     def generated(self, request: Request, prompt: str, result: Result, batch_uuid: str, seconds: float,
-                  ran: dict) -> dict:
+                  ran: dict, sample: int = 0) -> dict:
         sampling = request.sampling
         row = {"prompt": prompt, "prompt_token_ids": request.prompt_ids, "generated_tokens": result.token_ids,
-               "generated_text": result.text, "request_id": int(request.request_id), "metrics": result.engine_metrics,
+               "generated_text": result.text, "request_id": int(request.request_id), "sample_index": sample,
+               "metrics": result.engine_metrics,
                "logprobs": result.logprobs, "prompt_logprobs": result.prompt_logprobs, "batch_uuid": batch_uuid,
                "params": result.params, "temperature": sampling.temperature, "top_k": sampling.top_k,
                "top_p": sampling.top_p, "seed": sampling.seed, INFERENCE_ERROR: "",
@@ -378,18 +393,20 @@ class GenerationStage:
             row["model"] = request.adapter  # what ran: the adapter on model_source
         return row
 
-    def failed(self, message: str, prompt: Any, batch_uuid: str, adapter: str | None = None) -> dict:
+    def failed(self, message: str, prompt: Any, batch_uuid: str, adapter: str | None = None, sample: int = 0) -> dict:
         """ray.data.llm's error row (request_id -1, time_taken_llm -1), or the error raised."""
         if not self.settings.continue_on_error:
             raise ValueError(message)
         return {"prompt": prompt if isinstance(prompt, str) else "", "num_input_tokens": 0, "generated_tokens": [],
-                "generated_text": "", "num_generated_tokens": 0, "request_id": -1, "batch_uuid": batch_uuid,
+                "generated_text": "", "num_generated_tokens": 0, "request_id": -1, "sample_index": sample,
+                "batch_uuid": batch_uuid,
                 "time_taken_llm": -1.0, "params": "", INFERENCE_ERROR: message, **self.ran,
                 **({"model": adapter} if adapter is not None else {})}
 
-    def report(self, rows: list[dict], errored: list[bool], started: float) -> None:
+    def report(self, rows: list[dict], errored: list[bool], started: float, input_rows: int) -> None:
         """Tells Ray's metrics and the run's progress actor about a finished batch (`rows`: its output
-        rows, `errored`: which failed); stops the run when the progress actor says so."""
+        rows, a row's samples each one, `errored`: which failed; `input_rows`: the rows it was
+        given); stops the run when the progress actor says so."""
         if self.progress is None and self.metrics is None:
             return
         import ray
@@ -401,7 +418,7 @@ class GenerationStage:
             steps = engine.steps() if engine is not None else None
             with self.choice_lock:
                 chosen = self.chooser.report()
-            batch = BatchReport(rows=len(rows), errored_rows=sum(errored),
+            batch = BatchReport(rows=len(rows), input_rows=input_rows, errored_rows=sum(errored),
                                 generated_tokens=sum(row.get("num_generated_tokens") or 0 for row in done),
                                 target_calls=sum(row.get("num_target_calls") or 0 for row in done),
                                 started=started, finished=time.time(), node=context.get_node_id(),

@@ -120,11 +120,32 @@ def read_text(path: str) -> str | None:
 
 def write_text(path: str, text: str) -> None:
     """Writes whole (a temporary name, then a move, where the store has moves that replace)."""
-    filesystem, inner = resolve(path)
-    staging = f"{inner}.{os.getpid()}.tmp"
-    with filesystem.open_output_stream(staging) as stream:
-        stream.write(text.encode())
-    filesystem.move(staging, inner)
+    with WholeFile(path) as file:
+        file.write(text)
+
+
+class WholeFile:
+    """A text file written in pieces and seen whole or not at all: under a temporary name, moved to
+    its own once closed (where the store has moves that replace); a failure leaves no file."""
+
+    def __init__(self, path: str):
+        self.filesystem, self.inner = resolve(path)
+        self.staging = f"{self.inner}.{os.getpid()}.tmp"
+
+    def __enter__(self) -> "WholeFile":
+        self.filesystem.create_dir(str(Path(self.inner).parent), recursive=True)
+        self.stream = self.filesystem.open_output_stream(self.staging)
+        return self
+
+    def write(self, text: str) -> None:
+        self.stream.write(text.encode())
+
+    def __exit__(self, kind, error, trace) -> None:
+        self.stream.close()
+        if kind is None:
+            self.filesystem.move(self.staging, self.inner)
+        else:
+            self.filesystem.delete_file(self.staging)
 
 
 def list_directories(path: str, prefix: str = "") -> list[str]:

@@ -24,7 +24,7 @@ def test_a_job_row_becomes_messages_or_a_prompt_with_the_configs_settings(config
     assert (text["id"], text["prompt"], text["messages"], text["model"], text["tokenized_prompt"]) == ("12", "Hi", None,
                                                                                                       None, None)
     # No seed: the stage derives it from decoder.seed and the id, as it does a processor's row.
-    assert text["sampling_params"] == {"max_tokens": 7, "temperature": 0.5, "top_k": 5, "top_p": 0.9, "stop": []}
+    assert text["sampling_params"] == {"max_tokens": 7, "temperature": 0.5, "top_k": 5, "top_p": 0.9, "stop": [], "n": 1}
     chat = convert({"uid": "c", "prompt": [{"role": "user", "content": "Hi"}], "max_new_tokens": 2.0, "seed": 9,
                     "temperature": float("nan")})  # NaN: a null in a pandas block
     assert chat["messages"] == [{"role": "user", "content": "Hi"}] and chat["prompt"] is None
@@ -161,3 +161,17 @@ def test_the_tasks_that_convert_rows_load_no_engine(config, tmp_path):
     done = subprocess.run([sys.executable, "-c", code, str(tmp_path / "functions.pkl")], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
+def test_a_series_written_before_the_later_settings_keeps_its_fingerprints():
+    """The digests of 5886a25 (before decoder.n and a row's `n`): a nightly series regenerates
+    nothing for a setting it does not use; one that asks for samples is another text."""
+    from pipeline.job.series import row_fingerprint, settings_fingerprint
+
+    for overrides, settings, row in (([], "32c146b9d3c0255d", "7c52a0a7d8483213"),
+                                     (["decoder.temperature=0.7"], "b7391e08e7ecd6da", "581bcfb0f307cad2")):
+        config = load_config(overrides=overrides)
+        assert settings_fingerprint(config) == settings
+        assert row_fingerprint(config, settings, {"id": "a", "prompt": "hi", "temperature": 0.5}) == row
+        assert row_fingerprint(config, settings, {"id": "a", "prompt": "hi", "temperature": 0.5, "n": 2}) != row
+        assert settings_fingerprint(load_config(overrides=[*overrides, "decoder.n=4"])) != settings

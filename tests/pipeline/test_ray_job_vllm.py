@@ -98,3 +98,44 @@ def test_a_killed_actor_on_the_streaming_engine_still_writes_every_id_once(local
     job.join(timeout=400)
     assert not job.is_alive() and "summary" in finished, "the job should finish despite the killed actor"
     assert sorted(row["id"] for row in read_run(run_dir)) == ids, "every id exactly once"
+
+
+@pytest.mark.slow  # vLLM in a Ray actor: make test-slow
+def test_an_openai_batch_file_runs_unchanged_and_resumed_each_custom_id_is_written_once(local_ray, tiny_model_dir,
+                                                                                      tmp_path):
+    """tests/data/openai_batch.jsonl, written from OpenAI's documentation: chat and completions, n = 4
+    with a seed, a prediction, a JSON schema with log probabilities, a tool (not run), an embedding
+    (not run) and a line cut short. Half of it first (input.limit), then the run resumed: every
+    request one output or error line, every output line valid as OpenAI's types, its usage the
+    tokens its rows generated."""
+    from openai.types import Completion
+    from openai.types.chat import ChatCompletion
+
+    source = REPO / "tests" / "data" / "openai_batch.jsonl"
+    settings = ["engine.name=vllm", f"model.name={tiny_model_dir}", "engine.execution=eager", "engine.cpu_kv_cache_gib=1",
+                "engine.max_model_len=384", "engine.max_num_seqs=8", f"input.path={source}",
+                f"job.output={tmp_path / 'out'}", "ray.num_cpus_per_actor=0.5"]
+    run_job(load_config(REPO / "configs/default.yaml", [*settings, "input.limit=4"]), "b")
+    summary = run_job(load_config(REPO / "configs/default.yaml", settings), "b")
+    rows = read_run(tmp_path / "out" / "run=b")
+    files = {name: [json.loads(line) for line in (tmp_path / "out" / "run=b" / "openai" / f"{name}.jsonl").read_text().splitlines()]
+             for name in ("output", "errors")}
+    keys = [line["custom_id"] for lines in files.values() for line in lines]
+    cut_short = f"{source}:8"
+    assert sorted(keys) == sorted([f"request-{i}" for i in (1, 2, 3, 4, 5, 6, 7, 9)] + [cut_short])
+    assert summary["openai_batch"]["requests"] == len(files["output"]) == 6
+    assert {line["custom_id"] for line in files["errors"]} == {"request-6", "request-7", cut_short}
+    assert "body.tools is not run here" in next(l for l in files["errors"] if l["custom_id"] == "request-6")["error"]["message"]
+    for line in files["output"]:
+        body = line["response"]["body"]
+        kind = ChatCompletion if body["object"] == "chat.completion" else Completion
+        answer = kind.model_validate(body)
+        mine = sorted((r for r in rows if r["id"] == line["custom_id"]), key=lambda r: r["sample_index"])
+        assert answer.usage.completion_tokens == sum(r["num_generated_tokens"] for r in mine)
+        assert [c.index for c in answer.choices] == [r["sample_index"] for r in mine] and answer.model == str(tiny_model_dir)
+    by_key = {line["custom_id"]: line["response"]["body"] for line in files["output"]}
+    haiku = [r for r in rows if r["id"] == "request-2"]
+    assert len(by_key["request-2"]["choices"]) == 4 and len({tuple(r["generated_tokens"]) for r in haiku}) > 1
+    assert sorted(r["seed"] for r in haiku)[0] != sorted(r["seed"] for r in haiku)[1]  # each sample its own seed
+    assert by_key["request-5"]["choices"][0]["logprobs"]["content"], "log probabilities asked for, given"
+    assert by_key["request-3"]["choices"][0]["logprobs"]["tokens"] and by_key["request-9"]["object"] == "text_completion"

@@ -123,3 +123,15 @@ def test_an_auto_stage_switches_mode_on_its_measured_rows_and_the_rows_stay_the_
     assert first["drafter"] == ["batch_suffix"] * 8 and again["drafter"] == ["none"] * 8
     assert again["generated_tokens"] == first["generated_tokens"] and again["error"] == [None] * 8
     assert stage.chooser.report()["windows"][0]["drafter"] == "batch_suffix"
+
+
+def test_a_row_asking_for_n_samples_gets_n_rows_each_its_own_text(stage):
+    """Sample 0 samples with the row's seed (the text one sample of that seed gives), sample i with
+    one derived from it and i; a row's samples are rows of their own, its other columns repeated."""
+    one = generate(stage, {"id": ["s"], "prompt": ["def add(a, b):"], "temperature": [1.0], "seed": [5]}).to_pylist()
+    rows = generate(stage, {"id": ["s", "g"], "prompt": ["def add(a, b):", "Hi"], "temperature": [1.0, None],
+                            "seed": [5, None], "n": [3, None]}).to_pylist()
+    assert [(row["id"], row["sample_index"]) for row in rows] == [("s", 0), ("s", 1), ("s", 2), ("g", 0)]
+    assert rows[0]["generated_tokens"] == one[0]["generated_tokens"] and rows[0]["seed"] == 5
+    assert len({row["seed"] for row in rows[:3]}) == 3 and len({tuple(row["generated_tokens"]) for row in rows[:3]}) > 1
+    assert all(row["error"] is None for row in rows)
