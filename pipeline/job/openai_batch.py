@@ -25,6 +25,7 @@ from typing import Any, Iterable, Iterator
 
 from pipeline.config import Config, InputConfig
 from pipeline.job.series import REQUEST  # the column that carries a line's request, as JSON text
+from pipeline.llm.schema import BAD_INPUT
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 ENDPOINTS = (CHAT, COMPLETIONS)
@@ -107,8 +108,6 @@ def batch_row(row: Any, source: InputConfig, where: str) -> dict:
     try:
         request = request_of(row if isinstance(row, dict) else {})
     except LineError as error:
-        from pipeline.llm.schema import BAD_INPUT
-
         return {source.id_column: key or where, column: None, REQUEST: None, BAD_INPUT: f"{where}: {error}"}
     return {source.id_column: key, column: None, REQUEST: json.dumps(request, sort_keys=True)}
 

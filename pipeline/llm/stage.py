@@ -80,8 +80,8 @@ class StageSettings:
     statistics: tuple[str, ...] | None = None  # which of STATISTICS a row gets (None: all)
     live_metrics: bool = False  # Ray metrics from each actor (pipeline/llm/metrics.py), tagged run_id
     run_id: str = ""
-    # The requests (rows, and their samples) the run will generate, where it knows them: each actor's share decides whether its
-    # work pays for measuring the speculation modes (pipeline/engines/speculation.py).
+    # The requests (rows, and their samples) the run will generate, where it knows them: each
+    # actor's share decides whether its work pays for measuring the speculation modes.
     expected_rows: int | None = None
     # Whether the rows carry predictions, as far as the run knows at its start (a series rerun, an
     # input with a prediction column): the speculation rule's first choice reads it.

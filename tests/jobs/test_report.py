@@ -48,3 +48,25 @@ def test_report_asks_which_run_when_there_are_several(auto_run, tmp_path):
         report.main([str(output)])
     with pytest.raises(report.ReportError, match="no such directory"):
         report.main([str(tmp_path / "missing")])
+
+
+def test_report_draws_each_actors_speculation_mode_over_its_windows(auto_run, tmp_path):
+    """summary.json's speculation: an actor that measured ours, then plain, and kept plain."""
+    output, _ = auto_run
+    windows = [{"drafter": "batch_suffix", "at_busy_seconds": 0.0, "seconds": 30.0, "tokens": 3000, "rows": 40,
+                "tokens_per_second": 100.0, "prediction_share": 0.0},
+               {"drafter": "none", "at_busy_seconds": 30.0, "seconds": 31.0, "tokens": 3720, "rows": 41,
+                "tokens_per_second": 120.0, "prediction_share": 0.0}]
+    actor = {"drafter": "none", "decided_by": "measured", "candidates": ["batch_suffix", "none"], "rule": "open",
+             "window_seconds": 30.0, "restart_seconds": 6.5, "busy_seconds": 61.0, "rows": 81, "windows": windows,
+             "switches": [{"at_busy_seconds": 30.0, "at": 1.0, "from": "batch_suffix", "to": "none", "why": "measure",
+                           "drain_seconds": 1.2, "restart_seconds": 6.5}]}
+    (output / "run=r1" / "summary.json").write_text(json.dumps({"speculation": {"setting": "auto", "actors": {"a1": actor}}}))
+    try:
+        result = report.main([str(output / "run=r1"), "--out", str(tmp_path)])
+    finally:
+        (output / "run=r1" / "summary.json").unlink()
+    assert (tmp_path / "speculation.png").stat().st_size > 1000 and "speculation.png" in result["plots"]
+    assert result["speculation"] == [{"actor": "a1", "drafter": "none", "decided_by": "measured", "switches": 1,
+                                      "restart_seconds": 6.5, "windows": "batch_suffix 100.0, none 120.0"}]
+    assert "| a1 | none | measured | 1 | 6.5 |" in (tmp_path / "report.md").read_text()

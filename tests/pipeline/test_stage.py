@@ -99,6 +99,7 @@ def test_a_prediction_is_text_or_openais_form_and_anything_else_is_the_rows_erro
     assert texts["openai"] == texts["parts"] == texts["text"]
 
 
+@pytest.mark.slow  # two vLLM engines built in this process: make test-slow
 def test_an_auto_stage_switches_mode_on_its_measured_rows_and_the_rows_stay_the_same(tiny_model_dir):
     """engine.speculation auto, measuring (a job of a million rows, windows of 0.3 s): the stage builds
     the other mode's engine in place, and the same rows (greedy, and sampled with their seeds) come
