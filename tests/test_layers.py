@@ -225,13 +225,13 @@ def test_an_oversized_function_is_named(tmp_path):
 
 def test_every_file_the_code_and_readme_name_exists():
     """A path to a module or test named in the code, the tests, the README, the docs pages or
-    pyproject.toml is a file of the tree (docs/benchmarks.md is a record: it names files as they were
+    pyproject.toml is a file of the tree (docs/measurements/ is a record: it names files as they were
     at its commits)."""
     import re
 
     named = re.compile(r"\b((?:pipeline|drafters|jobs|tests)/[\w/]+\.py)\b")
     sources = [path for package in (*PACKAGES, "tests") for path in (ROOT / package).rglob("*.py")]
-    docs = [path for path in sorted((ROOT / "docs").glob("*.md")) if path.name != "benchmarks.md"]
+    docs = sorted((ROOT / "docs").glob("*.md"))
     stale = sorted({f"{path.relative_to(ROOT)}: {name}" for path in [*sources, ROOT / "README.md", *docs, ROOT / "pyproject.toml"]
                     for name in named.findall(path.read_text()) if not (ROOT / name).is_file()})
     assert not stale, "\n".join(stale)

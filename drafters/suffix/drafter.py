@@ -12,7 +12,8 @@ What it drafts from, per request, each source on its own:
 - `store`: earlier runs' outputs (decoder.datastore), by binary search in their suffix array
   (store_search.py); a match of at least `store_min_match` tokens (default ngram_max_q): in a store
   of millions of tokens a shorter one has thousands of occurrences and says little, and reading
-  them costs the drafter more than all its other work (docs/benchmarks.md, "Replay (no model)").
+  them costs the drafter more than all its other work (docs/measurements/batched-drafter-and-replay.md,
+  "Replay (no model)").
 A source's occurrences that match the longest are kept, as SuffixDecoding's tree keeps its deepest
 node, and from their continuations the path that follows the most frequent next token (its
 majority path). Sources are not pooled: the request's own long repeat is far more often right than

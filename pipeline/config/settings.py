@@ -53,7 +53,7 @@ class EngineConfig:
     # vLLM on a GPU: the fraction of the GPU's memory vLLM may take.
     gpu_memory_utilization: float = 0.9
     # vLLM: "compiled" (torch.compile, and CUDA graphs on a GPU) or "eager". Compiled runs faster
-    # but a CPU takes minutes per actor start to compile (docs/benchmarks.md, "Figures behind the
+    # but a CPU takes minutes per actor start to compile (docs/measurements/defaults.md, "Figures behind the
     # defaults"). "auto": compiled on a GPU, eager on a CPU.
     execution: Literal["auto", "eager", "compiled"] = "auto"
     # vLLM: the requests the engine runs at once (its slots), as vLLM names it. 0: vLLM's own
@@ -79,8 +79,8 @@ class EngineConfig:
     # our drafter runs. 0: predictions draft at most decoder.w tokens, as the drafter. 128 on every
     # device: through the job on a CPU, where a verified token costs 0.06-0.09 of a step, 128 beat 16
     # on the line and field edits and tied on the paragraph edit, and on an H100 step by the replay
-    # (docs/benchmarks.md, "Predicted outputs through the job"); a step that verifies 128 holding
-    # tokens is already ~100 plain steps' worth.
+    # (docs/measurements/series-and-predictions.md, "Predicted outputs through the job"); a step
+    # that verifies 128 holding tokens is already ~100 plain steps' worth.
     prediction_w: int = 128
     # vLLM: any other of vLLM's engine arguments (vllm.engine.arg_utils.EngineArgs: quantization,
     # kv_cache_dtype, enable_prefix_caching, ...), given to vLLM as they are; checked against
@@ -166,7 +166,7 @@ class DecoderConfig:
     # Tokens per draft row; w = 0 means no drafts (plain decoding). "auto": each step keeps only the
     # draft tokens that pay for what they cost the step, up to AUTO_MAX["w"], or the vLLM engine's
     # longer limit (pipeline/engines/vllm/settings.py); the step's cost is measured as the engine
-    # runs (docs/benchmarks.md has what was measured where). Unset: "auto", or DRAFT_MODEL_W with drafter
+    # runs (docs/measurements/ has what was measured where). Unset: "auto", or DRAFT_MODEL_W with drafter
     # draft_model (whose drafts cost a call per token: it drafts a fixed length).
     w: int | Literal["auto"] | None = None
     # Set with `w: auto` (w is then the largest a step may choose, from the request's acceptance
@@ -180,7 +180,8 @@ class DecoderConfig:
     bigram_top_k: int = 32
     # What the model sees before token x when the bigram table p(.|x) is computed.
     # "assistant_header": the chat template's assistant turn start (chat models); "bos": the
-    # BOS token; "none": x alone (degenerate for most models: docs/benchmarks.md, "Figures behind the defaults").
+    # BOS token; "none": x alone (degenerate for most models: docs/measurements/defaults.md,
+    # "Figures behind the defaults").
     bigram_prefix: Literal["assistant_header", "bos", "none"] = "assistant_header"
     # Tokens in the bigram build batch; bounds memory of the one-off table build.
     bigram_batch_size: int = 512
@@ -198,7 +199,8 @@ class DecoderConfig:
     # oldest finished ones are dropped), and the least probability, by the acceptance model, that
     # every token of a draft so far is accepted: a draft stops where that falls below (under `w: auto`
     # the step budget may stop it sooner). 0.1 is batch_suffix's measured best against vLLM's suffix
-    # decoding (more tokens per step for few more draft tokens: docs/benchmarks.md, the replay).
+    # decoding (more tokens per step for few more draft tokens: the replay,
+    # docs/measurements/batched-drafter-and-replay.md).
     suffix_max_tokens: int = 262144
     suffix_min_probability: float = 0.1
     # drafter "batch_suffix": occurrences are found by the context's last ngram_max_q tokens, down to
@@ -427,7 +429,7 @@ class Config:
 
 
 # engine.max_num_seqs 0 on a CPU: the most requests one vLLM engine runs at once there: the best of
-# 8, 16, 32 and 64 on a 2-core CPU (docs/benchmarks.md, "Figures behind the defaults").
+# 8, 16, 32 and 64 on a 2-core CPU (docs/measurements/defaults.md, "Figures behind the defaults").
 CPU_MAX_NUM_SEQS = 64
 
 

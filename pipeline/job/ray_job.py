@@ -235,7 +235,7 @@ def run_totals(output: str) -> dict:
     calls counted once) in the run's files, summed per block by Ray Data tasks where the files
     are: one small row per block reaches the driver, never a row of the outputs. (Ray Data's
     `aggregate` gives the same through a hash shuffle that takes seconds even for a few rows:
-    docs/benchmarks.md, "Figures behind the defaults".)"""
+    docs/measurements/defaults.md, "Figures behind the defaults".)"""
     filesystem = storage.resolve(output)[0]
     files = parquet_files(output)
     totals = {"rows": 0, "errored_rows": 0, "changed_rows": 0, **{name: 0 for name in SUMS}}

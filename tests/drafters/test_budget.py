@@ -15,7 +15,7 @@ from drafters.budget import (
 )
 from jobs.benchmark.step_costs import GPUS, MODELS, MeasuredStepCost, RooflineStepCost
 
-H100_STEP = Path(__file__).parents[2] / "docs" / "data" / "h100_8b_step_ctx448.json"  # measured: docs/benchmarks.md
+H100_STEP = Path(__file__).parents[2] / "docs" / "data" / "h100_8b_step_ctx448.json"  # measured: docs/measurements/gpu-projection.md
 
 
 def budget(gains: np.ndarray, cost) -> np.ndarray:

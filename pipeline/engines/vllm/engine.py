@@ -2,8 +2,8 @@
 
 The engine runs inside the process that builds it (VLLM_ENABLE_V1_MULTIPROCESSING=0): on a CPU
 that is faster than vLLM's separate engine and worker processes and starts in seconds
-(docs/benchmarks.md, "Figures behind the defaults"), and it lets the proposer take the drafter tables by reference (one read-only copy in
-Ray's object store per node). One engine per Ray actor, kept full across the actor's batches
+(docs/measurements/defaults.md, "Figures behind the defaults"), and it lets the proposer take the
+drafter tables by reference (one read-only copy in Ray's object store per node). One engine per Ray actor, kept full across the actor's batches
 (feeder.py). With tensor parallelism (engine.tensor_parallel_size) the
 ranks are worker processes of the actor, each with its own copy of the drafter.
 
@@ -81,7 +81,7 @@ def set_vllm_environment(config: Config) -> None:
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine runs in this process
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     # vLLM's n-gram method runs numba's parallel loops; numba's default (OpenMP) threads spin after
-    # each loop and slow the torch work of the whole process (docs/benchmarks.md, "Figures behind
+    # each loop and slow the torch work of the whole process (docs/measurements/defaults.md, "Figures behind
     # the defaults"). Its own work queue blocks.
     os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
     os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(config.engine.cpu_kv_cache_gib)
@@ -379,7 +379,7 @@ def request_stats(prompt_length: int, token_ids: list[int], metrics, tracked: Tr
     # vLLM and its own methods), the steps follow from the emitted tokens. vLLM's metrics count a
     # final step's accepted drafts in full even where the request's end (max_tokens, EOS) cut them,
     # so for vLLM's own methods this undercounts steps by those tokens: their tokens per call read
-    # high (docs/benchmarks.md, "Against vLLM's own speculation").
+    # high (docs/measurements/vllm-engine.md, "Against vLLM's own speculation").
     steps = tracked.steps if tracked is not None else max(len(token_ids) - accepted, 1)
     histogram[0] += max(steps - sum(histogram), 0)  # steps that verified no draft accepted none
     stats = RequestStats(num_input_tokens=prompt_length, num_generated_tokens=len(token_ids),
