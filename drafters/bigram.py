@@ -3,6 +3,7 @@
 Both read a [V, K, W] table: row j of token x is the bigram's j-th most likely next token followed
 by a greedy continuation (the bigram's chained top-1, or the model's own; see model_tables).
 """
+
 from __future__ import annotations
 
 import numpy as np

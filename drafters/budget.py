@@ -20,6 +20,7 @@ projections give the allocator GPU step costs of the same form: jobs/benchmark/s
 transformers engine: k rows of w tokens per request), the shape of the most expected tokens per
 unit of c(n).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -63,7 +64,7 @@ class StepCostFit:
         if weight < 1:
             return LinearStepCost(1.0, self.prior_slope)  # nothing seen yet: only the ratio b / (a + b n) matters
         mean_n, mean_t = sum_n / weight, sum_t / weight
-        variance, covariance = sum_nn / weight - mean_n ** 2, sum_nt / weight - mean_n * mean_t
+        variance, covariance = sum_nn / weight - mean_n**2, sum_nt / weight - mean_n * mean_t
         prior = self.prior_slope * mean_t
         # Never below the prior: a token fed is never free, and a noisy fit near 0 would draft everything.
         slope = max(prior, (weight * covariance + self.prior_weight * prior) / (weight * variance + self.prior_weight))
@@ -91,8 +92,9 @@ class DraftingPays:
         self.skipped += 1
         return False
 
-    def observe(self, expected_accepted: float, fed_drafts: int, batch: int, step_cost: np.ndarray,
-                drafter_seconds: float) -> None:
+    def observe(
+        self, expected_accepted: float, fed_drafts: int, batch: int, step_cost: np.ndarray, drafter_seconds: float
+    ) -> None:
         plain = float(step_cost[batch])
         gained = expected_accepted * plain / batch - (float(step_cost[batch + fed_drafts]) - plain) - drafter_seconds
         self.net = self.decay * self.net + (1 - self.decay) * gained
@@ -127,8 +129,9 @@ def calibrated(probability, j, calibration):
     calibration[1, depth, bin] judged, shrunk towards the drafter's own probability by
     CALIBRATION_PRIOR tokens."""
     depth, index = calibration_depth(j), calibration_bin(probability)
-    return ((calibration[0, depth, index] + CALIBRATION_PRIOR * probability)
-            / (calibration[1, depth, index] + CALIBRATION_PRIOR))
+    return (calibration[0, depth, index] + CALIBRATION_PRIOR * probability) / (
+        calibration[1, depth, index] + CALIBRATION_PRIOR
+    )
 
 
 @nb.njit(cache=True)
@@ -185,8 +188,15 @@ class Shape:
     relative_cost: float  # of the call, against a plain one
 
 
-def choose_shape(tables: list[np.ndarray | None], call_cost, max_rows: int, max_width: int, auto_rows: bool = True,
-                 auto_width: bool = True, max_fed: int | None = None) -> Shape:
+def choose_shape(
+    tables: list[np.ndarray | None],
+    call_cost,
+    max_rows: int,
+    max_width: int,
+    auto_rows: bool = True,
+    auto_width: bool = True,
+    max_fed: int | None = None,
+) -> Shape:
     """The one draft shape every request of a call verifies (rows x width each) that maximises
     expected tokens per unit cost: the budget of an engine that verifies one shape per call (the
     transformers engine's decoders: one request alone, or the requests of a batched call), where
@@ -201,8 +211,10 @@ def choose_shape(tables: list[np.ndarray | None], call_cost, max_rows: int, max_
         for width in range(1 if auto_width else max_width, max_width + 1):
             if max_fed is not None and rows * width > max_fed:
                 continue
-            tokens = sum(1.0 if table is None else float(table[min(rows, table.shape[0]) - 1,
-                                                                min(width, table.shape[1]) - 1]) for table in tables)
+            tokens = sum(
+                1.0 if table is None else float(table[min(rows, table.shape[0]) - 1, min(width, table.shape[1]) - 1])
+                for table in tables
+            )
             cost = call_cost(rows, width)
             if tokens / cost > best.expected_tokens / best.relative_cost:
                 best = Shape(rows, width, tokens, cost)

@@ -5,6 +5,7 @@ earlier occurrence proposes the w tokens that followed it. Identical continuatio
 rows are ranked by count, ties broken by the most recent occurrence. Shorter q fill the rows
 that longer q did not.
 """
+
 from __future__ import annotations
 
 from collections import Counter

@@ -10,6 +10,7 @@ On disk a datastore is a directory with `tokens.npy`, `suffix_array.npy` (memory
 opened, so a 50 MB datastore costs no load time) and `meta.json`. Build one with
 `python -m jobs.build_datastore`.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,7 +20,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
@@ -40,9 +41,11 @@ class Datastore:
 
     def __post_init__(self):
         assert self.tokens.ndim == 1 and self.tokens.dtype == np.uint32, (
-            f"datastore tokens must be a 1-D uint32 array, got {self.tokens.dtype} {self.tokens.shape}")
+            f"datastore tokens must be a 1-D uint32 array, got {self.tokens.dtype} {self.tokens.shape}"
+        )
         assert self.suffix_array.shape == self.tokens.shape, (
-            f"suffix array {self.suffix_array.shape} does not match tokens {self.tokens.shape}")
+            f"suffix array {self.suffix_array.shape} does not match tokens {self.tokens.shape}"
+        )
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -70,21 +73,32 @@ class Datastore:
         length, lo, hi = longest_match(np.asarray(self.tokens), np.asarray(self.suffix_array), values, max_len, min_len)
         return int(length), int(lo), int(hi)
 
-    def continuations(self, lo: int, hi: int, match_len: int, length: int = 10,
-                      max_occurrences: int = 5000) -> np.ndarray:
+    def continuations(
+        self, lo: int, hi: int, match_len: int, length: int = 10, max_occurrences: int = 5000
+    ) -> np.ndarray:
         """[n, length] uint32: the tokens after the occurrences of a match (its range [lo, hi)),
         min(hi - lo, max_occurrences) of them spread evenly over the range, each cut at a document's
         end and padded with SEPARATOR from there (an occurrence at a document's end gives none)."""
         count = max(0, min(hi - lo, max_occurrences))
         rows = np.full((count, length), SEPARATOR, dtype=np.int64)
-        kept = gather_continuations(np.asarray(self.tokens), np.asarray(self.suffix_array), lo, hi, match_len, length,
-                                    max_occurrences, rows, np.zeros(count, dtype=np.int64))
+        kept = gather_continuations(
+            np.asarray(self.tokens),
+            np.asarray(self.suffix_array),
+            lo,
+            hi,
+            match_len,
+            length,
+            max_occurrences,
+            rows,
+            np.zeros(count, dtype=np.int64),
+        )
         return rows[:kept].astype(np.uint32)
 
 
 # ---------------------------------------------------------------------------------------------
 # Build
 # ---------------------------------------------------------------------------------------------
+
 
 def concatenate_documents(token_lists: Iterable[Sequence[int] | np.ndarray]) -> tuple[np.ndarray, int, int]:
     """Joins non-empty documents with SEPARATOR: ([N] uint32, documents joined, empty ones skipped)."""
@@ -97,11 +111,13 @@ def concatenate_documents(token_lists: Iterable[Sequence[int] | np.ndarray]) -> 
             num_empty += 1
             continue
         if ids.ndim != 1 or ids.dtype.kind not in "iu":
-            raise ValueError(f"document {index}: expected a flat list of integer token ids, "
-                             f"got {ids.dtype} {ids.shape}")
+            raise ValueError(
+                f"document {index}: expected a flat list of integer token ids, got {ids.dtype} {ids.shape}"
+            )
         if ids.min() < 0 or ids.max() >= SEPARATOR:
-            raise ValueError(f"document {index}: token ids must be in [0, {int(SEPARATOR)}), "
-                             f"got {ids.min()}..{ids.max()}")
+            raise ValueError(
+                f"document {index}: token ids must be in [0, {int(SEPARATOR)}), got {ids.min()}..{ids.max()}"
+            )
         if pieces:
             pieces.append(separator)
         pieces.append(ids.astype(np.uint32, copy=False))
@@ -143,8 +159,12 @@ def replace_directory(staging: Path, out_dir: Path) -> None:
     shutil.rmtree(retired, ignore_errors=True)
 
 
-def build_datastore(token_lists: Iterable[Sequence[int] | np.ndarray], out_dir: str | os.PathLike,
-                    meta: dict, previous: Datastore | None = None) -> Datastore:
+def build_datastore(
+    token_lists: Iterable[Sequence[int] | np.ndarray],
+    out_dir: str | os.PathLike,
+    meta: dict,
+    previous: Datastore | None = None,
+) -> Datastore:
     """Joins the documents (after `previous`'s, where given: a store extended), builds the suffix
     array, writes the datastore to out_dir and opens it.
 

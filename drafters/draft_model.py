@@ -5,6 +5,7 @@ cache, together with its distribution q at each of them. When no smaller model o
 family is at hand, `self_draft_model` makes one from the target itself with no training and no
 extra memory: its first L layers, its final norm and its LM head (an early exit used as a draft).
 """
+
 from __future__ import annotations
 
 import copy
@@ -34,11 +35,15 @@ def self_draft_model(model: nn.Module, num_layers: int) -> nn.Module:
     base = getattr(model, "model", None)
     layers = getattr(base, "layers", None)
     if not isinstance(layers, nn.ModuleList):
-        raise ValueError(f"transformers.draft_model 'self' needs a decoder-only model with `model.layers` "
-                         f"(Llama, Mistral, Qwen2, ...); {type(model).__name__} has none: give a draft model directory")
+        raise ValueError(
+            f"transformers.draft_model 'self' needs a decoder-only model with `model.layers` "
+            f"(Llama, Mistral, Qwen2, ...); {type(model).__name__} has none: give a draft model directory"
+        )
     if not 1 <= num_layers < len(layers):
-        raise ValueError(f"transformers.draft_layers: must be from 1 to {len(layers) - 1} for this model "
-                         f"({len(layers)} layers), got {num_layers}")
+        raise ValueError(
+            f"transformers.draft_layers: must be from 1 to {len(layers) - 1} for this model "
+            f"({len(layers)} layers), got {num_layers}"
+        )
     config = copy.deepcopy(model.config)
     config.num_hidden_layers = num_layers
     if getattr(config, "layer_types", None):
@@ -94,5 +99,9 @@ class DraftModelDrafter:
             tokens.append(token)
             if i < w - 1:
                 logits = self.forward([token])
-        return Drafts(tokens=torch.tensor([tokens], dtype=torch.long), strategies=(STRATEGY,),
-                      probs=torch.stack(probs).unsqueeze(0) if probs else None, num_model_calls=w)
+        return Drafts(
+            tokens=torch.tensor([tokens], dtype=torch.long),
+            strategies=(STRATEGY,),
+            probs=torch.stack(probs).unsqueeze(0) if probs else None,
+            num_model_calls=w,
+        )

@@ -1,5 +1,6 @@
 """Mixed drafter (N-Grammys §4.3): context n-gram rows first, as many as it finds; then retrieved
 rows when a datastore is configured; a model table fills the rest."""
+
 from __future__ import annotations
 
 from drafters.base import DraftContext, Drafts, pad_rows
@@ -11,8 +12,13 @@ from drafters.retrieval import RetrievalDrafter
 
 
 class MixedDrafter:
-    def __init__(self, ngram: ContextNgramDrafter, fill: BigramDrafter, pad_token: int = 0,
-                 retrieval: RetrievalDrafter | None = None):
+    def __init__(
+        self,
+        ngram: ContextNgramDrafter,
+        fill: BigramDrafter,
+        pad_token: int = 0,
+        retrieval: RetrievalDrafter | None = None,
+    ):
         self.ngram, self.fill, self.retrieval = ngram, fill, retrieval
         self.pad_token = pad_token
 

@@ -9,6 +9,7 @@
 Tables are saved as .npy under the cache directory, keyed by the model fingerprint and the
 settings, and loaded memory-mapped with allow_pickle=False.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -47,8 +48,10 @@ def compute_bigram_table(model, prefix: list[int], top_k: int, batch_size: int) 
         tokens = torch.arange(start, min(vocab, start + batch_size))[:, None]  # [b, 1]
         cache = expanded_copy(prefix_cache, tokens.shape[0]) if prefix else None
         position_ids = torch.full_like(tokens, len(prefix))
-        logits = model(input_ids=tokens, past_key_values=cache, position_ids=position_ids, use_cache=bool(prefix)).logits
-        table[start:start + tokens.shape[0]] = logits[:, -1].float().topk(top_k, dim=-1).indices.numpy()
+        logits = model(
+            input_ids=tokens, past_key_values=cache, position_ids=position_ids, use_cache=bool(prefix)
+        ).logits
+        table[start : start + tokens.shape[0]] = logits[:, -1].float().topk(top_k, dim=-1).indices.numpy()
     return table
 
 
@@ -72,7 +75,7 @@ def model_extension(model, bigram: np.ndarray, prefix: list[int], k: int, w: int
     extended = np.empty((vocab * k, w), dtype=np.int32)
     prefix_cache = prefill(model, prefix)
     for begin in range(0, len(starts), batch_size):
-        batch = torch.from_numpy(starts[begin:begin + batch_size]).long()  # [b, 2]
+        batch = torch.from_numpy(starts[begin : begin + batch_size]).long()  # [b, 2]
         cache = expanded_copy(prefix_cache, batch.shape[0]) if prefix else DynamicCache()
         positions = torch.arange(len(prefix), len(prefix) + 2).expand(batch.shape[0], -1)
         logits = model(input_ids=batch, past_key_values=cache, position_ids=positions, use_cache=True).logits
@@ -81,15 +84,18 @@ def model_extension(model, bigram: np.ndarray, prefix: list[int], k: int, w: int
             columns.append(logits[:, -1].argmax(-1))
             if step < w - 1:
                 position = torch.full((batch.shape[0], 1), len(prefix) + 1 + step)
-                logits = model(input_ids=columns[-1][:, None], past_key_values=cache, position_ids=position,
-                               use_cache=True).logits
-        extended[begin:begin + batch.shape[0]] = torch.stack(columns, dim=1).numpy()
+                logits = model(
+                    input_ids=columns[-1][:, None], past_key_values=cache, position_ids=position, use_cache=True
+                ).logits
+        extended[begin : begin + batch.shape[0]] = torch.stack(columns, dim=1).numpy()
     return extended.reshape(vocab, k, w)
 
 
 # The code each table is built by: its cache key names it (a change of it builds the table again).
-BUILT_BY = {"bigram": code_key(compute_bigram_table, prefill, expanded_copy),
-            "extended": code_key(compute_bigram_table, model_extension, prefill, expanded_copy)}
+BUILT_BY = {
+    "bigram": code_key(compute_bigram_table, prefill, expanded_copy),
+    "extended": code_key(compute_bigram_table, model_extension, prefill, expanded_copy),
+}
 
 
 def table_path(cache_dir: Path, fingerprint: str, name: str, settings: str) -> Path:

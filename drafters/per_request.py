@@ -13,10 +13,11 @@ that pay. A request whose drafts fail stops drafting.
 A drafter that raises for a request, or returns something that is not a row of token ids, costs
 that request its draft this step and nothing more: `BatchDrafts.failures` names it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Hashable, Sequence
+from collections.abc import Hashable, Sequence
 
 import numpy as np
 import torch
@@ -61,6 +62,7 @@ class DepthAcceptance:
 class RequestState:
     """What is kept of one running request: its context (None until its first step), its
     acceptance rates per strategy, the candidates awaiting judgement and its last verified draft."""
+
     prompt_length: int
     limit: int  # the most tokens (prompt + generated) it may reach: a draft never goes past it
     controller: AdaptiveController
@@ -73,12 +75,13 @@ class RequestState:
         if self.last_draft is None:
             return
         start, tokens, strategy = self.last_draft
-        accepted = common_prefix(tokens, self.context.tokens[start:start + len(tokens)])
+        accepted = common_prefix(tokens, self.context.tokens[start : start + len(tokens)])
         depths.setdefault(strategy, DepthAcceptance()).observe(len(tokens), accepted)
         self.last_draft = None
 
-    def gains(self, strategy: str, length: int, confidence: tuple[float, ...] | None,
-              depths: dict[str, DepthAcceptance]) -> list[float]:
+    def gains(
+        self, strategy: str, length: int, confidence: tuple[float, ...] | None, depths: dict[str, DepthAcceptance]
+    ) -> list[float]:
         """Probabilities that the candidate's first 1, 2, ... tokens are all accepted: the
         drafter's own where it gives them; else the first from this request's acceptance of the
         strategy, the later ones from how deep the strategy's verified drafts held (all requests)."""
@@ -96,7 +99,7 @@ def allocate(gains: list[list[float]], cost) -> list[int]:
     width = max(1, int(lengths.max(initial=0)))
     table = np.zeros((len(gains), width))
     for r, row in enumerate(gains):
-        table[r, :len(row)] = row
+        table[r, : len(row)] = row
     step_cost = cost if isinstance(cost, np.ndarray) else budget.cost_table(cost, len(gains), width)
     taken = np.zeros(len(gains), dtype=np.int64)
     budget.allocate(table, lengths, step_cost, taken)
@@ -123,8 +126,14 @@ class PerRequestBatchDrafter:
         if self.requests.pop(key, None) is None:
             raise not_started([key])
 
-    def step(self, keys: Sequence[Hashable], tokens: np.ndarray, rows: np.ndarray, lengths: np.ndarray,
-             step_cost: np.ndarray | None = None) -> BatchDrafts:
+    def step(
+        self,
+        keys: Sequence[Hashable],
+        tokens: np.ndarray,
+        rows: np.ndarray,
+        lengths: np.ndarray,
+        step_cost: np.ndarray | None = None,
+    ) -> BatchDrafts:
         missing = [key for key in keys if key not in self.requests]
         if missing:
             raise not_started(missing)
@@ -138,8 +147,10 @@ class PerRequestBatchDrafter:
             except Exception as error:  # noqa: BLE001 - the drafter is any code; the engine must survive it
                 candidate, out.failures[i] = NO_GUESS, error
             candidates.append((i, request, candidate))
-        gains = [request.gains(strategy, len(draft), confidence, self.depths)
-                 for _, request, (strategy, draft, confidence) in candidates]
+        gains = [
+            request.gains(strategy, len(draft), confidence, self.depths)
+            for _, request, (strategy, draft, confidence) in candidates
+        ]
         kept = allocate(gains, step_cost) if step_cost is not None else [len(g) for g in gains]
         for (i, request, (strategy, draft, _)), gain, length in zip(candidates, gains, kept):
             if length:
@@ -152,9 +163,13 @@ class PerRequestBatchDrafter:
         """The request's context brought up to its `length` tokens; the drafts its new tokens
         decide are judged. First seen, or rewound: its context starts again from its tokens."""
         if request.context is None or len(request.context) > length:
-            request.context, request.pending, request.last_draft = DraftContext(tokens[:length].tolist(), self.max_q), [], None
+            request.context, request.pending, request.last_draft = (
+                DraftContext(tokens[:length].tolist(), self.max_q),
+                [],
+                None,
+            )
             return
-        request.context.append(tokens[len(request.context):length].tolist())
+        request.context.append(tokens[len(request.context) : length].tolist())
         request.pending = judge_proposals(request.controller, request.pending, request.context.tokens)
         request.settle(self.depths)
 
@@ -186,9 +201,16 @@ def check_drafts(drafts, w: int, vocab_size: int | None) -> None:
     if not isinstance(drafts, Drafts):
         raise TypeError(f"the drafter returned {type(drafts).__name__}, not Drafts")
     tokens = drafts.tokens
-    if not isinstance(tokens, torch.Tensor) or tokens.dtype.is_floating_point or tokens.dim() != 2 or tokens.shape[0] < 1:
-        raise TypeError(f"the drafter's tokens must be an integer tensor [k, w], got {getattr(tokens, 'dtype', type(tokens))} "
-                        f"{tuple(getattr(tokens, 'shape', ()))}")
+    if (
+        not isinstance(tokens, torch.Tensor)
+        or tokens.dtype.is_floating_point
+        or tokens.dim() != 2
+        or tokens.shape[0] < 1
+    ):
+        raise TypeError(
+            f"the drafter's tokens must be an integer tensor [k, w], got {getattr(tokens, 'dtype', type(tokens))} "
+            f"{tuple(getattr(tokens, 'shape', ()))}"
+        )
     if tokens.shape[1] > w:
         raise ValueError(f"the drafter drafted {tokens.shape[1]} tokens; at most {w} were asked for")
     row = tokens[0]

@@ -20,11 +20,12 @@ GPU, where a verified token costs a step little, a prediction that holds is veri
 stretches; on a CPU, where each costs nearly a generated token, in short ones. `step_drafts` is one
 step over the running requests (the vLLM proposer's, and the replay's).
 """
+
 from __future__ import annotations
 
 import bisect
 from dataclasses import dataclass, field
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -41,9 +42,11 @@ class PredictionDrafter:
         self.tokens = list(tokens)
         self.min_match, self.max_match = min_match, max_match
         self.near = near  # how far from where the answer is expected a short match still counts in full
-        self.index: dict[tuple[int, ...], list[int]] = {}  # a run of min_match tokens -> the positions after it, ascending
+        self.index: dict[
+            tuple[int, ...], list[int]
+        ] = {}  # a run of min_match tokens -> the positions after it, ascending
         for end in range(min_match, len(self.tokens) + 1):
-            self.index.setdefault(tuple(self.tokens[end - min_match:end]), []).append(end)
+            self.index.setdefault(tuple(self.tokens[end - min_match : end]), []).append(end)
         self.reached, self.reached_at = 0, 0  # where the last match ended in the prediction, and in the answer
 
     def draft(self, generated: Sequence[int], w: int) -> tuple[list[int], int]:
@@ -52,10 +55,12 @@ class PredictionDrafter:
         if w <= 0 or not self.tokens:
             return [], 0
         if len(generated) < self.min_match:
-            if list(generated) != self.tokens[:len(generated)]:
+            if list(generated) != self.tokens[: len(generated)]:
                 return [], 0
-            return self.tokens[len(generated):len(generated) + w], self.max_match  # the answer's start: its prediction's
-        ends = self.index.get(tuple(generated[len(generated) - self.min_match:]))
+            return self.tokens[
+                len(generated) : len(generated) + w
+            ], self.max_match  # the answer's start: its prediction's
+        ends = self.index.get(tuple(generated[len(generated) - self.min_match :]))
         if not ends:
             return [], 0
         # The longest run of the answer's last tokens (up to max_match) that ends at each occurrence.
@@ -67,7 +72,7 @@ class PredictionDrafter:
         self.reached, self.reached_at = end, len(generated)
         # A short match where the answer is expected to be (it rejoins the prediction after an edit
         # of a few tokens) is as good evidence as a long one anywhere.
-        return self.tokens[end:end + w], self.max_match if abs(end - expected) <= self.near else size
+        return self.tokens[end : end + w], self.max_match if abs(end - expected) <= self.near else size
 
     def matched(self, generated: Sequence[int], end: int, longest: int) -> int:
         """How many of the answer's last tokens (min_match of them known to match, at most `longest`)
@@ -102,6 +107,7 @@ class Hold:
     match after the answer left): the tokens judged, and how many times the answer left the
     prediction (a draft token rejected). A draft that rejoins holds far less often than one that
     continues, and the first kind must not make the second short, nor the second the first long."""
+
     judged: list[int] = field(default_factory=lambda: [0, 0])  # [rejoining, on track]
     diverged: list[int] = field(default_factory=lambda: [0, 0])
     on_track: bool = True  # an answer starts where its prediction starts
@@ -145,7 +151,7 @@ def cut_to_budget(gains: list[np.ndarray], cost, fed_before: int) -> np.ndarray:
     lengths = np.array([len(g) for g in gains], dtype=np.int64)
     table = np.zeros((len(gains), max(int(lengths.max(initial=0)), 1)))
     for i, g in enumerate(gains):
-        table[i, :len(g)] = g
+        table[i, : len(g)] = g
     # allocate() counts one fed token per draft's request first: its step costs start at fed_before.
     step_cost = cost.seconds(np.arange(fed_before - len(gains), fed_before + int(lengths.sum()) + 1))
     taken = np.zeros(len(gains), dtype=np.int64)
@@ -158,8 +164,13 @@ def cut_to_budget(gains: list[np.ndarray], cost, fed_before: int) -> np.ndarray:
 PREDICTION_EVIDENCE = 4
 
 
-def step_drafts(predictions: list[tuple[PredictionDrafter, Hold, Sequence[int], int]], own: Sequence[np.ndarray],
-                fed: int, holds: HoldRates, cost=None) -> list[list[int] | None]:
+def step_drafts(
+    predictions: list[tuple[PredictionDrafter, Hold, Sequence[int], int]],
+    own: Sequence[np.ndarray],
+    fed: int,
+    holds: HoldRates,
+    cost=None,
+) -> list[list[int] | None]:
     """One step's drafts from the requests' predictions: for each (its prediction, how it has held,
     the tokens generated so far, the most draft tokens it may take), the draft that replaces the
     drafter's own, or None. `own[i]`: the drafter's own draft's probabilities (that its first 1, 2,
@@ -177,5 +188,7 @@ def step_drafts(predictions: list[tuple[PredictionDrafter, Hold, Sequence[int], 
     if guesses and cost is not None:
         kept = cut_to_budget(list(gains.values()), cost, fed - sum(len(own[i]) for i in guesses))
         guesses = {i: g[:n] for (i, g), n in zip(guesses.items(), kept.tolist())}
-    return [guesses[i] if guesses.get(i) and gains[i][:len(guesses[i])].sum() > float(np.sum(own[i])) else None
-            for i in range(len(predictions))]
+    return [
+        guesses[i] if guesses.get(i) and gains[i][: len(guesses[i])].sum() > float(np.sum(own[i])) else None
+        for i in range(len(predictions))
+    ]

@@ -10,6 +10,7 @@ trie's most frequent child to w tokens. Rows are ranked by their leaf's count.
 A context with no match yields only padding rows (the decoder then takes a plain step, and the
 mixed drafter fills from its other strategies); there is no silent guess.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -59,14 +60,23 @@ def check_vocabulary(datastore: Datastore, vocab_size: int) -> None:
     """A datastore holds one tokenizer's ids: with another model's tokenizer every draft is noise."""
     built_for = datastore.meta.get("vocab_size")
     if built_for is not None and built_for != vocab_size:
-        raise ValueError(f"decoder.datastore: built with a tokenizer of {built_for} tokens (model "
-                         f"{datastore.meta.get('model')!r}); the target's has {vocab_size}: rebuild it with "
-                         f"python -m jobs.build_datastore --model <the target>")
+        raise ValueError(
+            f"decoder.datastore: built with a tokenizer of {built_for} tokens (model "
+            f"{datastore.meta.get('model')!r}); the target's has {vocab_size}: rebuild it with "
+            f"python -m jobs.build_datastore --model <the target>"
+        )
 
 
 class RetrievalDrafter:
-    def __init__(self, datastore: Datastore, pad_token: int, max_match: int = 16, min_match: int = 2,
-                 max_occurrences: int = 5000, max_nodes: int = 64):
+    def __init__(
+        self,
+        datastore: Datastore,
+        pad_token: int,
+        max_match: int = 16,
+        min_match: int = 2,
+        max_occurrences: int = 5000,
+        max_nodes: int = 64,
+    ):
         self.datastore, self.pad_token = datastore, pad_token
         self.max_match, self.min_match = max_match, min_match
         self.max_occurrences, self.max_nodes = max_occurrences, max_nodes

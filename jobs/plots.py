@@ -4,11 +4,12 @@ Acceptance counts are the RequestStats columns summed over requests:
 accepted_length_histogram (steps by draft tokens accepted), accepted_rank_histogram (won steps by
 the rank of the winning row), strategy_rows (rows verified per strategy) and strategy_wins.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -22,8 +23,16 @@ def pyplot():
     return plt
 
 
-def save_heatmap(table: np.ndarray, row_labels: list[str], column_labels: list[str], path: Path, title: str,
-                 xlabel: str = "w (draft tokens per row)", ylabel: str = "k (draft rows)", fmt: str = ".1f") -> Path:
+def save_heatmap(
+    table: np.ndarray,
+    row_labels: list[str],
+    column_labels: list[str],
+    path: Path,
+    title: str,
+    xlabel: str = "w (draft tokens per row)",
+    ylabel: str = "k (draft rows)",
+    fmt: str = ".1f",
+) -> Path:
     """table: [rows, columns]; NaN cells (not measured) are left blank."""
     plt = pyplot()
     figure, axes = plt.subplots(figsize=(5, 4))
@@ -63,7 +72,7 @@ class AcceptanceCounts:
                 counts[key] = counts.get(key, 0) + value
 
     @classmethod
-    def total(cls, rows: Iterable) -> "AcceptanceCounts":
+    def total(cls, rows: Iterable) -> AcceptanceCounts:
         counts = cls()
         for row in rows:
             counts.add(row)
@@ -88,12 +97,22 @@ def save_acceptance_plots(groups: dict[str, AcceptanceCounts], out: Path, prefix
     plt = pyplot()
     out.mkdir(parents=True, exist_ok=True)
     paths = []
-    panels = (("accepted_length", "draft tokens accepted in a step", "fraction of steps",
-               lambda c: dict(enumerate(c.accepted_length_histogram))),
-              ("accepted_rank", "rank of the winning row", "fraction of won steps",
-               lambda c: dict(enumerate(c.accepted_rank_histogram))),
-              ("strategy_rows", "strategy", "fraction of rows verified", lambda c: c.strategy_rows),
-              ("strategy_wins", "strategy", "fraction of won steps", lambda c: c.strategy_wins))
+    panels = (
+        (
+            "accepted_length",
+            "draft tokens accepted in a step",
+            "fraction of steps",
+            lambda c: dict(enumerate(c.accepted_length_histogram)),
+        ),
+        (
+            "accepted_rank",
+            "rank of the winning row",
+            "fraction of won steps",
+            lambda c: dict(enumerate(c.accepted_rank_histogram)),
+        ),
+        ("strategy_rows", "strategy", "fraction of rows verified", lambda c: c.strategy_rows),
+        ("strategy_wins", "strategy", "fraction of won steps", lambda c: c.strategy_wins),
+    )
     for name, xlabel, ylabel, select in panels:
         series = {label: select(counts) for label, counts in groups.items()}
         keys = sorted({key for values in series.values() for key in values}, key=lambda key: (str(type(key)), key))
@@ -101,8 +120,9 @@ def save_acceptance_plots(groups: dict[str, AcceptanceCounts], out: Path, prefix
         width = 0.8 / max(len(series), 1)
         for index, (label, values) in enumerate(series.items()):
             total = sum(values.values()) or 1
-            axes.bar(np.arange(len(keys)) + index * width, [values.get(key, 0) / total for key in keys], width,
-                     label=label)
+            axes.bar(
+                np.arange(len(keys)) + index * width, [values.get(key, 0) / total for key in keys], width, label=label
+            )
         axes.set_xticks(np.arange(len(keys)) + width * (len(series) - 1) / 2, [str(key) for key in keys])
         axes.set_xlabel(xlabel)
         axes.set_ylabel(ylabel)
@@ -122,7 +142,7 @@ def save_calibration_plot(series: dict[str, list[dict]], path: Path, title: str)
     columns = min(4, len(series))
     lines = -(-len(series) // columns)
     figure, panels = plt.subplots(lines, columns, figsize=(4.2 * columns, 3.4 * lines), squeeze=False)
-    for axes in panels.flat[len(series):]:
+    for axes in panels.flat[len(series) :]:
         axes.set_visible(False)
     for axes, (label, rows) in zip(panels.flat, series.items()):
         depth = [r["depth"] for r in rows]

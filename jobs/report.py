@@ -6,13 +6,15 @@ RUN_DIR is a run's directory (<output>/run=<id>, holding its Parquet files), or 
 directory holding exactly one run; a local path or a URI (s3://, gs://, ...). A series'
 directory (<output>/series=<name>) gives the series' history instead: one point per run of
 rows generated, skipped as done and errored, tokens/s, tokens per call and acceptance, from each
-run's summary.json (series.png, series.json, series.md). Writes to DIR (default RUN_DIR/report): the paper's Figure 4 ablations
+run's summary.json (series.png, series.json, series.md). Writes to DIR (default RUN_DIR/report): the paper's Figure 4
+ablations
 (accepted_length.png, accepted_rank.png, strategy_rows.png, strategy_wins.png) with one bar
 group per decoder setting found in the run, tokens_per_call.png (its distribution over
 requests), occupancy.png (the engines' occupancy), speculation.png (each actor's speculation mode and
 its measured windows, where it measured any), and report.json / report.md with the totals. Rows that
 errored are counted, not plotted.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,9 +29,25 @@ from jobs.plots import AcceptanceCounts, pyplot, save_acceptance_plots
 from pipeline.llm import storage
 from pipeline.job.output_files import readable_columns
 
-COLUMNS = ("id", "error", "drafter", "k", "w", "auto_k", "auto_w", "verify", "num_generated_tokens",
-           "num_target_calls", "num_verified_tokens", "tokens_per_call", "alpha",
-           "accepted_length_histogram", "accepted_rank_histogram", "strategy_rows", "strategy_wins")
+COLUMNS = (
+    "id",
+    "error",
+    "drafter",
+    "k",
+    "w",
+    "auto_k",
+    "auto_w",
+    "verify",
+    "num_generated_tokens",
+    "num_target_calls",
+    "num_verified_tokens",
+    "tokens_per_call",
+    "alpha",
+    "accepted_length_histogram",
+    "accepted_rank_histogram",
+    "strategy_rows",
+    "strategy_wins",
+)
 
 
 class ReportError(ValueError):
@@ -91,10 +109,14 @@ def totals(rows: list[dict]) -> dict:
     calls = sum(row["num_target_calls"] or 0 for row in rows)
     fed = sum(row.get("num_verified_tokens") or 0 for row in rows)
     alphas = [row["alpha"] for row in rows if row.get("alpha") is not None]
-    return {"requests": len(rows), "generated_tokens": generated, "target_calls": calls,
-            "tokens_per_call": round(generated / calls, 4) if calls else None,
-            "verified_tokens_per_call": round(fed / calls, 3) if calls else None,
-            "mean_request_alpha": round(float(np.mean(alphas)), 4) if alphas else None}
+    return {
+        "requests": len(rows),
+        "generated_tokens": generated,
+        "target_calls": calls,
+        "tokens_per_call": round(generated / calls, 4) if calls else None,
+        "verified_tokens_per_call": round(fed / calls, 3) if calls else None,
+        "mean_request_alpha": round(float(np.mean(alphas)), 4) if alphas else None,
+    }
 
 
 def save_tokens_per_call(groups: dict[str, list[dict]], path: Path) -> Path:
@@ -124,7 +146,9 @@ def save_occupancy(summary: dict, path: Path) -> Path | None:
     axes.set_ylim(0, 1.05)
     axes.set_xlabel("seconds since the first batch started")
     axes.set_ylabel("engine occupancy so far")
-    axes.set_title(f"occupancy {summary.get('engine_occupancy')}, drain {summary.get('engine_drain_seconds')} s", fontsize=9)
+    axes.set_title(
+        f"occupancy {summary.get('engine_occupancy')}, drain {summary.get('engine_drain_seconds')} s", fontsize=9
+    )
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
@@ -145,8 +169,13 @@ def save_speculation(summary: dict, path: Path) -> Path | None:
         for window in report["windows"]:
             colour = colours.setdefault(window["drafter"], f"C{len(colours)}")
             start = window["at_busy_seconds"]
-            axes.plot([start, start + window["seconds"]], [window["tokens_per_second"]] * 2, color=colour, linewidth=3,
-                      label=window["drafter"] if window["drafter"] not in axes.get_legend_handles_labels()[1] else None)
+            axes.plot(
+                [start, start + window["seconds"]],
+                [window["tokens_per_second"]] * 2,
+                color=colour,
+                linewidth=3,
+                label=window["drafter"] if window["drafter"] not in axes.get_legend_handles_labels()[1] else None,
+            )
         for switch in report["switches"]:
             axes.axvline(switch["at_busy_seconds"], color=f"C{number}", linestyle=":", linewidth=1)
     axes.set_xlabel("an actor's busy seconds (dotted: it switched mode)")
@@ -167,18 +196,31 @@ def run_summary(run_dir: str) -> dict:
 
 
 def markdown(report: dict) -> str:
-    lines = [f"# Run report: {report['run_dir']}", "",
-             f"{report['rows']} rows, {report['errored_rows']} errored.", "",
-             *[f"Left out, not readable: {path}" for path in report["unreadable_files"]],
-             "| setting | requests | generated tokens | tokens/call | fed/call | mean α |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"# Run report: {report['run_dir']}",
+        "",
+        f"{report['rows']} rows, {report['errored_rows']} errored.",
+        "",
+        *[f"Left out, not readable: {path}" for path in report["unreadable_files"]],
+        "| setting | requests | generated tokens | tokens/call | fed/call | mean α |",
+        "|---|---|---|---|---|---|",
+    ]
     for label, total in report["settings"].items():
-        lines.append(f"| {label} | {total['requests']} | {total['generated_tokens']} | {total['tokens_per_call']} | "
-                     f"{total['verified_tokens_per_call']} | {total['mean_request_alpha']} |")
+        lines.append(
+            f"| {label} | {total['requests']} | {total['generated_tokens']} | {total['tokens_per_call']} | "
+            f"{total['verified_tokens_per_call']} | {total['mean_request_alpha']} |"
+        )
     if report["speculation"]:
-        lines += ["", "| actor | drafter now | decided by | switches | restart s | windows: drafter tokens/s |",
-                  "|---|---|---|---|---|---|"]
-        lines += [f"| {r['actor']} | {r['drafter']} | {r['decided_by']} | {r['switches']} | {r['restart_seconds']} | "
-                  f"{r['windows']} |" for r in report["speculation"]]
+        lines += [
+            "",
+            "| actor | drafter now | decided by | switches | restart s | windows: drafter tokens/s |",
+            "|---|---|---|---|---|---|",
+        ]
+        lines += [
+            f"| {r['actor']} | {r['drafter']} | {r['decided_by']} | {r['switches']} | {r['restart_seconds']} | "
+            f"{r['windows']} |"
+            for r in report["speculation"]
+        ]
     lines += ["", *[f"![{path}]({path})" for path in report["plots"]]]
     return "\n".join(lines) + "\n"
 
@@ -186,15 +228,27 @@ def markdown(report: dict) -> str:
 def speculation_rows(summary: dict) -> list[dict]:
     """A line per actor of summary.json's speculation: its mode now, why, and its windows."""
     actors = (summary.get("speculation") or {}).get("actors") or {}
-    return [{"actor": actor[:12], "drafter": r["drafter"], "decided_by": r["decided_by"], "switches": len(r["switches"]),
-             "restart_seconds": r["restart_seconds"],
-             "windows": ", ".join(f"{w['drafter']} {w['tokens_per_second']}" for w in r["windows"][-6:])}
-            for actor, r in actors.items()]
+    return [
+        {
+            "actor": actor[:12],
+            "drafter": r["drafter"],
+            "decided_by": r["decided_by"],
+            "switches": len(r["switches"]),
+            "restart_seconds": r["restart_seconds"],
+            "windows": ", ".join(f"{w['drafter']} {w['tokens_per_second']}" for w in r["windows"][-6:]),
+        }
+        for actor, r in actors.items()
+    ]
 
 
-SERIES_PANELS = (("rows_this_invocation", "rows generated"), ("rows_skipped_already_done", "rows skipped (done)"),
-                 ("errored_rows", "errored rows"), ("tokens_per_second_after_startup", "tokens/s after start-up"),
-                 ("mean_tokens_per_call", "tokens per call"), ("acceptance_rate", "acceptance rate"))
+SERIES_PANELS = (
+    ("rows_this_invocation", "rows generated"),
+    ("rows_skipped_already_done", "rows skipped (done)"),
+    ("errored_rows", "errored rows"),
+    ("tokens_per_second_after_startup", "tokens/s after start-up"),
+    ("mean_tokens_per_call", "tokens per call"),
+    ("acceptance_rate", "acceptance rate"),
+)
 
 
 def series_history(series_dir: str) -> list[dict]:
@@ -215,16 +269,26 @@ def series_report(series_dir: str, out: Path) -> dict:
     figure, axes = plt.subplots(2, 3, figsize=(12, 6), sharex=True)
     runs = [summary["run_id"] for summary in history]
     for axis, (field, title) in zip(axes.flat, SERIES_PANELS):
-        axis.plot(range(len(runs)), [summary.get(field) if summary.get(field) is not None else np.nan
-                                     for summary in history], marker="o")
+        axis.plot(
+            range(len(runs)),
+            [summary.get(field) if summary.get(field) is not None else np.nan for summary in history],
+            marker="o",
+        )
         axis.set_title(title, fontsize=9)
         axis.set_xticks(range(len(runs)), runs, rotation=45, ha="right", fontsize=6)
     figure.tight_layout()
     out.mkdir(parents=True, exist_ok=True)
     figure.savefig(out / "series.png", dpi=120)
     plt.close(figure)
-    table = [{"run_id": s["run_id"], "fingerprint": s.get("fingerprint"), "wall_seconds": s.get("wall_seconds"),
-              **{field: s.get(field) for field, _ in SERIES_PANELS}} for s in history]
+    table = [
+        {
+            "run_id": s["run_id"],
+            "fingerprint": s.get("fingerprint"),
+            "wall_seconds": s.get("wall_seconds"),
+            **{field: s.get(field) for field, _ in SERIES_PANELS},
+        }
+        for s in history
+    ]
     (out / "series.json").write_text(json.dumps(table, indent=2) + "\n")
     header = ["run_id", "fingerprint", "wall_seconds", *(field for field, _ in SERIES_PANELS)]
     lines = [f"# Series: {series_dir}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
@@ -251,12 +315,20 @@ def main(argv=None) -> dict:
     paths = save_acceptance_plots({label: AcceptanceCounts.total(group) for label, group in groups.items()}, out)
     paths.append(save_tokens_per_call(groups, out / "tokens_per_call.png"))
     summary = run_summary(args.run_dir)
-    paths += [path for path in (save_occupancy(summary, out / "occupancy.png"),
-                                save_speculation(summary, out / "speculation.png")) if path is not None]
-    report = {"run_dir": str(args.run_dir), "rows": len(rows), "errored_rows": len(rows) - len(succeeded),
-              "unreadable_files": unreadable, "speculation": speculation_rows(summary),
-              "settings": {label: totals(group) for label, group in groups.items()},
-              "plots": [path.name for path in paths]}
+    paths += [
+        path
+        for path in (save_occupancy(summary, out / "occupancy.png"), save_speculation(summary, out / "speculation.png"))
+        if path is not None
+    ]
+    report = {
+        "run_dir": str(args.run_dir),
+        "rows": len(rows),
+        "errored_rows": len(rows) - len(succeeded),
+        "unreadable_files": unreadable,
+        "speculation": speculation_rows(summary),
+        "settings": {label: totals(group) for label, group in groups.items()},
+        "plots": [path.name for path in paths],
+    }
     (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "report.md").write_text(markdown(report))
     print(markdown(report))
@@ -267,7 +339,7 @@ def cli(argv=None) -> None:
     try:
         main(argv)
     except ReportError as error:
-        raise SystemExit(f"jobs.report: {error}")
+        raise SystemExit(f"jobs.report: {error}") from None
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ the converted SmolLM2, the test models, and the drafter tables and step-cost mod
 are cached in the clone (`.cache/test`, or $NGRAMMYS_TEST_CACHE), each keyed by the code that makes
 it (a change of that code builds it again); numba keeps its compiled kernels beside their sources.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -32,8 +33,13 @@ def isolate_from_the_machine() -> list[str]:
     with open(os.path.join(home, ".ray", "auth_token"), "w") as token:
         token.write(secrets.token_hex(32))
     ray_tmp = tempfile.mkdtemp(prefix="ngr-ray-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    os.environ.update(HOME=home, RAY_TMPDIR=ray_tmp, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-                      NGRAMMYS_CACHE=os.environ.get("NGRAMMYS_TEST_CACHE", str(REPO / ".cache" / "test")))
+    os.environ.update(
+        HOME=home,
+        RAY_TMPDIR=ray_tmp,
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        NGRAMMYS_CACHE=os.environ.get("NGRAMMYS_TEST_CACHE", str(REPO / ".cache" / "test")),
+    )
     for name in ("RAY_ADDRESS", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH", "XDG_CACHE_HOME", "XDG_CONFIG_HOME"):
         os.environ.pop(name, None)
     return [home, ray_tmp]
@@ -99,6 +105,7 @@ TINY_EOS = 95
 
 class CharTokenizer:
     """Token i decodes to one character; enough for stop-string tests without a real tokenizer."""
+
     eos_token_id = TINY_EOS
     pad_token_id = 0
     bos_token_id = 1
@@ -110,11 +117,21 @@ class CharTokenizer:
 
 def make_tiny_model(seed: int = 0) -> LlamaForCausalLM:
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=TINY_VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         # A large init spreads the logits, so greedy choices are far from ties.
-                         initializer_range=0.3, bos_token_id=1, eos_token_id=TINY_EOS, pad_token_id=0,
-                         tie_word_embeddings=False)
+    config = LlamaConfig(
+        vocab_size=TINY_VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        # A large init spreads the logits, so greedy choices are far from ties.
+        initializer_range=0.3,
+        bos_token_id=1,
+        eos_token_id=TINY_EOS,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -171,10 +188,20 @@ def save_tiny_llama(directory: Path) -> None:
     context drafts are both accepted and rejected."""
     tokenizer = smollm2_tokenizer()
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=384,
-                         initializer_range=0.1, tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=384,
+        initializer_range=0.1,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     LlamaForCausalLM(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
 
@@ -186,10 +213,20 @@ def save_tiny_gemma3(directory: Path) -> None:
 
     tokenizer = smollm2_tokenizer()
     torch.manual_seed(0)
-    config = Gemma3TextConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                              num_attention_heads=2, num_key_value_heads=1, head_dim=32, sliding_window=16,
-                              max_position_embeddings=384, bos_token_id=tokenizer.bos_token_id,
-                              eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    config = Gemma3TextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        sliding_window=16,
+        max_position_embeddings=384,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     Gemma3ForCausalLM(config).save_pretrained(directory)
     tokenizer.save_pretrained(directory)
 

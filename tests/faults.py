@@ -9,6 +9,7 @@ $NGRAMMYS_TEST_FAULTS/fault.json (by `inject`) and fails as told:
 
 A test in one process calls `patch(feeder_module)` itself.
 """
+
 from __future__ import annotations
 
 import importlib.abc
@@ -61,6 +62,7 @@ def patch(module) -> None:
                 time.sleep(3600)  # a step that never returns
             raise RuntimeError(INJECTED)
         return original(self, llm)
+
     module.EngineFeeder._step = _step
 
 
@@ -77,6 +79,7 @@ class PatchOnImport(importlib.abc.MetaPathFinder):
         def exec_module(module):
             execute(module)
             patch(module)
+
         spec.loader.exec_module = exec_module
         return spec
 

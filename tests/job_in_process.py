@@ -1,5 +1,6 @@
 """The job's three steps in this process, for tests: its preprocess, the stage with the job's
 settings (pipeline/job/rows.py), its postprocess."""
+
 from __future__ import annotations
 
 import pyarrow as pa

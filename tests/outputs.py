@@ -1,4 +1,5 @@
 """Reading a run's outputs back in tests: every Parquet file in the run's directory."""
+
 from __future__ import annotations
 
 from pathlib import Path

@@ -3,6 +3,7 @@
 When a test fails, tests/conftest.py adds the tail of every such process's stdout and stderr to
 the failure report, so the cause a child process printed is never captured and dropped.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -47,8 +48,9 @@ class Processes:
         self.directory.mkdir(parents=True, exist_ok=True)
         stdout, stderr = self.directory / f"{index}.stdout", self.directory / f"{index}.stderr"
         with open(stdout, "wb") as out, open(stderr, "wb") as err:
-            popen = subprocess.Popen([str(c) for c in command], stdout=out, stderr=err,
-                                     stdin=subprocess.DEVNULL, **kwargs)
+            popen = subprocess.Popen(
+                [str(c) for c in command], stdout=out, stderr=err, stdin=subprocess.DEVNULL, **kwargs
+            )
         self.started.append(Started([str(c) for c in command], stdout, stderr, popen))
         return popen
 
@@ -60,10 +62,14 @@ class Processes:
         except subprocess.TimeoutExpired:
             popen.kill()
             popen.wait()
-            raise AssertionError(f"timed out after {timeout} s:\n{self.started[-1].tail(4000)}")
+            raise AssertionError(f"timed out after {timeout} s:\n{self.started[-1].tail(4000)}") from None
         done = self.started[-1]
-        result = subprocess.CompletedProcess(done.command, popen.returncode, done.stdout.read_text(errors="replace"),
-                                             done.stderr.read_text(errors="replace"))
+        result = subprocess.CompletedProcess(
+            done.command,
+            popen.returncode,
+            done.stdout.read_text(errors="replace"),
+            done.stderr.read_text(errors="replace"),
+        )
         if check and popen.returncode != 0:
             raise AssertionError(f"exit status {popen.returncode}:\n{done.tail(4000)}")
         return result
@@ -92,25 +98,52 @@ def environment(**changes: str) -> dict[str, str]:
     return env
 
 
-def start_ray_head(processes: Processes, env: dict[str, str], num_cpus: float = 2, extra: tuple[str, ...] = (),
-                   port: int | None = None, ray: Path = BIN / "ray", **kwargs) -> dict[str, str]:
+def start_ray_head(
+    processes: Processes,
+    env: dict[str, str],
+    num_cpus: float = 2,
+    extra: tuple[str, ...] = (),
+    port: int | None = None,
+    ray: Path = BIN / "ray",
+    **kwargs,
+) -> dict[str, str]:
     """`ray start --head` (with `extra` flags; `ray`: another environment's command, `kwargs` to
     Popen) on ports that are free now (no fixed port: another Ray may be running) and a temporary
     directory of its own; returns its GCS, dashboard and metrics addresses and that directory. The
     caller stops it with `stop_ray_head`."""
     temp_dir = tempfile.mkdtemp(prefix="ngr-head-", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
-    ports = {flag: free_port() for flag in ("--dashboard-port", "--ray-client-server-port",
-                                            "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
-                                            "--runtime-env-agent-port", "--metrics-export-port")}
+    ports = {
+        flag: free_port()
+        for flag in (
+            "--dashboard-port",
+            "--ray-client-server-port",
+            "--dashboard-agent-listen-port",
+            "--dashboard-agent-grpc-port",
+            "--runtime-env-agent-port",
+            "--metrics-export-port",
+        )
+    }
     ports["--port"] = port or free_port()
-    command = [ray, "start", "--head", f"--num-cpus={num_cpus}", "--node-ip-address=127.0.0.1",
-               f"--temp-dir={temp_dir}", "--disable-usage-stats", *(f"{flag}={port}" for flag, port in ports.items()),
-               *extra]
+    command = [
+        ray,
+        "start",
+        "--head",
+        f"--num-cpus={num_cpus}",
+        "--node-ip-address=127.0.0.1",
+        f"--temp-dir={temp_dir}",
+        "--disable-usage-stats",
+        *(f"{flag}={port}" for flag, port in ports.items()),
+        *extra,
+    ]
     processes.run(command, timeout=180, env=env, **kwargs)
     dashboard = f"http://127.0.0.1:{ports['--dashboard-port']}"
     wait_for_dashboard(dashboard, env, timeout=180)
-    return {"gcs": f"127.0.0.1:{ports['--port']}", "dashboard": dashboard,
-            "metrics_port": str(ports["--metrics-export-port"]), "temp_dir": temp_dir}
+    return {
+        "gcs": f"127.0.0.1:{ports['--port']}",
+        "dashboard": dashboard,
+        "metrics_port": str(ports["--metrics-export-port"]),
+        "temp_dir": temp_dir,
+    }
 
 
 def stop_ray_head(head: dict[str, str], timeout: float = 30) -> None:
@@ -149,8 +182,9 @@ def wait_for_dashboard(dashboard: str, env: dict[str, str], timeout: float) -> N
     deadline, last = time.monotonic() + timeout, "no answer"
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(urllib.request.Request(f"{dashboard}/api/version", headers=headers),
-                                        timeout=10) as answer:
+            with urllib.request.urlopen(
+                urllib.request.Request(f"{dashboard}/api/version", headers=headers), timeout=10
+            ) as answer:
                 body = answer.read()
             if b"ray_version" in body:
                 return

@@ -2,6 +2,7 @@
 nothing in pipeline/ or jobs/ outside pipeline/engines/build.py, the one place that maps
 `engine.name` to an engine, compares an engine's name or looks a value up by it. A branch on the
 name elsewhere means a setting or a check is in the wrong place."""
+
 from __future__ import annotations
 
 import ast
@@ -26,8 +27,12 @@ def names_an_engine(node: ast.AST) -> bool:
 
 
 def is_engine_name(node: ast.AST) -> bool:
-    return (isinstance(node, ast.Attribute) and node.attr == "name" and isinstance(node.value, ast.Attribute)
-            and node.value.attr == "engine")
+    return (
+        isinstance(node, ast.Attribute)
+        and node.attr == "name"
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "engine"
+    )
 
 
 class BranchFinder(ast.NodeVisitor):
@@ -68,17 +73,26 @@ def branches(source: str, name: str) -> list[str]:
     """Each branch on an engine's name in `source` (the file `name`), said in a line, but those PENDING."""
     finder = BranchFinder()
     finder.visit(ast.parse(source, name))
-    return [f"{name}:{line} ({function or 'module'}): {code}" for line, function, code in finder.found
-            if (name, function) not in PENDING]
+    return [
+        f"{name}:{line} ({function or 'module'}): {code}"
+        for line, function, code in finder.found
+        if (name, function) not in PENDING
+    ]
 
 
 def test_no_branch_on_an_engine_name_outside_the_engine_builder():
     paths = [path for package in ("pipeline", "jobs") for path in sorted((ROOT / package).rglob("*.py"))]
     assert len(paths) > 40, f"the scan found only {len(paths)} modules"
-    found = [line for path in paths if path.relative_to(ROOT).as_posix() != BUILDER
-             for line in branches(path.read_text(), path.relative_to(ROOT).as_posix())]
-    assert not found, ("an engine's setting or check outside its engine (pipeline/engines/<engine>/settings.py, "
-                       "read through pipeline/engines/build.py):\n" + "\n".join(found))
+    found = [
+        line
+        for path in paths
+        if path.relative_to(ROOT).as_posix() != BUILDER
+        for line in branches(path.read_text(), path.relative_to(ROOT).as_posix())
+    ]
+    assert not found, (
+        "an engine's setting or check outside its engine (pipeline/engines/<engine>/settings.py, "
+        "read through pipeline/engines/build.py):\n" + "\n".join(found)
+    )
 
 
 def test_the_pending_branches_are_still_there():
@@ -89,24 +103,30 @@ def test_the_pending_branches_are_still_there():
         assert any(found == function for _, found, _ in finder.found), f"{file} {function}: no branch left, unlist it"
 
 
-@pytest.mark.parametrize("source", [
-    "if config.engine.name == 'vllm':\n    pass",
-    "ok = config.engine.name != 'transformers'",
-    "x = self.engine == 'vllm'",  # a processor's engine keyword
-    "x = method.engine in ('vllm', 'transformers')",
-    "x = {'vllm': 16, 'transformers': 8}[config.engine.name]",
-    "x = LIMITS.get(config.engine.name)",
-    "def f(engine):\n    return 'transformers' in engine.kinds",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "if config.engine.name == 'vllm':\n    pass",
+        "ok = config.engine.name != 'transformers'",
+        "x = self.engine == 'vllm'",  # a processor's engine keyword
+        "x = method.engine in ('vllm', 'transformers')",
+        "x = {'vllm': 16, 'transformers': 8}[config.engine.name]",
+        "x = LIMITS.get(config.engine.name)",
+        "def f(engine):\n    return 'transformers' in engine.kinds",
+    ],
+)
 def test_a_branch_on_an_engine_name_is_found(source):
     assert branches(source, "example")
 
 
-@pytest.mark.parametrize("source", [
-    "overrides = ['engine.name=vllm', f'engine.name={name}']",  # naming a setting, not branching on it
-    "columns = {'engine': config.engine.name}",
-    "ok = self.name == 'auto'",
-    "ok = key in ENGINES",
-])
+@pytest.mark.parametrize(
+    "source",
+    [
+        "overrides = ['engine.name=vllm', f'engine.name={name}']",  # naming a setting, not branching on it
+        "columns = {'engine': config.engine.name}",
+        "ok = self.name == 'auto'",
+        "ok = key in ENGINES",
+    ],
+)
 def test_naming_an_engine_is_no_branch(source):
     assert not branches(source, "example")

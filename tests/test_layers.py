@@ -19,6 +19,7 @@ Layers, top to bottom (docs/layout.md, "Where things are"; ../shared/ARCHITECTUR
 
 Every import counts, the ones inside functions and under TYPE_CHECKING too.
 """
+
 from __future__ import annotations
 
 import ast
@@ -67,7 +68,7 @@ def imported(path: Path, module: str, known: set[str]) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:  # relative: from . import x, from .a import b
-                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([base] if base else []))
             found.add(base)
             found.update(f"{base}.{alias.name}" for alias in node.names if f"{base}.{alias.name}" in known)
@@ -76,11 +77,17 @@ def imported(path: Path, module: str, known: set[str]) -> set[str]:
 
 def layer_of(module: str) -> int:
     """The layer of the longest prefix the module starts with (drafters.primitives before drafters)."""
-    matches = [(len(prefix), index) for index, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
-               if module == prefix or module.startswith(prefix + ".")]
+    matches = [
+        (len(prefix), index)
+        for index, (_, prefixes) in enumerate(LAYERS)
+        for prefix in prefixes
+        if module == prefix or module.startswith(prefix + ".")
+    ]
     if matches:
         return max(matches)[1]
-    raise AssertionError(f"{module} is in no layer: add it to LAYERS in tests/test_layers.py (and docs/layout.md's map)")
+    raise AssertionError(
+        f"{module} is in no layer: add it to LAYERS in tests/test_layers.py (and docs/layout.md's map)"
+    )
 
 
 def engine_of(module: str) -> str | None:
@@ -93,12 +100,16 @@ def violations(graph: dict[str, set[str]]) -> list[str]:
     for module, targets in sorted(graph.items()):
         for target in sorted(targets):
             if layer_of(target) < layer_of(module):
-                found.append(f"{module} imports {target}: up from {LAYERS[layer_of(module)][0]!r} "
-                             f"to {LAYERS[layer_of(target)][0]!r}")
+                found.append(
+                    f"{module} imports {target}: up from {LAYERS[layer_of(module)][0]!r} "
+                    f"to {LAYERS[layer_of(target)][0]!r}"
+                )
             own, theirs = engine_of(module), engine_of(target)
             if theirs is not None and own != theirs and target != theirs:
-                found.append(f"{module} imports {target}: an internal of the engine {theirs} "
-                             f"(outside it, import its package {theirs})")
+                found.append(
+                    f"{module} imports {target}: an internal of the engine {theirs} "
+                    f"(outside it, import its package {theirs})"
+                )
     return found + [f"circle: {', '.join(group)} import each other" for group in circles(graph)]
 
 
@@ -138,8 +149,10 @@ def circles(graph: dict[str, set[str]]) -> list[list[str]]:
 def import_graph() -> dict[str, set[str]]:
     modules = project_modules()
     known = set(modules)
-    return {module: {name for name in imported(path, module, known) if name in known or name in PACKAGES}
-            for module, path in modules.items()}
+    return {
+        module: {name for name in imported(path, module, known) if name in known or name in PACKAGES}
+        for module, path in modules.items()
+    }
 
 
 def without_package_edges(graph: dict[str, set[str]]) -> dict[str, set[str]]:
@@ -155,25 +168,37 @@ def test_every_import_points_down_and_no_module_imports_in_a_circle():
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize("module,source,expected", [
-    # pipeline/ (outside the transformers engine) reaching into its internals
-    ("pipeline.engines.stats", "from pipeline.engines.transformers.verification import Verdict",
-     "an internal of the engine pipeline.engines.transformers"),
-    # a drafter importing the config above it (the registry, the settings)
-    ("drafters.suffix.drafter", "from pipeline.config import DecoderConfig", "up from 'drafters' to 'config'"),
-    # a drafter importing an engine
-    ("drafters.context_ngram", "import pipeline.engines.base", "up from 'drafters' to 'engine interface'"),
-    # a primitive importing a drafter
-    ("drafters.primitives.sampling", "from drafters.base import Drafts", "up from 'primitives' to 'drafters'"),
-    # one engine importing the other's internals
-    ("pipeline.engines.vllm.proposer", "from pipeline.engines.transformers.tree import build_tree",
-     "an internal of the engine pipeline.engines.transformers"),
-    # an import inside a function counts too
-    ("pipeline.config.settings", "def f():\n    from pipeline.engines.build import build_engine",
-     "up from 'config' to 'engine builder'"),
-    # the stage importing the job above it
-    ("pipeline.llm.stage", "from pipeline.job.run import RunPaths", "up from 'llm' to 'job'"),
-])
+@pytest.mark.parametrize(
+    "module,source,expected",
+    [
+        # pipeline/ (outside the transformers engine) reaching into its internals
+        (
+            "pipeline.engines.stats",
+            "from pipeline.engines.transformers.verification import Verdict",
+            "an internal of the engine pipeline.engines.transformers",
+        ),
+        # a drafter importing the config above it (the registry, the settings)
+        ("drafters.suffix.drafter", "from pipeline.config import DecoderConfig", "up from 'drafters' to 'config'"),
+        # a drafter importing an engine
+        ("drafters.context_ngram", "import pipeline.engines.base", "up from 'drafters' to 'engine interface'"),
+        # a primitive importing a drafter
+        ("drafters.primitives.sampling", "from drafters.base import Drafts", "up from 'primitives' to 'drafters'"),
+        # one engine importing the other's internals
+        (
+            "pipeline.engines.vllm.proposer",
+            "from pipeline.engines.transformers.tree import build_tree",
+            "an internal of the engine pipeline.engines.transformers",
+        ),
+        # an import inside a function counts too
+        (
+            "pipeline.config.settings",
+            "def f():\n    from pipeline.engines.build import build_engine",
+            "up from 'config' to 'engine builder'",
+        ),
+        # the stage importing the job above it
+        ("pipeline.llm.stage", "from pipeline.job.run import RunPaths", "up from 'llm' to 'job'"),
+    ],
+)
 def test_an_import_that_breaks_the_rule_is_named(tmp_path, module, source, expected):
     graph = import_graph()
     path = tmp_path / "module.py"
@@ -184,8 +209,12 @@ def test_an_import_that_breaks_the_rule_is_named(tmp_path, module, source, expec
 
 
 def test_a_circle_is_found():
-    graph = {"pipeline.config": {"pipeline.engines.stats"}, "pipeline.engines.stats": {"drafters.primitives.sampling"},
-             "drafters.primitives.sampling": {"pipeline.config"}, "pipeline.llm.schema": set()}
+    graph = {
+        "pipeline.config": {"pipeline.engines.stats"},
+        "pipeline.engines.stats": {"drafters.primitives.sampling"},
+        "drafters.primitives.sampling": {"pipeline.config"},
+        "pipeline.llm.schema": set(),
+    }
     assert circles(graph) == [["drafters.primitives.sampling", "pipeline.config", "pipeline.engines.stats"]]
     assert any(line.startswith("circle: ") for line in violations(graph))
 
@@ -232,6 +261,12 @@ def test_every_file_the_code_and_readme_name_exists():
     named = re.compile(r"\b((?:pipeline|drafters|jobs|tests)/[\w/]+\.py)\b")
     sources = [path for package in (*PACKAGES, "tests") for path in (ROOT / package).rglob("*.py")]
     docs = sorted((ROOT / "docs").glob("*.md"))
-    stale = sorted({f"{path.relative_to(ROOT)}: {name}" for path in [*sources, ROOT / "README.md", *docs, ROOT / "pyproject.toml"]
-                    for name in named.findall(path.read_text()) if not (ROOT / name).is_file()})
+    stale = sorted(
+        {
+            f"{path.relative_to(ROOT)}: {name}"
+            for path in [*sources, ROOT / "README.md", *docs, ROOT / "pyproject.toml"]
+            for name in named.findall(path.read_text())
+            if not (ROOT / name).is_file()
+        }
+    )
     assert not stale, "\n".join(stale)

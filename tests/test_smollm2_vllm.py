@@ -2,6 +2,7 @@
 vLLM plain greedy's tokens (same engine, same dtype) on HumanEval prompts, with its drafts
 verified and accepted, and with a JSON schema imposed. vLLM starts twice for the module: plain,
 and ours (drafter swapped)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -18,8 +19,18 @@ NUM_PROMPTS, NEW_TOKENS = 4, 48
 
 
 def smollm2_config(*overrides):
-    return checked_config(load_config("configs/default.yaml", [
-        "engine.name=vllm", "engine.execution=eager", "engine.cpu_kv_cache_gib=1", "engine.max_model_len=1024", *overrides]))
+    return checked_config(
+        load_config(
+            "configs/default.yaml",
+            [
+                "engine.name=vllm",
+                "engine.execution=eager",
+                "engine.cpu_kv_cache_gib=1",
+                "engine.max_model_len=1024",
+                *overrides,
+            ],
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -34,8 +45,10 @@ def engines():
 @pytest.fixture(scope="module")
 def requests(engines):
     tokenizer = engines[0].tokenizer
-    return [Request(p.request_id, encode_prompt(tokenizer, p.prompt, p.request_id), NEW_TOKENS)
-            for p in load_prompts("humaneval", NUM_PROMPTS)]
+    return [
+        Request(p.request_id, encode_prompt(tokenizer, p.prompt, p.request_id), NEW_TOKENS)
+        for p in load_prompts("humaneval", NUM_PROMPTS)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -50,12 +63,20 @@ def reference(engines, requests):
 NEEDS_BIGRAM = pytest.mark.nightly
 
 
-@pytest.mark.parametrize("drafter,w,accepted_from", [
-    ("context_ngram", "auto", "context_ngram"), pytest.param("mixed", "auto", "context_ngram", marks=NEEDS_BIGRAM),
-    pytest.param("bigram", "3", "bigram", marks=NEEDS_BIGRAM), ("unigram", "2", None), ("rest", "4", "retrieval"),
-    ("batch_suffix", "auto", "suffix_store")])
-def test_each_drafter_on_vllm_is_vllm_plain_greedy(engines, requests, reference, stdlib_datastore, drafter, w,
-                                                  accepted_from):
+@pytest.mark.parametrize(
+    "drafter,w,accepted_from",
+    [
+        ("context_ngram", "auto", "context_ngram"),
+        pytest.param("mixed", "auto", "context_ngram", marks=NEEDS_BIGRAM),
+        pytest.param("bigram", "3", "bigram", marks=NEEDS_BIGRAM),
+        ("unigram", "2", None),
+        ("rest", "4", "retrieval"),
+        ("batch_suffix", "auto", "suffix_store"),
+    ],
+)
+def test_each_drafter_on_vllm_is_vllm_plain_greedy(
+    engines, requests, reference, stdlib_datastore, drafter, w, accepted_from
+):
     ours = engines[1]
     datastore = [f"decoder.datastore={stdlib_datastore}"] if drafter in ("rest", "batch_suffix") else []
     decoder = smollm2_config(f"decoder.drafter={drafter}", f"decoder.w={w}", *datastore).decoder
@@ -73,12 +94,38 @@ def test_each_drafter_on_vllm_is_vllm_plain_greedy(engines, requests, reference,
         assert accepted.get(accepted_from, 0) > 0, f"{drafter}: no {accepted_from} draft token accepted ({accepted})"
 
 
-PERSON = {"type": "object", "additionalProperties": False, "required": ["name", "age", "city"],
-          "properties": {"name": {"type": "string", "maxLength": 24},
-                         "age": {"type": "integer", "minimum": 0, "maximum": 120},
-                         "city": {"enum": ["Paris", "London", "Tokyo", "Lagos", "Lima"]}}}
-NAMES = ["Ada", "Alan", "Grace", "Linus", "Barbara", "Edsger", "Donald", "Margaret", "Ken", "Dennis",
-         "Frances", "John", "Radia", "Tim", "Guido", "Bjarne", "Anita", "Leslie", "Niklaus", "Hedy"]
+PERSON = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "age", "city"],
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "city": {"enum": ["Paris", "London", "Tokyo", "Lagos", "Lima"]},
+    },
+}
+NAMES = [
+    "Ada",
+    "Alan",
+    "Grace",
+    "Linus",
+    "Barbara",
+    "Edsger",
+    "Donald",
+    "Margaret",
+    "Ken",
+    "Dennis",
+    "Frances",
+    "John",
+    "Radia",
+    "Tim",
+    "Guido",
+    "Bjarne",
+    "Anita",
+    "Leslie",
+    "Niklaus",
+    "Hedy",
+]
 
 
 def test_structured_output_with_our_drafts_is_valid_and_is_plain_with_the_schema(engines):
@@ -92,9 +139,15 @@ def test_structured_output_with_our_drafts_is_valid_and_is_plain_with_the_schema
     plain, ours = engines
     decoder = smollm2_config("decoder.drafter=batch_suffix", "decoder.w=auto").decoder
     ours.set_decoder(decoder, drafter_tables(dataclasses.replace(ours.config, decoder=decoder)))
-    requests = [Request(f"p{i}", encode_prompt(plain.tokenizer, f"Give {name}, a person you imagine, as JSON: name, "
-                                               "age and city.", f"p{i}"), 96, structured_outputs={"json": PERSON})
-                for i, name in enumerate(NAMES)]
+    requests = [
+        Request(
+            f"p{i}",
+            encode_prompt(plain.tokenizer, f"Give {name}, a person you imagine, as JSON: name, age and city.", f"p{i}"),
+            96,
+            structured_outputs={"json": PERSON},
+        )
+        for i, name in enumerate(NAMES)
+    ]
     reference, results = plain.generate(requests), ours.generate(requests)
     assert [r.token_ids for r in results] == [r.token_ids for r in reference]
     for result in results:

@@ -6,6 +6,7 @@ says how). Without pipeline/engines/vllm/cpu_sampling.py, on vLLM's CPU build, e
 of these failed (docs/vllm-cpu-sampling.md).
 make test-nightly: two vLLM starts of SmolLM2 and four runs of 48 sampled requests (about 4 minutes).
 The same checks run in CI on a tiny model (tests/pipeline/engines/test_vllm_sampling.py)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,9 +27,19 @@ CASES = {"t0.7-top_k50": SamplingParams(0.7, 50, 1.0), "t1.0-top_p0.9": Sampling
 
 
 def smollm2_config(*overrides):
-    return checked_config(load_config("configs/default.yaml", [
-        "engine.name=vllm", "engine.execution=eager", "engine.cpu_kv_cache_gib=1", "engine.max_model_len=1024",
-        "engine.max_num_seqs=16", *overrides]))
+    return checked_config(
+        load_config(
+            "configs/default.yaml",
+            [
+                "engine.name=vllm",
+                "engine.execution=eager",
+                "engine.cpu_kv_cache_gib=1",
+                "engine.max_model_len=1024",
+                "engine.max_num_seqs=16",
+                *overrides,
+            ],
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -50,8 +61,19 @@ def prompts(engines) -> list[list[int]]:
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("method", ["ours", "vllm_ngram"])
 def test_sampled_tokens_follow_the_target_distribution(engines, smollm2, prompts, method, case):
-    requests = [Request(f"s{seed}", prompts[seed % len(prompts)], NEW_TOKENS,
-                        sampling=dataclasses.replace(CASES[case], seed=seed)) for seed in range(SEEDS)]
+    requests = [
+        Request(
+            f"s{seed}", prompts[seed % len(prompts)], NEW_TOKENS, sampling=dataclasses.replace(CASES[case], seed=seed)
+        )
+        for seed in range(SEEDS)
+    ]
     results, tracked = generate_tracking(engines[method], requests)
-    assert_exact(smollm2.model, requests, results, tracked, min_checked=150, min_accepted=50,
-                 min_rejected=40 if method == "ours" else 0)
+    assert_exact(
+        smollm2.model,
+        requests,
+        results,
+        tracked,
+        min_checked=150,
+        min_accepted=50,
+        min_rejected=40 if method == "ours" else 0,
+    )

@@ -11,6 +11,7 @@ directory with no source in it.
 `make test` runs the check that the wheel holds every module; `make test-wheel` (CI runs it) the
 job, a processor program and `ray job submit` on a Ray head, from the installed wheel.
 """
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,13 @@ PACKAGES = ("pipeline", "drafters", "jobs")
 
 def source_files() -> list[Path]:
     """The checkout's files as git has them (tracked, and new ones not ignored): no build output."""
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=REPO,
-                            check=True, capture_output=True, text=True).stdout.split("\0")
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split("\0")
     return [Path(name) for name in listed if name and (REPO / name).is_file()]
 
 
@@ -45,8 +51,12 @@ def wheel(tmp_path_factory) -> Path:
     for name in source_files():
         (tree / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(REPO / name, tree / name)
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                    str(tree)], check=True, capture_output=True, text=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(tree)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     (built,) = out.glob("ngrammys_batch-*.whl")
     return built
 
@@ -67,8 +77,14 @@ def new_environment(directory: Path, wheel: Path | None) -> Path:
     `wheel`, has it installed (with its `ngrammys` command); returns its python."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(directory)], check=True)
     python = directory / "bin" / "python"
-    site = Path(subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    )
     (site / "suite-dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     # Ray's command (its console script is the suite environment's, bound to that python).
     (directory / "bin" / "ray").write_text(f"#!{python}\nfrom ray.scripts.scripts import main\nmain()\n")
@@ -79,8 +95,12 @@ def new_environment(directory: Path, wheel: Path | None) -> Path:
 
 
 def install(python: Path, wheel: Path) -> None:
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index",
-                    str(wheel)], check=True, capture_output=True, text=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps", "--no-index", str(wheel)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
 
 
 def env_for(python: Path, home: Path, **changes: str) -> dict[str, str]:
@@ -95,8 +115,13 @@ def env_for(python: Path, home: Path, **changes: str) -> dict[str, str]:
 def installed(wheel, tmp_path_factory) -> Path:
     """The python of a new environment with the wheel installed."""
     python = new_environment(tmp_path_factory.mktemp("venv") / "installed", wheel)
-    located = subprocess.run([python, "-c", "import pipeline, drafters, jobs; print(pipeline.__file__)"],
-                             cwd=tmp_path_factory.mktemp("elsewhere"), check=True, capture_output=True, text=True)
+    located = subprocess.run(
+        [python, "-c", "import pipeline, drafters, jobs; print(pipeline.__file__)"],
+        cwd=tmp_path_factory.mktemp("elsewhere"),
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     assert located.stdout.startswith(str(python.parents[1])), located.stdout
     return python
 
@@ -121,13 +146,15 @@ PROCESSOR_PROGRAM = """
         postprocess=lambda row: dict(question=row["question"], answer=row["generated_text"],
                                      error=row.get("__inference_error__") or None))
     rows = processor(ray.data.from_items([{"question": f"What is {i} + {i}?"} for i in range(3)])).take_all()
-    print("ROWS", len(rows), "ERRORS", sum(bool(row["error"]) for row in rows), "ANSWERS", sum(bool(row["answer"]) for row in rows))
+    errors, answers = sum(bool(row["error"]) for row in rows), sum(bool(row["answer"]) for row in rows)
+    print("ROWS", len(rows), "ERRORS", errors, "ANSWERS", answers)
 """
 
 
 @pytest.mark.wheel
-def test_the_installed_wheel_runs_a_processor_program_and_says_its_versions(installed, tiny_model_dir, tmp_path,
-                                                                           processes):
+def test_the_installed_wheel_runs_a_processor_program_and_says_its_versions(
+    installed, tiny_model_dir, tmp_path, processes
+):
     """A user's build_processor program, in a directory of its own, on the installed package."""
     program = tmp_path / "my_program.py"
     program.write_text(textwrap.dedent(PROCESSOR_PROGRAM))
@@ -159,23 +186,61 @@ def test_ray_job_submit_runs_the_job_from_the_wheel_without_the_source(wheel, ti
 
     def submit(run_id: str, *runtime_env: str) -> subprocess.CompletedProcess:
         return processes.run(
-            [ray, "job", "submit", "--address", head["dashboard"], *runtime_env, "--", "ngrammys", "generate",
-             "--input", str(inputs), "--output", str(tmp_path / "out"), "--run-id", run_id,
-             "--set", f"model.name={tiny_model_dir}", "--set", "decoder.max_new_tokens=5", "--set", "input.limit=3",
-             # The transformers engine: it starts in seconds (the vLLM engine, and the proposer vLLM
-             # loads from the installed package by its dotted path, run in the processor test).
-             "--set", "engine.name=transformers"],
-            cwd=submit_from, env=env, timeout=400)
+            [
+                ray,
+                "job",
+                "submit",
+                "--address",
+                head["dashboard"],
+                *runtime_env,
+                "--",
+                "ngrammys",
+                "generate",
+                "--input",
+                str(inputs),
+                "--output",
+                str(tmp_path / "out"),
+                "--run-id",
+                run_id,
+                "--set",
+                f"model.name={tiny_model_dir}",
+                "--set",
+                "decoder.max_new_tokens=5",
+                "--set",
+                "input.limit=3",
+                # The transformers engine: it starts in seconds (the vLLM engine, and the proposer vLLM
+                # loads from the installed package by its dotted path, run in the processor test).
+                "--set",
+                "engine.name=transformers",
+            ],
+            cwd=submit_from,
+            env=env,
+            timeout=400,
+        )
+
     try:
-        from_runtime_env = submit("from-runtime-env", "--working-dir", ".", "--runtime-env-json", json.dumps(
-            {"pip": [f"${{RAY_RUNTIME_ENV_CREATE_WORKING_DIR}}/{wheel.name}"]}))
+        from_runtime_env = submit(
+            "from-runtime-env",
+            "--working-dir",
+            ".",
+            "--runtime-env-json",
+            json.dumps({"pip": [f"${{RAY_RUNTIME_ENV_CREATE_WORKING_DIR}}/{wheel.name}"]}),
+        )
         install(python, wheel)
         from_image = submit("from-image")
         counters = scrape_counters(head["metrics_port"], "from-image", {"rows": 3, "generation_tokens": 15})
-        forgot = {key: value for key, value in env_for(python, tmp_path / "other-home", RAY_ADDRESS=head["gcs"]).items()
-                  if key != "RAY_AUTH_MODE"}
-        refused = processes.run([python.parent / "ngrammys", "generate", "--input", str(inputs)], cwd=submit_from,
-                                env=forgot, timeout=120, check=False)
+        forgot = {
+            key: value
+            for key, value in env_for(python, tmp_path / "other-home", RAY_ADDRESS=head["gcs"]).items()
+            if key != "RAY_AUTH_MODE"
+        }
+        refused = processes.run(
+            [python.parent / "ngrammys", "generate", "--input", str(inputs)],
+            cwd=submit_from,
+            env=forgot,
+            timeout=120,
+            check=False,
+        )
     finally:
         stop_ray_head(head)
     for submitted, run_id in ((from_runtime_env, "from-runtime-env"), (from_image, "from-image")):

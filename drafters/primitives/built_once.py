@@ -1,6 +1,7 @@
 """Artifacts built once and kept on disk (the model's drafter tables, a measured step-cost model, a
 converted GGUF model): their cache key names the code that builds them, so that a change of that
 code builds them again instead of reading what the old code made."""
+
 from __future__ import annotations
 
 import hashlib

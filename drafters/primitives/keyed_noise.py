@@ -13,6 +13,7 @@ gives the same tokens bit for bit (tests/drafters/test_keyed_noise.py compares t
 The key of position t is splitmix64(seed + γ) + t γ (mod 2^64, γ = 0x9E3779B97F4A7C15): distinct
 positions of one seed give distinct keys, and unrelated seeds collide with probability 2^-64.
 """
+
 from __future__ import annotations
 
 import torch

@@ -1,5 +1,6 @@
 """Sampling primitives (temperature > 0): settings, the per-request random state, the target's
-filtered distribution and inverse-CDF sampling. How drafts are accepted is pipeline/engines/transformers/verification.py.
+filtered distribution and inverse-CDF sampling. How drafts are accepted is
+pipeline/engines/transformers/verification.py.
 
 Randomness comes in as uniforms, so every function is deterministic and testable. The token at
 generated position t is always sampled with the request's t-th position uniform, by plain
@@ -7,6 +8,7 @@ sampling and by point-draft verification alike. So, with the same seed, a point 
 very tokens plain sampling emits (up to float rounding between batched and single calls):
 speculation changes the speed, not the sample.
 """
+
 from __future__ import annotations
 
 import hashlib

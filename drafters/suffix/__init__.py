@@ -2,6 +2,7 @@
 search (store_search.py), the acceptance model (acceptance.py), the state's layout (state.py) and
 the step that runs them for a batch (step.py). Compiled functions call each other across these
 modules at no cost (numba compiles a callee into its caller)."""
+
 from drafters.suffix.drafter import STRATEGIES, BatchSuffixDrafter
 
 __all__ = ["STRATEGIES", "BatchSuffixDrafter"]

@@ -17,6 +17,7 @@ prior_strength (about that many judged tokens' worth of belief), so an actor dra
 its first step and a model or corpus unlike the prior's moves the weights within a few hundred
 steps. (tests/drafters/reference.py states the model and its fit in plain numpy.)
 """
+
 from __future__ import annotations
 
 import math
@@ -26,8 +27,20 @@ import numba as nb
 import numpy as np
 
 SOURCES = ("context", "outputs", "store")
-FEATURES = ("bias", "log_odds_share", "log_match", "log_depth", "log_reach", "log_count",
-            "from_context", "from_outputs", "from_store", "first", "agreed", "bigram_top1")
+FEATURES = (
+    "bias",
+    "log_odds_share",
+    "log_match",
+    "log_depth",
+    "log_reach",
+    "log_count",
+    "from_context",
+    "from_outputs",
+    "from_store",
+    "first",
+    "agreed",
+    "bigram_top1",
+)
 # Fitted by maximum likelihood on SmolLM2-135M-Instruct's greedy outputs for HumanEval, GSM8K and
 # ShareGPT prompts (B = 1, every candidate judged: 65k tokens), rounded; the store's weight is set to
 # the outputs' (the same kind of evidence: other requests' answers).
@@ -50,7 +63,8 @@ def log_table(size: int) -> np.ndarray:
 
 @nb.njit(cache=True)
 def token_features(source, match, counts, members, size, logs, out):
-    """The features of one path's tokens (tests/drafters/reference.py's token_features); logs[k] = log(k) (the shares are counts
+    """The features of one path's tokens (tests/drafters/reference.py's token_features); logs[k] = log(k) (the shares
+    are counts
     over members, so every logarithm is of an integer: a table lookup). `agreed` and
     `bigram_top1` start at 0 (the step marks agreement; the batched drafter has no bigram table)."""
     for j in range(size):

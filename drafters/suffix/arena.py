@@ -1,6 +1,7 @@
 """Other requests' outputs, finished or in flight (the `outputs` source): a bounded arena of their
 tokens, indexed by q-gram (state.py says the layout). Each request writes into a segment reserved
 when it starts; past the arena's capacity the oldest finished segments are forgotten (compact)."""
+
 from __future__ import annotations
 
 import numba as nb
@@ -71,7 +72,7 @@ def compact(arena, heads, prev, slots, docs, counters, min_q, max_q):
     kept = 0
     for d in range(keep_from, counters[DOCS]):
         start, length = docs[d, 0], docs[d, 1]
-        arena[used:used + length] = old[start:start + length]
+        arena[used : used + length] = old[start : start + length]
         docs[kept, 0], docs[kept, 1] = used, length
         kept += 1
         for end in range(used + 1, used + length + 1):
@@ -82,7 +83,7 @@ def compact(arena, heads, prev, slots, docs, counters, min_q, max_q):
     for s in range(slots.shape[0]):
         if slots[s, ACTIVE]:
             start, written = slots[s, START], slots[s, WRITTEN]
-            arena[used:used + written] = old[start:start + written]
+            arena[used : used + written] = old[start : start + written]
             slots[s, START] = used
             for end in range(used + 1, used + written + 1):
                 for q in range(min_q, min(max_q, end - used) + 1):
@@ -112,8 +113,23 @@ def finish_segment(slots, docs, counters, pending_count, s):
 
 
 @nb.njit(cache=True)
-def output_rows(arena, heads, prev, values, n, w, own_start, own_end, min_q, max_q, max_match,
-                 max_occurrences, rows, row_lengths, ends):
+def output_rows(
+    arena,
+    heads,
+    prev,
+    values,
+    n,
+    w,
+    own_start,
+    own_end,
+    min_q,
+    max_q,
+    max_match,
+    max_occurrences,
+    rows,
+    row_lengths,
+    ends,
+):
     """Other requests' generated tokens (finished or in flight): for the longest q (max_q down to
     min_q) whose last-q-token suffix occurs outside the request's own segment, its newest
     max_occurrences occurrences, each extended backwards up to max_match; the tokens after those

@@ -37,6 +37,7 @@ The engine hands over a step's requests as rows of a token array it already hold
 arena segment and its candidates awaiting judgement. All of it is fixed-size numpy arrays: memory
 is bounded and reported (`memory_bytes`); state.py says their layout.
 """
+
 from __future__ import annotations
 
 import time
@@ -49,7 +50,18 @@ import torch
 from drafters.base import PADDING, BatchDrafts, DraftContext, Drafts, not_started, started_twice
 from drafters.budget import DraftingPays, calibrated_gains, empty_calibration
 from drafters.suffix.acceptance import CANDIDATE_COLUMNS, NUM_FEATURES, PRIOR, SOURCES, log_table
-from drafters.suffix.state import CALLS, COUNTERS, LIMIT, PROMPT, SLOT_FIELDS, USED, Settings, State, scratch, settings_values
+from drafters.suffix.state import (
+    CALLS,
+    COUNTERS,
+    LIMIT,
+    PROMPT,
+    SLOT_FIELDS,
+    USED,
+    Settings,
+    State,
+    scratch,
+    settings_values,
+)
 from drafters.suffix.step import step
 from drafters.suffix.store_search import store_ranges
 
@@ -78,19 +90,45 @@ NO_LIMIT = 1 << 62  # the limit of a request whose length is not known (`propose
 
 class BatchSuffixDrafter:
     """A BatchDrafter (drafters/base.py), and a per-request Drafter for the transformers engine."""
+
     strategies = STRATEGIES  # by BatchDrafts.sources
 
-    def __init__(self, w: int, max_q: int, min_q: int, max_match: int = 24, max_occurrences: int = 16,
-                 min_probability: float = 0.1, capacity: int = 1 << 18, store: Datastore | None = None,
-                 prior: np.ndarray = PRIOR, prior_strength: float = 200.0,
-                 refit_every: int = 1024, newton_steps: int = 1, ring: int = 4096, segment_cap: int = 4096,
-                 pad_token: int = 0, store_min_match: int = 0):
-        assert 1 <= min_q <= max_q <= max_match, f"need 1 <= min_q ({min_q}) <= max_q ({max_q}) <= max_match ({max_match})"
+    def __init__(
+        self,
+        w: int,
+        max_q: int,
+        min_q: int,
+        max_match: int = 24,
+        max_occurrences: int = 16,
+        min_probability: float = 0.1,
+        capacity: int = 1 << 18,
+        store: Datastore | None = None,
+        prior: np.ndarray = PRIOR,
+        prior_strength: float = 200.0,
+        refit_every: int = 1024,
+        newton_steps: int = 1,
+        ring: int = 4096,
+        segment_cap: int = 4096,
+        pad_token: int = 0,
+        store_min_match: int = 0,
+    ):
+        assert 1 <= min_q <= max_q <= max_match, (
+            f"need 1 <= min_q ({min_q}) <= max_q ({max_q}) <= max_match ({max_match})"
+        )
         assert w >= 1 and capacity >= 16, f"need w >= 1 and capacity >= 16, got {w}, {capacity}"
         self.w, self.pad_token = w, pad_token
-        self.settings = Settings(min_q, max_q, max_match, max_occurrences, refit_every, newton_steps,
-                                         min(segment_cap, capacity // 4), store_min_match or max_q, min_probability,
-                                         prior_strength)
+        self.settings = Settings(
+            min_q,
+            max_q,
+            max_match,
+            max_occurrences,
+            refit_every,
+            newton_steps,
+            min(segment_cap, capacity // 4),
+            store_min_match or max_q,
+            min_probability,
+            prior_strength,
+        )
         self.logs = log_table(max_match + w + max_occurrences + 2)
         self.arena = np.full(capacity + 1, -1, dtype=np.int32)
         table = 1 << int(np.ceil(np.log2(2 * capacity)))
@@ -127,8 +165,7 @@ class BatchSuffixDrafter:
         """Compiles the step for vLLM's rows of int32 tokens (or loads it from numba's cache) now, at
         the engine's start, not in its first batch (seconds when nothing is cached): a call for no
         request, which changes nothing but the count of calls."""
-        step(self._state, _NONE, _NONE, _ZERO_OFFSETS, _NONE, np.zeros((1, 1), np.int32), _NONE, _NONE, 0,
-                     _NO_COST)
+        step(self._state, _NONE, _NONE, _ZERO_OFFSETS, _NONE, np.zeros((1, 1), np.int32), _NONE, _NONE, 0, _NO_COST)
 
     def __getstate__(self) -> dict:
         """Pickled (the vLLM engine sends the drafter to each tensor-parallel rank's worker): its
@@ -140,7 +177,10 @@ class BatchSuffixDrafter:
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
-        self.store_tokens, self.suffix_array = _read_only(self.store_tokens), _read_only(self.suffix_array)  # (unpickled writable)
+        self.store_tokens, self.suffix_array = (
+            _read_only(self.store_tokens),
+            _read_only(self.suffix_array),
+        )  # (unpickled writable)
         self._views = {}
         self._gather()
         self._compile()
@@ -149,11 +189,14 @@ class BatchSuffixDrafter:
         old = getattr(self, "slots", None)
         held = 0 if old is None else old.shape[0]
         slots = np.zeros((count, SLOT_FIELDS), dtype=np.int64)
-        pending = {"pending_count": np.zeros(count, np.int64), "pending_position": np.zeros((count, PENDING), np.int64),
-                   "pending_length": np.zeros((count, PENDING), np.int64),
-                   "pending_tokens": np.zeros((count, PENDING, self.w), np.int64),
-                   # the features, then the probability given and whether it was the draft (GIVEN, CHOSEN)
-                   "pending_features": np.zeros((count, PENDING, self.w, CANDIDATE_COLUMNS))}
+        pending = {
+            "pending_count": np.zeros(count, np.int64),
+            "pending_position": np.zeros((count, PENDING), np.int64),
+            "pending_length": np.zeros((count, PENDING), np.int64),
+            "pending_tokens": np.zeros((count, PENDING, self.w), np.int64),
+            # the features, then the probability given and whether it was the draft (GIVEN, CHOSEN)
+            "pending_features": np.zeros((count, PENDING, self.w, CANDIDATE_COLUMNS)),
+        }
         if old is not None:
             slots[:held] = old
             for name, new in pending.items():
@@ -166,12 +209,29 @@ class BatchSuffixDrafter:
         """Every compiled call takes the drafter's arrays as one object (State), made again
         when the slots or the output buffers grow."""
         self._state = State(
-            arena=self.arena, heads=self.heads, prev=self.prev, slots=self.slots, docs=self.docs, counters=self.counters,
-            **self.pending, weights=self.weights, prior=self.prior, ring_x=self.ring_x, ring_y=self.ring_y,
-            calibration=self.calibration, store=self.store_tokens, suffix_array=self.suffix_array,
-            store_ranges=self.store_ranges, logs=self.logs, **settings_values(self.settings),
-            out_tokens=self._out.tokens, out_lengths=self._out.lengths, out_confidence=self._out.confidence,
-            out_sources=self._out.sources, **self._scratch)
+            arena=self.arena,
+            heads=self.heads,
+            prev=self.prev,
+            slots=self.slots,
+            docs=self.docs,
+            counters=self.counters,
+            **self.pending,
+            weights=self.weights,
+            prior=self.prior,
+            ring_x=self.ring_x,
+            ring_y=self.ring_y,
+            calibration=self.calibration,
+            store=self.store_tokens,
+            suffix_array=self.suffix_array,
+            store_ranges=self.store_ranges,
+            logs=self.logs,
+            **settings_values(self.settings),
+            out_tokens=self._out.tokens,
+            out_lengths=self._out.lengths,
+            out_confidence=self._out.confidence,
+            out_sources=self._out.sources,
+            **self._scratch,
+        )
 
     def start(self, key, prompt_length: int, limit: int) -> None:
         """A request begins (drafters/base.py BatchDrafter): a slot for it; its arena segment is
@@ -191,8 +251,15 @@ class BatchSuffixDrafter:
             raise not_started([key])
         self.finished.append((slot, list(generated)))
 
-    def step(self, keys, tokens: np.ndarray, rows: np.ndarray, lengths: np.ndarray,
-             step_cost: np.ndarray | None = None, width: int | None = None) -> BatchDrafts:
+    def step(
+        self,
+        keys,
+        tokens: np.ndarray,
+        rows: np.ndarray,
+        lengths: np.ndarray,
+        step_cost: np.ndarray | None = None,
+        width: int | None = None,
+    ) -> BatchDrafts:
         """Drafts for one engine step (drafters/base.py BatchDrafter), of at most `width` tokens
         (default: the drafter's w). step_cost None: no budget, only the confidence cut."""
         batch = len(keys)
@@ -208,13 +275,23 @@ class BatchSuffixDrafter:
         drafting = step_cost is None or self.pays.drafting()  # not drafting: only take in the new tokens
         started = time.perf_counter() if step_cost is not None else 0.0
         finished, flat, offsets = self._take_finished() if self.finished else (_NONE, _NONE, _ZERO_OFFSETS)
-        step(self._state, finished, flat, offsets, request_slots, tokens, rows, lengths,
-                     (self.w if width is None else width) if drafting else 0,
-                     _NO_COST if step_cost is None else np.asarray(step_cost, dtype=np.float64))
+        step(
+            self._state,
+            finished,
+            flat,
+            offsets,
+            request_slots,
+            tokens,
+            rows,
+            lengths,
+            (self.w if width is None else width) if drafting else 0,
+            _NO_COST if step_cost is None else np.asarray(step_cost, dtype=np.float64),
+        )
         if step_cost is not None and drafting:  # (the step compiled when the drafter was made: this is its time)
             expected = float(out.confidence[self._positions < out.lengths[:, None]].sum())
-            self.pays.observe(expected, int(out.lengths.sum()), batch, np.asarray(step_cost),
-                              time.perf_counter() - started)
+            self.pays.observe(
+                expected, int(out.lengths.sum()), batch, np.asarray(step_cost), time.perf_counter() - started
+            )
         return out
 
     def _buffers(self, batch: int) -> tuple[BatchDrafts, np.ndarray]:
@@ -224,8 +301,9 @@ class BatchSuffixDrafter:
             self._out = BatchDrafts.zeros(size, self.w)
             self._views.clear()
             self._gather()
-        out = BatchDrafts(*(array[:batch] for array in (self._out.tokens, self._out.lengths, self._out.confidence,
-                                                         self._out.sources)))
+        out = BatchDrafts(
+            *(array[:batch] for array in (self._out.tokens, self._out.lengths, self._out.confidence, self._out.sources))
+        )
         self._views[batch] = out, np.zeros(batch, np.int64)
         return self._views[batch]
 
@@ -253,8 +331,17 @@ class BatchSuffixDrafter:
 
     def memory_bytes(self) -> int:
         """The drafter's own arrays (the store, shared read-only, left out)."""
-        arrays = (self.arena, self.heads, self.prev, self.docs, self.slots, *self.pending.values(), self.ring_x, self.ring_y,
-                  self.store_ranges)
+        arrays = (
+            self.arena,
+            self.heads,
+            self.prev,
+            self.docs,
+            self.slots,
+            *self.pending.values(),
+            self.ring_x,
+            self.ring_y,
+            self.store_ranges,
+        )
         return sum(array.nbytes for array in arrays)
 
     # -- one request at a time (the Drafter protocol, for the transformers engine) -----------------
@@ -267,14 +354,18 @@ class BatchSuffixDrafter:
         if key not in self.slot_of:  # its tokens when first seen are its prompt; its length unknown:
             self.start(key, n, NO_LIMIT)  # its segment as long as any, its drafts bounded by w alone
             weakref.finalize(context, self._forget, key)
-        drafts = self.step([key], np.asarray(context.tokens, dtype=np.int32)[None, :], np.zeros(1), np.array([n]),
-                           width=min(w, self.w))
+        drafts = self.step(
+            [key], np.asarray(context.tokens, dtype=np.int32)[None, :], np.zeros(1), np.array([n]), width=min(w, self.w)
+        )
         length = int(drafts.lengths[0])
         rows = [drafts.tokens[0, :length].tolist() + [self.pad_token] * (w - length)] + [[self.pad_token] * w] * (k - 1)
         strategy = STRATEGIES[drafts.sources[0]] if length else PADDING
-        return Drafts(tokens=torch.tensor(rows, dtype=torch.long).reshape(k, w), strategies=(strategy,) + (PADDING,) * (k - 1),
-                      lengths=(length,) + (0,) * (k - 1),
-                      confidence=(tuple(drafts.confidence[0, :length].tolist()),) + ((),) * (k - 1))
+        return Drafts(
+            tokens=torch.tensor(rows, dtype=torch.long).reshape(k, w),
+            strategies=(strategy,) + (PADDING,) * (k - 1),
+            lengths=(length,) + (0,) * (k - 1),
+            confidence=(tuple(drafts.confidence[0, :length].tolist()),) + ((),) * (k - 1),
+        )
 
     def _forget(self, key: int) -> None:
         if key in self.slot_of:

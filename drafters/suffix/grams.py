@@ -1,5 +1,6 @@
 """q-grams hashed for open-addressing tables: the outputs' index (arena.py) and the store's ranges
 (store_search.py) look a gram up by its FNV-1a hash and compare it where it occurs."""
+
 from __future__ import annotations
 
 import numba as nb

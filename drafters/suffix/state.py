@@ -18,6 +18,7 @@ Layout of the arrays (drafter.py's BatchSuffixDrafter makes them):
   the probability they were given (drafters/budget.py), what the budget weighs them by;
 - store, suffix_array, store_ranges: earlier runs' outputs (store_search.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -40,6 +41,7 @@ COUNTERS = 5
 @dataclass(frozen=True)
 class Settings:
     """The drafter's settings, as the compiled step reads them (fields of the State)."""
+
     min_q: int  # shortest match drafted from (context and outputs)
     max_q: int  # longest q-gram the outputs index holds
     max_match: int  # longest match looked for
@@ -54,13 +56,46 @@ class Settings:
 
 # The State's fields, in order, written here once: the arrays (the layout above), the settings, a
 # step's outputs ([B', w] ...: the drafts in rows :B) and its working arrays (`scratch`).
-ARRAYS = ("arena", "heads", "prev", "slots", "docs", "counters", "pending_count", "pending_position", "pending_length",
-          "pending_tokens", "pending_features", "weights", "prior", "ring_x", "ring_y", "calibration", "store",
-          "suffix_array", "store_ranges", "logs")
+ARRAYS = (
+    "arena",
+    "heads",
+    "prev",
+    "slots",
+    "docs",
+    "counters",
+    "pending_count",
+    "pending_position",
+    "pending_length",
+    "pending_tokens",
+    "pending_features",
+    "weights",
+    "prior",
+    "ring_x",
+    "ring_y",
+    "calibration",
+    "store",
+    "suffix_array",
+    "store_ranges",
+    "logs",
+)
 OUTPUTS_FIELDS = ("out_tokens", "out_lengths", "out_confidence", "out_sources")
-SCRATCH = ("rows", "row_lengths", "ends", "tally", "alive", "paths", "path_lengths", "members", "counts", "features",
-           "confidence", "queued")
-STATE_FIELDS = ARRAYS + tuple(f.name for f in fields(Settings)) + OUTPUTS_FIELDS + tuple(f"scratch_{n}" for n in SCRATCH)
+SCRATCH = (
+    "rows",
+    "row_lengths",
+    "ends",
+    "tally",
+    "alive",
+    "paths",
+    "path_lengths",
+    "members",
+    "counts",
+    "features",
+    "confidence",
+    "queued",
+)
+STATE_FIELDS = (
+    ARRAYS + tuple(f.name for f in fields(Settings)) + OUTPUTS_FIELDS + tuple(f"scratch_{n}" for n in SCRATCH)
+)
 
 
 @structref.register
@@ -98,10 +133,18 @@ def scratch(max_occurrences: int, w: int) -> dict[str, np.ndarray]:
     """A step's working arrays (the State's scratch_*), made once: each is written before it is read."""
     occurrences = max(max_occurrences, 1)
     sources = len(SOURCES)
-    arrays = {"rows": np.zeros((occurrences, w), np.int64), "row_lengths": np.zeros(occurrences, np.int64),
-              "ends": np.zeros(occurrences, np.int64), "tally": np.zeros(occurrences, np.int64),
-              "alive": np.zeros(occurrences, np.int64), "paths": np.zeros((sources, w), np.int64),
-              "path_lengths": np.zeros(sources, np.int64), "members": np.zeros(w, np.int64),
-              "counts": np.zeros(w, np.int64), "features": np.zeros((sources, w, CANDIDATE_COLUMNS)),
-              "confidence": np.zeros((sources, w)), "queued": np.zeros(sources, np.int64)}
+    arrays = {
+        "rows": np.zeros((occurrences, w), np.int64),
+        "row_lengths": np.zeros(occurrences, np.int64),
+        "ends": np.zeros(occurrences, np.int64),
+        "tally": np.zeros(occurrences, np.int64),
+        "alive": np.zeros(occurrences, np.int64),
+        "paths": np.zeros((sources, w), np.int64),
+        "path_lengths": np.zeros(sources, np.int64),
+        "members": np.zeros(w, np.int64),
+        "counts": np.zeros(w, np.int64),
+        "features": np.zeros((sources, w, CANDIDATE_COLUMNS)),
+        "confidence": np.zeros((sources, w)),
+        "queued": np.zeros(sources, np.int64),
+    }
     return {f"scratch_{name}": arrays[name] for name in SCRATCH}

@@ -8,6 +8,7 @@ earlier candidates against them (the acceptance model learns and refits), draft 
 sources, mark their agreement, score and queue the candidates and write the best; last, cut the
 batch's drafts to the step's budget. drafter.py holds the state; state.py says its layout.
 """
+
 from __future__ import annotations
 
 import numba as nb
@@ -16,8 +17,19 @@ import numpy as np
 from drafters.budget import allocate, calibrated_gains, calibration_bin, calibration_depth
 from drafters.suffix.acceptance import CHOSEN, FEATURE, GIVEN, NUM_FEATURES, SOURCES, fit, sigmoid, token_features
 from drafters.suffix.arena import append_token, finish_segment, output_rows, reserve_segment
-from drafters.suffix.state import (ACTIVE, CALLS, JUDGED, LIMIT, PROMPT, RESERVED, SEEN, SINCE_FIT, START,
-                                   STORE_LO, STORE_MATCH)
+from drafters.suffix.state import (
+    ACTIVE,
+    CALLS,
+    JUDGED,
+    LIMIT,
+    PROMPT,
+    RESERVED,
+    SEEN,
+    SINCE_FIT,
+    START,
+    STORE_LO,
+    STORE_MATCH,
+)
 from drafters.suffix.store_search import store_rows
 
 CONTEXT, OUTPUTS, STORE = range(len(SOURCES))
@@ -32,8 +44,13 @@ def context_rows(values, n, w, min_q, max_match, max_occurrences, rows, row_leng
     end = n - 1
     while end > 0:
         # most ends do not follow the last token: skip them four at a time (half the scan's time)
-        while end > 4 and values[end - 1] != last and values[end - 2] != last and values[end - 3] != last \
-                and values[end - 4] != last:
+        while (
+            end > 4
+            and values[end - 1] != last
+            and values[end - 2] != last
+            and values[end - 3] != last
+            and values[end - 4] != last
+        ):
             end -= 4
         length = 0
         while length < max_match and length < end and values[end - 1 - length] == values[n - 1 - length]:
@@ -53,7 +70,8 @@ def context_rows(values, n, w, min_q, max_match, max_occurrences, rows, row_leng
 
 @nb.njit(cache=True)
 def majority_path(rows, row_lengths, count, w, path, shares, counts, scratch, alive):
-    """The majority path of rows[:count] (tests/drafters/reference.py's majority_path): at each depth the most frequent next
+    """The majority path of rows[:count] (tests/drafters/reference.py's majority_path): at each depth the most
+    frequent next
     token (ties: the smallest id) of the rows that follow the path so far, how many have it
     (counts) and of how many (shares: the share's denominator; the first depth counts one unseen
     row too). Returns the path's length. alive[:members]: the rows that follow the path so far."""
@@ -158,8 +176,15 @@ def step(state, finished, finished_tokens, finished_offsets, request_slots, toke
         _start(state, s, n)
         store_bound = _take_in(state, s, values, n)
         if _judge(state, s, values, n) and state.counters[SINCE_FIT] >= state.refit_every:
-            fit(state.weights, state.prior, state.ring_x, state.ring_y, min(state.counters[JUDGED], state.ring_y.shape[0]),
-                 state.prior_strength, state.newton_steps)
+            fit(
+                state.weights,
+                state.prior,
+                state.ring_x,
+                state.ring_y,
+                min(state.counters[JUDGED], state.ring_y.shape[0]),
+                state.prior_strength,
+                state.newton_steps,
+            )
             state.counters[SINCE_FIT] = 0
         w = min(max_w, state.slots[s, LIMIT] - n - 1)
         if w <= 0 or n == 0:  # nothing to draft; the store was not searched: no bound next time
@@ -186,7 +211,9 @@ def _retire(state, finished, finished_tokens, finished_offsets):
         if slots[s, ACTIVE]:
             taken = slots[s, SEEN] - slots[s, PROMPT]
             for j in range(finished_offsets[i] + max(taken, 0), finished_offsets[i + 1]):
-                append_token(state.arena, state.heads, state.prev, slots, s, finished_tokens[j], state.min_q, state.max_q)
+                append_token(
+                    state.arena, state.heads, state.prev, slots, s, finished_tokens[j], state.min_q, state.max_q
+                )
         finish_segment(slots, state.docs, state.counters, state.pending_count, s)
 
 
@@ -203,8 +230,9 @@ def _start(state, s, n):
         slots[s, ACTIVE], slots[s, SEEN] = 1, 0
         slots[s, STORE_MATCH], slots[s, STORE_LO] = state.max_match, -1  # no earlier match known: no bound
         size = min(max(slots[s, LIMIT] - slots[s, PROMPT], 0) + 1, state.segment_cap)
-        reserve_segment(state.arena, state.heads, state.prev, slots, state.docs, state.counters, s, size, state.min_q,
-                 state.max_q)
+        reserve_segment(
+            state.arena, state.heads, state.prev, slots, state.docs, state.counters, s, size, state.min_q, state.max_q
+        )
 
 
 @nb.njit(cache=True, inline="always")  # (a phase of step: compiled into it)
@@ -229,12 +257,39 @@ def _draft_from_sources(state, s, values, n, w, store_bound):
     match, found = context_rows(values, n, w, state.min_q, state.max_match, state.max_occurrences, rows, row_lengths)
     _take_path(state, CONTEXT, match, found, w)
     own_start = state.slots[s, START]  # the request's own segment: its own tokens are the context's
-    match, found = output_rows(state.arena, state.heads, state.prev, values, n, w, own_start,
-                                own_start + state.slots[s, RESERVED], state.min_q, state.max_q, state.max_match,
-                                state.max_occurrences, rows, row_lengths, state.scratch_ends)
+    match, found = output_rows(
+        state.arena,
+        state.heads,
+        state.prev,
+        values,
+        n,
+        w,
+        own_start,
+        own_start + state.slots[s, RESERVED],
+        state.min_q,
+        state.max_q,
+        state.max_match,
+        state.max_occurrences,
+        rows,
+        row_lengths,
+        state.scratch_ends,
+    )
     _take_path(state, OUTPUTS, match, found, w)
-    match, found = store_rows(state.store, state.suffix_array, state.store_ranges, values, n, w, state.store_min_match,
-                               state.max_match, state.max_occurrences, rows, row_lengths, store_bound, state.slots[s])
+    match, found = store_rows(
+        state.store,
+        state.suffix_array,
+        state.store_ranges,
+        values,
+        n,
+        w,
+        state.store_min_match,
+        state.max_match,
+        state.max_occurrences,
+        rows,
+        row_lengths,
+        store_bound,
+        state.slots[s],
+    )
     state.slots[s, STORE_MATCH] = match
     _take_path(state, STORE, match, found, w)
 
@@ -242,13 +297,26 @@ def _draft_from_sources(state, s, values, n, w, store_bound):
 @nb.njit(cache=True, inline="always")  # (a phase of step: compiled into it)
 def _take_path(state, source, match, found, w):
     """The majority path of a source's `found` rows (a `match`-token match) and its features."""
-    size = majority_path(state.scratch_rows, state.scratch_row_lengths, found, w, state.scratch_paths[source],
-                          state.scratch_members, state.scratch_counts, state.scratch_tally,
-                          state.scratch_alive) if found else 0
+    size = (
+        majority_path(
+            state.scratch_rows,
+            state.scratch_row_lengths,
+            found,
+            w,
+            state.scratch_paths[source],
+            state.scratch_members,
+            state.scratch_counts,
+            state.scratch_tally,
+            state.scratch_alive,
+        )
+        if found
+        else 0
+    )
     state.scratch_path_lengths[source] = size
     if size:
-        token_features(source, match, state.scratch_counts, state.scratch_members, size, state.logs,
-                  state.scratch_features[source])
+        token_features(
+            source, match, state.scratch_counts, state.scratch_members, size, state.logs, state.scratch_features[source]
+        )
 
 
 @nb.njit(cache=True, inline="always")  # (a phase of step: compiled into it)

@@ -2,6 +2,7 @@
 array): the longest suffix of a context that occurs in the store, found by binary search in the
 suffix array, and the tokens after its occurrences. The one search of the store: the suffix drafter's
 step calls it per request, the retrieval drafter (REST) through `longest_match` and `continuations`."""
+
 from __future__ import annotations
 
 import numba as nb
@@ -62,8 +63,11 @@ def fill_ranges(store, suffix_array, q, table):
         start = suffix_array[i]
         j = i + 1
         if gram_at(store, start, q):
-            while j < size and gram_at(store, suffix_array[j], q) \
-                    and same_gram(store, start + q, store, suffix_array[j] + q, q):
+            while (
+                j < size
+                and gram_at(store, suffix_array[j], q)
+                and same_gram(store, start + q, store, suffix_array[j] + q, q)
+            ):
                 j += 1
             grams += 1
             if table.shape[0]:
@@ -123,8 +127,9 @@ def end_of_range(store, suffix_array, values, lo, hi, first):
 
 
 @nb.njit(cache=True)
-def store_rows(store, suffix_array, ranges, values, n, w, min_q, max_match, max_occurrences, rows, row_lengths, bound,
-                slot):
+def store_rows(
+    store, suffix_array, ranges, values, n, w, min_q, max_match, max_occurrences, rows, row_lengths, bound, slot
+):
     """Earlier runs' outputs (drafters/datastore.py): the longest suffix (min_q..max_match tokens)
     that occurs, and the w tokens after max_occurrences of its occurrences spread evenly over its
     suffix-array range (cut at a document's end). `bound`: a length the match cannot pass (if the

@@ -21,6 +21,7 @@ so that drifts fall on all alike. Each writes its report as JSON (--out) and a m
   any batch size, no model, and a projection of tokens/s on a GPU or this CPU;
 - gpu-step, host-step, host-speed: one engine step's parts, measured where they run (micro/).
 """
+
 from __future__ import annotations
 
 

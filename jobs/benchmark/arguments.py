@@ -1,4 +1,5 @@
 """Options several subcommands share."""
+
 from __future__ import annotations
 
 import argparse
@@ -7,9 +8,12 @@ from pipeline.config import ModelConfig
 
 
 def add_prompt_args(parser: argparse.ArgumentParser, limit: int = 40, max_new_tokens: int = 128) -> None:
-    parser.add_argument("--dataset", default="humaneval",
-                        help="humaneval, gsm8k, sharegpt, a corpus task (corpus-extract-json, corpus-rewrite-code, "
-                             "corpus-edit-text, corpus-summarize) or a JSONL file with a 'prompt' per line")
+    parser.add_argument(
+        "--dataset",
+        default="humaneval",
+        help="humaneval, gsm8k, sharegpt, a corpus task (corpus-extract-json, corpus-rewrite-code, "
+        "corpus-edit-text, corpus-summarize) or a JSONL file with a 'prompt' per line",
+    )
     parser.add_argument("--limit", type=int, default=limit, help="prompts")
     parser.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
     parser.add_argument("--model", default=ModelConfig().name)

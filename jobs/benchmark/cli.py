@@ -1,6 +1,7 @@
 """The benchmark's command line, `python -m jobs.benchmark SUBCOMMAND [options]`, as `vllm bench`
 has it: one module per subcommand, each with its own options (`add_cli_args`), its run (`run`,
 returning the report) and its table (`markdown`); one writer for every report (report.py)."""
+
 from __future__ import annotations
 
 import argparse
@@ -31,16 +32,22 @@ SUBCOMMANDS = {
 def parser(prog: str = "python -m jobs.benchmark") -> argparse.ArgumentParser:
     import jobs.benchmark
 
-    top = argparse.ArgumentParser(prog=prog, description=jobs.benchmark.__doc__,
-                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    top = argparse.ArgumentParser(
+        prog=prog, description=jobs.benchmark.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     subcommands = top.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
     for name, module_name in SUBCOMMANDS.items():
         module = importlib.import_module(module_name)
-        sub = subcommands.add_parser(name, help=module.__doc__.splitlines()[0], description=module.__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+        sub = subcommands.add_parser(
+            name,
+            help=module.__doc__.splitlines()[0],
+            description=module.__doc__,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         module.add_cli_args(sub)
-        sub.add_argument("--out", default=f"{name}.json",
-                         help="the report: JSON here, its markdown table beside it (.md)")
+        sub.add_argument(
+            "--out", default=f"{name}.json", help="the report: JSON here, its markdown table beside it (.md)"
+        )
         sub.set_defaults(module=module_name)
     return top
 

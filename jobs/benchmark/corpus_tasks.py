@@ -9,37 +9,73 @@ copy spans of the input and repeat one shape:
 - `corpus-summarize`: a long text in five bullet points.
 
 The documents are chosen deterministically (file order; the code task's depend on the Python
-version, whose standard library it reads) and each ShareGPT answer serves one task only. Datastores built from the sharegpt package (jobs.build_datastore --corpus sharegpt) contain
+version, whose standard library it reads) and each ShareGPT answer serves one task only. Datastores built from the
+sharegpt package (jobs.build_datastore --corpus sharegpt) contain
 these answers: do not pair the two in a measurement.
 """
+
 from __future__ import annotations
 
 import ast
 import sysconfig
 import textwrap
 from pathlib import Path
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 from pipeline.config.package_data import json_list_records, sharegpt_path
 
-EXTRACT_JSON = ('Extract every person, organization, place, date and number mentioned in the text below. Answer '
-                'with JSON only, in this form: {"people": [], "organizations": [], "places": [], "dates": [], '
-                '"numbers": []}.\n\nText:\n')
+EXTRACT_JSON = (
+    "Extract every person, organization, place, date and number mentioned in the text below. Answer "
+    'with JSON only, in this form: {"people": [], "organizations": [], "places": [], "dates": [], '
+    '"numbers": []}.\n\nText:\n'
+)
 # The answer's form as a JSON schema, for runs that constrain it (vLLM's structured_outputs).
-EXTRACT_JSON_SCHEMA = {"type": "object", "additionalProperties": False,
-                       "required": ["people", "organizations", "places", "dates", "numbers"],
-                       "properties": {key: {"type": "array", "items": {"type": "string"}}
-                                      for key in ("people", "organizations", "places", "dates", "numbers")}}
-REWRITE_CODE = ("Rewrite this Python function with type hints and a docstring. Keep its name, its logic and its "
-                "comments unchanged. Answer with the code only.\n\n```python\n")
-EDIT_TEXT = ("Correct the spelling and grammar of the text below. Keep its wording, structure and formatting "
-             "otherwise unchanged. Answer with the corrected text only.\n\nText:\n")
+EXTRACT_JSON_SCHEMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["people", "organizations", "places", "dates", "numbers"],
+    "properties": {
+        key: {"type": "array", "items": {"type": "string"}}
+        for key in ("people", "organizations", "places", "dates", "numbers")
+    },
+}
+REWRITE_CODE = (
+    "Rewrite this Python function with type hints and a docstring. Keep its name, its logic and its "
+    "comments unchanged. Answer with the code only.\n\n```python\n"
+)
+EDIT_TEXT = (
+    "Correct the spelling and grammar of the text below. Keep its wording, structure and formatting "
+    "otherwise unchanged. Answer with the corrected text only.\n\nText:\n"
+)
 SUMMARIZE = "Summarize the text below in five bullet points.\n\nText:\n"
 
 # The standard-library modules whose functions the code task rewrites (sorted, so the order is fixed).
-STDLIB_MODULES = ("argparse", "base64", "bisect", "calendar", "csv", "difflib", "fnmatch", "fractions", "glob",
-                  "gzip", "heapq", "ipaddress", "json/decoder", "json/encoder", "pathlib", "shlex", "shutil",
-                  "statistics", "string", "textwrap", "tokenize", "urllib/parse", "uuid", "zipfile")
+STDLIB_MODULES = (
+    "argparse",
+    "base64",
+    "bisect",
+    "calendar",
+    "csv",
+    "difflib",
+    "fnmatch",
+    "fractions",
+    "glob",
+    "gzip",
+    "heapq",
+    "ipaddress",
+    "json/decoder",
+    "json/encoder",
+    "pathlib",
+    "shlex",
+    "shutil",
+    "statistics",
+    "string",
+    "textwrap",
+    "tokenize",
+    "urllib/parse",
+    "uuid",
+    "zipfile",
+)
 
 
 def sharegpt_answers(task_index: int, tasks: int, low: int, high: int) -> Iterator[tuple[str, str]]:

@@ -1,12 +1,13 @@
 """The benchmark's prompts: the job's named inputs (humaneval, gsm8k), ShareGPT's first human
 turns, the corpus tasks (jobs/benchmark/corpus_tasks.py) or a JSONL file; and a prompt's token ids
 by the stage's one prompt rule (pipeline/llm/stage.py), as a job's row gets them."""
+
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 from jobs.benchmark.corpus_tasks import corpus_texts
 from pipeline.config.package_data import BUILTIN_DATASETS, builtin_prompts, json_list_records, sharegpt_path

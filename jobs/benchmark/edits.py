@@ -3,7 +3,8 @@
     python -m jobs.benchmark edits --dataset corpus-rewrite-code --limit 32 --max-new-tokens 128 --batch 1,16
 
 The corpus is run once (plain vLLM, greedy): those are the rows' last outputs. Then every document
-is edited (a line a third of the way in extended, a line two thirds of the way in deleted) and the edited corpus is generated again, as a series regenerates its changed rows
+is edited (a line a third of the way in extended, a line two thirds of the way in deleted) and the edited corpus is
+generated again, as a series regenerates its changed rows
 (pipeline/job/series.py), by: vLLM plain; vLLM's `suffix` (arctic-inference, where installed: its
 cache starts empty, as in a new process, and learns from the rows as they finish); ours (the
 default drafter) without the last outputs; and ours with each row's last output as its
@@ -20,6 +21,7 @@ job's column names), DIR/earlier (the corpus as it was) and DIR/<kind> for each 
 edited corpus), so that `replay DIR/<kind> --predictions DIR/earlier` replays the changed rows
 drafted from their last output (jobs/benchmark/replay.py).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,17 +45,31 @@ def add_cli_args(parser) -> None:
     parser.set_defaults(dataset="corpus-rewrite-code")
     parser.add_argument("--batch", type=integers, default=[1, 16], help="requests per call, comma-separated")
     parser.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16"))
-    parser.add_argument("--edit", type=edit_kinds, default=["line"],
-                        help=f"what each document's edit touches: one of {', '.join(EDITS)} (with --write-runs, "
-                             "several, comma-separated)")
-    parser.add_argument("--short-drafts", action="store_true",
-                        help="also ours on an engine started with engine.prediction_w=0 (predictions draft at most "
-                             "decoder.w tokens), with and without the last outputs")
-    parser.add_argument("--new-rows", action="store_true",
-                        help="also generate `--limit` new documents with and without the store of the earlier run")
-    parser.add_argument("--write-runs", default="", metavar="DIR",
-                        help="instead of comparing methods: plain vLLM's earlier run and edited runs as Parquet in "
-                             "DIR/earlier and DIR/<edit kind>, for `replay DIR/<kind> --predictions DIR/earlier`")
+    parser.add_argument(
+        "--edit",
+        type=edit_kinds,
+        default=["line"],
+        help=f"what each document's edit touches: one of {', '.join(EDITS)} (with --write-runs, "
+        "several, comma-separated)",
+    )
+    parser.add_argument(
+        "--short-drafts",
+        action="store_true",
+        help="also ours on an engine started with engine.prediction_w=0 (predictions draft at most "
+        "decoder.w tokens), with and without the last outputs",
+    )
+    parser.add_argument(
+        "--new-rows",
+        action="store_true",
+        help="also generate `--limit` new documents with and without the store of the earlier run",
+    )
+    parser.add_argument(
+        "--write-runs",
+        default="",
+        metavar="DIR",
+        help="instead of comparing methods: plain vLLM's earlier run and edited runs as Parquet in "
+        "DIR/earlier and DIR/<edit kind>, for `replay DIR/<kind> --predictions DIR/earlier`",
+    )
 
 
 EDITS = ("line", "field", "paragraph")
@@ -84,7 +100,7 @@ def edit(prompt: str, kind: str = "line") -> str:
         elif kind == "field":
             body = changed_field(body, third)
         else:
-            body[third:third + 5] = ["(This part was rewritten.)\n"]
+            body[third : third + 5] = ["(This part was rewritten.)\n"]
     return "".join(lines[:start] + body)
 
 
@@ -95,7 +111,7 @@ def changed_field(body: list[str], first: int) -> list[str]:
     for i in range(first, len(body)):
         match = re.search(r"\d+", body[i])
         if match:
-            body[i] = body[i][:match.start()] + str(int(match.group()) + 1) + body[i][match.end():]
+            body[i] = body[i][: match.start()] + str(int(match.group()) + 1) + body[i][match.end() :]
             return body
     body[first] = body[first].rstrip("\n") + " (v2)\n"
     return body
@@ -115,36 +131,56 @@ def run(args) -> dict:
 
     names = ["plain", OURS] + (["vllm_suffix"] if importlib.util.find_spec("arctic_inference") else [])
     methods = {method.name: method for method in parse_methods(",".join(names), "vllm")}
-    base = [f"model.name={json.dumps(args.model)}", f"model.dtype={args.dtype}", "engine.cpu_kv_cache_gib=1",
-            f"decoder.max_new_tokens={args.max_new_tokens}"]
-    engines = {name: engine for (method, _), engine in build_engines(base, list(methods.values()), args.batch).items()
-               for name in [method.name]}
+    base = [
+        f"model.name={json.dumps(args.model)}",
+        f"model.dtype={args.dtype}",
+        "engine.cpu_kv_cache_gib=1",
+        f"decoder.max_new_tokens={args.max_new_tokens}",
+    ]
+    engines = {
+        name: engine
+        for (method, _), engine in build_engines(base, list(methods.values()), args.batch).items()
+        for name in [method.name]
+    }
     engines[PREDICTED] = engines[OURS]
     if args.short_drafts:
         short = next(iter(build_engines([*base, "engine.prediction_w=0"], [methods[OURS]], args.batch).values()))
         engines[SHORT], engines[SHORT_PREDICTED] = short, short
     everything = load_prompts(args.dataset, 2 * args.limit if args.new_rows else args.limit)
-    prompts, new_prompts = everything[:args.limit], everything[args.limit:]
+    prompts, new_prompts = everything[: args.limit], everything[args.limit :]
     tokenizer = engines["plain"].tokenizer
-    original = [Request(p.request_id, encode_prompt(tokenizer, p.prompt, p.request_id), args.max_new_tokens)
-                for p in prompts]
+    original = [
+        Request(p.request_id, encode_prompt(tokenizer, p.prompt, p.request_id), args.max_new_tokens) for p in prompts
+    ]
     last = [r.token_ids for r in engines["plain"].generate(original)]  # the series' earlier run
-    edited = [Request(p.request_id, encode_prompt(tokenizer, edit(p.prompt, kind), p.request_id), args.max_new_tokens)
-              for p in prompts]
+    edited = [
+        Request(p.request_id, encode_prompt(tokenizer, edit(p.prompt, kind), p.request_id), args.max_new_tokens)
+        for p in prompts
+    ]
     requests = {name: edited for name in engines}
     for name in (PREDICTED, SHORT_PREDICTED):
-        requests[name] = [Request(r.request_id, r.prompt_ids, r.max_new_tokens, prediction=tuple(ids))
-                          for r, ids in zip(edited, last)]
+        requests[name] = [
+            Request(r.request_id, r.prompt_ids, r.max_new_tokens, prediction=tuple(ids)) for r, ids in zip(edited, last)
+        ]
     # Each batch size on its own prompts: the suffix methods remember what they have generated.
     share = len(prompts) // len(args.batch)
-    rows = [{**row, "rows": "changed"} for i, batch in enumerate(args.batch) for row in compare(
-        engines, {name: rs[i * share:(i + 1) * share] for name, rs in requests.items()}, batch)]
+    rows = [
+        {**row, "rows": "changed"}
+        for i, batch in enumerate(args.batch)
+        for row in compare(engines, {name: rs[i * share : (i + 1) * share] for name, rs in requests.items()}, batch)
+    ]
     if new_prompts:
         rows += new_rows(args, base, {"plain": engines["plain"], OURS: engines[OURS]}, last, new_prompts)
-    return {"dataset": args.dataset, "edit": kind, "model": args.model, "prompts": len(prompts),
-            "max_new_tokens": args.max_new_tokens,
-            "prompts_per_batch_size": share, "new_prompts": len(new_prompts), "runs": [
-                {key: value for key, value in row.items() if key != "outputs"} for row in rows]}
+    return {
+        "dataset": args.dataset,
+        "edit": kind,
+        "model": args.model,
+        "prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "prompts_per_batch_size": share,
+        "new_prompts": len(new_prompts),
+        "runs": [{key: value for key, value in row.items() if key != "outputs"} for row in rows],
+    }
 
 
 def write_runs(args) -> dict:
@@ -156,14 +192,24 @@ def write_runs(args) -> dict:
     from jobs.benchmark.datasets import encode_prompt, load_prompts
     from jobs.benchmark.engines import build_engines, parse_methods
 
-    base = [f"model.name={json.dumps(args.model)}", f"model.dtype={args.dtype}", "engine.cpu_kv_cache_gib=1",
-            f"decoder.max_new_tokens={args.max_new_tokens}"]
+    base = [
+        f"model.name={json.dumps(args.model)}",
+        f"model.dtype={args.dtype}",
+        "engine.cpu_kv_cache_gib=1",
+        f"decoder.max_new_tokens={args.max_new_tokens}",
+    ]
     plain = next(iter(build_engines(base, parse_methods("plain", "vllm"), args.batch).values()))
     prompts = load_prompts(args.dataset, args.limit)
     written = {}
     for kind in ["earlier", *args.edit]:
-        requests = [Request(p.request_id, encode_prompt(plain.tokenizer, p.prompt if kind == "earlier" else edit(p.prompt, kind),
-                                                        p.request_id), args.max_new_tokens) for p in prompts]
+        requests = [
+            Request(
+                p.request_id,
+                encode_prompt(plain.tokenizer, p.prompt if kind == "earlier" else edit(p.prompt, kind), p.request_id),
+                args.max_new_tokens,
+            )
+            for p in prompts
+        ]
         began = time.perf_counter()
         results = plain.generate(requests)  # max(--batch) running at once
         seconds = time.perf_counter() - began
@@ -172,14 +218,31 @@ def write_runs(args) -> dict:
             raise SystemExit(f"--write-runs: {len(failed)} requests failed, the first: {failed[0].message}")
         directory = Path(args.write_runs) / kind
         directory.mkdir(parents=True, exist_ok=True)
-        pq.write_table(pa.table({"id": [str(r.request_id) for r in requests], "prompt_token_ids": [r.prompt_ids for r in requests],
-                                 "generated_tokens": [r.token_ids for r in results],
-                                 "finish_reason": [r.finish_reason for r in results]}), directory / "part-0.parquet")
-        written[kind] = {"path": str(directory), "rows": len(results), "tokens": sum(len(r.token_ids) for r in results),
-                         "seconds": round(seconds, 1)}
+        pq.write_table(
+            pa.table(
+                {
+                    "id": [str(r.request_id) for r in requests],
+                    "prompt_token_ids": [r.prompt_ids for r in requests],
+                    "generated_tokens": [r.token_ids for r in results],
+                    "finish_reason": [r.finish_reason for r in results],
+                }
+            ),
+            directory / "part-0.parquet",
+        )
+        written[kind] = {
+            "path": str(directory),
+            "rows": len(results),
+            "tokens": sum(len(r.token_ids) for r in results),
+            "seconds": round(seconds, 1),
+        }
     plain.close()
-    return {"dataset": args.dataset, "model": args.model, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
-            "runs": [{"run": kind, **entry} for kind, entry in written.items()]}
+    return {
+        "dataset": args.dataset,
+        "model": args.model,
+        "prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "runs": [{"run": kind, **entry} for kind, entry in written.items()],
+    }
 
 
 def new_rows(args, base: list[str], engines: dict, history: list, prompts: list) -> list[dict]:
@@ -197,12 +260,13 @@ def new_rows(args, base: list[str], engines: dict, history: list, prompts: list)
     with_store = next(iter(build_engines([*base, f"decoder.datastore={store}"], [method], args.batch).values()))
     engines = {**engines, HISTORY: with_store}
     tokenizer = engines["plain"].tokenizer
-    requests = [Request(p.request_id, encode_prompt(tokenizer, p.prompt, p.request_id), args.max_new_tokens)
-                for p in prompts]
+    requests = [
+        Request(p.request_id, encode_prompt(tokenizer, p.prompt, p.request_id), args.max_new_tokens) for p in prompts
+    ]
     share = len(prompts) // len(args.batch)
     found = []
     for i, batch in enumerate(args.batch):
-        chunk = requests[i * share:(i + 1) * share]
+        chunk = requests[i * share : (i + 1) * share]
         found += [{**row, "rows": "new"} for row in compare(engines, dict.fromkeys(engines, chunk), batch)]
     with_store.close()
     return found
@@ -213,9 +277,9 @@ def compare(engines: dict, requests: dict, batch: int) -> list[dict]:
     names = list(engines)
     seconds, results = dict.fromkeys(names, 0.0), {name: [] for name in names}
     for call, start in enumerate(range(0, len(requests[names[0]]), batch)):
-        for name in names[call % len(names):] + names[:call % len(names)]:
+        for name in names[call % len(names) :] + names[: call % len(names)]:
             began = time.perf_counter()
-            results[name] += engines[name].generate(requests[name][start:start + batch])
+            results[name] += engines[name].generate(requests[name][start : start + batch])
             seconds[name] += time.perf_counter() - began
     plain = [r.token_ids for r in results["plain"]]
     rows = []
@@ -224,24 +288,44 @@ def compare(engines: dict, requests: dict, batch: int) -> list[dict]:
         calls = sum(r.stats.num_target_calls for r in results[name])
         predicted = sum(r.stats.accepted_prediction_tokens for r in results[name])
         rejected = sum(r.stats.rejected_prediction_tokens for r in results[name])
-        rows.append({"method": name, "batch": batch, "tokens": tokens, "tokens_per_second": round(tokens / seconds[name], 2),
-                     "tokens_per_call": round(tokens / calls, 3), "accepted_prediction_tokens": predicted,
-                     "rejected_prediction_tokens": rejected,
-                     "identical_to_plain": sum(r.token_ids == p for r, p in zip(results[name], plain)),
-                     "outputs": [r.token_ids for r in results[name]]})
+        rows.append(
+            {
+                "method": name,
+                "batch": batch,
+                "tokens": tokens,
+                "tokens_per_second": round(tokens / seconds[name], 2),
+                "tokens_per_call": round(tokens / calls, 3),
+                "accepted_prediction_tokens": predicted,
+                "rejected_prediction_tokens": rejected,
+                "identical_to_plain": sum(r.token_ids == p for r, p in zip(results[name], plain)),
+                "outputs": [r.token_ids for r in results[name]],
+            }
+        )
     for row in rows:
         for reference, column in (("plain", "vs_plain"), ("vllm_suffix", "vs_vllm_suffix"), (OURS, "vs_ours")):
             if reference in engines:
-                row[column] = round(row["tokens_per_second"] / next(
-                    r["tokens_per_second"] for r in rows if r["method"] == reference), 3)
+                row[column] = round(
+                    row["tokens_per_second"] / next(r["tokens_per_second"] for r in rows if r["method"] == reference), 3
+                )
     return rows
 
 
 def markdown(report: dict) -> str:
     if "edit" not in report:  # --write-runs
         return markdown_table(report["runs"])
-    return markdown_table(report["runs"], {"rows": "rows", "method": "method", "batch": "B", "tokens_per_second": "tokens/s",
-                                           "tokens_per_call": "tokens/call", "accepted_prediction_tokens": "prediction accepted",
-                                           "rejected_prediction_tokens": "rejected",
-                                           "identical_to_plain": "rows = plain's", "vs_plain": "vs plain",
-                                           "vs_vllm_suffix": "vs vllm_suffix", "vs_ours": "vs ours"})
+    return markdown_table(
+        report["runs"],
+        {
+            "rows": "rows",
+            "method": "method",
+            "batch": "B",
+            "tokens_per_second": "tokens/s",
+            "tokens_per_call": "tokens/call",
+            "accepted_prediction_tokens": "prediction accepted",
+            "rejected_prediction_tokens": "rejected",
+            "identical_to_plain": "rows = plain's",
+            "vs_plain": "vs plain",
+            "vs_vllm_suffix": "vs vllm_suffix",
+            "vs_ours": "vs ours",
+        },
+    )

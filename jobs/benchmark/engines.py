@@ -20,6 +20,7 @@ own earlier output, and all of them have the same earlier outputs to draw on, as
 Tokens/s are medians over the rounds; outputs are compared with `plain` on the same engine and
 dtype, prompt by prompt.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -42,19 +43,34 @@ VLLM_DEFAULTS = {"vllm_ngram": ("5", ["decoder.ngram_min_q=2", "decoder.ngram_ma
 
 def add_cli_args(parser) -> None:
     add_prompt_args(parser, limit=16)
-    parser.add_argument("--batch", type=integers, default=[1, 16], help="batch sizes: running requests, comma-separated")
+    parser.add_argument(
+        "--batch", type=integers, default=[1, 16], help="batch sizes: running requests, comma-separated"
+    )
     parser.add_argument("--spec", default="batch_suffix:1:auto", help="our methods on vLLM, comma-separated")
-    parser.add_argument("--reference", default="context_ngram:auto:auto",
-                        help="our methods on the transformers engine beside them (\"\": none)")
+    parser.add_argument(
+        "--reference",
+        default="context_ngram:auto:auto",
+        help='our methods on the transformers engine beside them ("": none)',
+    )
     parser.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16"))
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="runs per batch size, each on --limit prompts no earlier run used; tokens/s is the median")
-    parser.add_argument("--per-call", type=int, default=0,
-                        help="requests per generate call (0: the batch size, each call draining from B running "
-                             "requests to 1; a multiple of B keeps B running for most of the call, as a job does)")
-    parser.add_argument("--json-schema", action="store_true",
-                        help="every request carries its corpus task's JSON schema as structured_outputs "
-                             "(corpus-extract-json)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="runs per batch size, each on --limit prompts no earlier run used; tokens/s is the median",
+    )
+    parser.add_argument(
+        "--per-call",
+        type=int,
+        default=0,
+        help="requests per generate call (0: the batch size, each call draining from B running "
+        "requests to 1; a multiple of B keeps B running for most of the call, as a job does)",
+    )
+    parser.add_argument(
+        "--json-schema",
+        action="store_true",
+        help="every request carries its corpus task's JSON schema as structured_outputs (corpus-extract-json)",
+    )
 
 
 @dataclass(frozen=True)
@@ -70,13 +86,24 @@ class Method:
         # A method drafts throughout (engine.speculation on): the comparison is of methods, not of modes.
         if parts[0] in VLLM_DEFAULTS:
             w, extra = VLLM_DEFAULTS[parts[0]]
-            return [f"decoder.drafter={parts[0]}", f"decoder.w={parts[1] if len(parts) > 1 else w}", *extra,
-                    "engine.speculation=on"]
+            return [
+                f"decoder.drafter={parts[0]}",
+                f"decoder.w={parts[1] if len(parts) > 1 else w}",
+                *extra,
+                "engine.speculation=on",
+            ]
         if len(parts) not in (3, 4):
-            raise ValueError(f"method {self.name!r}: expected plain, vllm_ngram[:W], vllm_suffix[:W] or DRAFTER:k:w[:tree]")
+            raise ValueError(
+                f"method {self.name!r}: expected plain, vllm_ngram[:W], vllm_suffix[:W] or DRAFTER:k:w[:tree]"
+            )
         verify = [f"transformers.verify={parts[3]}"] if len(parts) == 4 else []
-        return [f"decoder.drafter={parts[0]}", f"transformers.k={parts[1]}", f"decoder.w={parts[2]}", *verify,
-                "engine.speculation=on"]
+        return [
+            f"decoder.drafter={parts[0]}",
+            f"transformers.k={parts[1]}",
+            f"decoder.w={parts[2]}",
+            *verify,
+            "engine.speculation=on",
+        ]
 
 
 def parse_methods(names: str, engine: str) -> list[Method]:
@@ -114,7 +141,7 @@ def run_methods(engines: dict, methods: list, requests: list[Request], batch: in
         shift = (first + call) % len(methods)
         for method in methods[shift:] + methods[:shift]:
             started = time.perf_counter()
-            results[method] += engines[method].generate(requests[start:start + batch])
+            results[method] += engines[method].generate(requests[start : start + batch])
             seconds[method] += time.perf_counter() - started
     return {method: (seconds[method], results[method]) for method in methods}
 
@@ -123,9 +150,17 @@ def method_config(base: list[str], method: Method, batch: int, slots: int) -> Co
     """The method's config at `batch` running requests: a vLLM engine has `slots` (the largest
     batch: one engine serves every batch size), the transformers engine batches `batch` requests
     per forward call (its throughput mode is part of its decoder)."""
-    return load_config(None, [*base, f"engine.name={method.engine}", *method.overrides(),
-                              f"transformers.max_batch_requests={batch}", f"engine.max_num_seqs={slots}",
-                              f"ray.batch_size={batch}"])
+    return load_config(
+        None,
+        [
+            *base,
+            f"engine.name={method.engine}",
+            *method.overrides(),
+            f"transformers.max_batch_requests={batch}",
+            f"engine.max_num_seqs={slots}",
+            f"ray.batch_size={batch}",
+        ],
+    )
 
 
 def build_engines(base: list[str], methods: list[Method], batches: list[int]) -> dict[tuple[Method, int], Engine]:
@@ -137,14 +172,25 @@ def build_engines(base: list[str], methods: list[Method], batches: list[int]) ->
     # this process (vLLM 0.32's CPU kernel registration), vllm_suffix's included: vllm_ngram goes
     # last of all. A job has one engine per process.
     last = {"vllm_suffix": 1, "vllm_ngram": 2}
-    keys = [(method, batch) for method in sorted(methods, key=lambda m: last.get(m.name.split(":")[0], 0))
-            for batch in batches]
+    keys = [
+        (method, batch)
+        for method in sorted(methods, key=lambda m: last.get(m.name.split(":")[0], 0))
+        for batch in batches
+    ]
     engines = pipeline_engines([method_config(base, method, batch, max(batches)) for method, batch in keys])
     return dict(zip(keys, engines))
 
 
-def compare(base: list[str], methods: list[Method], prompts: list[str], batches: list[int], max_new_tokens: int,
-            rounds: int = 1, structured_outputs: dict | None = None, per_call: int = 0) -> dict:
+def compare(
+    base: list[str],
+    methods: list[Method],
+    prompts: list[str],
+    batches: list[int],
+    max_new_tokens: int,
+    rounds: int = 1,
+    structured_outputs: dict | None = None,
+    per_call: int = 0,
+) -> dict:
     """Runs every method at every batch size, `rounds` times, each run on its own chunk of
     len(prompts) // (rounds * len(batches)) prompts; returns the rows of the comparison. With
     `structured_outputs` every request carries it (its answers constrained, for every method).
@@ -153,26 +199,41 @@ def compare(base: list[str], methods: list[Method], prompts: list[str], batches:
     keeps B running for most of the call, as a job's feeding keeps its engine full)."""
     per_run = len(prompts) // (rounds * len(batches))
     if per_run < 1:
-        raise ValueError(f"{len(prompts)} prompts cannot give {rounds} rounds x {len(batches)} batch sizes a prompt each")
+        raise ValueError(
+            f"{len(prompts)} prompts cannot give {rounds} rounds x {len(batches)} batch sizes a prompt each"
+        )
     engines = build_engines(base, methods, batches)
     tokenizer = next(iter(engines.values())).tokenizer
-    requests = [Request(str(i), encode_prompt(tokenizer, prompt, str(i)), max_new_tokens,
-                        structured_outputs=structured_outputs) for i, prompt in enumerate(prompts)]
+    requests = [
+        Request(str(i), encode_prompt(tokenizer, prompt, str(i)), max_new_tokens, structured_outputs=structured_outputs)
+        for i, prompt in enumerate(prompts)
+    ]
     measured = {(m, b): Measured(m, b) for m in methods for b in batches}
     chunks = []
     for run in range(rounds * len(batches)):
         round_index, position = divmod(run, len(batches))
         batch = batches[position]
-        chunk = requests[run * per_run:(run + 1) * per_run]
+        chunk = requests[run * per_run : (run + 1) * per_run]
         chunks.append({"round": round_index + 1, "batch": batch, "prompts": [r.request_id for r in chunk]})
         engines_now = {method: engines[method, batch] for method in methods}
-        for method, (seconds, results) in run_methods(engines_now, methods, chunk, per_call or batch, first=run).items():
+        for method, (seconds, results) in run_methods(
+            engines_now, methods, chunk, per_call or batch, first=run
+        ).items():
             measured[method, batch].add(seconds, results)
-            print(f"round {round_index + 1}/{rounds} B={batch} prompts {chunk[0].request_id}..{chunk[-1].request_id} "
-                  f"{method.engine}:{method.name} {measured[method, batch].tokens[-1] / seconds:.2f} tok/s", flush=True)
-    return {"prompts": rounds * len(batches) * per_run, "prompts_per_run": per_run,
-            "requests_per_call": {batch: per_call or batch for batch in batches}, "max_new_tokens": max_new_tokens,
-            "rounds": rounds, "chunks": chunks, "runs": summarize(list(measured.values()))}
+            print(
+                f"round {round_index + 1}/{rounds} B={batch} prompts {chunk[0].request_id}..{chunk[-1].request_id} "
+                f"{method.engine}:{method.name} {measured[method, batch].tokens[-1] / seconds:.2f} tok/s",
+                flush=True,
+            )
+    return {
+        "prompts": rounds * len(batches) * per_run,
+        "prompts_per_run": per_run,
+        "requests_per_call": {batch: per_call or batch for batch in batches},
+        "max_new_tokens": max_new_tokens,
+        "rounds": rounds,
+        "chunks": chunks,
+        "runs": summarize(list(measured.values())),
+    }
 
 
 def summarize(measured: list[Measured]) -> list[dict]:
@@ -180,13 +241,20 @@ def summarize(measured: list[Measured]) -> list[dict]:
     for record in measured:
         rates = [tokens / seconds for tokens, seconds in zip(record.tokens, record.seconds)]
         plain = plain_of(measured, record)
-        rows.append({"engine": record.method.engine, "method": record.method.name, "batch": record.batch,
-                     "tokens_per_second": round(statistics.median(rates), 3),
-                     "tokens_per_second_rounds": [round(rate, 3) for rate in rates],
-                     "tokens_per_call": round(sum(record.tokens) / record.calls, 3) if record.calls else None,
-                     "identical_fraction": None if plain is None else round(
-                         sum(a == b for a, b in zip(record.outputs, plain.outputs)) / len(record.outputs), 4),
-                     "identical_to": None if plain is None else f"{plain.method.engine}:plain"})
+        rows.append(
+            {
+                "engine": record.method.engine,
+                "method": record.method.name,
+                "batch": record.batch,
+                "tokens_per_second": round(statistics.median(rates), 3),
+                "tokens_per_second_rounds": [round(rate, 3) for rate in rates],
+                "tokens_per_call": round(sum(record.tokens) / record.calls, 3) if record.calls else None,
+                "identical_fraction": None
+                if plain is None
+                else round(sum(a == b for a, b in zip(record.outputs, plain.outputs)) / len(record.outputs), 4),
+                "identical_to": None if plain is None else f"{plain.method.engine}:plain",
+            }
+        )
     for row in rows:
         same = {(r["engine"], r["method"]): r for r in rows if r["batch"] == row["batch"]}
         for reference in (("vllm", "plain"), ("vllm", "vllm_ngram"), ("vllm", "vllm_suffix")):
@@ -213,13 +281,25 @@ def plain_of(measured: list[Measured], record: Measured) -> Measured | None:
 
 
 def markdown(report: dict) -> str:
-    return (f"{report['rounds']} round(s) of {report['prompts_per_run']} new prompts per batch size; "
-            "vs X: the median over rounds of the ratio within a round\n\n"
-            + markdown_table(report["runs"], {"batch": "batch", "engine": "engine", "method": "method",
-                                              "tokens_per_second": "tokens/s (median)",
-                                              "tokens_per_second_rounds": "per round", "tokens_per_call": "tokens/call",
-                                              "identical_fraction": "identical", "vs_plain": "vs plain",
-                                              "vs_vllm_ngram": "vs vllm_ngram", "vs_vllm_suffix": "vs vllm_suffix"}))
+    return (
+        f"{report['rounds']} round(s) of {report['prompts_per_run']} new prompts per batch size; "
+        "vs X: the median over rounds of the ratio within a round\n\n"
+        + markdown_table(
+            report["runs"],
+            {
+                "batch": "batch",
+                "engine": "engine",
+                "method": "method",
+                "tokens_per_second": "tokens/s (median)",
+                "tokens_per_second_rounds": "per round",
+                "tokens_per_call": "tokens/call",
+                "identical_fraction": "identical",
+                "vs_plain": "vs plain",
+                "vs_vllm_ngram": "vs vllm_ngram",
+                "vs_vllm_suffix": "vs vllm_suffix",
+            },
+        )
+    )
 
 
 def run(args) -> dict:
@@ -235,13 +315,29 @@ def run(args) -> dict:
     needed = args.limit * args.rounds * len(batches)
     prompts = [p.prompt for p in load_prompts(args.dataset, needed)]
     if args.rounds < 1 or len(prompts) < needed:
-        raise SystemExit(f"--rounds {args.rounds} x --batch {batches} x --limit {args.limit} needs {needed} prompts "
-                         f"(every run new ones); {args.dataset} has {len(prompts)}")
+        raise SystemExit(
+            f"--rounds {args.rounds} x --batch {batches} x --limit {args.limit} needs {needed} prompts "
+            f"(every run new ones); {args.dataset} has {len(prompts)}"
+        )
     base = [f"model.name={json.dumps(args.model)}", f"model.dtype={args.dtype}", "engine.cpu_kv_cache_gib=1"]
     try:
         structured = structured_outputs(args.dataset) if args.json_schema else None
     except ValueError as error:
         raise SystemExit(f"--json-schema: {error}") from error
-    report = compare(base, parse_methods(",".join(names), "vllm"), prompts, batches,
-                     args.max_new_tokens, args.rounds, structured, args.per_call)
-    return {"dataset": args.dataset, "model": args.model, "dtype": args.dtype, "structured_outputs": structured, **report}
+    report = compare(
+        base,
+        parse_methods(",".join(names), "vllm"),
+        prompts,
+        batches,
+        args.max_new_tokens,
+        args.rounds,
+        structured,
+        args.per_call,
+    )
+    return {
+        "dataset": args.dataset,
+        "model": args.model,
+        "dtype": args.dtype,
+        "structured_outputs": structured,
+        **report,
+    }

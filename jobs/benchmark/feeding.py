@@ -21,6 +21,7 @@ request's start (its finish less its time_taken_llm) to the last request's finis
 measured engine_occupancy (the others do not expose their steps). Outputs are compared with
 LLM.generate's plain ones, prompt by prompt.
 """
+
 from __future__ import annotations
 
 import json
@@ -42,22 +43,42 @@ WAYS = ("llm_generate", "feeder", "job", "ray_data_llm", "processor")
 
 def add_cli_args(parser) -> None:
     add_prompt_args(parser, limit=48)
-    parser.add_argument("--spec", default="batch_suffix:1:auto", help="methods on vLLM, comma-separated (plain runs always)")
+    parser.add_argument(
+        "--spec", default="batch_suffix:1:auto", help="methods on vLLM, comma-separated (plain runs always)"
+    )
     parser.add_argument("--max-num-seqs", type=int, default=16, help="the engine's slots")
     parser.add_argument("--batch-size", type=int, default=16, help="rows per Ray batch")
-    parser.add_argument("--ways", default="llm_generate,job,ray_data_llm",
-                        help=f"which of {', '.join(WAYS)} to run (llm_generate always runs: it is the reference)")
+    parser.add_argument(
+        "--ways",
+        default="llm_generate,job,ray_data_llm",
+        help=f"which of {', '.join(WAYS)} to run (llm_generate always runs: it is the reference)",
+    )
     parser.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16"))
 
 
 def feeding_config(args, method: Method, output: str = "", input_path: str = "") -> Config:
     """The method's config on vLLM, as a job starts it (checked_config)."""
-    return checked_config(load_config(None, [
-        "engine.name=vllm", f"model.name={json.dumps(args.model)}", f"model.dtype={args.dtype}",
-        "engine.cpu_kv_cache_gib=2", f"engine.max_num_seqs={args.max_num_seqs}",
-        f"decoder.max_new_tokens={args.max_new_tokens}", f"ray.batch_size={args.batch_size}",
-        "ray.num_cpus_per_actor=1", *method.overrides(),
-        *([f"job.output={json.dumps(output)}", f"input.path={json.dumps(input_path)}", "input.limit=0"] if output else [])]))
+    return checked_config(
+        load_config(
+            None,
+            [
+                "engine.name=vllm",
+                f"model.name={json.dumps(args.model)}",
+                f"model.dtype={args.dtype}",
+                "engine.cpu_kv_cache_gib=2",
+                f"engine.max_num_seqs={args.max_num_seqs}",
+                f"decoder.max_new_tokens={args.max_new_tokens}",
+                f"ray.batch_size={args.batch_size}",
+                "ray.num_cpus_per_actor=1",
+                *method.overrides(),
+                *(
+                    [f"job.output={json.dumps(output)}", f"input.path={json.dumps(input_path)}", "input.limit=0"]
+                    if output
+                    else []
+                ),
+            ],
+        )
+    )
 
 
 def run(args) -> dict:
@@ -86,7 +107,9 @@ def run(args) -> dict:
             if "feeder" in ways:
                 rows.append(feeder_row(args, method, prompts, reference))
             if "job" in ways:
-                rows.append(job_row(args, method, str(input_path), str(work / method.name.replace(":", "_")), reference))
+                rows.append(
+                    job_row(args, method, str(input_path), str(work / method.name.replace(":", "_")), reference)
+                )
             vllms_own = method.name.split(":")[0] in VLLM_METHODS
             if "ray_data_llm" in ways and (method.name == "plain" or vllms_own):
                 rows.append(ray_data_llm_row(args, method, prompts, prompt_ids, reference))
@@ -101,8 +124,14 @@ def run(args) -> dict:
         fastest_rdl = max((r["tokens_per_second"] for r in rows if r["way"] == "ray_data_llm"), default=None)
         if fastest_rdl:  # against ray.data.llm's fastest method in this run
             row["vs_ray_data_llm"] = round(row["tokens_per_second"] / fastest_rdl, 3)
-    return {"dataset": args.dataset, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens,
-            "max_num_seqs": args.max_num_seqs, "batch_size": args.batch_size, "runs": rows}
+    return {
+        "dataset": args.dataset,
+        "prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "max_num_seqs": args.max_num_seqs,
+        "batch_size": args.batch_size,
+        "runs": rows,
+    }
 
 
 def llm_generate_row(args, method: Method, prompts) -> tuple[dict, dict, dict]:
@@ -116,9 +145,14 @@ def llm_generate_row(args, method: Method, prompts) -> tuple[dict, dict, dict]:
     outputs = {r.request_id: r.token_ids for r in results}
     tokens = sum(map(len, outputs.values()))
     engine.close()
-    row = {"way": "llm_generate", "method": method.name, "tokens_per_second": round(tokens / seconds, 3),
-           "generated_tokens": tokens, "engine_occupancy": None,
-           "tokens_per_call": round(tokens / sum(r.stats.num_target_calls for r in results), 3)}
+    row = {
+        "way": "llm_generate",
+        "method": method.name,
+        "tokens_per_second": round(tokens / seconds, 3),
+        "generated_tokens": tokens,
+        "engine_occupancy": None,
+        "tokens_per_call": round(tokens / sum(r.stats.num_target_calls for r in results), 3),
+    }
     return row, outputs, dict(zip((p.request_id for p in prompts), ids))
 
 
@@ -131,6 +165,7 @@ def all_at_once(engine):
         assert not any("lora_request" in prompt for prompt in prompts), "the benchmark's requests have no adapter"
         outputs = engine.feeder.call(lambda: llm.generate(prompts, params, use_tqdm=False))
         return outputs, (engine.feeder.call(lambda: engine.finished(outputs)) if engine.ours and outputs else {})
+
     return run
 
 
@@ -141,9 +176,11 @@ def feeder_row(args, method: Method, prompts, reference: dict) -> dict:
 
     config = feeding_config(args, method)
     engine = build_engine(config)
-    requests = [Request(p.request_id, encode_prompt(engine.tokenizer, p.prompt, p.request_id), args.max_new_tokens)
-                for p in prompts]
-    batches = [requests[i:i + args.batch_size] for i in range(0, len(requests), args.batch_size)]
+    requests = [
+        Request(p.request_id, encode_prompt(engine.tokenizer, p.prompt, p.request_id), args.max_new_tokens)
+        for p in prompts
+    ]
+    batches = [requests[i : i + args.batch_size] for i in range(0, len(requests), args.batch_size)]
     started = time.perf_counter()
     with ThreadPoolExecutor(concurrent_batches(config)) as pool:
         results = [r for batch in pool.map(engine.generate, batches) for r in batch]
@@ -152,10 +189,15 @@ def feeder_row(args, method: Method, prompts, reference: dict) -> dict:
     engine.close()
     outputs = {r.request_id: r.token_ids for r in results}
     tokens = sum(map(len, outputs.values()))
-    return {"way": "feeder", "method": method.name, "tokens_per_second": round(tokens / seconds, 3),
-            "generated_tokens": tokens, **summary,
-            "tokens_per_call": round(tokens / sum(r.stats.num_target_calls for r in results), 3),
-            "identical_fraction": identical(outputs, reference)}
+    return {
+        "way": "feeder",
+        "method": method.name,
+        "tokens_per_second": round(tokens / seconds, 3),
+        "generated_tokens": tokens,
+        **summary,
+        "tokens_per_call": round(tokens / sum(r.stats.num_target_calls for r in results), 3),
+        "identical_fraction": identical(outputs, reference),
+    }
 
 
 def job_row(args, method: Method, input_path: str, output: str, reference: dict) -> dict:
@@ -167,12 +209,18 @@ def job_row(args, method: Method, input_path: str, output: str, reference: dict)
     summary = run_job(feeding_config(args, method, output, input_path), "feeding")
     table = pq.read_table(find_parts(summary["run_dir"]), columns=["id", "generated_tokens"])
     outputs = dict(zip(table.column("id").to_pylist(), table.column("generated_tokens").to_pylist()))
-    return {"way": "job", "method": method.name, "tokens_per_second": summary["tokens_per_second_after_startup"],
-            "generated_tokens": summary["generated_tokens"], "engine_occupancy": summary["engine_occupancy"],
-            "engine_steps": summary["engine_steps"], "engine_idle_seconds": summary["engine_idle_seconds"],
-            "engine_drain_seconds": summary["engine_drain_seconds"],
-            "tokens_per_call": summary["mean_tokens_per_call"],
-            "identical_fraction": identical(outputs, reference)}
+    return {
+        "way": "job",
+        "method": method.name,
+        "tokens_per_second": summary["tokens_per_second_after_startup"],
+        "generated_tokens": summary["generated_tokens"],
+        "engine_occupancy": summary["engine_occupancy"],
+        "engine_steps": summary["engine_steps"],
+        "engine_idle_seconds": summary["engine_idle_seconds"],
+        "engine_drain_seconds": summary["engine_drain_seconds"],
+        "tokens_per_call": summary["mean_tokens_per_call"],
+        "identical_fraction": identical(outputs, reference),
+    }
 
 
 def processor_run(llm, args, method: Method, prompts, prompt_ids: dict, **ours) -> tuple[dict, float]:
@@ -185,23 +233,46 @@ def processor_run(llm, args, method: Method, prompts, prompt_ids: dict, **ours) 
 
     config = feeding_config(args, method)
     model_dir, _ = resolve_model_dir(config.model)
-    engine_kwargs = {"max_num_seqs": args.max_num_seqs, "dtype": "float32" if args.dtype == "auto" else args.dtype,
-                     "enforce_eager": True, "seed": 0,
-                     # on a CPU: the memory vLLM may take (the KV cache is VLLM_CPU_KVCACHE_SPACE's, as ours)
-                     "gpu_memory_utilization": 0.3}
+    engine_kwargs = {
+        "max_num_seqs": args.max_num_seqs,
+        "dtype": "float32" if args.dtype == "auto" else args.dtype,
+        "enforce_eager": True,
+        "seed": 0,
+        # on a CPU: the memory vLLM may take (the KV cache is VLLM_CPU_KVCACHE_SPACE's, as ours)
+        "gpu_memory_utilization": 0.3,
+    }
     decoder = config.decoder
     if decoder.drafter in VLLM_METHODS:  # vLLM's own method, as a ray.data.llm user configures it
-        engine_kwargs["speculative_config"] = {"method": VLLM_METHODS[decoder.drafter], "num_speculative_tokens": decoder.w}
+        engine_kwargs["speculative_config"] = {
+            "method": VLLM_METHODS[decoder.drafter],
+            "num_speculative_tokens": decoder.w,
+        }
     processor = llm.build_processor(
         llm.vLLMEngineProcessorConfig(
-            model_source=str(model_dir), batch_size=args.batch_size, concurrency=1, engine_kwargs=engine_kwargs,
+            model_source=str(model_dir),
+            batch_size=args.batch_size,
+            concurrency=1,
+            engine_kwargs=engine_kwargs,
             runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "2"}},
-            chat_template_stage=False, tokenize_stage=False, detokenize_stage=False,
-            placement_group_config={"bundles": [{"CPU": 1}]}, log_engine_metrics=False, **ours),
-        preprocess=lambda row: {"id": row["id"], "tokenized_prompt": row["tokenized_prompt"],
-                                "sampling_params": {"temperature": 0.0, "max_tokens": args.max_new_tokens}},
-        postprocess=lambda row: {"id": row["id"], "generated_tokens": row["generated_tokens"],
-                                 "time_taken_llm": row["time_taken_llm"], "finished_at": time.time()})
+            chat_template_stage=False,
+            tokenize_stage=False,
+            detokenize_stage=False,
+            placement_group_config={"bundles": [{"CPU": 1}]},
+            log_engine_metrics=False,
+            **ours,
+        ),
+        preprocess=lambda row: {
+            "id": row["id"],
+            "tokenized_prompt": row["tokenized_prompt"],
+            "sampling_params": {"temperature": 0.0, "max_tokens": args.max_new_tokens},
+        },
+        postprocess=lambda row: {
+            "id": row["id"],
+            "generated_tokens": row["generated_tokens"],
+            "time_taken_llm": row["time_taken_llm"],
+            "finished_at": time.time(),
+        },
+    )
     items = [{"id": p.request_id, "tokenized_prompt": prompt_ids[p.request_id]} for p in prompts]
     out = processor(ray.data.from_items(items)).take_all()
     span = max(r["finished_at"] for r in out) - min(r["finished_at"] - r["time_taken_llm"] for r in out)
@@ -213,8 +284,14 @@ def ray_data_llm_row(args, method: Method, prompts, prompt_ids: dict, reference:
 
     outputs, span = processor_run(ray.data.llm, args, method, prompts, prompt_ids)
     tokens = sum(map(len, outputs.values()))
-    return {"way": "ray_data_llm", "method": method.name, "tokens_per_second": round(tokens / span, 3),
-            "generated_tokens": tokens, "engine_occupancy": None, "identical_fraction": identical(outputs, reference)}
+    return {
+        "way": "ray_data_llm",
+        "method": method.name,
+        "tokens_per_second": round(tokens / span, 3),
+        "generated_tokens": tokens,
+        "engine_occupancy": None,
+        "identical_fraction": identical(outputs, reference),
+    }
 
 
 def processor_row(args, method: Method, prompts, prompt_ids: dict, reference: dict) -> dict:
@@ -225,11 +302,25 @@ def processor_row(args, method: Method, prompts, prompt_ids: dict, reference: di
     config = feeding_config(args, method)
     decoder = {name: getattr(config.decoder, name) for name in ("drafter", "w", "auto_w")}
     rows = {name: getattr(config.transformers, name) for name in ("k", "auto_k")}
-    outputs, span = processor_run(pipeline.llm, args, Method("vllm", "plain"), prompts, prompt_ids,
-                                  decoder=decoder, transformers=rows, engine="vllm")
+    outputs, span = processor_run(
+        pipeline.llm,
+        args,
+        Method("vllm", "plain"),
+        prompts,
+        prompt_ids,
+        decoder=decoder,
+        transformers=rows,
+        engine="vllm",
+    )
     tokens = sum(map(len, outputs.values()))
-    return {"way": "processor", "method": method.name, "tokens_per_second": round(tokens / span, 3),
-            "generated_tokens": tokens, "engine_occupancy": None, "identical_fraction": identical(outputs, reference)}
+    return {
+        "way": "processor",
+        "method": method.name,
+        "tokens_per_second": round(tokens / span, 3),
+        "generated_tokens": tokens,
+        "engine_occupancy": None,
+        "identical_fraction": identical(outputs, reference),
+    }
 
 
 def identical(outputs: dict, reference: dict) -> float:
@@ -237,10 +328,20 @@ def identical(outputs: dict, reference: dict) -> float:
 
 
 def markdown(report: dict) -> str:
-    return (f"{report['prompts']} prompts x {report['max_new_tokens']} new tokens, max_num_seqs "
-            f"{report['max_num_seqs']}, Ray batches of {report['batch_size']}\n\n"
-            + markdown_table(report["runs"], {"way": "way", "method": "method",
-                                              "tokens_per_second": "tokens/s (generation span)",
-                                              "tokens_per_call": "tokens/call", "engine_occupancy": "occupancy",
-                                              "identical_fraction": "identical", "vs_llm_generate": "vs LLM.generate",
-                                              "vs_ray_data_llm": "vs ray.data.llm"}))
+    return (
+        f"{report['prompts']} prompts x {report['max_new_tokens']} new tokens, max_num_seqs "
+        f"{report['max_num_seqs']}, Ray batches of {report['batch_size']}\n\n"
+        + markdown_table(
+            report["runs"],
+            {
+                "way": "way",
+                "method": "method",
+                "tokens_per_second": "tokens/s (generation span)",
+                "tokens_per_call": "tokens/call",
+                "engine_occupancy": "occupancy",
+                "identical_fraction": "identical",
+                "vs_llm_generate": "vs LLM.generate",
+                "vs_ray_data_llm": "vs ray.data.llm",
+            },
+        )
+    )

@@ -8,6 +8,7 @@ draws per dataset the paper's Figure 3 (tokens per call) and Figure 5 (wall-time
 k x w heatmaps, and Figure 4's ablations (accepted-length distribution, rank of the winning row,
 rows and wins per strategy) for the best fixed (k, w), auto and the largest (k, w).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,7 +30,12 @@ def add_cli_args(parser) -> None:
 
 def run(args) -> dict:
     drafter = args.drafter
-    grid = ["hf_prompt_lookup:10", "plain", f"{drafter}:auto:auto", *(f"{drafter}:{k}:{w}" for k in GRID_K for w in GRID_W)]
+    grid = [
+        "hf_prompt_lookup:10",
+        "plain",
+        f"{drafter}:auto:auto",
+        *(f"{drafter}:{k}:{w}" for k in GRID_K for w in GRID_W),
+    ]
     report = quality.run(args, grid)
     plots = Path(args.plots) if args.plots else Path(args.out).parent / "plots"
     plots.mkdir(parents=True, exist_ok=True)
@@ -49,22 +55,39 @@ def grid_plots(report: dict, drafter: str, out: Path) -> dict:
     runs = {run["method"]: run for run in report["runs"]}
     reference = "hf_greedy" if "hf_greedy" in runs else "hf_sample"
     speedup = f"speedup_vs_{reference}"
+
     def table(key):
         return np.array([[runs[f"{drafter}:{k}:{w}"][key] or np.nan for w in GRID_W] for k in GRID_K])  # [K, W]
+
     name = report["dataset"].replace("/", "_")
     labels = ([str(k) for k in GRID_K], [str(w) for w in GRID_W])
     auto, plain = runs[f"{drafter}:auto:auto"], runs["plain"]
-    save_heatmap(table("tokens_per_call"), *labels, out / f"{name}_tokens_per_call.png",
-                 f"{report['dataset']}: tokens per call, {drafter}\n(auto: {auto['tokens_per_call']:.2f})", fmt=".2f")
-    save_heatmap(table(speedup), *labels, out / f"{name}_speedup.png",
-                 f"{report['dataset']}: speed-up vs {reference}, {drafter}\n"
-                 f"(auto {auto[speedup]:.2f}, plain {plain[speedup]:.2f})", fmt=".2f")
+    save_heatmap(
+        table("tokens_per_call"),
+        *labels,
+        out / f"{name}_tokens_per_call.png",
+        f"{report['dataset']}: tokens per call, {drafter}\n(auto: {auto['tokens_per_call']:.2f})",
+        fmt=".2f",
+    )
+    save_heatmap(
+        table(speedup),
+        *labels,
+        out / f"{name}_speedup.png",
+        f"{report['dataset']}: speed-up vs {reference}, {drafter}\n"
+        f"(auto {auto[speedup]:.2f}, plain {plain[speedup]:.2f})",
+        fmt=".2f",
+    )
     best = max((runs[f"{drafter}:{k}:{w}"] for k in GRID_K for w in GRID_W), key=lambda run: run[speedup])
     largest = runs[f"{drafter}:{GRID_K[-1]}:{GRID_W[-1]}"]
     groups = {f"best fixed {best['k']}:{best['w']}": best, "auto": auto, f"{largest['k']}:{largest['w']}": largest}
     save_acceptance_plots({label: AcceptanceCounts.total([run]) for label, run in groups.items()}, out, f"{name}_")
-    return {"best_fixed": best["method"], "best_fixed_speedup": best[speedup], "auto_speedup": auto[speedup],
-            "plain_speedup": plain[speedup], "hf_prompt_lookup_speedup": runs["hf_prompt_lookup:10"][speedup],
-            "auto_vs_best_fixed": round(auto[speedup] / best[speedup], 3),
-            "auto_vs_plain": round(auto[speedup] / plain[speedup], 3),
-            "auto_vs_hf_prompt_lookup": round(auto[speedup] / runs["hf_prompt_lookup:10"][speedup], 3)}
+    return {
+        "best_fixed": best["method"],
+        "best_fixed_speedup": best[speedup],
+        "auto_speedup": auto[speedup],
+        "plain_speedup": plain[speedup],
+        "hf_prompt_lookup_speedup": runs["hf_prompt_lookup:10"][speedup],
+        "auto_vs_best_fixed": round(auto[speedup] / best[speedup], 3),
+        "auto_vs_plain": round(auto[speedup] / plain[speedup], 3),
+        "auto_vs_hf_prompt_lookup": round(auto[speedup] / runs["hf_prompt_lookup:10"][speedup], 3),
+    }

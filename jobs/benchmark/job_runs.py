@@ -1,6 +1,7 @@
 """The job as users run it, for the benchmarks that measure it end to end (series-edits,
 speculation): `python -m jobs.generate` in a process of its own, with a Ray of its own, its rows
 read back by id."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,17 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 def job_command(input_path: Path, output: Path, run_id: str, overrides: list[str]) -> list[str]:
     """`python -m jobs.generate` as a user types it, each override one --set."""
-    command = [sys.executable, "-m", "jobs.generate", "--input", str(input_path), "--output", str(output),
-               "--run-id", run_id]
+    command = [
+        sys.executable,
+        "-m",
+        "jobs.generate",
+        "--input",
+        str(input_path),
+        "--output",
+        str(output),
+        "--run-id",
+        run_id,
+    ]
     for override in overrides:
         command += ["--set", override]
     return command
@@ -42,8 +52,9 @@ def run_job(command: list[str], logs: Path, timeout: float) -> dict:
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
     if done.returncode != 0:
-        raise RuntimeError(f"exit status {done.returncode}: {' '.join(command)}\n"
-                           f"{stderr.read_text(errors='replace')[-3000:]}")
+        raise RuntimeError(
+            f"exit status {done.returncode}: {' '.join(command)}\n{stderr.read_text(errors='replace')[-3000:]}"
+        )
     return json.loads(Path(summary_path(stdout.read_text())).read_text())
 
 
@@ -56,13 +67,16 @@ def summary_path(stdout: str) -> str:
 
 
 def generated_by_id(run_dir: str) -> dict[str, list[int]]:
-    """Each row's generated tokens, by id (a row's sample i > 0 of decoder.n by "id#i"), from the run's Parquet files."""
+    """Each row's generated tokens, by id (a row's sample i > 0 of decoder.n by "id#i"), from the run's Parquet
+    files."""
     import pyarrow.parquet as pq
 
     found = {}
     for path in sorted(Path(run_dir).glob("*.parquet")):
         table = pq.read_table(path, columns=["id", "sample_index", "generated_tokens"])
-        keys = [f"{key}#{sample}" if sample else str(key)
-                for key, sample in zip(table["id"].to_pylist(), table["sample_index"].to_pylist())]
+        keys = [
+            f"{key}#{sample}" if sample else str(key)
+            for key, sample in zip(table["id"].to_pylist(), table["sample_index"].to_pylist())
+        ]
         found.update(zip(keys, table["generated_tokens"].to_pylist()))
     return found

@@ -15,6 +15,7 @@ batches of --batch-size, and two designs are stepped side by side:
 Occupancy is the mean running requests per step over the slots, across the steps taken while
 input remained (until the last batch was admitted), as the job's `engine_occupancy` counts it.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,7 +30,9 @@ from pipeline.engines.vllm import WAITING_SHARE
 
 
 def add_cli_args(parser) -> None:
-    parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="runs whose output lengths the requests are drawn from")
+    parser.add_argument(
+        "runs", nargs="+", metavar="RUN_DIR", help="runs whose output lengths the requests are drawn from"
+    )
     parser.add_argument("--slots", type=int, default=256, help="the engine's slots (max_num_seqs)")
     parser.add_argument("--batch-size", type=int, default=64, help="rows per Ray batch")
     parser.add_argument("--requests", type=int, default=20000, help="requests drawn from the lengths")
@@ -62,7 +65,7 @@ def simulate(lengths: np.ndarray, slots: int, batch_size: int, batches_in_flight
         running_sum, steps = running_sum + len(running), steps + 1
         for request in running:
             request[1] -= 1
-        for batch_number, left in [r for r in running if r[1] <= 0]:
+        for batch_number, _ in [r for r in running if r[1] <= 0]:
             open_batches[batch_number] -= 1
             if open_batches[batch_number] == 0:
                 del open_batches[batch_number]
@@ -74,15 +77,31 @@ def run(args) -> dict:
     lengths = run_lengths(args.runs)
     rng = np.random.default_rng(args.seed)
     drawn = np.maximum(rng.choice(lengths, size=args.requests), 1)
-    config = load_config(None, ["engine.name=vllm", f"engine.max_num_seqs={args.slots}",
-                                                  f"ray.batch_size={args.batch_size}"])
+    config = load_config(
+        None, ["engine.name=vllm", f"engine.max_num_seqs={args.slots}", f"ray.batch_size={args.batch_size}"]
+    )
     in_flight = concurrent_batches(config)
-    rows = [{"design": "drain", "batches_in_flight": 1,
-             "occupancy": round(simulate(drawn, args.slots, args.batch_size, 1), 4)},
-            {"design": "stream", "batches_in_flight": in_flight,
-             "occupancy": round(simulate(drawn, args.slots, args.batch_size, in_flight), 4)}]
-    return {"runs_read": args.runs, "answers": len(lengths), "requests": args.requests, "slots": args.slots,
-            "batch_size": args.batch_size, "mean_length": round(float(lengths.mean()), 1), "designs": rows}
+    rows = [
+        {
+            "design": "drain",
+            "batches_in_flight": 1,
+            "occupancy": round(simulate(drawn, args.slots, args.batch_size, 1), 4),
+        },
+        {
+            "design": "stream",
+            "batches_in_flight": in_flight,
+            "occupancy": round(simulate(drawn, args.slots, args.batch_size, in_flight), 4),
+        },
+    ]
+    return {
+        "runs_read": args.runs,
+        "answers": len(lengths),
+        "requests": args.requests,
+        "slots": args.slots,
+        "batch_size": args.batch_size,
+        "mean_length": round(float(lengths.mean()), 1),
+        "designs": rows,
+    }
 
 
 def run_lengths(run_dirs: list[str]) -> np.ndarray:
@@ -94,8 +113,11 @@ def run_lengths(run_dirs: list[str]) -> np.ndarray:
     lengths = []
     for run_dir in run_dirs:
         table = pq.read_table(find_parts(run_dir), columns=["num_generated_tokens", "error"])
-        lengths += [n for n, error in zip(table.column("num_generated_tokens").to_pylist(),
-                                          table.column("error").to_pylist()) if error is None and n]
+        lengths += [
+            n
+            for n, error in zip(table.column("num_generated_tokens").to_pylist(), table.column("error").to_pylist())
+            if error is None and n
+        ]
     if not lengths:
         raise SystemExit(f"occupancy: no generated rows in {', '.join(run_dirs)}")
     return np.array(lengths)

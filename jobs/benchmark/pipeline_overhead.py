@@ -5,6 +5,7 @@
 runs the same prompts through the Ray job and through the job's stage in this process, with the
 decoder of --config, and compares tokens/s after start-up.
 """
+
 from __future__ import annotations
 
 import json
@@ -20,7 +21,9 @@ from pipeline.engines.build import checked_config
 
 def add_cli_args(parser) -> None:
     add_prompt_args(parser, limit=16)
-    parser.add_argument("--config", default=None, help="the job's config file: its decoder and engine (default: the defaults)")
+    parser.add_argument(
+        "--config", default=None, help="the job's config file: its decoder and engine (default: the defaults)"
+    )
 
 
 def markdown(report: dict) -> str:
@@ -37,10 +40,19 @@ def run(args) -> dict:
     from pipeline.llm.stage import GenerationStage
 
     output = tempfile.mkdtemp(prefix="pipeline-benchmark-")
-    config = checked_config(load_config(args.config, [  # as the job starts it
-        f"model.name={json.dumps(args.model)}", f"input.path={json.dumps(args.dataset)}", f"input.limit={args.limit}",
-        f"decoder.max_new_tokens={args.max_new_tokens}", f"job.output={json.dumps(output)}",
-        "engine.speculation=on"]))  # the same mode in both
+    config = checked_config(
+        load_config(
+            args.config,
+            [  # as the job starts it
+                f"model.name={json.dumps(args.model)}",
+                f"input.path={json.dumps(args.dataset)}",
+                f"input.limit={args.limit}",
+                f"decoder.max_new_tokens={args.max_new_tokens}",
+                f"job.output={json.dumps(output)}",
+                "engine.speculation=on",
+            ],
+        )
+    )  # the same mode in both
     prompts = load_prompts(args.dataset, args.limit)
     stage = GenerationStage(config, job_rows.stage_settings(config))
     preprocess = job_rows.request_row(config)
@@ -48,7 +60,7 @@ def run(args) -> dict:
     started = time.perf_counter()
     tables = []
     for i in range(0, len(prompts), size):  # the job's three steps, in this process
-        rows = [preprocess({"id": p.request_id, "prompt": p.prompt}) for p in prompts[i:i + size]]
+        rows = [preprocess({"id": p.request_id, "prompt": p.prompt}) for p in prompts[i : i + size]]
         tables.append(job_rows.output_table(stage(rows_table(rows))))
     in_process_seconds = time.perf_counter() - started
     in_process_tokens = sum(sum(table.column("num_generated_tokens").to_pylist()) for table in tables)
@@ -58,8 +70,11 @@ def run(args) -> dict:
     ray.shutdown()
     in_process = in_process_tokens / in_process_seconds
     pipeline = summary["tokens_per_second_after_startup"]
-    return {"prompts": len(prompts), "decoder": summary["settings"]["decoder"],
-            "in_process_tokens_per_second": round(in_process, 3),
-            "pipeline_tokens_per_second_after_startup": pipeline,
-            "pipeline_tokens_per_second_with_startup": summary["tokens_per_second"],
-            "pipeline_overhead": round(in_process / pipeline - 1, 4)}
+    return {
+        "prompts": len(prompts),
+        "decoder": summary["settings"]["decoder"],
+        "in_process_tokens_per_second": round(in_process, 3),
+        "pipeline_tokens_per_second_after_startup": pipeline,
+        "pipeline_tokens_per_second_with_startup": summary["tokens_per_second"],
+        "pipeline_overhead": round(in_process / pipeline - 1, 4),
+    }

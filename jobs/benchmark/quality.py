@@ -15,6 +15,7 @@ per prompt so slow drifts of this machine's speed fall on all methods alike. Spe
 ratios within this one run. When sampling, request i samples with the same seed in every method.
 --dataset takes a comma-separated list; each dataset is a run of its own.
 """
+
 from __future__ import annotations
 
 import time
@@ -42,8 +43,9 @@ from pipeline.engines.transformers import use_gqa_attention
 from pipeline.config.model_loading import load_model
 from pipeline.engines.stats import RequestStats
 
-DEFAULT_METHODS = ("hf_greedy,hf_prompt_lookup:3,plain,context_ngram:1:3,bigram:1:1,"
-                   "mixed:1:3,mixed:2:3,mixed:4:4,mixed:10:10")
+DEFAULT_METHODS = (
+    "hf_greedy,hf_prompt_lookup:3,plain,context_ngram:1:3,bigram:1:1,mixed:1:3,mixed:2:3,mixed:4:4,mixed:10:10"
+)
 
 
 def add_cli_args(parser) -> None:
@@ -67,13 +69,17 @@ def run(args, methods: list[str] = ()) -> dict:
     use_gqa_attention(loaded.model)  # the model as the transformers engine runs it; baselines switch back
     names = method_names(args, methods)
     runners = build_runners(names, loaded, args)
-    return {"model": args.model, "datasets": [run_dataset(dataset, names, runners, loaded, args)
-                                              for dataset in args.dataset.split(",")]}
+    return {
+        "model": args.model,
+        "datasets": [run_dataset(dataset, names, runners, loaded, args) for dataset in args.dataset.split(",")],
+    }
 
 
 def markdown(report: dict) -> str:
-    return "\n\n".join(f"{dataset['dataset']}:\n\n{runs_table(dataset['runs'], dataset['reference'])}"
-                        for dataset in report["datasets"])
+    return "\n\n".join(
+        f"{dataset['dataset']}:\n\n{runs_table(dataset['runs'], dataset['reference'])}"
+        for dataset in report["datasets"]
+    )
 
 
 @dataclass
@@ -113,8 +119,15 @@ class MethodRun:
             return
         self.counts.add(stats)
         self.stats.draft_step_seconds += stats.draft_step_seconds
-        for name in ("num_target_calls", "num_verified_tokens", "num_checked_draft_tokens", "sum_acceptance_probability",
-                     "num_draft_model_calls", "draft_seconds", "verify_seconds"):
+        for name in (
+            "num_target_calls",
+            "num_verified_tokens",
+            "num_checked_draft_tokens",
+            "sum_acceptance_probability",
+            "num_draft_model_calls",
+            "draft_seconds",
+            "verify_seconds",
+        ):
             setattr(self.stats, name, getattr(self.stats, name) + getattr(stats, name))
 
 
@@ -150,12 +163,23 @@ def our_config(name: str, args, batch: int = 1) -> Config:
         own = TransformersConfig(k=1, draft_layers=k)
     else:
         datastore = args.datastore if method in ("rest", "mixed+rest") else ""
-        decoder = DecoderConfig(drafter=method.removesuffix("+rest"), w=w, max_new_tokens=args.max_new_tokens,
-                                datastore=datastore, auto_w=auto_w)
-        own = TransformersConfig(k=k, verify=run.verify_mode, auto_k=auto_k, max_batch_requests=batch,
-                                 max_batch_tokens=args.max_batch_tokens)
-    return Config(model=ModelConfig(name=args.model), engine=EngineConfig(name="transformers"), decoder=decoder,
-                  transformers=own, ray=RayConfig(batch_size=max(batch, RayConfig().batch_size)))
+        decoder = DecoderConfig(
+            drafter=method.removesuffix("+rest"),
+            w=w,
+            max_new_tokens=args.max_new_tokens,
+            datastore=datastore,
+            auto_w=auto_w,
+        )
+        own = TransformersConfig(
+            k=k, verify=run.verify_mode, auto_k=auto_k, max_batch_requests=batch, max_batch_tokens=args.max_batch_tokens
+        )
+    return Config(
+        model=ModelConfig(name=args.model),
+        engine=EngineConfig(name="transformers"),
+        decoder=decoder,
+        transformers=own,
+        ray=RayConfig(batch_size=max(batch, RayConfig().batch_size)),
+    )
 
 
 def _ours(engine: Engine, ids: list[int], max_new_tokens: int, sampling: SamplingParams):
@@ -186,16 +210,20 @@ def draft_model_predictions(stats: RequestStats, gamma: int, plain: MethodRun | 
     t_draft = stats.draft_seconds / stats.num_draft_model_calls
     t_verify = stats.verify_seconds / stats.num_target_calls
     t_plain = plain.stats.verify_seconds / plain.stats.num_target_calls
-    return {"c_vs_plain_call": round(t_draft / t_plain, 4),
-            "verify_call_vs_plain_call": round(t_verify / t_plain, 3),
-            "predicted_speedup_vs_plain": round(predicted_speedup(stats.alpha, gamma, t_draft / t_plain), 3),
-            "predicted_with_verify_cost_vs_plain": round(
-                predicted_with_verify_cost(stats.alpha, gamma, t_draft, t_verify, t_plain), 3)}
+    return {
+        "c_vs_plain_call": round(t_draft / t_plain, 4),
+        "verify_call_vs_plain_call": round(t_verify / t_plain, 3),
+        "predicted_speedup_vs_plain": round(predicted_speedup(stats.alpha, gamma, t_draft / t_plain), 3),
+        "predicted_with_verify_cost_vs_plain": round(
+            predicted_with_verify_cost(stats.alpha, gamma, t_draft, t_verify, t_plain), 3
+        ),
+    }
 
 
 def summarize(runs: list[MethodRun], reference: MethodRun, plain: MethodRun | None, greedy: bool) -> list[dict]:
     """Speed-ups against `reference` (hf_greedy or hf_sample). Identity is checked against the
     reference when greedy; when sampling, against our plain sampling with the same seeds."""
+
     def rate(run):
         return sum(map(len, run.outputs)) / run.seconds
 
@@ -206,21 +234,31 @@ def summarize(runs: list[MethodRun], reference: MethodRun, plain: MethodRun | No
         stats = run.stats
         generated = sum(len(o) for o in run.outputs)
         result = {
-            "method": run.name, "k": k, "w": w, "prompts": len(run.outputs), "generated_tokens": generated,
+            "method": run.name,
+            "k": k,
+            "w": w,
+            "prompts": len(run.outputs),
+            "generated_tokens": generated,
             "tokens_per_second": round(rate(run), 3),
             "tokens_per_call": round(generated / stats.num_target_calls, 3) if stats.num_target_calls else None,
             "verified_tokens_per_call": round(stats.num_verified_tokens / stats.num_target_calls, 2)
-            if stats.num_target_calls else None,
-            "median_draft_ms": None if stats.median_draft_seconds is None else round(1e3 * stats.median_draft_seconds, 3),
+            if stats.num_target_calls
+            else None,
+            "median_draft_ms": None
+            if stats.median_draft_seconds is None
+            else round(1e3 * stats.median_draft_seconds, 3),
             "alpha": None if stats.alpha is None else round(stats.alpha, 4),
             "draft_cost_ratio": None if stats.draft_cost_ratio is None else round(stats.draft_cost_ratio, 4),
-            "identical_fraction": None if identity_reference is None else round(
-                sum(a == b for a, b in zip(run.outputs, identity_reference.outputs)) / len(run.outputs), 4),
+            "identical_fraction": None
+            if identity_reference is None
+            else round(sum(a == b for a, b in zip(run.outputs, identity_reference.outputs)) / len(run.outputs), 4),
             f"speedup_vs_{reference.name}": round(rate(run) / rate(reference), 3),
             "speedup_vs_plain": None if plain is None else round(rate(run) / rate(plain), 3),
             "predicted_speedup_vs_plain": None,
-            **{name: getattr(run.counts, name) for name in ("accepted_length_histogram", "accepted_rank_histogram",
-                                                            "strategy_rows", "strategy_wins")},
+            **{
+                name: getattr(run.counts, name)
+                for name in ("accepted_length_histogram", "accepted_rank_histogram", "strategy_rows", "strategy_wins")
+            },
         }
         if method == "self_draft":
             result.update(draft_model_predictions(stats, w, plain))
@@ -238,14 +276,28 @@ def datastore_summary(directory: str) -> dict | None:
 
 
 def runs_table(results: list[dict], reference: str) -> str:
-    rows = [{**r, "predicted": [r["predicted_speedup_vs_plain"], r.get("predicted_with_verify_cost_vs_plain")]}
-            for r in results]
-    return markdown_table(rows, {"method": "method", "k": "k/L", "w": "w/γ", "tokens_per_second": "tokens/s",
-                                 "tokens_per_call": "tokens/call", "verified_tokens_per_call": "fed/call",
-                                 "median_draft_ms": "draft ms", "alpha": "α", "c_vs_plain_call": "c",
-                                 "identical_fraction": "identical", f"speedup_vs_{reference}": f"vs {reference}",
-                                 "speedup_vs_plain": "vs plain",
-                                 "predicted": "predicted vs plain (theorem, with verify cost)"})
+    rows = [
+        {**r, "predicted": [r["predicted_speedup_vs_plain"], r.get("predicted_with_verify_cost_vs_plain")]}
+        for r in results
+    ]
+    return markdown_table(
+        rows,
+        {
+            "method": "method",
+            "k": "k/L",
+            "w": "w/γ",
+            "tokens_per_second": "tokens/s",
+            "tokens_per_call": "tokens/call",
+            "verified_tokens_per_call": "fed/call",
+            "median_draft_ms": "draft ms",
+            "alpha": "α",
+            "c_vs_plain_call": "c",
+            "identical_fraction": "identical",
+            f"speedup_vs_{reference}": f"vs {reference}",
+            "speedup_vs_plain": "vs plain",
+            "predicted": "predicted vs plain (theorem, with verify cost)",
+        },
+    )
 
 
 def run_dataset(dataset: str, names: list[str], runners: dict, loaded, args) -> dict:
@@ -265,7 +317,12 @@ def run_dataset(dataset: str, names: list[str], runners: dict, loaded, args) -> 
             runs[name].add(stats)
         print(f"{dataset}: prompt {index + 1}/{len(prompts)} done", flush=True)
     results = summarize(list(runs.values()), runs[reference], runs.get("plain"), base.greedy)
-    return {"dataset": dataset, "reference": reference, "limit": args.limit, "max_new_tokens": args.max_new_tokens,
-            "datastore": datastore_summary(args.datastore),
-            "sampling": {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed},
-            "runs": results}
+    return {
+        "dataset": dataset,
+        "reference": reference,
+        "limit": args.limit,
+        "max_new_tokens": args.max_new_tokens,
+        "datastore": datastore_summary(args.datastore),
+        "sampling": {"temperature": args.temperature, "top_p": args.top_p, "top_k": args.top_k, "seed": args.seed},
+        "runs": results,
+    }

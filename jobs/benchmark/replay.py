@@ -38,6 +38,7 @@ Time is the drafter's own, everything it does over the request-steps it serves (
 finishing requests, taking in emitted tokens, drafting); memory is the resident growth of a fresh
 process running that replay (forked, so code already loaded is not counted).
 """
+
 from __future__ import annotations
 
 import gc
@@ -60,39 +61,71 @@ from pipeline.engines.speculation import Chooser
 def add_cli_args(parser) -> None:
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="greedy runs whose outputs are replayed")
     parser.add_argument("--batch", type=integers, default=[1, 16], help="running requests, comma-separated")
-    parser.add_argument("--methods", default="", help="comma-separated (default: all of them; the docstring says which)")
+    parser.add_argument(
+        "--methods", default="", help="comma-separated (default: all of them; the docstring says which)"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=0, help="each answer cut to this many tokens (0: whole)")
     parser.add_argument("--store", default="", help="an earlier runs' datastore (jobs.build_datastore)")
     parser.add_argument("--max-draft", type=int, default=16, help="draft tokens per request-step, at most")
     parser.add_argument("--ngram-min", type=int, default=2, help="vllm_ngram's shortest n-gram")
     parser.add_argument("--ngram-max", type=int, default=4, help="vllm_ngram's longest n-gram")
-    parser.add_argument("--project", default="a100-8b",
-                        help="the GPU and model of the roofline projection (a100|h100 - 8b|70b; empty: none), or "
-                             "`cpu`: this CPU's vLLM engine as --host-step measured it; adds ours with that step budget")
-    parser.add_argument("--step-costs", default="", metavar="GPU_STEP_JSON",
-                        help="step costs measured on that GPU (the gpu-step subcommand) for the projection and the "
-                             "budget, instead of the roofline")
-    parser.add_argument("--host-step", default="", metavar="HOST_STEP_JSON",
-                        help="the host's time per step (the host-step subcommand), which async scheduling hides "
-                             "(with --project cpu: the CPU's whole step, host and device)")
+    parser.add_argument(
+        "--project",
+        default="a100-8b",
+        help="the GPU and model of the roofline projection (a100|h100 - 8b|70b; empty: none), or "
+        "`cpu`: this CPU's vLLM engine as --host-step measured it; adds ours with that step budget",
+    )
+    parser.add_argument(
+        "--step-costs",
+        default="",
+        metavar="GPU_STEP_JSON",
+        help="step costs measured on that GPU (the gpu-step subcommand) for the projection and the "
+        "budget, instead of the roofline",
+    )
+    parser.add_argument(
+        "--host-step",
+        default="",
+        metavar="HOST_STEP_JSON",
+        help="the host's time per step (the host-step subcommand), which async scheduling hides "
+        "(with --project cpu: the CPU's whole step, host and device)",
+    )
     parser.add_argument("--plots", default="", help="directory for the calibration plot (default: none)")
-    parser.add_argument("--predictions", nargs="+", default=[], metavar="EARLIER_RUN_DIR",
-                        help="earlier runs of the replayed rows (a series' last outputs): each row's prediction is "
-                             "the generated_tokens of its id there (an id in several: the last listed); adds "
-                             "ours_prediction")
-    parser.add_argument("--prediction-w", type=int, default=128,
-                        help="a prediction's draft tokens per request-step, at most (the engine's engine.prediction_w)")
-    parser.add_argument("--actor-hours", type=numbers, default=[1.0, 8.0],
-                        help="engine.speculation auto's projection: the hours of work one actor is given, comma-separated")
-    parser.add_argument("--restart-seconds", type=float, default=60.0,
-                        help="engine.speculation auto's projection: an engine's start, in seconds (an 8B model on a "
-                             "GPU: weights, compilation and CUDA graphs; this CPU's SmolLM2: about 5)")
+    parser.add_argument(
+        "--predictions",
+        nargs="+",
+        default=[],
+        metavar="EARLIER_RUN_DIR",
+        help="earlier runs of the replayed rows (a series' last outputs): each row's prediction is "
+        "the generated_tokens of its id there (an id in several: the last listed); adds "
+        "ours_prediction",
+    )
+    parser.add_argument(
+        "--prediction-w",
+        type=int,
+        default=128,
+        help="a prediction's draft tokens per request-step, at most (the engine's engine.prediction_w)",
+    )
+    parser.add_argument(
+        "--actor-hours",
+        type=numbers,
+        default=[1.0, 8.0],
+        help="engine.speculation auto's projection: the hours of work one actor is given, comma-separated",
+    )
+    parser.add_argument(
+        "--restart-seconds",
+        type=float,
+        default=60.0,
+        help="engine.speculation auto's projection: an engine's start, in seconds (an 8B model on a "
+        "GPU: weights, compilation and CUDA graphs; this CPU's SmolLM2: about 5)",
+    )
 
 
 def markdown(report: dict) -> str:
     from jobs.benchmark.report import markdown_table
 
-    rows = [{key: value for key, value in row.items() if not isinstance(value, (dict, list))} for row in report["replay"]]
+    rows = [
+        {key: value for key, value in row.items() if not isinstance(value, (dict, list))} for row in report["replay"]
+    ]
     table = markdown_table(rows)
     if "projection" in report:
         table += "\n\n" + report["projection"]["formula"] + "\n\n" + markdown_table(report["projection"]["rows"])
@@ -110,6 +143,7 @@ def resident_mb() -> float:
 class HostedStepCost:
     """A GPU step's cost plus the host's seconds that a synchronous engine adds to every step
     (scheduling, inputs, outputs: what async scheduling would overlap with the GPU's work)."""
+
     device: object  # a step cost: RooflineStepCost or MeasuredStepCost
     host: float
 
@@ -134,7 +168,9 @@ class StepClock:
             gpu, model = (part.lower() for part in projection.split("-"))
             self.gpu, self.model = GPUS[gpu], MODELS[model]
         self.measured = measured  # a jobs.benchmark.gpu_step report: its step costs, not the roofline's
-        self.host = host if self.cpu is None else None  # a jobs.benchmark.host_step report: the host's ms per step by batch
+        self.host = (
+            host if self.cpu is None else None
+        )  # a jobs.benchmark.host_step report: the host's ms per step by batch
         self.measured_costs: dict[int, HostedStepCost] = {}  # by running requests (measured costs only)
 
     @property
@@ -157,7 +193,9 @@ class StepClock:
         if self.measured is None:
             return HostedStepCost(self.device_cost(running, lengths), host_seconds(self.host, running))
         if running not in self.measured_costs:
-            self.measured_costs[running] = HostedStepCost(self.device_cost(running, lengths), host_seconds(self.host, running))
+            self.measured_costs[running] = HostedStepCost(
+                self.device_cost(running, lengths), host_seconds(self.host, running)
+            )
         return self.measured_costs[running]
 
     def step(self, running: int, fed: int, context: int, prompts: int = 0) -> None:
@@ -196,8 +234,11 @@ def replay(args, method: str, batch: int, answers: list[Answer], store, budget: 
     (or ours_prediction) with that GPU-model's step budget."""
     gc.collect()
     before = resident_mb()
-    clock = (StepClock(budget or args.project, step_costs(args), read_json(getattr(args, "host_step", "")))
-             if (budget or args.project) else None)
+    clock = (
+        StepClock(budget or args.project, step_costs(args), read_json(getattr(args, "host_step", "")))
+        if (budget or args.project)
+        else None
+    )
     drafter = METHODS[method](args, store, answers, clock.cost) if budget else METHODS[method](args, store, answers)
     longest = max(len(a.prompt) + len(a.output) for a in answers) + 1
     tokens = np.zeros((batch, longest), np.int32)
@@ -210,7 +251,7 @@ def replay(args, method: str, batch: int, answers: list[Answer], store, budget: 
         while waiting and free_rows:  # a free slot takes the next request: its prefill step emits one token
             key, row = waiting.pop(), free_rows.pop()
             answer = answers[key]
-            tokens[row, :len(answer.prompt) + len(answer.output)] = np.concatenate([answer.prompt, answer.output])
+            tokens[row, : len(answer.prompt) + len(answer.output)] = np.concatenate([answer.prompt, answer.output])
             active[key] = [row, 0, None]
             started = time.perf_counter()
             drafter.start(key, answer.prompt, len(answer.prompt) + answer.max_tokens)
@@ -232,20 +273,31 @@ def replay(args, method: str, batch: int, answers: list[Answer], store, budget: 
                 active[key][2] = draft
         seconds += step_seconds
     steps = totals["steps"]
-    row = {"method": f"{method}_budget_{budget.replace('-', '_')}" if budget else method, "batch": batch,
-           "tokens_per_step": round(totals["emitted"] / steps, 4), "draft_tokens_per_step": round(totals["drafted"] / steps, 4),
-           "us_per_request_step_mean": round(1e6 * seconds / max(calls, 1), 2),
-           "us_per_request_step_p99": round(1e6 * float(np.percentile(per_step, 99)), 2) if per_step else 0.0,
-           "memory_mb": round(resident_mb() - before, 1), "request_steps": steps, "most_fed_in_a_step": totals["most_fed"]}
+    row = {
+        "method": f"{method}_budget_{budget.replace('-', '_')}" if budget else method,
+        "batch": batch,
+        "tokens_per_step": round(totals["emitted"] / steps, 4),
+        "draft_tokens_per_step": round(totals["drafted"] / steps, 4),
+        "us_per_request_step_mean": round(1e6 * seconds / max(calls, 1), 2),
+        "us_per_request_step_p99": round(1e6 * float(np.percentile(per_step, 99)), 2) if per_step else 0.0,
+        "memory_mb": round(resident_mb() - before, 1),
+        "request_steps": steps,
+        "most_fed_in_a_step": totals["most_fed"],
+    }
     if isinstance(drafter, Ours):
         row["calibration_error"] = round(drafter.calibration.error(), 4)
         row["calibration"] = drafter.calibration.rows()
-    if getattr(drafter, "predictions", None) is not None:  # its prediction tokens drafted, and accepted, per request-step
+    if (
+        getattr(drafter, "predictions", None) is not None
+    ):  # its prediction tokens drafted, and accepted, per request-step
         row["prediction_tokens_per_step"] = round(drafter.predictions.drafted / steps, 4)
         row["accepted_prediction_tokens_per_step"] = round(drafter.predictions.accepted / steps, 4)
     if clock is not None:  # seconds on the GPU, the host's per step, the drafter's (see `projection`)
-        row["projected_seconds"] = {"gpu": round(clock.seconds, 6), "host": round(clock.host_seconds, 6),
-                                    "drafter": round(seconds, 6)}
+        row["projected_seconds"] = {
+            "gpu": round(clock.seconds, 6),
+            "host": round(clock.host_seconds, 6),
+            "drafter": round(seconds, 6),
+        }
         if clock.prefill:  # (within "gpu": the steps' seconds)
             row["projected_seconds"]["prefill"] = round(clock.prefill_seconds, 6)
     return row
@@ -259,7 +311,11 @@ def verify(active: dict, answers: list[Answer], drafter, free_rows: list, totals
         output = answers[key].output
         draft = state[2] if state[2] is not None else np.zeros(0, np.int64)
         accepted = 0
-        while accepted < len(draft) and state[1] + accepted < len(output) - 1 and draft[accepted] == output[state[1] + accepted]:
+        while (
+            accepted < len(draft)
+            and state[1] + accepted < len(output) - 1
+            and draft[accepted] == output[state[1] + accepted]
+        ):
             accepted += 1
         drafter.judged(key, accepted)
         if clock is not None and clock.prefill and state[2] is None:  # its first step: its prompt, not one token
@@ -267,7 +323,10 @@ def verify(active: dict, answers: list[Answer], drafter, free_rows: list, totals
         fed, context = fed + 1 + len(draft), context + len(answers[key].prompt) + state[1]
         state[1] += accepted + 1
         totals["steps"], totals["emitted"], totals["drafted"] = (
-            totals["steps"] + 1, totals["emitted"] + accepted + 1, totals["drafted"] + len(draft))
+            totals["steps"] + 1,
+            totals["emitted"] + accepted + 1,
+            totals["drafted"] + len(draft),
+        )
         if state[1] >= len(output):
             started = time.perf_counter()
             drafter.finish(key, output)
@@ -301,9 +360,13 @@ def run(args) -> dict:
     from drafters.datastore import Datastore
 
     if args.project == "cpu" and (args.step_costs or not args.host_step):
-        raise SystemExit("--project cpu: this CPU's step comes from --host-step (python -m jobs.benchmark host-step), "
-                         "not --step-costs (a GPU's)")
-    answers = load_answers(args.runs, args.max_new_tokens, load_predictions(args.predictions) if args.predictions else None)
+        raise SystemExit(
+            "--project cpu: this CPU's step comes from --host-step (python -m jobs.benchmark host-step), "
+            "not --step-costs (a GPU's)"
+        )
+    answers = load_answers(
+        args.runs, args.max_new_tokens, load_predictions(args.predictions) if args.predictions else None
+    )
     store = Datastore.open(args.store) if args.store else None
     methods = [m for m in (args.methods or ",".join(METHODS)).split(",") if m]
     unknown = [m for m in methods if m not in METHODS]
@@ -319,8 +382,11 @@ def run(args) -> dict:
     for batch in args.batch:
         jobs += [(args, method, batch, answers, store) for method in methods]
         if args.project:  # ours (and ours_prediction) with that GPU's budget
-            jobs += [(args, m, batch, answers, store, args.project) for m in ("ours", "ours_prediction")
-                     if m == "ours" or m in methods]
+            jobs += [
+                (args, m, batch, answers, store, args.project)
+                for m in ("ours", "ours_prediction")
+                if m == "ours" or m in methods
+            ]
     _warm_up(jobs)
     rows = []
     context = multiprocessing.get_context("fork")
@@ -328,19 +394,30 @@ def run(args) -> dict:
     for job in jobs:
         with context.Pool(1) as pool:
             rows.append(pool.apply(_replay_in_child, (job,)))
-        calibration += [{"method": rows[-1]["method"], "batch": rows[-1]["batch"], **depth}
-                        for depth in rows[-1].pop("calibration", [])]
-    report = {"replay": rows, "answers": len(answers), "generated_tokens": int(sum(len(a.output) for a in answers)),
-              "predicted_answers": sum(a.prediction is not None for a in answers),
-              "store_tokens": int(len(store)) if store is not None else 0, "max_draft": args.max_draft,
-              "skipped": skipped, "calibration": calibration}
+        calibration += [
+            {"method": rows[-1]["method"], "batch": rows[-1]["batch"], **depth}
+            for depth in rows[-1].pop("calibration", [])
+        ]
+    report = {
+        "replay": rows,
+        "answers": len(answers),
+        "generated_tokens": int(sum(len(a.output) for a in answers)),
+        "predicted_answers": sum(a.prediction is not None for a in answers),
+        "store_tokens": int(len(store)) if store is not None else 0,
+        "max_draft": args.max_draft,
+        "skipped": skipped,
+        "calibration": calibration,
+    }
     if calibration and args.plots:
         runs = ", ".join(Path(run).parent.name or run for run in args.runs)
         report["calibration_plot"] = str(calibration_plot(calibration, Path(args.plots), runs))
     if args.project:
         host = read_json(args.host_step)
-        report["projection"] = (cpu_projection(rows, host) if args.project == "cpu"
-                                else projection(rows, args.project, step_costs(args), host))
+        report["projection"] = (
+            cpu_projection(rows, host)
+            if args.project == "cpu"
+            else projection(rows, args.project, step_costs(args), host)
+        )
         report["projection"]["auto"] = auto_projection(rows, args)
     return report
 
@@ -361,8 +438,10 @@ def auto_projection(rows: list[dict], args) -> list[dict]:
         found = {row["method"]: row for row in rows if row["batch"] == batch}
         if "plain" not in found or ours not in found:
             continue
-        rates = {"ours": rate(found.get(ours + budget, found[ours]), *parts),
-                 speculation.PLAIN: rate(found["plain"], "gpu") if gpu else rate(found["plain"], *parts)}
+        rates = {
+            "ours": rate(found.get(ours + budget, found[ours]), *parts),
+            speculation.PLAIN: rate(found["plain"], "gpu") if gpu else rate(found["plain"], *parts),
+        }
         ngram = found.get("vllm_ngram_gpu", found.get("vllm_ngram"))
         if gpu and ngram is not None:
             rates["vllm_ngram_gpu"] = rate(ngram, "gpu")
@@ -373,18 +452,31 @@ def auto_projection(rows: list[dict], args) -> list[dict]:
         plain = rates[speculation.PLAIN]
         for hours in args.actor_hours:
             measured, chooser = simulate_auto(rates, platform, batch, predicted, 3600 * hours, args.restart_seconds)
-            auto.append({"batch": batch, "actor_hours": hours, "ours": ours + budget if ours + budget in found else ours,
-                         **{f"{name}_tokens_per_second": round(value, 1) for name, value in rates.items()},
-                         "rule": rule.choice, "rule_measures": rule.measure, "rows_with_predictions": predicted,
-                         "short_job_vs_plain": round(short / plain, 3), "auto_drafter": chooser.current,
-                         "auto_switches": len(chooser.switches), "auto_tokens_per_second": round(measured, 1),
-                         "auto_vs_plain": round(measured / plain, 3), "auto_vs_ours": round(measured / rates["ours"], 3),
-                         "best": max(rates, key=rates.get), "auto_vs_best": round(measured / max(rates.values()), 3)})
+            auto.append(
+                {
+                    "batch": batch,
+                    "actor_hours": hours,
+                    "ours": ours + budget if ours + budget in found else ours,
+                    **{f"{name}_tokens_per_second": round(value, 1) for name, value in rates.items()},
+                    "rule": rule.choice,
+                    "rule_measures": rule.measure,
+                    "rows_with_predictions": predicted,
+                    "short_job_vs_plain": round(short / plain, 3),
+                    "auto_drafter": chooser.current,
+                    "auto_switches": len(chooser.switches),
+                    "auto_tokens_per_second": round(measured, 1),
+                    "auto_vs_plain": round(measured / plain, 3),
+                    "auto_vs_ours": round(measured / rates["ours"], 3),
+                    "best": max(rates, key=rates.get),
+                    "auto_vs_best": round(measured / max(rates.values()), 3),
+                }
+            )
     return auto
 
 
-def simulate_auto(rates: dict[str, float], platform: str, running: int, predicted: bool, seconds: float,
-                  restart_seconds: float):
+def simulate_auto(
+    rates: dict[str, float], platform: str, running: int, predicted: bool, seconds: float, restart_seconds: float
+):
     """An actor's Chooser (its engine `running` requests at once, on `platform`, its rows with
     predictions or not, as the job tells it) over `seconds` of work at each mode's tokens/s `rates`:
     a batch of `running` rows a second; a switch costs `restart_seconds` with nothing generated.
@@ -449,17 +541,27 @@ def cpu_projection(rows: list[dict], host: dict) -> dict:
         plain = next((r for r in rows if r["batch"] == batch and r["method"] == "plain"), None)
         for row in (r for r in rows if r["batch"] == batch):
             spent = row["projected_seconds"]
-            entry = {"method": row["method"], "batch": batch, "tokens_per_second": round(rate(row, "gpu", "drafter"), 1),
-                     "prefill_share": round(spent["prefill"] / (spent["gpu"] + spent["drafter"]), 3)}
+            entry = {
+                "method": row["method"],
+                "batch": batch,
+                "tokens_per_second": round(rate(row, "gpu", "drafter"), 1),
+                "prefill_share": round(spent["prefill"] / (spent["gpu"] + spent["drafter"]), 3),
+            }
             if plain is not None:
                 entry["vs_plain"] = round(rate(row, "gpu", "drafter") / rate(plain, "gpu", "drafter"), 3)
                 entry["decoding_vs_plain"] = round(decoding_rate(row) / decoding_rate(plain), 3)
             projected.append(entry)
-    measured = ", ".join(f"B {r['batch']}: {r['host_ms_per_step'] + r['device_ms_per_step']:.1f}" for r in host["median"])
-    return {"gpu": "none: this CPU", "model": host.get("model", ""),
-            "formula": "tokens/s = sum tokens / sum_t (c(n_t) + d_t), n_t counting a request's prompt at its first step; "
-                       "c(n) = a plain step of n requests on this CPU's "
-                       f"vLLM engine, host and device, ms (--host-step): {measured}", "rows": projected}
+    measured = ", ".join(
+        f"B {r['batch']}: {r['host_ms_per_step'] + r['device_ms_per_step']:.1f}" for r in host["median"]
+    )
+    return {
+        "gpu": "none: this CPU",
+        "model": host.get("model", ""),
+        "formula": "tokens/s = sum tokens / sum_t (c(n_t) + d_t), n_t counting a request's prompt at its first step; "
+        "c(n) = a plain step of n requests on this CPU's "
+        f"vLLM engine, host and device, ms (--host-step): {measured}",
+        "rows": projected,
+    }
 
 
 def projection(rows: list[dict], name: str, measured: dict | None = None, host: dict | None = None) -> dict:
@@ -486,9 +588,12 @@ def projection(rows: list[dict], name: str, measured: dict | None = None, host: 
         plain = next((r for r in rows if r["batch"] == batch and r["method"] == "plain"), None)
         suffix = next((r for r in rows if r["batch"] == batch and r["method"] == "vllm_suffix"), None)
         for row in (r for r in rows if r["batch"] == batch):
-            entry = {"method": row["method"], "batch": batch,
-                     "tokens_per_second": round(rate(row, "gpu", "host", "drafter"), 1),
-                     "tokens_per_second_async": round(rate(row, "gpu"), 1)}
+            entry = {
+                "method": row["method"],
+                "batch": batch,
+                "tokens_per_second": round(rate(row, "gpu", "host", "drafter"), 1),
+                "tokens_per_second_async": round(rate(row, "gpu"), 1),
+            }
             if plain is not None:
                 plain_async, plain_sync = rate(plain, "gpu"), rate(plain, "gpu", "host", "drafter")
                 entry["vs_plain_async"] = round(entry["tokens_per_second"] / plain_async, 3)
@@ -497,14 +602,26 @@ def projection(rows: list[dict], name: str, measured: dict | None = None, host: 
             if suffix is not None:  # both synchronous, as vLLM runs them today
                 entry["vs_vllm_suffix"] = round(entry["tokens_per_second"] / rate(suffix, "gpu", "host", "drafter"), 3)
             projected.append(entry)
-    step = ("c(n, B) measured (MeasuredStepCost over --step-costs, context "
-            f"{measured['context']}, {measured['device']})" if measured is not None
-            else "c(n, ctx) = max((2 P + B ctx kv) / bandwidth, 2 P n / flops)")
-    source = ("this CPU's vLLM host milliseconds per step, scaled to another host by jobs.benchmark.host_speed"
-              if host is not None and "scaled_by" in host else "this CPU's vLLM host milliseconds per step")
-    hosted = (f"h(B) = {source} (--host-step): "
-              + ", ".join(f"B {r['batch']}: {r['host_ms_per_step']}" for r in host["median"]) if host is not None
-              else "h(B) = 0 (no --host-step)")
-    return {"gpu": GPUS[gpu].name, "model": MODELS[model].name,
-            "formula": f"synchronous: tokens/s = sum tokens / sum_t (c(n_t) + h(B_t) + d_t); asynchronous: "
-                       f"sum tokens / sum_t c(n_t); {step}; {hosted}", "rows": projected}
+    step = (
+        f"c(n, B) measured (MeasuredStepCost over --step-costs, context {measured['context']}, {measured['device']})"
+        if measured is not None
+        else "c(n, ctx) = max((2 P + B ctx kv) / bandwidth, 2 P n / flops)"
+    )
+    source = (
+        "this CPU's vLLM host milliseconds per step, scaled to another host by jobs.benchmark.host_speed"
+        if host is not None and "scaled_by" in host
+        else "this CPU's vLLM host milliseconds per step"
+    )
+    hosted = (
+        f"h(B) = {source} (--host-step): "
+        + ", ".join(f"B {r['batch']}: {r['host_ms_per_step']}" for r in host["median"])
+        if host is not None
+        else "h(B) = 0 (no --host-step)"
+    )
+    return {
+        "gpu": GPUS[gpu].name,
+        "model": MODELS[model].name,
+        "formula": f"synchronous: tokens/s = sum tokens / sum_t (c(n_t) + h(B_t) + d_t); asynchronous: "
+        f"sum tokens / sum_t c(n_t); {step}; {hosted}",
+        "rows": projected,
+    }

@@ -1,5 +1,6 @@
 """The replay's answers (jobs/benchmark/replay.py): a finished greedy run's rows, each with its
 prediction where --predictions names earlier runs of the same rows (a series' last outputs)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,7 +17,9 @@ class Answer:
     prediction: np.ndarray | None = None  # [Q] int64: what its answer should resemble (--predictions), if any
 
 
-def load_answers(run_dirs: list[str], max_tokens: int, predictions: dict[str, np.ndarray] | None = None) -> list[Answer]:
+def load_answers(
+    run_dirs: list[str], max_tokens: int, predictions: dict[str, np.ndarray] | None = None
+) -> list[Answer]:
     """The runs' answers; with `predictions` (load_predictions) each with its id's prediction."""
     import pyarrow.parquet as pq
 
@@ -32,9 +35,15 @@ def load_answers(run_dirs: list[str], max_tokens: int, predictions: dict[str, np
         ids = table.column("id").to_pylist() if has_ids else [""] * len(table)
         for key, prompt, output, finish in zip(ids, *(table.column(name).to_pylist() for name in names)):
             if prompt and output:  # a request cut by its token budget had exactly that many
-                answers.append(Answer(np.array(prompt, np.int64), np.array(output, np.int64),
-                                      len(output) if finish == "length" else max(max_tokens, len(output)),
-                                      str(key or ""), (predictions or {}).get(str(key))))
+                answers.append(
+                    Answer(
+                        np.array(prompt, np.int64),
+                        np.array(output, np.int64),
+                        len(output) if finish == "length" else max(max_tokens, len(output)),
+                        str(key or ""),
+                        (predictions or {}).get(str(key)),
+                    )
+                )
     if not answers:
         raise SystemExit(f"--replay {run_dirs}: no rows with prompt_token_ids and generated_tokens")
     return answers

@@ -3,6 +3,7 @@
 row's prediction drafted from as vLLM's proposer does, drafters/prediction.py), vLLM's suffix method
 (arctic-inference's cache), vLLM's n-gram lookup, plain decoding, and the copy ceiling (a bound:
 the fewest steps of any drafter that copies from a row's prediction, prompt and output)."""
+
 from __future__ import annotations
 
 import functools
@@ -60,12 +61,19 @@ class Ours(Method):
         if self.predictions is not None:
             self.predictions.start(key)
 
-    def draft(self, batch: list[int], rows: np.ndarray, lengths: np.ndarray, prompts: np.ndarray,
-              limits: np.ndarray, tokens: np.ndarray) -> list[np.ndarray]:
+    def draft(
+        self,
+        batch: list[int],
+        rows: np.ndarray,
+        lengths: np.ndarray,
+        prompts: np.ndarray,
+        limits: np.ndarray,
+        tokens: np.ndarray,
+    ) -> list[np.ndarray]:
         step_cost = None if self.cost is None else self.cost(len(batch), lengths)
         table = None if step_cost is None else self.table(step_cost, len(batch))
         self.out = out = self.drafter.step(batch, tokens, rows, lengths, table)
-        drafts = [out.tokens[i, :out.lengths[i]] for i in range(len(batch))]
+        drafts = [out.tokens[i, : out.lengths[i]] for i in range(len(batch))]
         if self.predictions is not None:
             self.predictions.step(batch, rows, lengths, prompts, limits, tokens, out.confidence, drafts, step_cost)
         return drafts
@@ -111,16 +119,32 @@ class Predictions:
         if prediction is not None and len(prediction):
             self.drafters[key] = (PredictionDrafter(prediction.tolist()), Hold())
 
-    def step(self, batch: list[int], rows: np.ndarray, lengths: np.ndarray, prompts: np.ndarray, limits: np.ndarray,
-             tokens: np.ndarray, confidence: np.ndarray, drafts: list[np.ndarray], cost) -> None:
+    def step(
+        self,
+        batch: list[int],
+        rows: np.ndarray,
+        lengths: np.ndarray,
+        prompts: np.ndarray,
+        limits: np.ndarray,
+        tokens: np.ndarray,
+        confidence: np.ndarray,
+        drafts: list[np.ndarray],
+        cost,
+    ) -> None:
         """Replaces, in `drafts`, the drafter's drafts that step_drafts prefers a prediction's to."""
         chosen = [i for i, key in enumerate(batch) if key in self.drafters]
         if not chosen:
             return
-        predictions = [(*self.drafters[batch[i]], tokens[rows[i], prompts[i]:lengths[i]].tolist(),
-                        int(min(self.w, limits[i] - lengths[i] - 1))) for i in chosen]
+        predictions = [
+            (
+                *self.drafters[batch[i]],
+                tokens[rows[i], prompts[i] : lengths[i]].tolist(),
+                int(min(self.w, limits[i] - lengths[i] - 1)),
+            )
+            for i in chosen
+        ]
         fed = len(batch) + sum(map(len, drafts))
-        found = step_drafts(predictions, [confidence[i, :len(drafts[i])] for i in chosen], fed, self.holds, cost)
+        found = step_drafts(predictions, [confidence[i, : len(drafts[i])] for i in chosen], fed, self.holds, cost)
         for i, guess in zip(chosen, found):
             if guess is not None:
                 drafts[i] = np.array(guess, np.int64)
@@ -129,7 +153,7 @@ class Predictions:
     def judged(self, key: int, accepted: int) -> None:
         position, draft = self.pending.pop(key, (0, None))
         if draft is not None:
-            emitted = self.answers[key].output[position:position + accepted + 1].tolist()
+            emitted = self.answers[key].output[position : position + accepted + 1].tolist()
             self.holds.judge(self.drafters[key][1], draft, emitted)
             self.drafted, self.accepted = self.drafted + len(draft), self.accepted + accepted
 
@@ -151,9 +175,17 @@ class DepthCalibration:
 
     def rows(self) -> list[dict]:
         drafts, model, calibrated, held = self.sums
-        return [{"depth": j + 1, "drafts": int(drafts[j]), "predicted_model": round(float(model[j] / drafts[j]), 4),
-                 "predicted_calibrated": round(float(calibrated[j] / drafts[j]), 4), "observed": round(float(held[j] / drafts[j]), 4)}
-                for j in range(len(drafts)) if drafts[j]]
+        return [
+            {
+                "depth": j + 1,
+                "drafts": int(drafts[j]),
+                "predicted_model": round(float(model[j] / drafts[j]), 4),
+                "predicted_calibrated": round(float(calibrated[j] / drafts[j]), 4),
+                "observed": round(float(held[j] / drafts[j]), 4),
+            }
+            for j in range(len(drafts))
+            if drafts[j]
+        ]
 
     def error(self) -> float:
         """The calibrated prediction's mean absolute error over depths, weighted by drafts."""
@@ -181,11 +213,16 @@ class ArcticSuffix(Method):
 
     def draft(self, batch, rows, lengths, prompts, limits, tokens):
         drafts = []
-        for key, row, n, prompt, limit in zip(batch, rows, lengths, prompts, limits):
-            self.cache.add_active_response(key, tokens[row, self.seen[key]:n].tolist())
+        for key, row, n, limit in zip(batch, rows, lengths, limits):
+            self.cache.add_active_response(key, tokens[row, self.seen[key] : n].tolist())
             self.seen[key] = n
-            draft = self.cache.speculate(key, tokens[row, max(0, n - 24):n], max_spec_tokens=min(self.max_draft, limit - n - 1),
-                                         max_spec_factor=1.0, min_token_prob=0.1)
+            draft = self.cache.speculate(
+                key,
+                tokens[row, max(0, n - 24) : n],
+                max_spec_tokens=min(self.max_draft, limit - n - 1),
+                max_spec_factor=1.0,
+                min_token_prob=0.1,
+            )
             drafts.append(np.array(draft.token_ids, np.int64))
         return drafts
 
@@ -208,9 +245,11 @@ class VllmNgram(Method):
         counts = np.zeros(tokens.shape[0], np.int32)
         numbers = np.zeros(tokens.shape[0], np.int32)
         numbers[rows] = lengths
-        self.propose(list(rows), numbers, tokens, args.ngram_min, args.ngram_max, tokens.shape[1], self.w, drafts, counts)
+        self.propose(
+            list(rows), numbers, tokens, args.ngram_min, args.ngram_max, tokens.shape[1], self.w, drafts, counts
+        )
         room = limits - lengths - 1
-        return [drafts[row, :max(min(counts[row], limit), 0)].astype(np.int64) for row, limit in zip(rows, room)]
+        return [drafts[row, : max(min(counts[row], limit), 0)].astype(np.int64) for row, limit in zip(rows, room)]
 
 
 class VllmNgramGpu(VllmNgram):
@@ -249,11 +288,11 @@ class CopyCeiling(Method):
         for key, n, prompt, limit in zip(batch, lengths, prompts, limits):
             answer = self.answers[key]
             at, room = int(n - prompt), int(min(self.w, limit - n - 1))
-            ahead = answer.output[at:at + room]
+            ahead = answer.output[at : at + room]
             sizes = [longest_run(answer.prompt, ahead), longest_run(answer.output, ahead, before=at)]
             if answer.prediction is not None:
                 sizes.append(longest_run(answer.prediction, ahead))
-            drafts.append(ahead[:max(sizes)].astype(np.int64))
+            drafts.append(ahead[: max(sizes)].astype(np.int64))
         return drafts
 
 
@@ -278,8 +317,15 @@ class OursPredicted(Ours):
         super().__init__(args, store, answers, cost, predicted=True)
 
 
-METHODS = {"ours": Ours, "ours_prediction": OursPredicted, "vllm_suffix": ArcticSuffix, "vllm_ngram": VllmNgram,
-           "vllm_ngram_gpu": VllmNgramGpu, "plain": Plain, "copy_ceiling": CopyCeiling}
+METHODS = {
+    "ours": Ours,
+    "ours_prediction": OursPredicted,
+    "vllm_suffix": ArcticSuffix,
+    "vllm_ngram": VllmNgram,
+    "vllm_ngram_gpu": VllmNgramGpu,
+    "plain": Plain,
+    "copy_ceiling": CopyCeiling,
+}
 
 
 def store_documents(store) -> list[np.ndarray]:

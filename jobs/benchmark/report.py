@@ -1,5 +1,6 @@
 """The one report writer of the benchmark's subcommands: the report as JSON, and its markdown
 table beside it (the same path with .md), printed too."""
+
 from __future__ import annotations
 
 import json

@@ -8,6 +8,7 @@ each pass's wall time against the clean pass's and against one engine start, the
 resident memory after it (a failed engine's weights and KV cache given back, none leaked per
 restart), and whether its rows are the clean pass's, token for token.
 """
+
 from __future__ import annotations
 
 import time
@@ -43,6 +44,7 @@ def fail_at(steps: dict) -> None:
         if steps["count"] == steps["at"]:
             raise RuntimeError(INJECTED)
         return original(self)
+
     LLMEngine.step = step
 
 
@@ -53,8 +55,15 @@ def run(args) -> dict:
     from pipeline.llm.row_values import rows_table
     from pipeline.llm.stage import GenerationStage
 
-    config = load_config(overrides=["engine.name=vllm", f"model.name={args.model}", "engine.cpu_kv_cache_gib=1",
-                                    f"decoder.max_new_tokens={args.max_new_tokens}", "engine.speculation=on"])
+    config = load_config(
+        overrides=[
+            "engine.name=vllm",
+            f"model.name={args.model}",
+            "engine.cpu_kv_cache_gib=1",
+            f"decoder.max_new_tokens={args.max_new_tokens}",
+            "engine.speculation=on",
+        ]
+    )
     steps = {"count": 0, "at": 0}
     fail_at(steps)
     started = time.perf_counter()
@@ -63,7 +72,7 @@ def run(args) -> dict:
     convert = job_rows.request_row(config)
     rows = [{"id": p.request_id, "prompt": p.prompt} for p in load_prompts(args.dataset, args.limit)]
     batch = rows_table([{**row, **convert(row)} for row in rows])
-    passes, clean = [], None
+    passes, clean, clean_steps = [], None, 0
     for number in range(args.failures + 1):
         steps.update(count=0, at=0 if number == 0 else clean_steps // 2)
         began = time.perf_counter()
@@ -72,22 +81,46 @@ def run(args) -> dict:
         tokens = [row["generated_tokens"] for row in out]
         if number == 0:
             clean, clean_steps = tokens, steps["count"]
-        passes.append({"pass": "clean" if number == 0 else f"failure {number}", "seconds": round(seconds, 2),
-                       "extra_seconds": round(seconds - passes[0]["seconds"], 2) if passes else 0.0,
-                       "restarts": stage.restarts.total, "resident_mb": resident_mb(),
-                       "rows_as_clean": sum(a == b for a, b in zip(tokens, clean)),
-                       "errors": sum(row["error"] is not None for row in out)})
+        passes.append(
+            {
+                "pass": "clean" if number == 0 else f"failure {number}",
+                "seconds": round(seconds, 2),
+                "extra_seconds": round(seconds - passes[0]["seconds"], 2) if passes else 0.0,
+                "restarts": stage.restarts.total,
+                "resident_mb": resident_mb(),
+                "rows_as_clean": sum(a == b for a, b in zip(tokens, clean)),
+                "errors": sum(row["error"] is not None for row in out),
+            }
+        )
     stage.engine.close()
     first = passes[1]["resident_mb"] if len(passes) > 1 else None
-    return {"model": args.model, "dataset": args.dataset, "rows": len(rows), "max_new_tokens": args.max_new_tokens,
-            "engine_start_seconds": round(engine_start, 2), "clean_steps": clean_steps, "passes": passes,
-            "resident_growth_after_first_restart": round(passes[-1]["resident_mb"] / first - 1, 4) if first else None}
+    return {
+        "model": args.model,
+        "dataset": args.dataset,
+        "rows": len(rows),
+        "max_new_tokens": args.max_new_tokens,
+        "engine_start_seconds": round(engine_start, 2),
+        "clean_steps": clean_steps,
+        "passes": passes,
+        "resident_growth_after_first_restart": round(passes[-1]["resident_mb"] / first - 1, 4) if first else None,
+    }
 
 
 def markdown(report: dict) -> str:
     growth = report["resident_growth_after_first_restart"]
-    return (f"engine start {report['engine_start_seconds']} s; resident memory after the last restart against "
-            f"after the first: {'n/a' if growth is None else f'{growth:+.2%}'}\n\n"
-            + markdown_table(report["passes"], {"pass": "pass", "seconds": "seconds", "extra_seconds": "over clean",
-                                                "restarts": "restarts so far", "resident_mb": "resident MB",
-                                                "rows_as_clean": "rows = clean's", "errors": "error rows"}))
+    return (
+        f"engine start {report['engine_start_seconds']} s; resident memory after the last restart against "
+        f"after the first: {'n/a' if growth is None else f'{growth:+.2%}'}\n\n"
+        + markdown_table(
+            report["passes"],
+            {
+                "pass": "pass",
+                "seconds": "seconds",
+                "extra_seconds": "over clean",
+                "restarts": "restarts so far",
+                "resident_mb": "resident MB",
+                "rows_as_clean": "rows = clean's",
+                "errors": "error rows",
+            },
+        )
+    )

@@ -22,6 +22,7 @@ seed (issue 55: all of them on the vLLM engine).
 (the engine's keyed draws switched off: `VllmEngine.keyed_draws`), the two taking turns chunk by
 chunk in one process, for the cost of the keyed draws and their acceptance against vLLM's.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -46,9 +47,12 @@ def add_cli_args(parser) -> None:
     parser.add_argument("--spec", default="batch_suffix:1:auto", help="our methods on vLLM, comma-separated")
     parser.add_argument("--dtype", default="float32", choices=("auto", "float32", "bfloat16"))
     parser.add_argument("--batch-size", type=int, default=16, help="the engine's slots")
-    parser.add_argument("--compare-draws", action="store_true",
-                        help="also run each method with vLLM's own draws and rejection sampler, taking turns "
-                             "with the engine's keyed draws chunk by chunk (speed, tokens per call)")
+    parser.add_argument(
+        "--compare-draws",
+        action="store_true",
+        help="also run each method with vLLM's own draws and rejection sampler, taking turns "
+        "with the engine's keyed draws chunk by chunk (speed, tokens per call)",
+    )
     parser.add_argument("--chunks", type=int, default=4, help="chunks of the prompts the draws take turns on")
 
 
@@ -71,7 +75,7 @@ def target_rows(model, request: Request, tokens: list[int]) -> tuple[torch.Tenso
     """The target's distribution (the request's sampling settings applied) and the raw model's
     log-probabilities at each generated position: [len(tokens), V] each."""
     ids = torch.tensor([list(request.prompt_ids) + tokens[:-1]])
-    logits = model(ids).logits[0, len(request.prompt_ids) - 1:].double()
+    logits = model(ids).logits[0, len(request.prompt_ids) - 1 :].double()
     return target_probs(logits, request.sampling).double(), logits.log_softmax(-1)
 
 
@@ -86,8 +90,11 @@ def uniformity_p_value(us: list[float], bins: int = 10) -> float:
     counts = np.bincount(np.minimum((np.array(us) * bins).astype(int), bins - 1), minlength=bins)
     expected = len(us) / bins
     statistic = float(((counts - expected) ** 2 / expected).sum())
-    return float(torch.special.gammaincc(torch.tensor((bins - 1) / 2, dtype=torch.float64),
-                                         torch.tensor(statistic / 2, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(
+            torch.tensor((bins - 1) / 2, dtype=torch.float64), torch.tensor(statistic / 2, dtype=torch.float64)
+        )
+    )
 
 
 def gather(model, requests: list[Request], token_ids: list[list[int]], proposals: dict | None = None) -> Evidence:
@@ -106,15 +113,18 @@ def gather(model, requests: list[Request], token_ids: list[list[int]], proposals
             evidence.nll_expected += mean
             evidence.nll_variance += float((probs[position] * (surprise - mean) ** 2).sum())
         for proposal in (proposals or {}).get(request.request_id, []):
-            actual = tokens[proposal.position:proposal.position + len(proposal.tokens)]
+            actual = tokens[proposal.position : proposal.position + len(proposal.tokens)]
             rejected = next((j for j, (a, b) in enumerate(zip(proposal.tokens, actual)) if a != b), None)
             if rejected is None:
                 continue
             residual = probs[proposal.position + rejected].clone()
             residual[proposal.tokens[rejected]] = 0.0  # the draft put all its mass on its token
             if residual.sum() > 0:
-                add(evidence.after_rejection, evidence,
-                    pit(residual / residual.sum(), tokens[proposal.position + rejected], rng.random()))
+                add(
+                    evidence.after_rejection,
+                    evidence,
+                    pit(residual / residual.sum(), tokens[proposal.position + rejected], rng.random()),
+                )
     return evidence
 
 
@@ -139,9 +149,15 @@ def run(args) -> dict:
     engines = build_engines(base, methods, [args.batch_size])
     tokenizer = next(iter(engines.values())).tokenizer
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p)
-    requests = [Request(p.request_id, encode_prompt(tokenizer, p.prompt, p.request_id), args.max_new_tokens,
-                        sampling=dataclasses.replace(sampling, seed=args.seed + i))
-                for i, p in enumerate(load_prompts(args.dataset, args.limit))]
+    requests = [
+        Request(
+            p.request_id,
+            encode_prompt(tokenizer, p.prompt, p.request_id),
+            args.max_new_tokens,
+            sampling=dataclasses.replace(sampling, seed=args.seed + i),
+        )
+        for i, p in enumerate(load_prompts(args.dataset, args.limit))
+    ]
     model = load_model(engines[methods[0], args.batch_size].config.model).model
     draws = ("keyed", "vllm") if args.compare_draws else ("keyed",)
     runs = {}
@@ -151,9 +167,17 @@ def run(args) -> dict:
         runs.update({(method, way): run for way, run in generate_in_turns(engine, requests, ways, args.chunks).items()})
     plain = [r.token_ids if not isinstance(r, Failed) else None for r in runs[methods[0], "keyed"][0]]
     rows = [method_row(model, requests, method, way, *runs[method, way], plain) for method, way in runs]
-    return {"dataset": args.dataset, "model": args.model, "dtype": args.dtype, "sampling": dataclasses.asdict(sampling),
-            "seeds": f"{args.seed}..{args.seed + len(requests) - 1}", "max_new_tokens": args.max_new_tokens,
-            "batch": args.batch_size, "chunks": args.chunks, "runs": rows}
+    return {
+        "dataset": args.dataset,
+        "model": args.model,
+        "dtype": args.dtype,
+        "sampling": dataclasses.asdict(sampling),
+        "seeds": f"{args.seed}..{args.seed + len(requests) - 1}",
+        "max_new_tokens": args.max_new_tokens,
+        "batch": args.batch_size,
+        "chunks": args.chunks,
+        "runs": rows,
+    }
 
 
 def generate_in_turns(engine, requests: list[Request], draws: tuple[str, ...], chunks: int) -> dict:
@@ -163,11 +187,11 @@ def generate_in_turns(engine, requests: list[Request], draws: tuple[str, ...], c
     size = max(1, -(-len(requests) // chunks))
     out = {way: ([], 0.0) for way in draws}
     for chunk, start in enumerate(range(0, len(requests), size)):
-        for way in (draws if chunk % 2 == 0 else draws[::-1]):
+        for way in draws if chunk % 2 == 0 else draws[::-1]:
             if len(draws) > 1:
                 engine.keyed_draws(way == "keyed")
             began = time.perf_counter()
-            results = engine.generate(requests[start:start + size])
+            results = engine.generate(requests[start : start + size])
             done, seconds = out[way]
             out[way] = (done + results, seconds + time.perf_counter() - began)
     if len(draws) > 1:
@@ -181,20 +205,39 @@ def method_row(model, requests, method, way: str, results, seconds: float, plain
     evidence = gather(model, [request for request, _ in done], [r.token_ids for _, r in done])
     tokens = max(len(evidence.all_tokens) + evidence.impossible, 1)
     calls = sum(r.stats.num_target_calls for _, r in done)
-    return {"method": method.name, "draws": way, "tokens": tokens, "failed_rows": len(results) - len(done),
-            "tokens_per_s": round(tokens / seconds, 2), "tokens_per_call": round(tokens / max(calls, 1), 4),
-            "identical_to_plain": sum(not isinstance(r, Failed) and r.token_ids == p for r, p in zip(results, plain)),
-            "checked_draft_tokens": sum(r.stats.num_checked_draft_tokens for _, r in done),
-            "nll_per_token": round(evidence.nll / tokens, 4),
-            "nll_per_token_expected": round(evidence.nll_expected / tokens, 4), "z": round(evidence.z, 2),
-            "pit_p_value": uniformity_p_value(evidence.all_tokens), "impossible_tokens": evidence.impossible,
-            "example": done[0][1].text[:300] if done else None}
+    return {
+        "method": method.name,
+        "draws": way,
+        "tokens": tokens,
+        "failed_rows": len(results) - len(done),
+        "tokens_per_s": round(tokens / seconds, 2),
+        "tokens_per_call": round(tokens / max(calls, 1), 4),
+        "identical_to_plain": sum(not isinstance(r, Failed) and r.token_ids == p for r, p in zip(results, plain)),
+        "checked_draft_tokens": sum(r.stats.num_checked_draft_tokens for _, r in done),
+        "nll_per_token": round(evidence.nll / tokens, 4),
+        "nll_per_token_expected": round(evidence.nll_expected / tokens, 4),
+        "z": round(evidence.z, 2),
+        "pit_p_value": uniformity_p_value(evidence.all_tokens),
+        "impossible_tokens": evidence.impossible,
+        "example": done[0][1].text[:300] if done else None,
+    }
 
 
 def markdown(report: dict) -> str:
-    return markdown_table(report["runs"], {"method": "method", "draws": "draws", "tokens": "tokens",
-                                           "tokens_per_s": "tokens/s", "tokens_per_call": "tokens/call",
-                                           "identical_to_plain": "rows = plain's",
-                                           "checked_draft_tokens": "draft tokens checked", "nll_per_token": "NLL/token",
-                                           "nll_per_token_expected": "expected", "z": "z",
-                                           "pit_p_value": "PIT uniformity p", "impossible_tokens": "impossible"})
+    return markdown_table(
+        report["runs"],
+        {
+            "method": "method",
+            "draws": "draws",
+            "tokens": "tokens",
+            "tokens_per_s": "tokens/s",
+            "tokens_per_call": "tokens/call",
+            "identical_to_plain": "rows = plain's",
+            "checked_draft_tokens": "draft tokens checked",
+            "nll_per_token": "NLL/token",
+            "nll_per_token_expected": "expected",
+            "z": "z",
+            "pit_p_value": "PIT uniformity p",
+            "impossible_tokens": "impossible",
+        },
+    )

@@ -25,6 +25,7 @@ actor (ray.*'s defaults: 1 actor of 0.5 CPUs, batches of ray.batch_size rows). E
 summary.json gives tokens/s after start-up, mean tokens per call, generated tokens and the
 predictions' accepted and rejected tokens; rows identical to plain's compare generated_tokens by id.
 """
+
 from __future__ import annotations
 
 import json
@@ -39,15 +40,28 @@ from jobs.benchmark.report import markdown_table
 
 # method -> the overrides of its runs (ours: the series' default drafter, drafting from predictions)
 # (each drafts throughout, engine.speculation on: the comparison is of methods, not of modes)
-METHODS = {"ours": ["engine.speculation=on"], "vllm_suffix": ["decoder.drafter=vllm_suffix", "engine.speculation=on"],
-           "plain": ["decoder.drafter=none"]}
+METHODS = {
+    "ours": ["engine.speculation=on"],
+    "vllm_suffix": ["decoder.drafter=vllm_suffix", "engine.speculation=on"],
+    "plain": ["decoder.drafter=none"],
+}
 KINDS = ("line", "field", "paragraph")
 # Issue 64's goals for edited rows through the job on this CPU: at B = 1, ours/vllm_suffix of
 # tokens per call and of tokens/s at least these; at B > 1, tokens/s not below either other method.
 GOAL_CALLS_B1, GOAL_SPEED_B1 = 2.5, 1.4
-SUMMARY_FIELDS = ("tokens_per_second_after_startup", "mean_tokens_per_call", "generated_tokens",
-                  "accepted_prediction_tokens", "rejected_prediction_tokens", "rows", "errored_rows",
-                  "changed_rows", "seconds_to_first_batch", "wall_seconds", "engine_step_cost")
+SUMMARY_FIELDS = (
+    "tokens_per_second_after_startup",
+    "mean_tokens_per_call",
+    "generated_tokens",
+    "accepted_prediction_tokens",
+    "rejected_prediction_tokens",
+    "rows",
+    "errored_rows",
+    "changed_rows",
+    "seconds_to_first_batch",
+    "wall_seconds",
+    "engine_step_cost",
+)
 
 
 def cells(text: str) -> list[tuple[str, int]]:
@@ -64,16 +78,34 @@ def cells(text: str) -> list[tuple[str, int]]:
 def add_cli_args(parser) -> None:
     add_prompt_args(parser, limit=16, max_new_tokens=128)
     parser.set_defaults(dataset="corpus-rewrite-code")
-    parser.add_argument("--cells", type=cells, default=cells("line:1,line:16,field:1,field:16,paragraph:1,paragraph:16"),
-                        help="EDIT:B pairs, comma-separated: the edit kind (line, field, paragraph) and "
-                             "engine.max_num_seqs of each measurement")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="a job setting for every run (as python -m jobs.generate --set)")
-    parser.add_argument("--ours", dest="variants", type=variant, action="append", default=[],
-                        metavar="NAME:SECTION.KEY=VALUE[,...]",
-                        help="another run of ours with these settings (method ours:NAME), on a copy of the series "
-                             "after its first run; repeatable")
-    parser.add_argument("--workdir", default="", help="where the inputs, outputs and logs go (default: a new temporary directory)")
+    parser.add_argument(
+        "--cells",
+        type=cells,
+        default=cells("line:1,line:16,field:1,field:16,paragraph:1,paragraph:16"),
+        help="EDIT:B pairs, comma-separated: the edit kind (line, field, paragraph) and "
+        "engine.max_num_seqs of each measurement",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="a job setting for every run (as python -m jobs.generate --set)",
+    )
+    parser.add_argument(
+        "--ours",
+        dest="variants",
+        type=variant,
+        action="append",
+        default=[],
+        metavar="NAME:SECTION.KEY=VALUE[,...]",
+        help="another run of ours with these settings (method ours:NAME), on a copy of the series "
+        "after its first run; repeatable",
+    )
+    parser.add_argument(
+        "--workdir", default="", help="where the inputs, outputs and logs go (default: a new temporary directory)"
+    )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds one job run may take")
 
 
@@ -97,16 +129,23 @@ def measure_cell(args, work: Path, prompts, kind: str, batch: int, order: list[s
     """One cell: the series' first run, then `order`'s runs on the edited corpus (ours and each
     variant of ours on a series of its own, copied from the first run's); each method's summary
     (with `tokens`: its rows' generated tokens by id)."""
-    base = ["engine.name=vllm", f"model.name={json.dumps(args.model)}",
-            f"decoder.max_new_tokens={args.max_new_tokens}", *args.overrides]
+    base = [
+        "engine.name=vllm",
+        f"model.name={json.dumps(args.model)}",
+        f"decoder.max_new_tokens={args.max_new_tokens}",
+        *args.overrides,
+    ]
     name = f"{kind}-b{batch}"
     original = write_jsonl(work / "inputs" / "original.jsonl", corpus_rows(prompts))
     edited = write_jsonl(work / "inputs" / f"edited-{kind}.jsonl", corpus_rows(prompts, kind))
     series = [f"job.series={name}"]
     largest = max(b for _, b in args.cells)
     print(f"[{name}] the series' first run (B = {largest})", flush=True)
-    first = run_job(job_command(original, work / "series", "first", [*base, *series, f"engine.max_num_seqs={largest}"]),
-                     work / "logs" / f"{name}-first", args.timeout)
+    first = run_job(
+        job_command(original, work / "series", "first", [*base, *series, f"engine.max_num_seqs={largest}"]),
+        work / "logs" / f"{name}-first",
+        args.timeout,
+    )
     variants = dict(args.variants)
     for method in variants:
         shutil.copytree(work / "series", work / series_directory(method))
@@ -136,9 +175,16 @@ def cell_rows(kind: str, batch: int, results: dict[str, dict]) -> list[dict]:
     for method, summary in results.items():
         tokens = summary["tokens"]
         same = sum(1 for key, ids in tokens.items() if key in plain and list(ids or []) == list(plain[key] or []))
-        rows.append({"edit": kind, "batch": batch, "method": method, **{key: summary.get(key) for key in SUMMARY_FIELDS},
-                     "fed_token_share": (summary.get("engine_step_cost") or {}).get("fed_token_share"),
-                     "identical_to_plain": f"{same}/{len(plain)}"})
+        rows.append(
+            {
+                "edit": kind,
+                "batch": batch,
+                "method": method,
+                **{key: summary.get(key) for key in SUMMARY_FIELDS},
+                "fed_token_share": (summary.get("engine_step_cost") or {}).get("fed_token_share"),
+                "identical_to_plain": f"{same}/{len(plain)}",
+            }
+        )
     next(row for row in rows if row["method"] == "ours")["first_run"] = results["ours"].get("first_run")
     for ours in (row for row in rows if row["method"].startswith("ours")):
         for other in ("vllm_suffix", "plain"):
@@ -158,13 +204,26 @@ def goals(rows: list[dict]) -> list[dict]:
     found = []
     for row in (r for r in rows if r["method"].startswith("ours")):
         if row["batch"] == 1:
-            wanted = [("tokens/call vs vllm_suffix", row.get("calls_vs_vllm_suffix"), GOAL_CALLS_B1),
-                      ("tokens/s vs vllm_suffix", row.get("speed_vs_vllm_suffix"), GOAL_SPEED_B1)]
+            wanted = [
+                ("tokens/call vs vllm_suffix", row.get("calls_vs_vllm_suffix"), GOAL_CALLS_B1),
+                ("tokens/s vs vllm_suffix", row.get("speed_vs_vllm_suffix"), GOAL_SPEED_B1),
+            ]
         else:
-            wanted = [("tokens/s vs vllm_suffix", row.get("speed_vs_vllm_suffix"), 1.0),
-                      ("tokens/s vs plain", row.get("speed_vs_plain"), 1.0)]
-        found += [{"edit": row["edit"], "batch": row["batch"], "method": row["method"], "goal": f"{what} >= {target}", "measured": value,
-                   "met": value is not None and value >= target} for what, value, target in wanted]
+            wanted = [
+                ("tokens/s vs vllm_suffix", row.get("speed_vs_vllm_suffix"), 1.0),
+                ("tokens/s vs plain", row.get("speed_vs_plain"), 1.0),
+            ]
+        found += [
+            {
+                "edit": row["edit"],
+                "batch": row["batch"],
+                "method": row["method"],
+                "goal": f"{what} >= {target}",
+                "measured": value,
+                "met": value is not None and value >= target,
+            }
+            for what, value, target in wanted
+        ]
     return found
 
 
@@ -175,23 +234,45 @@ def run(args) -> dict:
     prompts = load_prompts(args.dataset, args.limit)
     names, rows, started = [*METHODS, *dict(args.variants)], [], time.time()
     for index, (kind, batch) in enumerate(args.cells):
-        order = names[index % len(names):] + names[:index % len(names)]
+        order = names[index % len(names) :] + names[: index % len(names)]
         results = measure_cell(args, work / f"{kind}-b{batch}", prompts, kind, batch, order)
         rows += [{**row, "order": order.index(row["method"]) + 1} for row in cell_rows(kind, batch, results)]
         (work / "runs.json").write_text(json.dumps(rows, indent=1) + "\n")  # the cells so far, should a later one fail
-    return {"dataset": args.dataset, "prompts": len(prompts), "max_new_tokens": args.max_new_tokens, "model": args.model,
-            "cells": [f"{kind}:{batch}" for kind, batch in args.cells], "overrides": args.overrides,
-            "variants": dict(args.variants),
-            "workdir": str(work), "minutes": round((time.time() - started) / 60, 1), "runs": rows, "goals": goals(rows)}
+    return {
+        "dataset": args.dataset,
+        "prompts": len(prompts),
+        "max_new_tokens": args.max_new_tokens,
+        "model": args.model,
+        "cells": [f"{kind}:{batch}" for kind, batch in args.cells],
+        "overrides": args.overrides,
+        "variants": dict(args.variants),
+        "workdir": str(work),
+        "minutes": round((time.time() - started) / 60, 1),
+        "runs": rows,
+        "goals": goals(rows),
+    }
 
 
 def markdown(report: dict) -> str:
-    runs = markdown_table(report["runs"], {
-        "edit": "edit", "batch": "B", "method": "method", "order": "ran", "tokens_per_second_after_startup": "tokens/s",
-        "mean_tokens_per_call": "tokens/call", "generated_tokens": "tokens", "accepted_prediction_tokens": "prediction accepted",
-        "rejected_prediction_tokens": "rejected", "identical_to_plain": "rows = plain's",
-        "fed_token_share": "fed token / step",
-        "speed_vs_vllm_suffix": "tokens/s vs suffix", "speed_vs_plain": "tokens/s vs plain",
-        "calls_vs_vllm_suffix": "tokens/call vs suffix", "calls_vs_plain": "tokens/call vs plain",
-        "seconds_to_first_batch": "start s"})
+    runs = markdown_table(
+        report["runs"],
+        {
+            "edit": "edit",
+            "batch": "B",
+            "method": "method",
+            "order": "ran",
+            "tokens_per_second_after_startup": "tokens/s",
+            "mean_tokens_per_call": "tokens/call",
+            "generated_tokens": "tokens",
+            "accepted_prediction_tokens": "prediction accepted",
+            "rejected_prediction_tokens": "rejected",
+            "identical_to_plain": "rows = plain's",
+            "fed_token_share": "fed token / step",
+            "speed_vs_vllm_suffix": "tokens/s vs suffix",
+            "speed_vs_plain": "tokens/s vs plain",
+            "calls_vs_vllm_suffix": "tokens/call vs suffix",
+            "calls_vs_plain": "tokens/call vs plain",
+            "seconds_to_first_batch": "start s",
+        },
+    )
     return runs + "\n\n" + markdown_table(report["goals"], ["edit", "batch", "method", "goal", "measured", "met"])

@@ -15,6 +15,7 @@ after start-up and what auto did (each actor's drafter, how it was decided, its 
 restart seconds); per method the median over rounds; the first method against each other, per round
 and of the medians; and the rows identical across every run (generated_tokens by id and sample).
 """
+
 from __future__ import annotations
 
 import json
@@ -28,9 +29,13 @@ from jobs.benchmark.job_runs import generated_by_id, job_command, run_job, write
 from jobs.benchmark.report import markdown_table
 
 # method -> its settings
-METHODS = {"auto": ["engine.speculation=auto"], "on": ["engine.speculation=on"], "off": ["engine.speculation=off"],
-           "vllm_suffix": ["decoder.drafter=vllm_suffix", "engine.speculation=on"],
-           "vllm_ngram": ["decoder.drafter=vllm_ngram", "decoder.w=5", "engine.speculation=on"]}
+METHODS = {
+    "auto": ["engine.speculation=auto"],
+    "on": ["engine.speculation=on"],
+    "off": ["engine.speculation=off"],
+    "vllm_suffix": ["decoder.drafter=vllm_suffix", "engine.speculation=on"],
+    "vllm_ngram": ["decoder.drafter=vllm_ngram", "decoder.w=5", "engine.speculation=on"],
+}
 
 
 def methods(text: str) -> list[str]:
@@ -45,24 +50,43 @@ def add_cli_args(parser) -> None:
     add_prompt_args(parser, limit=64, max_new_tokens=128)
     parser.add_argument("--batch", type=int, default=16, help="engine.max_num_seqs of every run")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each method, taking turns")
-    parser.add_argument("--methods", type=methods, default=["auto", "on", "off"],
-                        help=f"comma-separated, the first compared with each other: {', '.join(METHODS)}")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                        help="a job setting for every run (as python -m jobs.generate --set)")
-    parser.add_argument("--workdir", default="", help="where the input, outputs and logs go (default: a new temporary directory)")
+    parser.add_argument(
+        "--methods",
+        type=methods,
+        default=["auto", "on", "off"],
+        help=f"comma-separated, the first compared with each other: {', '.join(METHODS)}",
+    )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="a job setting for every run (as python -m jobs.generate --set)",
+    )
+    parser.add_argument(
+        "--workdir", default="", help="where the input, outputs and logs go (default: a new temporary directory)"
+    )
     parser.add_argument("--timeout", type=float, default=7200, help="seconds one job run may take")
 
 
 def run_row(mode: str, number: int, summary: dict) -> dict:
     """A run's line: its speed, and what its actors ran and why."""
     actors = list((summary.get("speculation") or {}).get("actors", {}).values())
-    return {"round": number, "mode": mode, "tokens_per_second": summary["tokens_per_second_after_startup"],
-            "tokens_per_call": summary["mean_tokens_per_call"], "rows": summary["rows"],
-            "errored_rows": summary["errored_rows"], "wall_seconds": summary["wall_seconds"],
-            "drafter": ",".join(a["drafter"] for a in actors), "decided_by": ",".join(a["decided_by"] for a in actors),
-            "switches": sum(len(a["switches"]) for a in actors),
-            "restart_seconds": round(sum(s.get("restart_seconds", 0) for a in actors for s in a["switches"]), 2),
-            "windows": "; ".join(f"{w['drafter']} {w['tokens_per_second']}" for a in actors for w in a["windows"][:8])}
+    return {
+        "round": number,
+        "mode": mode,
+        "tokens_per_second": summary["tokens_per_second_after_startup"],
+        "tokens_per_call": summary["mean_tokens_per_call"],
+        "rows": summary["rows"],
+        "errored_rows": summary["errored_rows"],
+        "wall_seconds": summary["wall_seconds"],
+        "drafter": ",".join(a["drafter"] for a in actors),
+        "decided_by": ",".join(a["decided_by"] for a in actors),
+        "switches": sum(len(a["switches"]) for a in actors),
+        "restart_seconds": round(sum(s.get("restart_seconds", 0) for a in actors for s in a["switches"]), 2),
+        "windows": "; ".join(f"{w['drafter']} {w['tokens_per_second']}" for a in actors for w in a["windows"][:8]),
+    }
 
 
 def run(args) -> dict:
@@ -71,22 +95,39 @@ def run(args) -> dict:
     work = Path(args.workdir or tempfile.mkdtemp(prefix="speculation-"))
     prompts = load_prompts(args.dataset, args.limit)
     source = write_jsonl(work / "input.jsonl", [{"id": p.request_id, "prompt": p.prompt} for p in prompts])
-    base = ["engine.name=vllm", f"model.name={json.dumps(args.model)}", f"decoder.max_new_tokens={args.max_new_tokens}",
-            f"engine.max_num_seqs={args.batch}", *args.overrides]
+    base = [
+        "engine.name=vllm",
+        f"model.name={json.dumps(args.model)}",
+        f"decoder.max_new_tokens={args.max_new_tokens}",
+        f"engine.max_num_seqs={args.batch}",
+        *args.overrides,
+    ]
     runs, tokens, started = [], {method: [] for method in args.methods}, time.time()
     for number in range(1, args.rounds + 1):
         for method in args.methods if number % 2 else args.methods[::-1]:
             print(f"[round {number}] {method}", flush=True)
             name = f"{method}-{number}"
-            summary = run_job(job_command(source, work / name, "r", [*base, *METHODS[method]]),
-                              work / "logs" / name, args.timeout)
+            summary = run_job(
+                job_command(source, work / name, "r", [*base, *METHODS[method]]), work / "logs" / name, args.timeout
+            )
             runs.append(run_row(method, number, summary))
             tokens[method].append(generated_by_id(summary["run_dir"]))
-            (work / "runs.json").write_text(json.dumps(runs, indent=1) + "\n")  # the runs so far, should a later one fail
-    return {"dataset": args.dataset, "prompts": len(prompts), "batch": args.batch, "max_new_tokens": args.max_new_tokens,
-            "model": args.model, "overrides": args.overrides, "workdir": str(work),
-            "minutes": round((time.time() - started) / 60, 1), "runs": runs, "methods": method_rows(runs, args.methods),
-            "identical_rows": identical(tokens)}
+            (work / "runs.json").write_text(
+                json.dumps(runs, indent=1) + "\n"
+            )  # the runs so far, should a later one fail
+    return {
+        "dataset": args.dataset,
+        "prompts": len(prompts),
+        "batch": args.batch,
+        "max_new_tokens": args.max_new_tokens,
+        "model": args.model,
+        "overrides": args.overrides,
+        "workdir": str(work),
+        "minutes": round((time.time() - started) / 60, 1),
+        "runs": runs,
+        "methods": method_rows(runs, args.methods),
+        "identical_rows": identical(tokens),
+    }
 
 
 def method_rows(runs: list[dict], names: list[str]) -> list[dict]:
@@ -105,7 +146,8 @@ def method_rows(runs: list[dict], names: list[str]) -> list[dict]:
 
 
 def identical(tokens: dict[str, list[dict]]) -> str:
-    """Rows (by id and sample) whose generated tokens are the same in every run, of those in the last method's first run."""
+    """Rows (by id and sample) whose generated tokens are the same in every run, of those in the last method's first
+    run."""
     reference = list(tokens.values())[-1][0]
     runs = [run for method_runs in tokens.values() for run in method_runs]
     same = sum(all(list(run.get(key) or []) == list(ids or []) for run in runs) for key, ids in reference.items())
@@ -113,5 +155,9 @@ def identical(tokens: dict[str, list[dict]]) -> str:
 
 
 def markdown(report: dict) -> str:
-    return (markdown_table(report["runs"]) + "\n\n" + markdown_table(report["methods"])
-            + f"\n\nrows identical across every run: {report['identical_rows']}")
+    return (
+        markdown_table(report["runs"])
+        + "\n\n"
+        + markdown_table(report["methods"])
+        + f"\n\nrows identical across every run: {report['identical_rows']}"
+    )

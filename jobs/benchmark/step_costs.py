@@ -8,6 +8,7 @@ allocator takes them:
 - `CpuStepCost`: this CPU's vLLM step as measured (jobs/benchmark/micro/host_step.py), for the replay's
   projection onto the machine the live benchmarks run on (`--project cpu`).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -31,8 +32,10 @@ class Model:
 
 GPUS = {"a100": Gpu("A100 80GB SXM", 2.039e12, 312e12), "h100": Gpu("H100 SXM", 3.35e12, 989e12)}
 # Llama-3-8B: 32 layers x 8 KV heads x 128 dims x (K, V) x 2 bytes; Llama-3-70B: 80 layers.
-MODELS = {"8b": Model("8B (Llama-3-8B shape)", 8.03e9, 32 * 8 * 128 * 2 * 2),
-          "70b": Model("70B (Llama-3-70B shape)", 70.6e9, 80 * 8 * 128 * 2 * 2)}
+MODELS = {
+    "8b": Model("8B (Llama-3-8B shape)", 8.03e9, 32 * 8 * 128 * 2 * 2),
+    "70b": Model("70B (Llama-3-70B shape)", 70.6e9, 80 * 8 * 128 * 2 * 2),
+}
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,9 @@ class RooflineStepCost:
     context: float  # their mean tokens (prompt + generated so far): the KV cache each step reads
 
     def seconds(self, fed: np.ndarray) -> np.ndarray:
-        memory = (2 * self.model.parameters + self.batch * self.context * self.model.kv_bytes_per_token) / self.gpu.bandwidth
+        memory = (
+            2 * self.model.parameters + self.batch * self.context * self.model.kv_bytes_per_token
+        ) / self.gpu.bandwidth
         compute = 2 * self.model.parameters * np.asarray(fed, dtype=np.float64) / self.gpu.flops
         return np.maximum(memory, compute)
 
@@ -57,6 +62,7 @@ class MeasuredStepCost:
     to 128 tokens a request) takes a small batch's step far past its table, where the step turns
     compute-bound and the memory-bound slope of its last points would make its tokens nearly free.
     Within the table the floor never binds (each measured step is at most that fast)."""
+
     batches: tuple[int, ...]
     fed_per_request: tuple[tuple[float, ...], ...]  # per batch size, increasing
     step_seconds: tuple[tuple[float, ...], ...]
@@ -64,12 +70,19 @@ class MeasuredStepCost:
     tokens_per_second: float = np.inf  # the most tokens fed per second in a measured step (all of them compute)
 
     @classmethod
-    def from_report(cls, report: dict, batch: int) -> "MeasuredStepCost":
+    def from_report(cls, report: dict, batch: int) -> MeasuredStepCost:
         batches = tuple(sorted({row["batch"] for row in report["rows"]}))
-        rows = [sorted((r["fed_per_request"], r["seconds"]) for r in report["rows"] if r["batch"] == b) for b in batches]
+        rows = [
+            sorted((r["fed_per_request"], r["seconds"]) for r in report["rows"] if r["batch"] == b) for b in batches
+        ]
         fastest = max(r["batch"] * r["fed_per_request"] / r["seconds"] for r in report["rows"])
-        return cls(batches, tuple(tuple(f for f, _ in points) for points in rows),
-                   tuple(tuple(t for _, t in points) for points in rows), batch, fastest)
+        return cls(
+            batches,
+            tuple(tuple(f for f, _ in points) for points in rows),
+            tuple(tuple(t for _, t in points) for points in rows),
+            batch,
+            fastest,
+        )
 
     def seconds(self, fed: np.ndarray) -> np.ndarray:
         index = int(np.argmin(np.abs(np.log(np.asarray(self.batches, dtype=np.float64)) - np.log(max(self.batch, 1)))))
@@ -87,13 +100,15 @@ class CpuStepCost:
     whichever requests they belong to: the weights' products dominate; attention over a request's
     context, which a plain step of n requests has n of, is a tenth of a token's work at the
     replayed contexts for SmolLM2.)"""
+
     tokens: tuple[float, ...]  # the measured batch sizes: tokens a plain step feeds
     step_seconds: tuple[float, ...]
 
     @classmethod
-    def from_report(cls, report: dict) -> "CpuStepCost":
-        points = sorted((row["batch"], 1e-3 * (row["host_ms_per_step"] + row["device_ms_per_step"]))
-                        for row in report["median"])
+    def from_report(cls, report: dict) -> CpuStepCost:
+        points = sorted(
+            (row["batch"], 1e-3 * (row["host_ms_per_step"] + row["device_ms_per_step"])) for row in report["median"]
+        )
         if len(points) < 2:
             raise ValueError("a CPU step cost needs a host_step report of at least two batch sizes")
         return cls(tuple(float(b) for b, _ in points), tuple(t for _, t in points))

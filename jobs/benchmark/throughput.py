@@ -7,6 +7,7 @@ hf_greedy_gqa on our engine's attention call), and the transformers engine plain
 --spec method, B requests per forward call, each engine built as a job builds it. Every output is
 checked against the engine's plain greedy decoding one request at a time.
 """
+
 from __future__ import annotations
 
 import time
@@ -26,8 +27,11 @@ from pipeline.config.model_loading import eos_token_ids, load_model
 def add_cli_args(parser) -> None:
     add_prompt_args(parser)
     parser.add_argument("--batch", default="1,4,8", help="batch sizes: requests per forward call")
-    parser.add_argument("--spec", default="batch_suffix:1:auto",
-                        help="our speculative methods, comma-separated (quality's DRAFTER:k:w[:tree])")
+    parser.add_argument(
+        "--spec",
+        default="batch_suffix:1:auto",
+        help="our speculative methods, comma-separated (quality's DRAFTER:k:w[:tree])",
+    )
     parser.add_argument("--max-batch-tokens", type=int, default=0, help="tokens fed per call, at most (0: no cap)")
     parser.add_argument("--datastore", default="", help="a datastore directory for rest:k:w")
 
@@ -55,17 +59,27 @@ def throughput_comparison(args, loaded) -> dict:
     def hf(size, attention="sdpa"):
         outputs = []
         for start in range(0, len(prompts), size):
-            outputs += hf_generate_batch(loaded.model, prompts[start:start + size], n, pad, eos, attention)
+            outputs += hf_generate_batch(loaded.model, prompts[start : start + size], n, pad, eos, attention)
         return outputs, []
 
     started = time.perf_counter()
     reference, _ = ours("plain", 1)  # single-request greedy
     reference_seconds = time.perf_counter() - started
-    rows = [{"batch": 1, "method": "plain (one request at a time)", "seconds": round(reference_seconds, 2),
-             "tokens_per_second": round(sum(map(len, reference)) / reference_seconds, 3), "identical_fraction": 1.0}]
+    rows = [
+        {
+            "batch": 1,
+            "method": "plain (one request at a time)",
+            "seconds": round(reference_seconds, 2),
+            "tokens_per_second": round(sum(map(len, reference)) / reference_seconds, 3),
+            "identical_fraction": 1.0,
+        }
+    ]
     # hf_greedy: generate as its users get it; hf_greedy_gqa: generate on our engine's attention call.
-    methods = {"hf_greedy": hf, "hf_greedy_gqa": lambda size: hf(size, GQA_ATTENTION),
-               "plain": lambda size: ours("plain", size)}
+    methods = {
+        "hf_greedy": hf,
+        "hf_greedy_gqa": lambda size: hf(size, GQA_ATTENTION),
+        "plain": lambda size: ours("plain", size),
+    }
     methods.update({name: lambda size, name=name: ours(name, size) for name in args.spec.split(",")})
     for index, size in enumerate(int(b) for b in args.batch.split(",")):
         names = list(methods)
@@ -86,16 +100,28 @@ def throughput_comparison(args, loaded) -> dict:
 
 def throughput_row(size: int, name: str, seconds: float, outputs: list[list[int]], stats: list, reference) -> dict:
     calls = sum(s.num_target_calls for s in stats)
-    return {"batch": size, "method": name, "seconds": round(seconds, 2),
-            "tokens_per_second": round(sum(map(len, outputs)) / seconds, 3),
-            "identical_fraction": round(sum(a == b for a, b in zip(outputs, reference)) / len(reference), 4),
-            "tokens_per_call": round(sum(map(len, outputs)) / calls, 3) if calls else None,
-            "fed_per_call": round(sum(s.num_verified_tokens for s in stats) / calls, 2) if calls else None}
+    return {
+        "batch": size,
+        "method": name,
+        "seconds": round(seconds, 2),
+        "tokens_per_second": round(sum(map(len, outputs)) / seconds, 3),
+        "identical_fraction": round(sum(a == b for a, b in zip(outputs, reference)) / len(reference), 4),
+        "tokens_per_call": round(sum(map(len, outputs)) / calls, 3) if calls else None,
+        "fed_per_call": round(sum(s.num_verified_tokens for s in stats) / calls, 2) if calls else None,
+    }
 
 
 def markdown(report: dict) -> str:
-    return markdown_table(report["runs"], {"batch": "batch", "method": "method", "tokens_per_second": "tokens/s",
-                                           "tokens_per_call": "tokens/call", "fed_per_call": "fed/call",
-                                           "identical_fraction": "identical",
-                                           "vs_hf_greedy_same_batch": "vs hf_greedy (same B)",
-                                           "vs_plain_same_batch": "vs plain (same B)"})
+    return markdown_table(
+        report["runs"],
+        {
+            "batch": "batch",
+            "method": "method",
+            "tokens_per_second": "tokens/s",
+            "tokens_per_call": "tokens/call",
+            "fed_per_call": "fed/call",
+            "identical_fraction": "identical",
+            "vs_hf_greedy_same_batch": "vs hf_greedy (same B)",
+            "vs_plain_same_batch": "vs plain (same B)",
+        },
+    )

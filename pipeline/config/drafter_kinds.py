@@ -4,6 +4,7 @@ engines (each refuses, by these properties, the ones it cannot run) alike.
 
 A new drafter is one module in drafters/, one entry here and one factory in the registry.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -11,7 +12,9 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class DrafterKind:
-    tables: tuple[str, ...] = ()  # pipeline/config/drafter_registry.py's DrafterTables fields it drafts from, built once per model
+    tables: tuple[
+        str, ...
+    ] = ()  # pipeline/config/drafter_registry.py's DrafterTables fields it drafts from, built once per model
     # Its drafts carry the draft model's probabilities, verified by speculative sampling (an engine
     # that verifies point drafts only refuses it).
     draft_probabilities: bool = False
@@ -43,5 +46,3 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
 }
 DRAFTER_NAMES = tuple(DRAFTER_KINDS)
 VLLM_METHODS = {name: kind.vllm_method for name, kind in DRAFTER_KINDS.items() if kind.vllm_method}
-
-

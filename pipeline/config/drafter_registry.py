@@ -6,11 +6,12 @@ engines build a drafter only through `make_drafter` (one request at a time: the 
 engine) or `make_batch_drafter` (a batch per call: vLLM's proposer), and the tables a drafter
 needs only through `drafter_tables`.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
@@ -33,6 +34,7 @@ from pipeline.config.model_loading import LoadedModel, cache_root, load_model
 @dataclass(frozen=True)
 class DrafterTables:
     """Read-only arrays shared by every request (and, in the Ray job, by every actor)."""
+
     unigram: np.ndarray | None = None  # [K] token ids, most likely first
     bigram: np.ndarray | None = None  # [V, K] token ids
     chained: np.ndarray | None = None  # [V, k, w] the bigram's j-th token, then its top-1 chained
@@ -42,22 +44,31 @@ class DrafterTables:
     # of a node maps the one copy); None: the drafter maps the files itself.
     datastore: Datastore | None = None
 
-    def as_plain_arrays(self) -> "DrafterTables":
+    def as_plain_arrays(self) -> DrafterTables:
         """The same tables with memory-mapped arrays as plain ndarrays: Ray copies an np.memmap into
         every reader, but maps a plain array zero-copy (read-only) from the object store."""
+
         def plain(array):
             return None if array is None else np.ascontiguousarray(array)
+
         store = self.datastore
         if store is not None:
             store = Datastore(plain(store.tokens), plain(store.suffix_array), store.meta)
-        return replace(self, unigram=plain(self.unigram), bigram=plain(self.bigram), chained=plain(self.chained),
-                       extended=plain(self.extended), datastore=store)
+        return replace(
+            self,
+            unigram=plain(self.unigram),
+            bigram=plain(self.bigram),
+            chained=plain(self.chained),
+            extended=plain(self.extended),
+            datastore=store,
+        )
 
 
 @dataclass(frozen=True)
 class DrafterParts:
     """What a factory may draw on: the settings, the tables, the target's pad token, the draft
     model (drafter "draft_model" only) and the target tokenizer's size (checked against a datastore)."""
+
     config: DecoderConfig
     tables: DrafterTables
     pad_token: int
@@ -84,20 +95,35 @@ def _datastore(parts: DrafterParts) -> Datastore:
 
 def _retrieval(parts: DrafterParts) -> RetrievalDrafter:
     config = parts.config
-    return RetrievalDrafter(_datastore(parts), parts.pad_token, config.retrieval_max_match, config.retrieval_min_match,
-                            config.retrieval_max_occurrences, config.retrieval_max_nodes)
+    return RetrievalDrafter(
+        _datastore(parts),
+        parts.pad_token,
+        config.retrieval_max_match,
+        config.retrieval_min_match,
+        config.retrieval_max_occurrences,
+        config.retrieval_max_nodes,
+    )
 
 
 def _batch_suffix(parts: DrafterParts) -> Drafter:
     config = parts.config
-    return BatchSuffixDrafter(config.w, config.ngram_max_q, config.suffix_min_match, config.suffix_max_match,
-                              min_probability=config.suffix_min_probability, capacity=max(config.suffix_max_tokens, 16),
-                              store=_datastore(parts) if config.datastore else None, pad_token=parts.pad_token)
+    return BatchSuffixDrafter(
+        config.w,
+        config.ngram_max_q,
+        config.suffix_min_match,
+        config.suffix_max_match,
+        min_probability=config.suffix_min_probability,
+        capacity=max(config.suffix_max_tokens, 16),
+        store=_datastore(parts) if config.datastore else None,
+        pad_token=parts.pad_token,
+    )
 
 
 def _mixed(parts: DrafterParts) -> Drafter:
     retrieval = _retrieval(parts) if parts.config.datastore else None
-    return MixedDrafter(_context_ngram(parts), BigramDrafter(parts.tables.chained, "bigram"), parts.pad_token, retrieval)
+    return MixedDrafter(
+        _context_ngram(parts), BigramDrafter(parts.tables.chained, "bigram"), parts.pad_token, retrieval
+    )
 
 
 def _draft_model(parts: DrafterParts) -> Drafter:
@@ -121,7 +147,9 @@ FACTORIES: dict[str, Callable[[DrafterParts], Drafter] | None] = {
     "vllm_suffix": None,
     "vllm_ngram_gpu": None,
 }
-assert tuple(FACTORIES) == DRAFTER_NAMES, "pipeline/config/drafter_registry.py FACTORIES must name every drafter kind, in order"
+assert tuple(FACTORIES) == DRAFTER_NAMES, (
+    "pipeline/config/drafter_registry.py FACTORIES must name every drafter kind, in order"
+)
 
 
 def needs_model_tables(config: DecoderConfig) -> bool:
@@ -153,13 +181,14 @@ def prefix_ids(tokenizer, kind: str) -> list[int]:
         messages = [{"role": "user", "content": "Hi"}]
         with_header = chat_ids(tokenizer, messages, add_generation_prompt=True)
         without = chat_ids(tokenizer, messages, add_generation_prompt=False)
-        assert with_header[:len(without)] == without, "chat template's generation prompt is not a suffix"
-        return with_header[len(without):]
+        assert with_header[: len(without)] == without, "chat template's generation prompt is not a suffix"
+        return with_header[len(without) :]
     raise ValueError(f"decoder.bigram_prefix: unknown {kind!r}")
 
 
-def build_tables(model, tokenizer, fingerprint: str, config: DecoderConfig, cache_dir: Path,
-                 rows: int = 1) -> DrafterTables:
+def build_tables(
+    model, tokenizer, fingerprint: str, config: DecoderConfig, cache_dir: Path, rows: int = 1
+) -> DrafterTables:
     """Builds (or loads from the disk cache) the tables `config.drafter` needs, for drafts of up
     to `rows` rows of config.w tokens."""
     needed = set(DRAFTER_KINDS[config.drafter].tables) if config.w > 0 else set()
@@ -172,14 +201,17 @@ def build_tables(model, tokenizer, fingerprint: str, config: DecoderConfig, cach
         settings = f"prefix={prefix}|top_k={config.bigram_top_k}"
         path = model_tables.table_path(cache_dir, fingerprint, "bigram", settings)
         bigram, seconds["bigram"] = model_tables.cached_table(
-            path, lambda: model_tables.compute_bigram_table(model, prefix, config.bigram_top_k, config.bigram_batch_size))
+            path,
+            lambda: model_tables.compute_bigram_table(model, prefix, config.bigram_top_k, config.bigram_batch_size),
+        )
         if "chained" in needed:
             chained = model_tables.chain_extension(bigram, rows, config.w)
         if "extended" in needed:
             path = model_tables.table_path(cache_dir, fingerprint, "extended", f"{settings}|k={rows}|w={config.w}")
             extended, seconds["extended"] = model_tables.cached_table(
-                path, lambda: model_tables.model_extension(model, bigram, prefix, rows, config.w,
-                                                           config.bigram_batch_size))
+                path,
+                lambda: model_tables.model_extension(model, bigram, prefix, rows, config.w, config.bigram_batch_size),
+            )
     return DrafterTables(unigram, bigram, chained, extended, seconds)
 
 
@@ -191,8 +223,14 @@ def drafter_tables(config: Config, loaded: LoadedModel | None = None) -> Drafter
         return DrafterTables()
     loaded = loaded or load_model(config.model)
     # Rows per draft: transformers.k (the vLLM engine drafts one row, and refuses another k).
-    return build_tables(loaded.model, loaded.tokenizer, loaded.fingerprint, config.decoder, cache_root(config.model),
-                        config.transformers.k)
+    return build_tables(
+        loaded.model,
+        loaded.tokenizer,
+        loaded.fingerprint,
+        config.decoder,
+        cache_root(config.model),
+        config.transformers.k,
+    )
 
 
 def load_draft_model(settings: TransformersConfig, model_config: ModelConfig, target):
@@ -203,13 +241,16 @@ def load_draft_model(settings: TransformersConfig, model_config: ModelConfig, ta
         return self_draft_model(target.model, settings.draft_layers)
     draft = load_model(replace(model_config, name=settings.draft_model))
     if draft.tokenizer.get_vocab() != target.tokenizer.get_vocab():
-        raise ValueError(f"transformers.draft_model: {settings.draft_model!r} has a different tokenizer from the target "
-                         f"{model_config.name!r}; a draft model must share the target's vocabulary")
+        raise ValueError(
+            f"transformers.draft_model: {settings.draft_model!r} has a different tokenizer from the target "
+            f"{model_config.name!r}; a draft model must share the target's vocabulary"
+        )
     return draft.model
 
 
-def make_drafter(config: DecoderConfig, tables: DrafterTables | None, pad_token: int,
-                 draft_model=None, vocab_size: int | None = None) -> Drafter | None:
+def make_drafter(
+    config: DecoderConfig, tables: DrafterTables | None, pad_token: int, draft_model=None, vocab_size: int | None = None
+) -> Drafter | None:
     """The drafter named by `config.drafter`; None for plain decoding (or a method vLLM runs itself)."""
     if config.drafter not in FACTORIES:
         raise ValueError(f"decoder.drafter: unknown {config.drafter!r}; choose one of {', '.join(DRAFTER_NAMES)}")
@@ -219,8 +260,13 @@ def make_drafter(config: DecoderConfig, tables: DrafterTables | None, pad_token:
     return make(DrafterParts(config, tables or DrafterTables(), pad_token, draft_model, vocab_size))
 
 
-def make_batch_drafter(config: DecoderConfig, tables: DrafterTables | None, pad_token: int,
-                       vocab_size: int | None = None, model_vocab_size: int | None = None) -> BatchDrafter | None:
+def make_batch_drafter(
+    config: DecoderConfig,
+    tables: DrafterTables | None,
+    pad_token: int,
+    vocab_size: int | None = None,
+    model_vocab_size: int | None = None,
+) -> BatchDrafter | None:
     """The drafter `config.drafter` names as a BatchDrafter (what vLLM's proposer holds): a batched
     one as it is, any other adapted by drafters/per_request.py (its drafts checked to be ids below
     `model_vocab_size`, else `vocab_size`, the tokenizer's); None for plain decoding (or a method

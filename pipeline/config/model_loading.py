@@ -4,6 +4,7 @@ A GGUF file is converted by transformers once (about 30 s for SmolLM2) and the r
 safetensors under the cache directory, keyed by the file's SHA-256 (and the conversion's code and
 transformers' version), so later loads take seconds.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -161,8 +162,10 @@ def cached_hub_model(repo_id: str) -> Path:
     try:
         return Path(snapshot_download(repo_id, cache_dir=cache, local_files_only=True))
     except LocalEntryNotFoundError as error:
-        raise FileNotFoundError(f"model.name: {repo_id!r} is not in the Hugging Face cache {cache} (models are never "
-                                f"downloaded at run time: `huggingface-cli download {repo_id}` first)") from error
+        raise FileNotFoundError(
+            f"model.name: {repo_id!r} is not in the Hugging Face cache {cache} (models are never "
+            f"downloaded at run time: `huggingface-cli download {repo_id}` first)"
+        ) from error
 
 
 def load_tokenizer(model_dir: str | Path, config: ModelConfig) -> PreTrainedTokenizerBase:

@@ -1,12 +1,13 @@
 """Readers of the data that ships in packages (prompts, conversations): where a package's file is,
 a JSON list read record by record, and the prompts the job reads by name."""
+
 from __future__ import annotations
 
 import gzip
 import importlib.util
 import json
 from pathlib import Path
-from typing import Callable, Iterator
+from collections.abc import Callable, Iterator
 
 JSON_CHUNK_CHARS = 1 << 20
 
@@ -14,7 +15,9 @@ JSON_CHUNK_CHARS = 1 << 20
 def package_file(package: str, relative: str) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"the {package!r} package is not installed (pip install --no-deps {package.replace('_', '-')})")
+        raise FileNotFoundError(
+            f"the {package!r} package is not installed (pip install --no-deps {package.replace('_', '-')})"
+        )
     return Path(list(spec.submodule_search_locations)[0]) / relative
 
 

@@ -10,6 +10,7 @@ own shape here; what an engine cannot honour (another engine's setting, a drafte
 is that engine's check (pipeline/engines/<engine>/settings.py), run when the job or the processor
 starts (pipeline/engines/build.checked_config): the config, below the engines, knows none of them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -108,8 +109,11 @@ class EngineConfig:
     speculation_window_s: float = 0.0
 
     def __post_init__(self):
-        _require(isinstance(self.prediction_w, int) and self.prediction_w >= 0, "engine.prediction_w",
-                 "an integer >= 0 (0: predictions draft at most decoder.w)")
+        _require(
+            isinstance(self.prediction_w, int) and self.prediction_w >= 0,
+            "engine.prediction_w",
+            "an integer >= 0 (0: predictions draft at most decoder.w)",
+        )
         _require(self.hang_timeout_s >= 0, "engine.hang_timeout_s", "a number of seconds >= 0 (0: no limit)")
         _require(self.max_restarts >= 0, "engine.max_restarts", "an integer >= 0 (0: a failed engine stops the job)")
         _require(self.restart_window_s > 0, "engine.restart_window_s", "a number of seconds > 0")
@@ -122,13 +126,21 @@ class EngineConfig:
         _require(self.cpu_kv_cache_gib >= 1, "engine.cpu_kv_cache_gib", "an integer >= 1 (GiB)")
         _require(0 < self.gpu_memory_utilization <= 1, "engine.gpu_memory_utilization", "a number in (0, 1]")
         _require(self.max_num_seqs >= 0, "engine.max_num_seqs", "an integer >= 0 (0: the default for the hardware)")
-        _require(self.max_num_batched_tokens >= 0, "engine.max_num_batched_tokens", "an integer >= 0 (0: vLLM's default)")
+        _require(
+            self.max_num_batched_tokens >= 0, "engine.max_num_batched_tokens", "an integer >= 0 (0: vLLM's default)"
+        )
         _require(self.tensor_parallel_size >= 1, "engine.tensor_parallel_size", "an integer >= 1")
-        _require(self.pipeline_parallel_size == 1, "engine.pipeline_parallel_size",
-                 "1: vLLM 0.32 cannot speculate with pipeline parallelism (its earlier stages have no proposer)")
+        _require(
+            self.pipeline_parallel_size == 1,
+            "engine.pipeline_parallel_size",
+            "1: vLLM 0.32 cannot speculate with pipeline parallelism (its earlier stages have no proposer)",
+        )
         for key in self.vllm_args:
-            _require(key not in VLLM_ARGUMENTS, f"engine.vllm_args.{key}",
-                     f"left out: {VLLM_ARGUMENTS[key].where() if key in VLLM_ARGUMENTS else ''}")
+            _require(
+                key not in VLLM_ARGUMENTS,
+                f"engine.vllm_args.{key}",
+                f"left out: {VLLM_ARGUMENTS[key].where() if key in VLLM_ARGUMENTS else ''}",
+            )
 
 
 @dataclass(frozen=True)
@@ -157,9 +169,21 @@ class ModelConfig:
 class DecoderConfig:
     """What every engine reads: the drafter and its sources, the draft length, the generation and
     sampling settings. The transformers engine's own settings are its section (TransformersConfig)."""
+
     # A key of this section that moved, and where it is now: it is refused naming that place.
-    MOVED: ClassVar[dict[str, str]] = {name: f"transformers.{name}" for name in (
-        "k", "auto_k", "verify", "lenience", "max_batch_requests", "max_batch_tokens", "draft_model", "draft_layers")}
+    MOVED: ClassVar[dict[str, str]] = {
+        name: f"transformers.{name}"
+        for name in (
+            "k",
+            "auto_k",
+            "verify",
+            "lenience",
+            "max_batch_requests",
+            "max_batch_tokens",
+            "draft_model",
+            "draft_layers",
+        )
+    }
     # Which drafter proposes drafts; "none" is plain greedy decoding.
     # The names are pipeline/config/drafter_kinds.py's (vllm_ngram, vllm_suffix: vLLM's own methods).
     drafter: str = "batch_suffix"
@@ -228,8 +252,11 @@ class DecoderConfig:
         self.resolve()
         self.check_values()
         if self.drafter == "rest":
-            _require(bool(self.datastore), "decoder.datastore",
-                     "a datastore directory with drafter 'rest' (build one with python -m jobs.build_datastore)")
+            _require(
+                bool(self.datastore),
+                "decoder.datastore",
+                "a datastore directory with drafter 'rest' (build one with python -m jobs.build_datastore)",
+            )
 
     def resolve(self) -> None:
         """What is unset or `auto`, resolved once, here (frozen: through object.__setattr__)."""
@@ -237,15 +264,24 @@ class DecoderConfig:
             object.__setattr__(self, "w", DRAFT_MODEL_W if self.drafter == "draft_model" else "auto")
         object.__setattr__(self, "w", _auto(self, "w", "decoder"))
         if self.drafter not in DRAFTER_KINDS:
-            hint = " ('suffix' is now 'batch_suffix': the same sources and acceptance model)" if self.drafter == "suffix" else ""
-            raise ConfigError(f"decoder.drafter: {self.drafter!r} is not allowed{hint}; choose one of "
-                              f"{', '.join(map(repr, DRAFTER_KINDS))}")
+            hint = (
+                " ('suffix' is now 'batch_suffix': the same sources and acceptance model)"
+                if self.drafter == "suffix"
+                else ""
+            )
+            raise ConfigError(
+                f"decoder.drafter: {self.drafter!r} is not allowed{hint}; choose one of "
+                f"{', '.join(map(repr, DRAFTER_KINDS))}"
+            )
 
     def check_values(self) -> None:
         _require(self.w >= 0, "decoder.w", "an integer >= 0")
         _require(self.ngram_max_q >= 1, "decoder.ngram_max_q", "an integer >= 1")
-        _require(1 <= self.ngram_min_q <= self.ngram_max_q, "decoder.ngram_min_q",
-                 f"an integer from 1 to decoder.ngram_max_q ({self.ngram_max_q})")
+        _require(
+            1 <= self.ngram_min_q <= self.ngram_max_q,
+            "decoder.ngram_min_q",
+            f"an integer from 1 to decoder.ngram_max_q ({self.ngram_max_q})",
+        )
         _require(self.bigram_top_k >= 1, "decoder.bigram_top_k", "an integer >= 1")
         _require(self.bigram_batch_size >= 1, "decoder.bigram_batch_size", "an integer >= 1")
         _require(self.max_new_tokens >= 1, "decoder.max_new_tokens", "an integer >= 1")
@@ -255,16 +291,25 @@ class DecoderConfig:
         _require(self.top_k >= 0, "decoder.top_k", "an integer >= 0 (0 keeps every token)")
         _require(0 < self.top_p <= 1, "decoder.top_p", "a number in (0, 1]")
         _require(self.seed >= 0, "decoder.seed", "an integer >= 0")
-        _require(1 <= self.retrieval_min_match <= self.retrieval_max_match, "decoder.retrieval_min_match",
-                 f"an integer from 1 to decoder.retrieval_max_match ({self.retrieval_max_match})")
+        _require(
+            1 <= self.retrieval_min_match <= self.retrieval_max_match,
+            "decoder.retrieval_min_match",
+            f"an integer from 1 to decoder.retrieval_max_match ({self.retrieval_max_match})",
+        )
         _require(self.retrieval_max_occurrences >= 1, "decoder.retrieval_max_occurrences", "an integer >= 1")
         _require(self.retrieval_max_nodes >= 1, "decoder.retrieval_max_nodes", "an integer >= 1")
         _require(self.suffix_max_tokens >= 1, "decoder.suffix_max_tokens", "an integer >= 1")
         _require(0 < self.suffix_min_probability <= 1, "decoder.suffix_min_probability", "a number in (0, 1]")
-        _require(1 <= self.suffix_min_match <= self.ngram_max_q, "decoder.suffix_min_match",
-                 f"an integer from 1 to decoder.ngram_max_q ({self.ngram_max_q})")
-        _require(self.suffix_max_match >= self.ngram_max_q, "decoder.suffix_max_match",
-                 f"an integer >= decoder.ngram_max_q ({self.ngram_max_q})")
+        _require(
+            1 <= self.suffix_min_match <= self.ngram_max_q,
+            "decoder.suffix_min_match",
+            f"an integer from 1 to decoder.ngram_max_q ({self.ngram_max_q})",
+        )
+        _require(
+            self.suffix_max_match >= self.ngram_max_q,
+            "decoder.suffix_max_match",
+            f"an integer >= decoder.ngram_max_q ({self.ngram_max_q})",
+        )
 
 
 @dataclass(frozen=True)
@@ -273,6 +318,7 @@ class TransformersConfig:
     engine verifies one row per request and refuses the ones that would change what runs
     (pipeline/engines/vllm/settings.py); what this engine refuses in combination with the other
     sections is pipeline/engines/transformers/settings.py's."""
+
     # Number of draft rows verified per target call. "auto": each step chooses up to AUTO_MAX["k"]
     # (auto_k is then set), from the request's acceptance history and the measured call costs.
     k: int | Literal["auto"] = 1
@@ -299,11 +345,16 @@ class TransformersConfig:
     def __post_init__(self):
         object.__setattr__(self, "k", _auto(self, "k", "transformers"))
         _require(self.k >= 1, "transformers.k", "an integer >= 1")
-        _require(self.max_batch_requests is None or self.max_batch_requests >= 1, "transformers.max_batch_requests",
-                 "an integer >= 1")
-        _require(self.max_batch_tokens == 0 or self.max_batch_tokens >= (self.max_batch_requests or 1),
-                 "transformers.max_batch_tokens",
-                 f"0 (no cap) or at least transformers.max_batch_requests ({self.max_batch_requests})")
+        _require(
+            self.max_batch_requests is None or self.max_batch_requests >= 1,
+            "transformers.max_batch_requests",
+            "an integer >= 1",
+        )
+        _require(
+            self.max_batch_tokens == 0 or self.max_batch_tokens >= (self.max_batch_requests or 1),
+            "transformers.max_batch_tokens",
+            f"0 (no cap) or at least transformers.max_batch_requests ({self.max_batch_requests})",
+        )
         _require(bool(self.draft_model), "transformers.draft_model", "'self' or a model directory")
         _require(self.draft_layers >= 1, "transformers.draft_layers", "an integer >= 1")
         _require(0 < self.lenience <= 1, "transformers.lenience", "a number in (0, 1] (1 is exact)")
@@ -343,8 +394,11 @@ class InputConfig:
     def __post_init__(self):
         _require(bool(self.path), "input.path", "'humaneval', 'gsm8k', a file, a directory or a glob")
         _require(bool(self.id_column), "input.id_column", "a column name")
-        _require(bool(self.prompt_column) != bool(self.messages_column), "input.prompt_column",
-                 "set exactly one of input.prompt_column and input.messages_column (the other \"\")")
+        _require(
+            bool(self.prompt_column) != bool(self.messages_column),
+            "input.prompt_column",
+            'set exactly one of input.prompt_column and input.messages_column (the other "")',
+        )
         _require(self.limit >= 0, "input.limit", "an integer >= 0")
         _require(self.on_bad_line in ("error_row", "fail"), "input.on_bad_line", "'error_row' or 'fail'")
 
@@ -364,8 +418,11 @@ class JobConfig:
 
     def __post_init__(self):
         _require(bool(self.output), "job.output", "a directory path")
-        _require("/" not in self.series and ".." not in self.series and "=" not in self.series, "job.series",
-                 "a name without '/', '..' or '='")
+        _require(
+            "/" not in self.series and ".." not in self.series and "=" not in self.series,
+            "job.series",
+            "a name without '/', '..' or '='",
+        )
         _require(self.max_errored_rows >= -1, "job.max_errored_rows", "-1 (never fail) or an integer >= 0")
         _require("/" not in self.run_id and ".." not in self.run_id, "job.run_id", "a name without '/' or '..'")
 
@@ -397,7 +454,9 @@ class RayConfig:
 
     def __post_init__(self):
         _require(self.min_actors >= 1, "ray.min_actors", "an integer >= 1")
-        _require(self.max_actors >= self.min_actors, "ray.max_actors", f"an integer >= ray.min_actors ({self.min_actors})")
+        _require(
+            self.max_actors >= self.min_actors, "ray.max_actors", f"an integer >= ray.min_actors ({self.min_actors})"
+        )
         _require(self.num_cpus_per_actor > 0, "ray.num_cpus_per_actor", "a number > 0")
         _require(self.num_gpus_per_actor >= 0, "ray.num_gpus_per_actor", "a number >= 0")
         _require(self.batch_size >= 1, "ray.batch_size", "an integer >= 1")
@@ -406,8 +465,14 @@ class RayConfig:
         if self.accelerator_type:
             from ray.util import accelerators
 
-            known = sorted(value for name, value in vars(accelerators).items() if name.isupper() and isinstance(value, str))
-            _require(self.accelerator_type in known, "ray.accelerator_type", f"one of Ray's accelerator names ({', '.join(known)})")
+            known = sorted(
+                value for name, value in vars(accelerators).items() if name.isupper() and isinstance(value, str)
+            )
+            _require(
+                self.accelerator_type in known,
+                "ray.accelerator_type",
+                f"one of Ray's accelerator names ({', '.join(known)})",
+            )
 
 
 @dataclass(frozen=True)
@@ -425,7 +490,9 @@ class Config:
         the engine's to refuse (pipeline/engines/build.checked_config, when the job starts)."""
         if self.transformers.max_batch_requests is None:  # its default follows the drafter
             requests = 1 if self.decoder.drafter == "draft_model" else 4
-            object.__setattr__(self, "transformers", dataclasses.replace(self.transformers, max_batch_requests=requests))
+            object.__setattr__(
+                self, "transformers", dataclasses.replace(self.transformers, max_batch_requests=requests)
+            )
 
 
 # engine.max_num_seqs 0 on a CPU: the most requests one vLLM engine runs at once there: the best of

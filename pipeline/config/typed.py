@@ -1,5 +1,6 @@
 """YAML values checked against a frozen dataclass's type hints (pipeline/config/settings.py's sections),
 each error naming the field (`section.field`) and what it takes."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,7 +26,9 @@ def convert(value: Any, hint: Any, name: str) -> Any:
                 return convert(value, arm, name)
             except ConfigError:
                 pass
-        raise ConfigError(f"{name}: must be {' or '.join(describe(arm) for arm in typing.get_args(hint))}, got {value!r}")
+        raise ConfigError(
+            f"{name}: must be {' or '.join(describe(arm) for arm in typing.get_args(hint))}, got {value!r}"
+        )
     if origin is Literal:
         allowed = typing.get_args(hint)
         if value not in allowed:
@@ -65,8 +68,13 @@ def convert(value: Any, hint: Any, name: str) -> Any:
 def describe(hint: Any) -> str:
     if typing.get_origin(hint) is Literal:
         return " or ".join(map(repr, typing.get_args(hint)))
-    return {int: "an integer", float: "a number", str: "a string", bool: "true or false",
-            type(None): "unset (null)"}.get(hint, str(hint))
+    return {
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        bool: "true or false",
+        type(None): "unset (null)",
+    }.get(hint, str(hint))
 
 
 def build(cls: type, mapping: Any, prefix: str = ""):
@@ -88,5 +96,3 @@ def build(cls: type, mapping: Any, prefix: str = ""):
         raise ConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(names)}")
     kwargs = {key: convert(value, hints[key], f"{prefix}.{key}" if prefix else key) for key, value in mapping.items()}
     return cls(**kwargs)
-
-

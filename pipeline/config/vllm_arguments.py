@@ -1,9 +1,11 @@
 """vLLM's engine arguments under their own names, in one table: which config field holds each one
 that is not passed through as given (engine.vllm_args)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 
 @dataclass(frozen=True)
@@ -11,6 +13,7 @@ class VllmArgument:
     """One of vLLM's engine arguments that is not passed through as given (engine.vllm_args): the
     config field that holds it (`section.key`, converted from vLLM's value by `convert`), or the one
     value the engine runs (`only`), or who sets it (`set_by`)."""
+
     field: str = ""
     convert: Callable[[Any], Any] = lambda value: value
     only: Any = None
@@ -24,8 +27,16 @@ class VllmArgument:
 # engine_kwargs through it, engine.vllm_args refuses what it holds, the vLLM engine passes the fields
 # back to vLLM by these names. Any other argument goes to vLLM as it is (checked against EngineArgs).
 VLLM_ARGUMENTS = {
-    **{name: VllmArgument(f"engine.{name}") for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens",
-                                                         "gpu_memory_utilization", "tensor_parallel_size")},
+    **{
+        name: VllmArgument(f"engine.{name}")
+        for name in (
+            "max_model_len",
+            "max_num_seqs",
+            "max_num_batched_tokens",
+            "gpu_memory_utilization",
+            "tensor_parallel_size",
+        )
+    },
     # vLLM 0.32 cannot speculate with pipeline parallelism (its earlier stages have no proposer).
     "pipeline_parallel_size": VllmArgument("engine.pipeline_parallel_size", only=1),
     "dtype": VllmArgument("model.dtype"),
@@ -34,11 +45,14 @@ VLLM_ARGUMENTS = {
     # Rows without a seed derive theirs from it (the engine's own seed is fixed).
     "seed": VllmArgument("decoder.seed", int),
     "enable_chunked_prefill": VllmArgument(only=True, set_by="the engine runs it (vLLM's default)"),
-    "model": VllmArgument(set_by="model.name sets it"), "tokenizer": VllmArgument(set_by="model.name sets it"),
-    "speculative_config": VllmArgument(set_by="decoder.drafter and decoder.w set it (vllm_ngram and vllm_suffix "
-                                              "are vLLM's own methods)"),
+    "model": VllmArgument(set_by="model.name sets it"),
+    "tokenizer": VllmArgument(set_by="model.name sets it"),
+    "speculative_config": VllmArgument(
+        set_by="decoder.drafter and decoder.w set it (vllm_ngram and vllm_suffix are vLLM's own methods)"
+    ),
     "disable_log_stats": VllmArgument(set_by="engine.request_metrics sets it"),
-    "distributed_executor_backend": VllmArgument(set_by="the engine sets it (tensor-parallel ranks are the "
-                                                        "actor's own processes)"),
+    "distributed_executor_backend": VllmArgument(
+        set_by="the engine sets it (tensor-parallel ranks are the actor's own processes)"
+    ),
     "per_request_spec_decode_metrics": VllmArgument(set_by="the engine sets it (the rows' statistics need it)"),
 }

@@ -5,19 +5,33 @@ its per-request statistics (pipeline/engines/stats.py). The Ray stage holds one 
 which: `vllm` (vLLM with our drafters as its proposer) and `transformers` (our own decoder)
 implement the same three members below.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
+from collections.abc import Callable, Mapping, Sequence
 
 from drafters.primitives.sampling import GREEDY, SamplingParams
 from pipeline.config import Config
 from pipeline.engines.errors import RequestError
 from pipeline.engines.stats import FINISH_REASONS, RequestStats
 
-__all__ = ["FINISH_REASONS", "SAMPLING_KEYS", "Engine", "EngineKind", "EngineSampling", "EngineSteps", "Failed",
-           "Request", "Result", "budget", "cut_at_stop", "engine_summary"]
+__all__ = [
+    "FINISH_REASONS",
+    "SAMPLING_KEYS",
+    "Engine",
+    "EngineKind",
+    "EngineSampling",
+    "EngineSteps",
+    "Failed",
+    "Request",
+    "Result",
+    "budget",
+    "cut_at_stop",
+    "engine_summary",
+]
 
 
 @dataclass(frozen=True)
@@ -25,6 +39,7 @@ class EngineKind:
     """What an engine declares of its settings, for pipeline/engines/build.py (the one place that
     maps `engine.name` to an engine) to read: the config, the stage and the processor never ask
     which engine they have. Each engine's is its package's KIND (its settings.py)."""
+
     name: str
     # The config sections it reads: two configs alike in these run alike on it.
     sections: tuple[str, ...]
@@ -64,6 +79,7 @@ SAMPLING_KEYS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop", 
 class EngineSampling:
     """What an engine declares of sampling_params: the keys it runs beyond SAMPLING_KEYS (`runs`
     says them in words), and the ones it knows but refuses, each with why."""
+
     engine: str
     keys: frozenset = frozenset()
     runs: str = ", ".join(SAMPLING_KEYS)
@@ -73,8 +89,9 @@ class EngineSampling:
         if key in self.refused:
             raise RequestError(f"{name}: sampling_params.{key} is not run here: {self.refused[key]}")
         if key not in self.keys:
-            raise RequestError(f"{name}: sampling_params.{key} is not a setting the {self.engine} engine runs "
-                               f"(it runs {self.runs})")
+            raise RequestError(
+                f"{name}: sampling_params.{key} is not a setting the {self.engine} engine runs (it runs {self.runs})"
+            )
 
 
 @dataclass(frozen=True)
@@ -116,6 +133,7 @@ class Result:
 @dataclass(frozen=True)
 class Failed:
     """A request that could not be generated; the message names it and the cause."""
+
     request_id: str
     message: str
 
@@ -126,6 +144,7 @@ class EngineSteps:
 
     Steps *while input remained* are those followed by another admission of requests; the steps
     since the last admission are the drain, which is the final one once the input is exhausted."""
+
     slots: int = 0  # requests the engine runs at once (vLLM's max_num_seqs)
     steps: int = 0  # steps while input remained
     running: int = 0  # the running requests of those steps, summed
@@ -142,11 +161,13 @@ def engine_summary(engines: Sequence[EngineSteps]) -> dict:
     """The run's engine columns over its engines (one per actor): occupancy is the mean running
     requests per step over the slots, across every engine's steps while input remained."""
     slot_steps = sum(e.slots * e.steps for e in engines)
-    return {"engine_occupancy": round(sum(e.running for e in engines) / slot_steps, 4) if slot_steps else None,
-            "engine_steps": sum(e.steps + e.drain_steps for e in engines) if engines else None,
-            "engine_idle_seconds": round(sum(e.idle_seconds for e in engines), 3) if engines else None,
-            "engine_drain_seconds": round(sum(e.drain_seconds for e in engines), 3) if engines else None,
-            "engine_step_cost": step_cost([e.step_cost for e in engines if e.step_cost is not None])}
+    return {
+        "engine_occupancy": round(sum(e.running for e in engines) / slot_steps, 4) if slot_steps else None,
+        "engine_steps": sum(e.steps + e.drain_steps for e in engines) if engines else None,
+        "engine_idle_seconds": round(sum(e.idle_seconds for e in engines), 3) if engines else None,
+        "engine_drain_seconds": round(sum(e.drain_seconds for e in engines), 3) if engines else None,
+        "engine_step_cost": step_cost([e.step_cost for e in engines if e.step_cost is not None]),
+    }
 
 
 def step_cost(fits: list[tuple[float, float]]) -> dict | None:
@@ -194,8 +215,10 @@ def budget(request: Request, max_positions: int | None) -> int:
     if max_positions is None:
         return request.max_new_tokens
     if prompt >= max_positions:
-        raise RequestError(f"request {request.request_id!r}: the prompt has {prompt} tokens; the model allows "
-                           f"{max_positions} in all, leaving no room to generate")
+        raise RequestError(
+            f"request {request.request_id!r}: the prompt has {prompt} tokens; the model allows "
+            f"{max_positions} in all, leaving no room to generate"
+        )
     return min(request.max_new_tokens, max_positions - prompt)
 
 
@@ -205,4 +228,4 @@ def cut_at_stop(text: str, stop: tuple[str, ...], keep_stop: bool = False) -> st
     if not cuts:
         return text
     start, minus_length = min(cuts)
-    return text[:start - minus_length if keep_stop else start]
+    return text[: start - minus_length if keep_stop else start]

@@ -1,12 +1,13 @@
 """The one place that maps `engine.name` to an engine (pipeline/engines/base.py says what an engine
 is): `build_engine` makes it, and what each engine declares of its settings (its KIND: the config
 as it runs it, the models it refuses, its batches at once) is read here for everyone above."""
+
 from __future__ import annotations
 
 import importlib
 import time
 from pathlib import Path
-from typing import Sequence
+from collections.abc import Sequence
 
 from pipeline.config import Config
 from pipeline.config.drafter_registry import DrafterTables, drafter_tables
@@ -14,16 +15,27 @@ from pipeline.engines.base import Engine, EngineKind
 from pipeline.engines.errors import ModelRefused
 from pipeline.config.model_loading import LoadedModel, load_model, resolve_model_dir
 
-__all__ = ["ModelRefused", "build_engine", "build_engines", "build_timed", "check_engine_can_run", "checked_config",
-           "concurrent_batches", "drafts_from_predictions", "engine_kind"]
+__all__ = [
+    "ModelRefused",
+    "build_engine",
+    "build_engines",
+    "build_timed",
+    "check_engine_can_run",
+    "checked_config",
+    "concurrent_batches",
+    "drafts_from_predictions",
+    "engine_kind",
+]
 
 
 def engine_kind(name: str) -> EngineKind:
     """What the engine `name` (engine.name, resolved) declares; only its package is imported."""
     if name == "vllm":
         from pipeline.engines.vllm import KIND
+
         return KIND
     from pipeline.engines.transformers import KIND
+
     return KIND
 
 
@@ -81,7 +93,10 @@ def build_engines(configs: Sequence[Config]) -> list[Engine]:
     engines = []
     for config in configs:
         config = checked_config(config)
-        reads = (config.engine.name, *(getattr(config, section) for section in engine_kind(config.engine.name).sections))
+        reads = (
+            config.engine.name,
+            *(getattr(config, section) for section in engine_kind(config.engine.name).sections),
+        )
         engine = next((engine for other, engine in built if other == reads), None)
         if engine is None:
             if config.engine.name == "transformers" and config.model not in models:

@@ -17,6 +17,7 @@ measures only while its remaining work pays for it: the round's restarts, and th
 spend in a slower mode, at most MEASURE_BUDGET of the work left. A job too short for that never
 restarts an engine.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -47,6 +48,7 @@ NGRAM_GPU_W = 5
 class Rule:
     """What auto does on a platform up to a concurrency, for rows with predictions or without: the
     mode to run, and whether the projection leaves it open enough to measure."""
+
     platform: str  # "gpu": plain and vLLM's ngram_gpu run with async scheduling; "cpu": all synchronously
     most_running: float  # up to this many requests running at once
     predictions: bool | None  # for rows that carry a prediction (True), rows that do not (False), or both
@@ -60,21 +62,65 @@ INF = float("inf")
 # From the projection of an 8B model on an H100 (its measured step, a GPU host's time; ours runs
 # synchronously, plain and ngram_gpu asynchronously) and from this CPU's measurements: docs/speculation.md.
 RULES = (
-    Rule("gpu", 16, True, DRAFTING, True, "16 sequences, edited rows: ours 2.40x / 3.07x / 1.79x plain async "
-                                          "(line, field, paragraph), ngram_gpu 2.04x / 2.14x / 2.06x: open"),
-    Rule("gpu", 16, False, NGRAM_GPU, True, "16 sequences: ngram_gpu 2.33x plain async on corpus work, 1.72x on chat; "
-                                            "ours 2.25x, 1.57x: open"),
-    Rule("gpu", 128, True, NGRAM_GPU, True, "64 sequences, edited rows: ngram_gpu 1.22x / 1.23x / 1.20x plain async, "
-                                            "ours 0.99x / 1.24x / 0.89x: open"),
-    Rule("gpu", 128, False, NGRAM_GPU, False, "64 sequences: ngram_gpu 1.81x plain async on corpus work, 1.35x on "
-                                              "chat; ours 1.30x, 1.01x"),
-    Rule("gpu", INF, None, PLAIN, True, "256 sequences: ngram_gpu 1.17x plain async on corpus work, ours 0.71x; a "
-                                        "draft token costs 0.4-0.9 of a step there: open"),
+    Rule(
+        "gpu",
+        16,
+        True,
+        DRAFTING,
+        True,
+        "16 sequences, edited rows: ours 2.40x / 3.07x / 1.79x plain async "
+        "(line, field, paragraph), ngram_gpu 2.04x / 2.14x / 2.06x: open",
+    ),
+    Rule(
+        "gpu",
+        16,
+        False,
+        NGRAM_GPU,
+        True,
+        "16 sequences: ngram_gpu 2.33x plain async on corpus work, 1.72x on chat; ours 2.25x, 1.57x: open",
+    ),
+    Rule(
+        "gpu",
+        128,
+        True,
+        NGRAM_GPU,
+        True,
+        "64 sequences, edited rows: ngram_gpu 1.22x / 1.23x / 1.20x plain async, ours 0.99x / 1.24x / 0.89x: open",
+    ),
+    Rule(
+        "gpu",
+        128,
+        False,
+        NGRAM_GPU,
+        False,
+        "64 sequences: ngram_gpu 1.81x plain async on corpus work, 1.35x on chat; ours 1.30x, 1.01x",
+    ),
+    Rule(
+        "gpu",
+        INF,
+        None,
+        PLAIN,
+        True,
+        "256 sequences: ngram_gpu 1.17x plain async on corpus work, ours 0.71x; a "
+        "draft token costs 0.4-0.9 of a step there: open",
+    ),
     Rule("cpu", 4, None, DRAFTING, False, "this CPU at one request: ours 1.4-2.1x plain (live), 1.8-2.5x (projected)"),
-    Rule("cpu", 32, None, DRAFTING, True, "this CPU at 16 requests: ours 0.94-1.13x plain (live), 1.05-1.10x "
-                                          "(projected): open"),
-    Rule("cpu", INF, None, PLAIN, True, "this CPU beyond 32 requests: not measured; each request's drafts cost a "
-                                        "compute-bound step more: open"),
+    Rule(
+        "cpu",
+        32,
+        None,
+        DRAFTING,
+        True,
+        "this CPU at 16 requests: ours 0.94-1.13x plain (live), 1.05-1.10x (projected): open",
+    ),
+    Rule(
+        "cpu",
+        INF,
+        None,
+        PLAIN,
+        True,
+        "this CPU beyond 32 requests: not measured; each request's drafts cost a compute-bound step more: open",
+    ),
 )
 
 
@@ -85,8 +131,9 @@ def platform(config: Config) -> str:
 def platform_rule(name: str, running: int, predictions: bool = False) -> Rule:
     """The rule on platform `name` ("gpu" or "cpu") at `running` requests at once, for rows that
     carry a prediction or not."""
-    return next(r for r in RULES if r.platform == name and running <= r.most_running
-                and r.predictions in (None, predictions))
+    return next(
+        r for r in RULES if r.platform == name and running <= r.most_running and r.predictions in (None, predictions)
+    )
 
 
 def candidates(config: Config) -> tuple[str, ...]:
@@ -123,6 +170,7 @@ def concurrency(config: Config, expected_rows: int | None) -> int:
 @dataclass
 class Window:
     """What one mode generated over a stretch of an actor's busy seconds."""
+
     drafter: str
     start: float  # the actor's busy seconds when it opened
     seconds: float = 0.0
@@ -139,15 +187,22 @@ class Window:
         return self.predicted_rows / self.rows if self.rows else 0.0
 
     def as_dict(self) -> dict:
-        return {"drafter": self.drafter, "at_busy_seconds": round(self.start, 2), "seconds": round(self.seconds, 2),
-                "tokens": self.tokens, "rows": self.rows, "tokens_per_second": round(self.rate, 2),
-                "prediction_share": round(self.prediction_share, 3)}
+        return {
+            "drafter": self.drafter,
+            "at_busy_seconds": round(self.start, 2),
+            "seconds": round(self.seconds, 2),
+            "tokens": self.tokens,
+            "rows": self.rows,
+            "tokens_per_second": round(self.rate, 2),
+            "prediction_share": round(self.prediction_share, 3),
+        }
 
 
 @dataclass
 class Chooser:
     """An actor's choice of mode (the module's docstring), fed each finished batch. Pure: the stage
     makes the switches it asks for and tells it how long they took."""
+
     candidates: tuple[str, ...]
     platform: str  # "gpu" or "cpu": whose RULES apply; "" : none (engine.speculation on or off, or one candidate)
     running: int  # the engine's concurrency, which the rule reads
@@ -263,8 +318,15 @@ class Chooser:
 
     def switch(self, drafter: str, why: str) -> str:
         self.pending = drafter
-        self.switches.append({"at_busy_seconds": round(self.busy, 2), "at": round(time.time(), 2),
-                              "from": self.current, "to": drafter, "why": why})
+        self.switches.append(
+            {
+                "at_busy_seconds": round(self.busy, 2),
+                "at": round(time.time(), 2),
+                "from": self.current,
+                "to": drafter,
+                "why": why,
+            }
+        )
         return drafter
 
     def switched(self, drafter: str, drain_seconds: float, restart_seconds: float) -> None:
@@ -282,10 +344,18 @@ class Chooser:
 
     def report(self) -> dict:
         """What summary.json says of this actor: its mode now, why, its windows and its switches."""
-        return {"drafter": self.current, "decided_by": self.decided_by, "candidates": list(self.candidates),
-                "rule": self.rule.why if self.rule is not None else None, "window_seconds": round(self.window_s, 2),
-                "restart_seconds": round(self.restart_seconds, 2), "busy_seconds": round(self.busy, 2),
-                "rows": self.rows, "windows": [w.as_dict() for w in self.history[-32:]], "switches": self.switches[-32:]}
+        return {
+            "drafter": self.current,
+            "decided_by": self.decided_by,
+            "candidates": list(self.candidates),
+            "rule": self.rule.why if self.rule is not None else None,
+            "window_seconds": round(self.window_s, 2),
+            "restart_seconds": round(self.restart_seconds, 2),
+            "busy_seconds": round(self.busy, 2),
+            "rows": self.rows,
+            "windows": [w.as_dict() for w in self.history[-32:]],
+            "switches": self.switches[-32:],
+        }
 
 
 def chooser(config: Config, expected_rows: int | None, predictions: bool = False) -> Chooser:
@@ -293,5 +363,11 @@ def chooser(config: Config, expected_rows: int | None, predictions: bool = False
     known; predictions: whether its rows carry them, as far as the run knows); its first engine's
     start is its `restart_seconds` once measured."""
     auto = config.engine.speculation == "auto"
-    return Chooser(candidates(config), platform(config) if auto else "", concurrency(config, expected_rows),
-                   config.engine.speculation_window_s, expected_rows, predictions=predictions)
+    return Chooser(
+        candidates(config),
+        platform(config) if auto else "",
+        concurrency(config, expected_rows),
+        config.engine.speculation_window_s,
+        expected_rows,
+        predictions=predictions,
+    )

@@ -1,12 +1,13 @@
 """Per-request acceptance statistics; each field is one output column, under the one name
 pipeline/llm/schema.py gives it (and so are the properties tokens_per_call, alpha, draft_cost_ratio
 and median_draft_seconds)."""
+
 from __future__ import annotations
 
 import dataclasses
 import statistics
 from dataclasses import dataclass, field
-from typing import Sequence
+from collections.abc import Sequence
 
 FINISH_REASONS = ("eos", "length", "stop")
 
@@ -80,9 +81,19 @@ class RequestStats:
     def median_draft_seconds(self) -> float | None:
         return statistics.median(self.draft_step_seconds) if self.draft_step_seconds else None
 
-    def observe(self, *, strategies: Sequence[str], num_accepted: int, winning_row: int,
-                acceptance_probabilities: Sequence[float], num_fed_tokens: int, num_draft_model_calls: int = 0,
-                draft_seconds: float = 0.0, verify_seconds: float = 0.0, share: float = 1.0) -> None:
+    def observe(
+        self,
+        *,
+        strategies: Sequence[str],
+        num_accepted: int,
+        winning_row: int,
+        acceptance_probabilities: Sequence[float],
+        num_fed_tokens: int,
+        num_draft_model_calls: int = 0,
+        draft_seconds: float = 0.0,
+        verify_seconds: float = 0.0,
+        share: float = 1.0,
+    ) -> None:
         """Records one verification step: draft rows of `strategies` were verified in a forward
         call that fed the target `num_fed_tokens` tokens, of which this request had `share`
         (1 / the requests the call served); `num_accepted` draft tokens of row `winning_row` were
@@ -108,8 +119,12 @@ class RequestStats:
     def as_row(self) -> dict:
         row = dataclasses.asdict(self)
         del row["draft_step_seconds"]
-        row.update(tokens_per_call=self.tokens_per_call, alpha=self.alpha, draft_cost_ratio=self.draft_cost_ratio,
-                   median_draft_seconds=self.median_draft_seconds)
+        row.update(
+            tokens_per_call=self.tokens_per_call,
+            alpha=self.alpha,
+            draft_cost_ratio=self.draft_cost_ratio,
+            median_draft_seconds=self.median_draft_seconds,
+        )
         return row
 
 

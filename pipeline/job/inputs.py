@@ -8,12 +8,13 @@ whose `BAD_INPUT` column holds the message; the job writes it as an error row an
 other row. With `fail`, the job stops after its first pass over the input (the count, before any
 actor starts), naming the first bad line and how many there are: one line, not a traceback.
 """
+
 from __future__ import annotations
 
 import io
 import json
 from pathlib import Path
-from typing import Iterator
+from collections.abc import Iterator
 
 import pyarrow as pa
 import ray
@@ -57,8 +58,10 @@ def format_of(source: InputConfig, files) -> str:
     for suffix, kind in ((".jsonl", "jsonl"), (".json", "jsonl"), (".parquet", "parquet"), (".csv", "csv")):
         if first.endswith(suffix):
             return "openai_batch" if kind == "jsonl" and holds_batch_requests(first) else kind
-    raise JobFailed(f"input.path: cannot tell the format of {first!r}; set input.format to jsonl, parquet, csv, "
-                    "hf_dataset or openai_batch")
+    raise JobFailed(
+        f"input.path: cannot tell the format of {first!r}; set input.format to jsonl, parquet, csv, "
+        "hf_dataset or openai_batch"
+    )
 
 
 def holds_batch_requests(path: str) -> bool:
@@ -76,19 +79,25 @@ def holds_batch_requests(path: str) -> bool:
 def read_input(source: InputConfig, cpus: float) -> ray.data.Dataset:
     """The input as a Dataset, bad lines and unreadable files as rows with BAD_INPUT."""
     if source.path in BUILTIN_DATASETS:
-        return ray.data.from_items([{source.id_column: request_id, source.prompt_column or "prompt": prompt}
-                                    for request_id, prompt in builtin_prompts(source.path)])
+        return ray.data.from_items(
+            [
+                {source.id_column: request_id, source.prompt_column or "prompt": prompt}
+                for request_id, prompt in builtin_prompts(source.path)
+            ]
+        )
     files = files_of(source)
     kind = format_of(source, files)
     filesystem = storage.resolve(files[0] if isinstance(files, list) else files)[0]
     if kind in ("jsonl", "csv", "openai_batch"):
         reader = {"jsonl": JsonLines, "csv": CsvRows, "openai_batch": OpenAIBatchLines}[kind]
         extensions = ["csv"] if kind == "csv" else ["jsonl", "json"]
-        return ray.data.read_datasource(reader(files, source, filesystem=filesystem, file_extensions=extensions),
-                                        num_cpus=cpus)
+        return ray.data.read_datasource(
+            reader(files, source, filesystem=filesystem, file_extensions=extensions), num_cpus=cpus
+        )
     if kind == "parquet":
         return read_parquet(files, source, filesystem, cpus)
     import datasets
+
     return ray.data.from_huggingface(datasets.load_from_disk(files if isinstance(files, str) else files[0]))
 
 
@@ -96,10 +105,16 @@ def read_parquet(files, source: InputConfig, filesystem, cpus: float) -> ray.dat
     """The Parquet files that open, and a bad-input row for each that does not (its footer is
     checked first: Ray's reader fails the whole read on one torn file)."""
     paths = files if isinstance(files, list) else [files]
-    listed = [path for entry in paths for path in (storage.list_files(entry, recursive=True)
-                                                   if storage.info(entry, "input.path").type.name == "Directory"
-                                                   else [entry])
-              if path.endswith(".parquet") and not Path(path).name.startswith((".", "_"))]
+    listed = [
+        path
+        for entry in paths
+        for path in (
+            storage.list_files(entry, recursive=True)
+            if storage.info(entry, "input.path").type.name == "Directory"
+            else [entry]
+        )
+        if path.endswith(".parquet") and not Path(path).name.startswith((".", "_"))
+    ]
     unreadable = storage.unreadable_parquet(listed)
     bad = [bad_row(source, path, None, error) for path, error in unreadable.items()]
     good = [path for path in listed if path not in unreadable]
@@ -113,8 +128,11 @@ def read_parquet(files, source: InputConfig, filesystem, cpus: float) -> ray.dat
 def bad_row(source: InputConfig, path: str, line: int | None, cause: str) -> dict:
     """The row that stands for a line (or a whole file) that cannot be read."""
     where = f"{path} line {line}" if line is not None else path
-    return {source.id_column: f"{path}:{line}" if line is not None else path,
-            source.prompt_column or source.messages_column: None, BAD_INPUT: f"input.path: {where}: {cause}"}
+    return {
+        source.id_column: f"{path}:{line}" if line is not None else path,
+        source.prompt_column or source.messages_column: None,
+        BAD_INPUT: f"input.path: {where}: {cause}",
+    }
 
 
 class JsonLines(FileBasedDatasource):
@@ -188,19 +206,36 @@ class CsvRows(FileBasedDatasource):
         def skip(row) -> str:
             invalid.append(row)
             return "skip"
+
         # One thread: pyarrow numbers an invalid row's line only then (Ray reads files in parallel).
-        yield pacsv.read_csv(f, read_options=pacsv.ReadOptions(use_threads=False),
-                             parse_options=pacsv.ParseOptions(invalid_row_handler=skip))
+        yield pacsv.read_csv(
+            f,
+            read_options=pacsv.ReadOptions(use_threads=False),
+            parse_options=pacsv.ParseOptions(invalid_row_handler=skip),
+        )
         if invalid:
-            yield rows_table([bad_row(self.source, path, row.number, f"{row.actual_columns} fields where the header "
-                                      f"has {row.expected_columns}: {row.text[:80]!r}") for row in invalid])
+            yield rows_table(
+                [
+                    bad_row(
+                        self.source,
+                        path,
+                        row.number,
+                        f"{row.actual_columns} fields where the header has {row.expected_columns}: {row.text[:80]!r}",
+                    )
+                    for row in invalid
+                ]
+            )
 
 
 def check_columns(dataset: ray.data.Dataset, source: InputConfig) -> None:
     names = dataset.schema().names
-    for setting, column in (("input.id_column", source.id_column),
-                            ("input.prompt_column" if source.prompt_column else "input.messages_column",
-                             source.prompt_column or source.messages_column)):
+    for setting, column in (
+        ("input.id_column", source.id_column),
+        (
+            "input.prompt_column" if source.prompt_column else "input.messages_column",
+            source.prompt_column or source.messages_column,
+        ),
+    ):
         if column not in names:
             raise JobFailed(f"{setting}: the input has no column {column!r}; its columns are {names}")
 

@@ -16,12 +16,14 @@ file with a line per request that succeeded (`response.body` a `chat.completion`
 prediction's accepted and rejected tokens) and an error file with a line per request that did
 not (`response` null, `error` `{code, message}`), each `custom_id` once, each file written whole.
 """
+
 from __future__ import annotations
 
 import hashlib
 import json
 import time
-from typing import Any, Iterable, Iterator
+from typing import Any
+from collections.abc import Iterable, Iterator
 
 from pipeline.config import Config, InputConfig
 from pipeline.job.series import REQUEST  # the column that carries a line's request, as JSON text
@@ -29,11 +31,23 @@ from pipeline.llm.schema import BAD_INPUT
 
 CHAT, COMPLETIONS = "/v1/chat/completions", "/v1/completions"
 ENDPOINTS = (CHAT, COMPLETIONS)
-COMMON = ("model", "max_tokens", "temperature", "top_p", "seed", "stop", "n", "logprobs", "frequency_penalty",
-          "presence_penalty")
+COMMON = (
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "seed",
+    "stop",
+    "n",
+    "logprobs",
+    "frequency_penalty",
+    "presence_penalty",
+)
 # The body fields each endpoint runs.
-FIELDS = {CHAT: (*COMMON, "messages", "max_completion_tokens", "top_logprobs", "response_format", "prediction"),
-          COMPLETIONS: (*COMMON, "prompt")}
+FIELDS = {
+    CHAT: (*COMMON, "messages", "max_completion_tokens", "top_logprobs", "response_format", "prediction"),
+    COMPLETIONS: (*COMMON, "prompt"),
+}
 # Fields that change no text, taken and left aside (stream only where false).
 IGNORED = ("user", "metadata", "store", "service_tier", "stream")
 # OpenAI's defaults where a body leaves a setting out (max_tokens: decoder.max_new_tokens).
@@ -90,7 +104,9 @@ def text_messages(messages: Any) -> list[dict]:
             raise LineError(f"{where}.{unknown[0]} is not run here (messages of text only)")
         content = message.get("content")
         if isinstance(content, list):
-            kinds = sorted({part.get("type") if isinstance(part, dict) else type(part).__name__ for part in content} - {"text"})
+            kinds = sorted(
+                {part.get("type") if isinstance(part, dict) else type(part).__name__ for part in content} - {"text"}
+            )
             if kinds:
                 raise LineError(f"{where}.content: {kinds[0]!r} parts are not run here (text parts only)")
             content = "".join(part.get("text") or "" for part in content)
@@ -117,8 +133,10 @@ def request_fields(text: str, config: Config) -> dict:
     or a text prompt), sampling_params (vLLM's names, OpenAI's defaults) and the prediction."""
     request = json.loads(text)
     body = request["body"]
-    params = {"max_tokens": body.get("max_completion_tokens", body.get("max_tokens")) or config.decoder.max_new_tokens,
-              **{key: body.get(key, default) for key, default in DEFAULTS.items()}}
+    params = {
+        "max_tokens": body.get("max_completion_tokens", body.get("max_tokens")) or config.decoder.max_new_tokens,
+        **{key: body.get(key, default) for key, default in DEFAULTS.items()},
+    }
     for key in ("seed", "stop", "frequency_penalty", "presence_penalty"):
         if body.get(key) is not None:
             params[key] = body[key]
@@ -129,7 +147,12 @@ def request_fields(text: str, config: Config) -> dict:
     if structured is not None:  # a schema as JSON text: one Arrow type for every row's
         params["structured_outputs"] = structured
     prompt = body["messages"] if request["url"] == CHAT else body["prompt"]
-    return {"prompt": prompt, "sampling_params": params, "prediction": body.get("prediction"), "endpoint": request["url"]}
+    return {
+        "prompt": prompt,
+        "sampling_params": params,
+        "prediction": body.get("prediction"),
+        "endpoint": request["url"],
+    }
 
 
 def logprobs_asked(request: dict) -> int | None:
@@ -155,18 +178,33 @@ def check_response_format(response_format: Any) -> None:
         return
     kind = response_format.get("type") if isinstance(response_format, dict) else None
     schema = response_format.get("json_schema") if isinstance(response_format, dict) else None
-    if kind in ("text", "json_object") or (kind == "json_schema" and isinstance(schema, dict)
-                                            and isinstance(schema.get("schema"), dict)):
+    if kind in ("text", "json_object") or (
+        kind == "json_schema" and isinstance(schema, dict) and isinstance(schema.get("schema"), dict)
+    ):
         return
-    raise LineError("body.response_format must be {'type': 'text'}, {'type': 'json_object'} or {'type': 'json_schema', "
-                    "'json_schema': {'name': ..., 'schema': {...}}}")
+    raise LineError(
+        "body.response_format must be {'type': 'text'}, {'type': 'json_object'} or {'type': 'json_schema', "
+        "'json_schema': {'name': ..., 'schema': {...}}}"
+    )
 
 
 # --- Out -----------------------------------------------------------------------------------------
 
-OUTPUT_COLUMNS = ("id", "sample_index", "endpoint", "generated_text", "generated_tokens", "finish_reason",
-                  "num_input_tokens", "num_generated_tokens", "accepted_prediction_tokens",
-                  "rejected_prediction_tokens", "logprobs", "model", "error")
+OUTPUT_COLUMNS = (
+    "id",
+    "sample_index",
+    "endpoint",
+    "generated_text",
+    "generated_tokens",
+    "finish_reason",
+    "num_input_tokens",
+    "num_generated_tokens",
+    "accepted_prediction_tokens",
+    "rejected_prediction_tokens",
+    "logprobs",
+    "model",
+    "error",
+)
 FINISH = {"eos": "stop", "stop": "stop", "length": "length"}
 
 
@@ -184,8 +222,17 @@ def response_lines(rows: list[dict], run_id: str, created: int) -> Iterator[tupl
             yield False, json.dumps({"id": f"batch_req_{ident}", "custom_id": key, "response": None, "error": error})
             continue
         body = response_body(samples, ident, created)
-        yield True, json.dumps({"id": f"batch_req_{ident}", "custom_id": key,
-                                "response": {"status_code": 200, "request_id": ident, "body": body}, "error": None})
+        yield (
+            True,
+            json.dumps(
+                {
+                    "id": f"batch_req_{ident}",
+                    "custom_id": key,
+                    "response": {"status_code": 200, "request_id": ident, "body": body},
+                    "error": None,
+                }
+            ),
+        )
 
 
 def response_body(samples: list[dict], ident: str, created: int) -> dict:
@@ -207,9 +254,17 @@ def response_body(samples: list[dict], ident: str, created: int) -> dict:
         usage["completion_tokens_details"] = {
             "accepted_prediction_tokens": sum(row["accepted_prediction_tokens"] or 0 for row in samples),
             "rejected_prediction_tokens": sum(row["rejected_prediction_tokens"] or 0 for row in samples),
-            "reasoning_tokens": 0, "audio_tokens": 0}
-    return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{ident}", "object": "chat.completion" if chat else "text_completion",
-            "created": created, "model": samples[0]["model"], "choices": choices, "usage": usage}
+            "reasoning_tokens": 0,
+            "audio_tokens": 0,
+        }
+    return {
+        "id": f"{'chatcmpl' if chat else 'cmpl'}-{ident}",
+        "object": "chat.completion" if chat else "text_completion",
+        "created": created,
+        "model": samples[0]["model"],
+        "choices": choices,
+        "usage": usage,
+    }
 
 
 def choice_logprobs(row: dict, chat: bool) -> dict | None:
@@ -224,11 +279,16 @@ def choice_logprobs(row: dict, chat: bool) -> dict | None:
         top = sorted((e for e in entries if e["rank"] is not None), key=lambda e: e["rank"])
         tokens.append((own, [e for e in top if e["rank"] <= len(entries)]))
     if chat:
-        return {"content": [{**token_entry(own), "top_logprobs": [token_entry(e) for e in top]} for own, top in tokens],
-                "refusal": None}
-    return {"tokens": [own["token"] if own else "" for own, _ in tokens],
-            "token_logprobs": [own["logprob"] if own else None for own, _ in tokens],
-            "top_logprobs": [{e["token"]: e["logprob"] for e in top} for _, top in tokens], "text_offset": []}
+        return {
+            "content": [{**token_entry(own), "top_logprobs": [token_entry(e) for e in top]} for own, top in tokens],
+            "refusal": None,
+        }
+    return {
+        "tokens": [own["token"] if own else "" for own, _ in tokens],
+        "token_logprobs": [own["logprob"] if own else None for own, _ in tokens],
+        "top_logprobs": [{e["token"]: e["logprob"] for e in top} for _, top in tokens],
+        "text_offset": [],
+    }
 
 
 def token_entry(entry: dict | None) -> dict:
@@ -242,7 +302,10 @@ def write_outputs(run_dir: str, run_id: str, rows: Iterable[list[dict]]) -> dict
     from pipeline.llm import storage
 
     created, counts = int(time.time()), {True: 0, False: 0}
-    paths = {True: storage.join(run_dir, "openai", "output.jsonl"), False: storage.join(run_dir, "openai", "errors.jsonl")}
+    paths = {
+        True: storage.join(run_dir, "openai", "output.jsonl"),
+        False: storage.join(run_dir, "openai", "errors.jsonl"),
+    }
     with storage.WholeFile(paths[True]) as output, storage.WholeFile(paths[False]) as errors:
         for block in rows:
             for succeeded, line in response_lines(block, run_id, created):

@@ -13,6 +13,7 @@
   checkpoint entry moves there too (rewritten with the ids of the readable files that the same
   write produced, where there are any), so the run generates the ids it held again.
 """
+
 from __future__ import annotations
 
 import io
@@ -34,8 +35,11 @@ PARQUET_END = b"PAR1"  # a whole Parquet file ends with its footer and these fou
 
 def parquet_files(directory: str) -> list[str]:
     """The Parquet files under `directory` (named as `directory` is), the set-aside ones left out."""
-    return [path for path in storage.list_files(directory, recursive=True)
-            if path.endswith(".parquet") and f"/{SET_ASIDE}/" not in path]
+    return [
+        path
+        for path in storage.list_files(directory, recursive=True)
+        if path.endswith(".parquet") and f"/{SET_ASIDE}/" not in path
+    ]
 
 
 def set_aside_unreadable(output: str, outputs: str, checkpoints: str, id_column: str) -> list[dict]:
@@ -49,15 +53,16 @@ def set_aside_unreadable(output: str, outputs: str, checkpoints: str, id_column:
         kept = aside(output, path)
         storage.move(path, kept)
         released = release_checkpoint(output, checkpoints, path, [f for f in files if f not in unreadable], id_column)
-        logger.warning("%s is not a readable Parquet file (%s): moved to %s; the ids it held are generated again",
-                       path, why, kept)
+        logger.warning(
+            "%s is not a readable Parquet file (%s): moved to %s; the ids it held are generated again", path, why, kept
+        )
         moved.append({"file": path, "moved_to": kept, "error": why, "checkpoint": released})
     return moved
 
 
 def aside(output: str, path: str) -> str:
     """Where `path` (a file under `output`) is set aside."""
-    relative = storage.resolve(path)[1][len(storage.resolve(output)[1]):].lstrip("/")
+    relative = storage.resolve(path)[1][len(storage.resolve(output)[1]) :].lstrip("/")
     return storage.join(output, SET_ASIDE, relative)
 
 

@@ -22,6 +22,7 @@ Nothing funnels through the driver:
 - the run summary is a Ray Data aggregate over the run's files, plus what a small progress actor
   counted this time (rows, errors, tokens, when generation started and ended, which nodes).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -65,7 +66,10 @@ def with_checked_datastore(config: Config) -> Config:
     if not config.decoder.datastore:
         return config
     if storage.is_uri(config.decoder.datastore):  # copied to each node that runs actors, not here
-        if storage.info(storage.join(config.decoder.datastore, "meta.json"), "decoder.datastore").type.name == "NotFound":
+        if (
+            storage.info(storage.join(config.decoder.datastore, "meta.json"), "decoder.datastore").type.name
+            == "NotFound"
+        ):
             raise JobFailed(f"decoder.datastore: {config.decoder.datastore!r} holds no datastore (no meta.json)")
         return config
     directory = Path(config.decoder.datastore).expanduser().resolve()
@@ -74,6 +78,7 @@ def with_checked_datastore(config: Config) -> Config:
 
 
 # --- The plan: what the run does, decided once at its start ----------------------------------
+
 
 def make_plan(config: Config, run_id: str) -> RunPlan:
     """The run's paths, the config its rows come from (its datastore checked), the one the actors
@@ -94,8 +99,9 @@ def checkpoint_config(config: Config, paths: RunPaths, fingerprint: str) -> Chec
     request_key); a series the fingerprints of its rows (pipeline/job/series.py), in one checkpoint
     shared by its runs, so each skips the rows written unchanged."""
     if config.job.series:
-        return ids_checkpoint("fingerprint", paths.checkpoints, config.input.id_column,
-                              series.fingerprint_filter(config, fingerprint))
+        return ids_checkpoint(
+            "fingerprint", paths.checkpoints, config.input.id_column, series.fingerprint_filter(config, fingerprint)
+        )
     return ids_checkpoint("id", paths.checkpoints, config.input.id_column)
 
 
@@ -108,21 +114,31 @@ def count_input(plan: RunPlan, dataset: ray.data.Dataset) -> tuple[int, int]:
     if storage.info(checkpoint.checkpoint_path, "job.output").type.name != "NotFound":
         manager = IdColumnCheckpointManager(checkpoint, ray.data.DataContext.get_current())
         ids, _ = manager.load_checkpoint(output, storage.resolve(output)[0])
-    given = {"checkpoint": checkpoint, "ids": [ids]} if ids else {"checkpoint": None, "ids": None}  # the ref, not the array
-    counts = dataset.map_batches(count_block, fn_kwargs=given, batch_format="pyarrow", batch_size=None, num_cpus=IO_CPUS)
+    given = (
+        {"checkpoint": checkpoint, "ids": [ids]} if ids else {"checkpoint": None, "ids": None}
+    )  # the ref, not the array
+    counts = dataset.map_batches(
+        count_block, fn_kwargs=given, batch_format="pyarrow", batch_size=None, num_cpus=IO_CPUS
+    )
     rows = new = bad = 0
     first_bad = None
     for batch in counts.iter_batches(batch_size=None, batch_format="pyarrow"):
-        rows, new, bad = (rows + sum(batch["rows"].to_pylist()), new + sum(batch["new"].to_pylist()),
-                          bad + sum(batch["bad"].to_pylist()))
+        rows, new, bad = (
+            rows + sum(batch["rows"].to_pylist()),
+            new + sum(batch["new"].to_pylist()),
+            bad + sum(batch["bad"].to_pylist()),
+        )
         first_bad = first_bad or next((m for m in batch["first_bad"].to_pylist() if m), None)
     if bad and plan.config.input.on_bad_line == "fail":
-        raise JobFailed(f"{first_bad} ({bad} bad line{'s' * (bad > 1)} in all; input.on_bad_line: fail, and "
-                        "'error_row' writes an error row for each instead)")
+        raise JobFailed(
+            f"{first_bad} ({bad} bad line{'s' * (bad > 1)} in all; input.on_bad_line: fail, and "
+            "'error_row' writes an error row for each instead)"
+        )
     return rows, new
 
 
 # --- The run ----------------------------------------------------------------------------------
+
 
 def new_run_id() -> str:
     return datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
@@ -169,12 +185,14 @@ def read_plan(plan: RunPlan) -> tuple[ray.data.Dataset, Reading]:
     input_rows, new_rows = count_input(plan, dataset)
     rows_read = min(input_rows, config.input.limit) if config.input.limit else input_rows
     # The columns read (a null one where a block has none): the native block, as read.
-    dataset = dataset.map_batches(with_columns, fn_kwargs={"names": columns}, batch_format=None,
-                                  batch_size=None, num_cpus=IO_CPUS)
+    dataset = dataset.map_batches(
+        with_columns, fn_kwargs={"names": columns}, batch_format=None, batch_size=None, num_cpus=IO_CPUS
+    )
     if config.input.limit:
         dataset = dataset.limit(config.input.limit)
-    return dataset, Reading(input_rows, rows_read, new_rows, set_aside, "prediction" in columns,
-                            openai_batch.REQUEST in columns)
+    return dataset, Reading(
+        input_rows, rows_read, new_rows, set_aside, "prediction" in columns, openai_batch.REQUEST in columns
+    )
 
 
 def generate_and_write(config: Config, run_id: str) -> dict:
@@ -185,7 +203,9 @@ def generate_and_write(config: Config, run_id: str) -> dict:
         return summary_of(plan, reading, empty_totals(), time.perf_counter() - started, None, None)
     config, paths = plan.config, plan.paths
     engine = config.engine
-    progress = RunProgress.remote(config.job.max_errored_rows, paths.run_dir, engine.max_restarts, engine.restart_window_s)
+    progress = RunProgress.remote(
+        config.job.max_errored_rows, paths.run_dir, engine.max_restarts, engine.restart_window_s
+    )
     # The job is a pipeline.llm processor: it prepares the model where the actors run, its
     # preprocess and postprocess turn the job's rows into the processor's and back, and the
     # checkpoint makes the read skip the rows this run (or its series) already wrote.
@@ -194,15 +214,22 @@ def generate_and_write(config: Config, run_id: str) -> dict:
     expected = min(reading.new_rows, config.input.limit or reading.new_rows) * config.decoder.n  # requests
     written = series.output_files(paths.runs_root) if config.job.series else {}
     settings = job_rows.stage_settings(config, run_id, True, expected, reading.predicted or bool(written))
-    processor = Processor(plan.drafting, settings, plan.checkpoint,
-                          preprocess=job_rows.request_row(config, plan.fingerprint), postprocess=job_rows.output_table,
-                          preprocess_map_kwargs={"num_cpus": IO_CPUS}, postprocess_map_kwargs={"num_cpus": IO_CPUS},
-                          progress=progress)
+    processor = Processor(
+        plan.drafting,
+        settings,
+        plan.checkpoint,
+        preprocess=job_rows.request_row(config, plan.fingerprint),
+        postprocess=job_rows.output_table,
+        preprocess_map_kwargs={"num_cpus": IO_CPUS},
+        postprocess_map_kwargs={"num_cpus": IO_CPUS},
+        progress=progress,
+    )
     try:
         if written:  # a changed row is drafted from its last output
             dataset = series.with_last_outputs(dataset, config, paths.runs_root, written, IO_CPUS)
-        processor(dataset).write_parquet(paths.run_dir, filesystem=whole_files(paths.run_dir),
-                                         ray_remote_args={"num_cpus": IO_CPUS})
+        processor(dataset).write_parquet(
+            paths.run_dir, filesystem=whole_files(paths.run_dir), ray_remote_args={"num_cpus": IO_CPUS}
+        )
     except Exception as error:
         stopped = ray.get(progress.stop_reason.remote())
         if stopped:
@@ -221,12 +248,14 @@ def generate_and_write(config: Config, run_id: str) -> dict:
 def write_openai_outputs(paths: RunPaths) -> dict:
     """OpenAI's batch output and error files of the whole run (every invocation's rows, each
     custom_id once), from its Parquet files, a file at a time (a request's samples are in one file)."""
+
     def blocks():
         for path in parquet_files(paths.run_dir):
             filesystem, inner = storage.resolve(path)
             table = readable_columns(filesystem, inner, list(openai_batch.OUTPUT_COLUMNS))
             if table is not None:
                 yield table.to_pylist()
+
     return openai_batch.write_outputs(paths.run_dir, paths.run_id, blocks())
 
 
@@ -241,17 +270,20 @@ def run_totals(output: str) -> dict:
     totals = {"rows": 0, "errored_rows": 0, "changed_rows": 0, **{name: 0 for name in SUMS}}
     if not files:
         return totals
-    blocks = (ray.data.read_parquet(files, filesystem=filesystem, num_cpus=IO_CPUS)
-              .select_columns(["error", "changed", *SUMS.values()], num_cpus=IO_CPUS)
-              .map_batches(block_totals, batch_format="pyarrow", batch_size=None, num_cpus=IO_CPUS))
+    blocks = (
+        ray.data.read_parquet(files, filesystem=filesystem, num_cpus=IO_CPUS)
+        .select_columns(["error", "changed", *SUMS.values()], num_cpus=IO_CPUS)
+        .map_batches(block_totals, batch_format="pyarrow", batch_size=None, num_cpus=IO_CPUS)
+    )
     for block in blocks.iter_batches(batch_size=None, batch_format="pyarrow"):
         for name in totals:
             totals[name] += sum(block.column(name).to_pylist())
     return totals
 
 
-def summary_of(plan: RunPlan, reading: Reading, this_time: dict, wall: float, first_batch: float | None,
-               store: dict | None) -> dict:
+def summary_of(
+    plan: RunPlan, reading: Reading, this_time: dict, wall: float, first_batch: float | None, store: dict | None
+) -> dict:
     """The run's summary (whole-run counts from its files, this invocation's from the progress
     actor), written to summary.json, with OpenAI's batch files where the input was one; returned as written."""
     after = run_totals(plan.paths.run_dir)

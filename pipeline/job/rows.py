@@ -10,9 +10,11 @@ message of a chat (templated with the generation prompt) where the tokenizer has
 a row without a seed samples with one derived from decoder.seed and its id (the stage's rule), so a
 rerun samples the same, and so does a processor given the same ids and seed.
 """
+
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -37,24 +39,44 @@ if TYPE_CHECKING:
 REQUEST_COLUMNS = ("messages", "prompt", "tokenized_prompt", "model")
 
 
-def stage_settings(config: Config, run_id: str = "", live_metrics: bool = False, expected_rows: int | None = None,
-                   predictions: bool = False) -> StageSettings:
+def stage_settings(
+    config: Config,
+    run_id: str = "",
+    live_metrics: bool = False,
+    expected_rows: int | None = None,
+    predictions: bool = False,
+) -> StageSettings:
     """The job's stage: every row comes back (an error row where it fails), rows are named and
     seeded by their id, a text prompt is a user's message; `expected_rows`: those the run will
     generate; `predictions`: whether its rows carry predictions, as far as it knows."""
     from pipeline.llm.stage import StageSettings
 
-    return StageSettings(text_as_user_message=True, continue_on_error=True, seed=config.decoder.seed, id_column="id",
-                         live_metrics=live_metrics, run_id=run_id, expected_rows=expected_rows, predictions=predictions)
+    return StageSettings(
+        text_as_user_message=True,
+        continue_on_error=True,
+        seed=config.decoder.seed,
+        id_column="id",
+        live_metrics=live_metrics,
+        run_id=run_id,
+        expected_rows=expected_rows,
+        predictions=predictions,
+    )
 
 
 def input_columns(config: Config, names: list[str]) -> list[str]:
     """The input's columns the job reads (of `names`, the input's): the id, the prompt, the row
     settings, and the message of a row that stands for a bad line."""
     source = config.input
-    return list(dict.fromkeys([source.id_column, source.prompt_column or source.messages_column,
-                               *(name for name in (*ROW_SETTINGS, "prediction", openai_batch.REQUEST) if name in names),
-                               BAD_INPUT]))
+    return list(
+        dict.fromkeys(
+            [
+                source.id_column,
+                source.prompt_column or source.messages_column,
+                *(name for name in (*ROW_SETTINGS, "prediction", openai_batch.REQUEST) if name in names),
+                BAD_INPUT,
+            ]
+        )
+    )
 
 
 def request_row(config: Config, settings: str | None = None) -> Callable[[dict], dict]:
@@ -69,30 +91,51 @@ def request_row(config: Config, settings: str | None = None) -> Callable[[dict],
     predicted = drafts_from_predictions(config)
 
     def convert(row: dict) -> dict:
-        fields = (openai_batch.request_fields(row[openai_batch.REQUEST], config) if row.get(openai_batch.REQUEST)
-                  else row_fields(row, column, decoder))
+        fields = (
+            openai_batch.request_fields(row[openai_batch.REQUEST], config)
+            if row.get(openai_batch.REQUEST)
+            else row_fields(row, column, decoder)
+        )
         prompt = fields["prompt"]
         out = dict.fromkeys(REQUEST_COLUMNS)
         own, last = as_text(fields["prediction"]), row.get(LAST_OUTPUT)
         drafted_from = ("row" if own is not None else LAST_OUTPUT if last is not None else None) if predicted else None
-        out.update(id=request_key(row.get(source.id_column)), sampling_params=fields["sampling_params"],
-                   **{BAD_INPUT: row.get(BAD_INPUT)}, fingerprint=row_fingerprint(config, settings, row),
-                   prediction=own if own is not None else last, predicted_from=drafted_from, changed=last is not None,
-                   endpoint=fields["endpoint"], **{"messages" if isinstance(prompt, list) else "prompt": prompt})
+        out.update(
+            id=request_key(row.get(source.id_column)),
+            sampling_params=fields["sampling_params"],
+            **{BAD_INPUT: row.get(BAD_INPUT)},
+            fingerprint=row_fingerprint(config, settings, row),
+            prediction=own if own is not None else last,
+            predicted_from=drafted_from,
+            changed=last is not None,
+            endpoint=fields["endpoint"],
+            **{"messages" if isinstance(prompt, list) else "prompt": prompt},
+        )
         return out
+
     return convert
 
 
 def row_fields(row: dict, column: str, decoder) -> dict:
     """A job row's prompt, sampling_params (decoder.* where the row's setting column is null) and prediction."""
-    params = {"max_tokens": decoder.max_new_tokens, "temperature": decoder.temperature, "top_k": decoder.top_k,
-              "top_p": decoder.top_p, "stop": list(decoder.stop), "n": decoder.n}
+    params = {
+        "max_tokens": decoder.max_new_tokens,
+        "temperature": decoder.temperature,
+        "top_k": decoder.top_k,
+        "top_p": decoder.top_p,
+        "stop": list(decoder.stop),
+        "n": decoder.n,
+    }
     for name, key in ROW_SETTINGS.items():
         value = python_value(row.get(name))
         if value is not None:
             params[key] = value
-    return {"prompt": python_value(row.get(column)), "sampling_params": params,
-            "prediction": python_value(row.get("prediction")), "endpoint": None}
+    return {
+        "prompt": python_value(row.get(column)),
+        "sampling_params": params,
+        "prediction": python_value(row.get("prediction")),
+        "endpoint": None,
+    }
 
 
 def as_text(prediction):
@@ -105,7 +148,9 @@ def as_text(prediction):
 
 
 # The drafters that draft from a row's prediction: ours (not plain, not vLLM's own methods).
-PREDICTION_DRAFTERS = pa.array([name for name, kind in DRAFTER_KINDS.items() if name != "none" and not kind.vllm_method])
+PREDICTION_DRAFTERS = pa.array(
+    [name for name, kind in DRAFTER_KINDS.items() if name != "none" and not kind.vllm_method]
+)
 
 
 def output_table(batch: pa.Table) -> pa.Table:
@@ -114,15 +159,21 @@ def output_table(batch: pa.Table) -> pa.Table:
     `predicted_from` null where the mode that ran the row drafts from no prediction (plain, with
     engine.speculation auto)."""
     error = batch.column(INFERENCE_ERROR)
-    columns = {name: batch.column(name) if name in batch.column_names else pa.nulls(len(batch))
-               for name in JOB_SCHEMA.names if name != "error"}
+    columns = {
+        name: batch.column(name) if name in batch.column_names else pa.nulls(len(batch))
+        for name in JOB_SCHEMA.names
+        if name != "error"
+    }
     columns["error"] = pc.if_else(pc.equal(error, ""), pa.scalar(None, pa.string()), error)
     if "drafter" in batch.column_names and "predicted_from" in batch.column_names:
         drafted = pc.fill_null(pc.is_in(batch.column("drafter"), value_set=PREDICTION_DRAFTERS), False)
         columns["predicted_from"] = pc.if_else(drafted, batch.column("predicted_from"), pa.scalar(None, pa.string()))
     asked = "logprobs" in batch.column_names and batch.column("logprobs").null_count < len(batch)
-    columns["logprobs"] = (pa.array([logprob_entries(p) for p in batch.column("logprobs").to_pylist()], LOGPROBS)
-                           if asked else pa.nulls(len(batch), LOGPROBS))
+    columns["logprobs"] = (
+        pa.array([logprob_entries(p) for p in batch.column("logprobs").to_pylist()], LOGPROBS)
+        if asked
+        else pa.nulls(len(batch), LOGPROBS)
+    )
     return pa.table(columns).cast(JOB_SCHEMA)
 
 
@@ -131,5 +182,15 @@ def logprob_entries(positions: list | None) -> list | None:
     job's Parquet holds them: per position a list of {token_id, token, logprob, rank}."""
     if positions is None:
         return None
-    return [[{"token_id": int(token), "token": entry.get("decoded_token"), "logprob": entry["logprob"],
-              "rank": entry.get("rank")} for token, entry in (position or {}).items()] for position in positions]
+    return [
+        [
+            {
+                "token_id": int(token),
+                "token": entry.get("decoded_token"),
+                "logprob": entry["logprob"],
+                "rank": entry.get("rank"),
+            }
+            for token, entry in (position or {}).items()
+        ]
+        for position in positions
+    ]

@@ -8,6 +8,7 @@ start (RunPlan), and what it did (RunSummary, written as summary.json).
     <output>/_checkpoints/series=<name>/store/model=<digest>/   the series' store of earlier outputs
     <output>/_set_aside/<path under output>    output files that could not be read (output_files.py)
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -28,6 +29,7 @@ from pipeline.job.series import digest
 class RunPaths:
     """Every path of a run and of its series, named as the store names them (a URI keeps its
     scheme, a local path is absolute)."""
+
     output: str
     run_id: str
     series: str = ""  # "" : a lone run
@@ -50,12 +52,18 @@ class RunPaths:
     def checkpoints(self) -> str:
         """A lone run's checkpoint (the ids it wrote), or its series' (the fingerprints all its runs wrote)."""
         root = storage.join(self.output, "_checkpoints")
-        return storage.join(root, f"series={self.series}", "rows") if self.series else storage.join(root, f"run={self.run_id}")
+        return (
+            storage.join(root, f"series={self.series}", "rows")
+            if self.series
+            else storage.join(root, f"run={self.run_id}")
+        )
 
     @property
     def store(self) -> str:
         """The series' store of earlier outputs (pipeline/job/series_store.py), one per model."""
-        return storage.join(self.output, "_checkpoints", f"series={self.series}", "store", f"model={digest(self.model)}")
+        return storage.join(
+            self.output, "_checkpoints", f"series={self.series}", "store", f"model={digest(self.model)}"
+        )
 
     @property
     def earlier_outputs(self) -> str:
@@ -70,6 +78,7 @@ class RunPaths:
 @dataclass(frozen=True)
 class RunPlan:
     """What a run does, decided at its start: the rest of the job reads it."""
+
     config: Config  # as given (its datastore checked): what decides the rows' text and fingerprints
     drafting: Config  # what the actors draft with: `config`, or with the series' store as its datastore
     paths: RunPaths
@@ -80,6 +89,7 @@ class RunPlan:
 @dataclass(frozen=True)
 class Reading:
     """What the run found before generating: the input's rows, those it reads, those not yet written."""
+
     input_rows: int
     rows_read: int
     new_rows: int
@@ -91,6 +101,7 @@ class Reading:
 @dataclass(frozen=True)
 class RunSummary:
     """summary.json: whole-run counts from the run's files; this invocation's from the progress actor."""
+
     run_id: str
     run_dir: str
     series: str | None
@@ -152,36 +163,71 @@ class RunSummary:
     openai_batch: dict | None
 
     @classmethod
-    def of(cls, plan: RunPlan, reading: Reading, after: dict, this_time: dict, wall: float,
-           first_batch: float | None, series_store: dict | None, openai_batch: dict | None = None) -> RunSummary:
+    def of(
+        cls,
+        plan: RunPlan,
+        reading: Reading,
+        after: dict,
+        this_time: dict,
+        wall: float,
+        first_batch: float | None,
+        series_store: dict | None,
+        openai_batch: dict | None = None,
+    ) -> RunSummary:
         """From the run's files' totals (`after`) and this invocation's (`this_time`, the progress actor's)."""
         generated = this_time["generated_tokens"]
         generating = this_time["last_finish"] - this_time["first_start"] if this_time["batches"] else 0
         return cls(
-            run_id=plan.paths.run_id, run_dir=plan.paths.run_dir, series=plan.paths.series or None,
+            run_id=plan.paths.run_id,
+            run_dir=plan.paths.run_dir,
+            series=plan.paths.series or None,
             finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            rows=after["rows"], errored_rows=after["errored_rows"], generated_tokens=after["generated_tokens"],
+            rows=after["rows"],
+            errored_rows=after["errored_rows"],
+            generated_tokens=after["generated_tokens"],
             mean_tokens_per_call=ratio(after["generated_tokens"], after["target_calls"], 4),
             tokens_per_forward_call=ratio(after["generated_tokens"], after["forward_calls"], 4),
             acceptance_rate=ratio(after["acceptance_probability_sum"], after["checked_draft_tokens"], 4),
             accepted_prediction_tokens=after["accepted_prediction_tokens"],
             rejected_prediction_tokens=after["rejected_prediction_tokens"],
-            fingerprint=plan.fingerprint, input_rows=reading.input_rows, rows_read=reading.rows_read,
-            seconds_to_first_batch=first_batch, series_store=series_store, set_aside=reading.set_aside,
-            rows_this_invocation=this_time["rows"], rows_errored_this_invocation=this_time["errored_rows"],
+            fingerprint=plan.fingerprint,
+            input_rows=reading.input_rows,
+            rows_read=reading.rows_read,
+            seconds_to_first_batch=first_batch,
+            series_store=series_store,
+            set_aside=reading.set_aside,
+            rows_this_invocation=this_time["rows"],
+            rows_errored_this_invocation=this_time["errored_rows"],
             rows_skipped_already_done=reading.rows_read - this_time["input_rows"],
-            changed_rows=after["changed_rows"], new_rows=after["rows"] - after["changed_rows"],
-            generated_tokens_this_invocation=generated, wall_seconds=round(wall, 3),
-            tokens_per_second=ratio(generated, wall, 3), tokens_per_second_after_startup=ratio(generated, generating, 3),
-            rows_per_second_after_startup=ratio(this_time["rows"], generating, 3), actor_nodes=this_time["nodes"],
-            **{name: this_time[name] for name in ("engine_occupancy", "engine_steps", "engine_idle_seconds",
-                                                  "engine_drain_seconds", "engine_step_cost", "engine_series", "actor_peak_rss_mb",
-                                                  "engine_restarts")},
+            changed_rows=after["changed_rows"],
+            new_rows=after["rows"] - after["changed_rows"],
+            generated_tokens_this_invocation=generated,
+            wall_seconds=round(wall, 3),
+            tokens_per_second=ratio(generated, wall, 3),
+            tokens_per_second_after_startup=ratio(generated, generating, 3),
+            rows_per_second_after_startup=ratio(this_time["rows"], generating, 3),
+            actor_nodes=this_time["nodes"],
+            **{
+                name: this_time[name]
+                for name in (
+                    "engine_occupancy",
+                    "engine_steps",
+                    "engine_idle_seconds",
+                    "engine_drain_seconds",
+                    "engine_step_cost",
+                    "engine_series",
+                    "actor_peak_rss_mb",
+                    "engine_restarts",
+                )
+            },
             speculation={"setting": plan.drafting.engine.speculation, "actors": this_time["speculation"]},
             driver_peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-            settings={section: asdict(getattr(plan.drafting, section))
-                      for section in ("model", "engine", "decoder", "transformers", "input", "ray")},
-            openai_batch=openai_batch)
+            settings={
+                section: asdict(getattr(plan.drafting, section))
+                for section in ("model", "engine", "decoder", "transformers", "input", "ray")
+            },
+            openai_batch=openai_batch,
+        )
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -189,7 +235,9 @@ class RunSummary:
     def write(self) -> dict:
         """Writes summary.json in the run's directory (whole: a temporary name, then a move); returns it as a dict."""
         summary = self.as_dict()
-        storage.write_text(storage.join(self.run_dir, "summary.json"), json.dumps(summary, indent=2, default=list) + "\n")
+        storage.write_text(
+            storage.join(self.run_dir, "summary.json"), json.dumps(summary, indent=2, default=list) + "\n"
+        )
         return summary
 
 

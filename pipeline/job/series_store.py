@@ -12,6 +12,7 @@ a datastore from python -m jobs.build_datastore (which stays for stores of other
 
 The store changes the speed, never a row's fingerprint: fingerprints come from the config as given.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -77,8 +78,13 @@ def extend_store(config: Config, paths: RunPaths) -> dict | None:
     if previous is None:
         return None
     runs = {match.group(1) for match in map(RUN.search, ("/" + name for name in previous.meta["files"])) if match}
-    return {"path": version, "runs": len(runs), "documents": previous.meta["num_documents"],
-            "tokens": previous.meta["num_tokens"], "extend_seconds": round(time.perf_counter() - started, 3)}
+    return {
+        "path": version,
+        "runs": len(runs),
+        "documents": previous.meta["num_documents"],
+        "tokens": previous.meta["num_tokens"],
+        "extend_seconds": round(time.perf_counter() - started, 3),
+    }
 
 
 def under(path: str, runs_root: str) -> str:
@@ -87,7 +93,7 @@ def under(path: str, runs_root: str) -> str:
     files. (Stores written before named files by their whole path: those under this root are read
     the same.)"""
     prefix = runs_root.rstrip("/") + "/"
-    return path[len(prefix):] if path.startswith(prefix) else path
+    return path[len(prefix) :] if path.startswith(prefix) else path
 
 
 def generated_tokens(runs_root: str, paths: list[str], model: str) -> list[list[int]]:

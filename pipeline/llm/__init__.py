@@ -4,6 +4,7 @@ checkpoints, storage, progress and live metrics.
 
 The processor's names load on first use, so that `pipeline.llm.storage` or `pipeline.llm.schema`
 does not import Ray Data, torch and the engines."""
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
@@ -17,5 +18,6 @@ __all__ = ["Processor", "build_processor", "vLLMEngineProcessorConfig"]
 def __getattr__(name: str):
     if name in __all__:
         from pipeline.llm import processor
+
         return getattr(processor, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,6 +2,7 @@
 job: the model prepared where it runs (converted if need be, checked, the drafter tables built and
 left in that node's object store), the pool, each actor's resources and threads.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,6 +26,7 @@ def local_datastore(config: Config, path: str) -> str:
 
 
 # --- The model, prepared where it runs --------------------------------------------------------
+
 
 @ray.remote(num_returns=2)
 def prepare_model(config: Config):
@@ -56,9 +58,13 @@ def actor_pool(config: Config) -> ray.data.ActorPoolStrategy:
     vLLM engine runs their requests together and never waits for one batch to drain). Ray Data
     runs a class's __call__ on one thread unless told it may run it on several."""
     batches = concurrent_batches(config)
-    return ray.data.ActorPoolStrategy(min_size=config.ray.min_actors, max_size=config.ray.max_actors,
-                                      max_tasks_in_flight_per_actor=batches, max_concurrent_calls_per_actor=batches,
-                                      enable_true_multi_threading=batches > 1)
+    return ray.data.ActorPoolStrategy(
+        min_size=config.ray.min_actors,
+        max_size=config.ray.max_actors,
+        max_tasks_in_flight_per_actor=batches,
+        max_concurrent_calls_per_actor=batches,
+        enable_true_multi_threading=batches > 1,
+    )
 
 
 def actor_resources(config: Config) -> dict:
@@ -70,9 +76,11 @@ def actor_resources(config: Config) -> dict:
 
 
 def unplaceable(config: Config) -> JobFailed:
-    return JobFailed(f"ray: no node could take an actor asking for {actor_resources(config)} within "
-                     f"ray.wait_for_actors_s ({config.ray.wait_for_actors_s:g} s); the cluster has "
-                     f"{ray.cluster_resources()} (an autoscaler may not offer such a node)")
+    return JobFailed(
+        f"ray: no node could take an actor asking for {actor_resources(config)} within "
+        f"ray.wait_for_actors_s ({config.ray.wait_for_actors_s:g} s); the cluster has "
+        f"{ray.cluster_resources()} (an autoscaler may not offer such a node)"
+    )
 
 
 def prepared_tables(config: Config, runtime_env: dict | None = None):
@@ -111,14 +119,21 @@ def actor_environment(config: Config) -> dict:
     return {"env_vars": {"OMP_NUM_THREADS": str(config.model.num_threads)}}
 
 
-def generation_stage(dataset: ray.data.Dataset, config: Config, constructor_kwargs: dict,
-                     runtime_env: dict | None = None) -> ray.data.Dataset:
+def generation_stage(
+    dataset: ray.data.Dataset, config: Config, constructor_kwargs: dict, runtime_env: dict | None = None
+) -> ray.data.Dataset:
     """The one place the engine's actor pool joins a Dataset, for the job and for pipeline.llm's
     processor alike: the pool, each actor's resources and threads, batches of ray.batch_size, and
     a lost actor (node gone, process killed) restarted with its batch retried (Ray Data's default for
     actor pools: max_restarts and max_task_retries -1)."""
     from pipeline.llm.stage import GenerationStage
 
-    return dataset.map_batches(GenerationStage, fn_constructor_kwargs=constructor_kwargs, compute=actor_pool(config),
-                               **actor_resources(config), batch_size=config.ray.batch_size, batch_format="pyarrow",
-                               runtime_env=stage_environment(config, runtime_env))
+    return dataset.map_batches(
+        GenerationStage,
+        fn_constructor_kwargs=constructor_kwargs,
+        compute=actor_pool(config),
+        **actor_resources(config),
+        batch_size=config.ray.batch_size,
+        batch_format="pyarrow",
+        runtime_env=stage_environment(config, runtime_env),
+    )

@@ -2,6 +2,7 @@
 ids of the rows written are recorded as they are written, and a rerun skips the input rows whose id
 is recorded. Ids are compared as the job names them (pipeline.llm.row_values.request_key: any type, as
 text), so an id read as an integer from one file and written as text resumes exactly once."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -14,6 +15,7 @@ from pipeline.llm.row_values import request_key
 
 class InputIdCheckpointFilter(NumpyArrayBasedCheckpointFilter):
     """Skips input rows whose id (in `input_id_column`) a finished write recorded."""
+
     input_id_column = "id"
 
     def filter_rows_for_block(self, block):
@@ -32,11 +34,16 @@ class InputIdCheckpointFilter(NumpyArrayBasedCheckpointFilter):
         return [request_key(value) for value in table[self.input_id_column].to_pylist()]
 
 
-def checkpoint_config(output_id_column: str, path: str, input_id_column: str | None = None,
-                      filter_cls: type = InputIdCheckpointFilter) -> CheckpointConfig:
+def checkpoint_config(
+    output_id_column: str, path: str, input_id_column: str | None = None, filter_cls: type = InputIdCheckpointFilter
+) -> CheckpointConfig:
     """Ray Data's checkpointing: the written rows' `output_id_column` recorded under `path` (kept after
     success), the input's `input_id_column` (the same name by default) looked up on read (by
     `filter_cls`'s keys)."""
     filter_cls = type("InputIdFilter", (filter_cls,), {"input_id_column": input_id_column or output_id_column})
-    return CheckpointConfig(id_column=output_id_column, checkpoint_path=path, delete_checkpoint_on_success=False,
-                            checkpoint_filter_cls=filter_cls)
+    return CheckpointConfig(
+        id_column=output_id_column,
+        checkpoint_path=path,
+        delete_checkpoint_on_success=False,
+        checkpoint_filter_cls=filter_cls,
+    )

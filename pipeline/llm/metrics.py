@@ -21,6 +21,7 @@ speculation mode each actor chose is in every counter (pipeline/engines/speculat
 
 Live occupancy: rate(..._engine_running_total) / rate(..._engine_slot_steps_total).
 """
+
 from __future__ import annotations
 
 COUNTERS = {
@@ -52,10 +53,12 @@ class RunMetrics:
                 counter = Counter(name, description, tag_keys=TAG_KEYS)
                 counter.set_default_tags({"engine": engine, "run_id": run_id})
                 counters[field] = counter
-        self.restarts = Counter("ngrammys_engine_restarts_total", "Engines that failed and were built again",
-                                tag_keys=TAG_KEYS)
-        self.switches = Counter("ngrammys_speculation_switches_total",
-                                "Engines built for another speculation mode", tag_keys=TAG_KEYS)
+        self.restarts = Counter(
+            "ngrammys_engine_restarts_total", "Engines that failed and were built again", tag_keys=TAG_KEYS
+        )
+        self.switches = Counter(
+            "ngrammys_speculation_switches_total", "Engines built for another speculation mode", tag_keys=TAG_KEYS
+        )
         self.switches_seen = 0
         for counter in (self.restarts, self.switches):
             counter.set_default_tags({"engine": engine, "run_id": run_id})
@@ -77,9 +80,12 @@ class RunMetrics:
         if steps is None:
             return
         all_steps = steps.steps + steps.drain_steps - previous.steps - previous.drain_steps
-        increments = {"steps": all_steps,
-                      "running": steps.running + steps.drain_running - previous.running - previous.drain_running,
-                      "slot_steps": all_steps * steps.slots, "idle_seconds": steps.idle_seconds - previous.idle_seconds}
+        increments = {
+            "steps": all_steps,
+            "running": steps.running + steps.drain_running - previous.running - previous.drain_running,
+            "slot_steps": all_steps * steps.slots,
+            "idle_seconds": steps.idle_seconds - previous.idle_seconds,
+        }
         for field, counter in self.engine_counters.items():
             if increments[field] > 0:
                 counter.inc(increments[field], tags=tags)

@@ -16,6 +16,7 @@ its generated columns empty ("", [], 0), past the postprocess, and the other row
 output gets `__inference_error__` "". `sampling_params` keys our engine cannot run (n > 1,
 min_p, ...) are such an error, never ignored.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -23,7 +24,8 @@ import logging
 import math
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -39,19 +41,32 @@ from pipeline.llm.stage import GenerationStage, StageSettings
 logger = logging.getLogger(__name__)
 
 # ray.data.llm's ChatTemplateStageConfig fields.
-CHAT_TEMPLATE_STAGE_KEYS = ("enabled", "model_source", "chat_template", "chat_template_kwargs", "batch_size",
-                            "concurrency", "runtime_env", "num_cpus", "memory")
+CHAT_TEMPLATE_STAGE_KEYS = (
+    "enabled",
+    "model_source",
+    "chat_template",
+    "chat_template_kwargs",
+    "batch_size",
+    "concurrency",
+    "runtime_env",
+    "num_cpus",
+    "memory",
+)
 # A user's speculative_config: vLLM's learning-free methods, run as vLLM has them (our drafters
 # vllm_ngram and vllm_suffix), with its keys -> ours.
 SPECULATIVE_METHODS = {"ngram": "vllm_ngram", "suffix": "vllm_suffix"}
-SPECULATIVE_KEYS = {"method": None, "num_speculative_tokens": "w", "prompt_lookup_min": "ngram_min_q",
-                    "prompt_lookup_max": "ngram_max_q"}
-
+SPECULATIVE_KEYS = {
+    "method": None,
+    "num_speculative_tokens": "w",
+    "prompt_lookup_min": "ngram_min_q",
+    "prompt_lookup_max": "ngram_max_q",
+}
 
 
 @dataclass(frozen=True)
 class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so one import changes
     """ray.data.llm's keywords with its meanings, plus ours (after `task_type`)."""
+
     model_source: str
     batch_size: int = 32
     concurrency: int | tuple[int, int] = 1
@@ -95,13 +110,19 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
     checkpoint_path: str | None = None
 
     def __post_init__(self):
-        check(isinstance(self.model_source, str) and self.model_source, "model_source", "a model directory, "
-              "a .gguf file, a Hugging Face hub id in the local cache or 'smollm2-135m-instruct'")
+        check(
+            isinstance(self.model_source, str) and self.model_source,
+            "model_source",
+            "a model directory, a .gguf file, a Hugging Face hub id in the local cache or 'smollm2-135m-instruct'",
+        )
         check(isinstance(self.batch_size, int) and self.batch_size >= 1, "batch_size", "an integer >= 1")
         check(self.task_type == "generate", "task_type", "'generate' (embed, classify and score are not ours)")
         check(self.max_concurrent_batches >= 1, "max_concurrent_batches", "an integer >= 1")
-        check(self.max_pending_requests is None or self.max_pending_requests >= 1, "max_pending_requests",
-              "an integer >= 1 or None")
+        check(
+            self.max_pending_requests is None or self.max_pending_requests >= 1,
+            "max_pending_requests",
+            "an integer >= 1 or None",
+        )
         check(self.engine in ENGINES, "engine", " or ".join(map(repr, ENGINES)))
         self.actors()
         self.statistics()
@@ -109,15 +130,25 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         for name in ("id_column", "checkpoint_path"):
             value = getattr(self, name)
             check(value is None or (isinstance(value, str) and value), name, "a non-empty string or None")
-        check(self.checkpoint_path is None or self.id_column is not None, "checkpoint_path",
-              "set with id_column (the checkpoint records each row's id), or None")
+        check(
+            self.checkpoint_path is None or self.id_column is not None,
+            "checkpoint_path",
+            "set with id_column (the checkpoint records each row's id), or None",
+        )
         for key, value in self.engine_kwargs.items():
             check(isinstance(key, str), "engine_kwargs", "a mapping of vLLM's engine argument names to values")
             argument = VLLM_ARGUMENTS.get(key)
             if argument is not None and argument.only is not None:
-                check(value == argument.only, f"engine_kwargs.{key}", f"{argument.only!r} (the only value this engine runs)")
-            check(argument is None or argument.field or argument.only is not None or key == "speculative_config",
-                  f"engine_kwargs.{key}", f"left out: {argument.where() if argument else ''}")
+                check(
+                    value == argument.only,
+                    f"engine_kwargs.{key}",
+                    f"{argument.only!r} (the only value this engine runs)",
+                )
+            check(
+                argument is None or argument.field or argument.only is not None or key == "speculative_config",
+                f"engine_kwargs.{key}",
+                f"left out: {argument.where() if argument else ''}",
+            )
         self.pipeline_config()  # its own checks and the engine's, naming decoder.*, transformers.*, engine.* fields
 
     def chat_template(self, fallback_kwargs: Mapping[str, Any] | None = None) -> dict:
@@ -128,28 +159,48 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
             stage = {"enabled": stage}
         elif hasattr(stage, "model_dump"):  # ray.data.llm's ChatTemplateStageConfig
             stage = stage.model_dump()
-        check(isinstance(stage, Mapping), "chat_template_stage",
-              "True, False, a ChatTemplateStageConfig or a dict of its fields")
+        check(
+            isinstance(stage, Mapping),
+            "chat_template_stage",
+            "True, False, a ChatTemplateStageConfig or a dict of its fields",
+        )
         unknown = sorted(set(stage) - set(CHAT_TEMPLATE_STAGE_KEYS))
-        check(not unknown, f"chat_template_stage.{unknown[0] if unknown else ''}",
-              f"one of {list(CHAT_TEMPLATE_STAGE_KEYS)}")
-        check(stage.get("model_source") in (None, self.model_source), "chat_template_stage.model_source",
-              "model_source or None (the engine's tokenizer templates the rows)")
+        check(
+            not unknown,
+            f"chat_template_stage.{unknown[0] if unknown else ''}",
+            f"one of {list(CHAT_TEMPLATE_STAGE_KEYS)}",
+        )
+        check(
+            stage.get("model_source") in (None, self.model_source),
+            "chat_template_stage.model_source",
+            "model_source or None (the engine's tokenizer templates the rows)",
+        )
         template, kwargs = stage.get("chat_template"), stage.get("chat_template_kwargs") or fallback_kwargs or {}
-        check(template is None or isinstance(template, str), "chat_template_stage.chat_template",
-              "a Jinja template string or None")
+        check(
+            template is None or isinstance(template, str),
+            "chat_template_stage.chat_template",
+            "a Jinja template string or None",
+        )
         check(isinstance(kwargs, Mapping), "chat_template_stage.chat_template_kwargs", "a mapping or None")
-        return {"chat_template": bool(stage.get("enabled", True)), "template": template,
-                "template_kwargs": dict(kwargs)}
+        return {
+            "chat_template": bool(stage.get("enabled", True)),
+            "template": template,
+            "template_kwargs": dict(kwargs),
+        }
 
     def actors(self) -> tuple[int, int]:
         """(min, max) actors, as ray.data.llm reads `concurrency`: n is an autoscaling pool of 1 to n."""
         concurrency = self.concurrency
         if isinstance(concurrency, int) and not isinstance(concurrency, bool) and concurrency >= 1:
             return 1, concurrency
-        check(isinstance(concurrency, (tuple, list)) and len(concurrency) == 2
-              and all(isinstance(n, int) for n in concurrency) and 1 <= concurrency[0] <= concurrency[1],
-              "concurrency", "an integer >= 1 or (min, max) with 1 <= min <= max")
+        check(
+            isinstance(concurrency, (tuple, list))
+            and len(concurrency) == 2
+            and all(isinstance(n, int) for n in concurrency)
+            and 1 <= concurrency[0] <= concurrency[1],
+            "concurrency",
+            "an integer >= 1 or (min, max) with 1 <= min <= max",
+        )
         return tuple(concurrency)
 
     def statistics(self) -> tuple[str, ...]:
@@ -157,8 +208,11 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         if self.statistics_columns is None:
             return tuple(f.name for f in STATISTICS)
         chosen = self.statistics_columns
-        check(not isinstance(chosen, str) and all(isinstance(name, str) for name in chosen), "statistics_columns",
-              "a list of column names or None")
+        check(
+            not isinstance(chosen, str) and all(isinstance(name, str) for name in chosen),
+            "statistics_columns",
+            "a list of column names or None",
+        )
         known = [f.name for f in STATISTICS]
         for name in chosen:
             check(name in known, f"statistics_columns ({name!r})", f"one of {known}")
@@ -177,11 +231,17 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         ranks = self.engine_kwargs.get("tensor_parallel_size", 1)
         check(isinstance(ranks, int) and ranks >= 1, "engine_kwargs.tensor_parallel_size", "an integer >= 1")
         bundles = (self.placement_group_config or {}).get("bundles") or [{"GPU": 1}] * ranks
-        check(all(isinstance(bundle, dict) for bundle in bundles), "placement_group_config.bundles",
-              "a list of resource mappings, e.g. [{'CPU': 1}] or [{'GPU': 1}]")
+        check(
+            all(isinstance(bundle, dict) for bundle in bundles),
+            "placement_group_config.bundles",
+            "a list of resource mappings, e.g. [{'CPU': 1}] or [{'GPU': 1}]",
+        )
         gpus = sum(bundle.get("GPU", 0) for bundle in bundles)
-        check(gpus in (0, ranks), "placement_group_config.bundles",
-              f"no GPU (a CPU engine) or one GPU per tensor-parallel rank ({ranks}), not {gpus}")
+        check(
+            gpus in (0, ranks),
+            "placement_group_config.bundles",
+            f"no GPU (a CPU engine) or one GPU per tensor-parallel rank ({ranks}), not {gpus}",
+        )
         return {"CPU": sum(bundle.get("CPU", 0) for bundle in bundles) or 1.0, "GPU": gpus}
 
     def pipeline_config(self) -> Config:
@@ -191,9 +251,12 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         threads = 0 if resources["GPU"] else max(1, int(resources["CPU"]))
         # The job's default drafter (pipeline/config/settings.py's defaults) unless `decoder` names another.
         # Each engine's per-request record on (ray.data.llm's `metrics`), where it keeps one.
-        sections: dict[str, dict] = {"model": {"name": self.model_source, "num_threads": threads},
-                                     "engine": {"name": self.engine, "request_metrics": True},
-                                     "decoder": dict(self.decoder), "transformers": dict(self.transformers)}
+        sections: dict[str, dict] = {
+            "model": {"name": self.model_source, "num_threads": threads},
+            "engine": {"name": self.engine, "request_metrics": True},
+            "decoder": dict(self.decoder),
+            "transformers": dict(self.transformers),
+        }
         vllm_args = {}
         for key, value in self.engine_kwargs.items():
             argument = VLLM_ARGUMENTS.get(key)
@@ -210,31 +273,44 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         if "max_batch_requests" not in self.transformers:
             # the transformers engine's requests per forward call come from one batch: no more than it holds
             default = build(Config, {"decoder": sections["decoder"], "transformers": sections["transformers"]})
-            sections["transformers"]["max_batch_requests"] = min(default.transformers.max_batch_requests,
-                                                                 self.batch_size)
+            sections["transformers"]["max_batch_requests"] = min(
+                default.transformers.max_batch_requests, self.batch_size
+            )
         low, high = self.actors()
-        sections["ray"] = {"min_actors": low, "max_actors": high, "batch_size": self.batch_size,
-                           "max_concurrent_batches": self.max_concurrent_batches, "num_cpus_per_actor": resources["CPU"],
-                           "num_gpus_per_actor": resources["GPU"], "accelerator_type": self.accelerator_type or ""}
+        sections["ray"] = {
+            "min_actors": low,
+            "max_actors": high,
+            "batch_size": self.batch_size,
+            "max_concurrent_batches": self.max_concurrent_batches,
+            "num_cpus_per_actor": resources["CPU"],
+            "num_gpus_per_actor": resources["GPU"],
+            "accelerator_type": self.accelerator_type or "",
+        }
         config = build(Config, sections)
         batches = concurrent_batches(config)  # the engine's (the transformers engine: one at a time)
         if self.max_pending_requests:
             batches = max(1, min(batches, math.ceil(self.max_pending_requests / self.batch_size)))
-        return checked_config(dataclasses.replace(config, ray=dataclasses.replace(config.ray,
-                                                                                  max_concurrent_batches=batches)))
+        return checked_config(
+            dataclasses.replace(config, ray=dataclasses.replace(config.ray, max_concurrent_batches=batches))
+        )
 
     def speculative_decoder(self, spec: Any) -> dict:
         """A user's engine_kwargs.speculative_config as our decoder settings: vLLM's own method runs."""
         name = "engine_kwargs.speculative_config"
         check(isinstance(spec, Mapping), name, "a mapping such as {'method': 'suffix', 'num_speculative_tokens': 16}")
         check(not self.decoder, name, "left out when `decoder` is set (one or the other names the drafter)")
-        check(spec.get("method") in SPECULATIVE_METHODS, f"{name}.method",
-              f"one of {sorted(SPECULATIVE_METHODS)}: vLLM's learning-free methods (a draft model or an EAGLE "
-              "head is not run here; our drafters are `decoder`)")
+        check(
+            spec.get("method") in SPECULATIVE_METHODS,
+            f"{name}.method",
+            f"one of {sorted(SPECULATIVE_METHODS)}: vLLM's learning-free methods (a draft model or an EAGLE "
+            "head is not run here; our drafters are `decoder`)",
+        )
         unknown = sorted(set(spec) - set(SPECULATIVE_KEYS))
         check(not unknown, f"{name}.{unknown[0] if unknown else ''}", f"one of {sorted(SPECULATIVE_KEYS)}")
-        return {"drafter": SPECULATIVE_METHODS[spec["method"]],
-                **{SPECULATIVE_KEYS[key]: value for key, value in spec.items() if SPECULATIVE_KEYS[key]}}
+        return {
+            "drafter": SPECULATIVE_METHODS[spec["method"]],
+            **{SPECULATIVE_KEYS[key]: value for key, value in spec.items() if SPECULATIVE_KEYS[key]},
+        }
 
 
 def check(ok: bool, name: str, allowed: str) -> None:
@@ -244,10 +320,13 @@ def check(ok: bool, name: str, allowed: str) -> None:
 
 # --- The processor ------------------------------------------------------------------------------
 
+
 def merged(preprocess: Callable) -> Callable:
     """ray.data.llm's preprocess: the row, updated with what the function returns."""
+
     def apply(row: dict) -> dict:
         return {**row, **preprocess(row)}
+
     return apply
 
 
@@ -255,6 +334,7 @@ def rows_postprocess(postprocess: Callable, continue_on_error: bool) -> Callable
     """ray.data.llm's postprocess of a row, over a block: error rows bypass it, whole; with
     should_continue_on_error the others' output gets `__inference_error__` "" (every row then has
     the column). The block is made as Ray Data's map makes one."""
+
     def apply(batch: pa.Table) -> pa.Table:
         rows = []
         for row in batch.to_pylist():
@@ -264,6 +344,7 @@ def rows_postprocess(postprocess: Callable, continue_on_error: bool) -> Callable
                 out = postprocess(row)
                 rows.append({**out, INFERENCE_ERROR: ""} if continue_on_error else out)
         return rows_table(rows)
+
     return apply
 
 
@@ -278,6 +359,7 @@ class Processor:
     its output merged into the row), the stage of actors, the postprocess (a block's function, every
     row in it). build_processor makes one from ray.data.llm's config and functions; the job makes one
     from its own config (pipeline/job/rows.py)."""
+
     config: Config  # the pipeline's settings: model, engine, drafter, actors
     settings: StageSettings  # how the stage reads and writes rows
     checkpoint: Any = None  # ray.data.checkpoint.CheckpointConfig for the input's pipeline, or None
@@ -296,20 +378,29 @@ class Processor:
         if self.checkpoint is not None:
             present, checkpoint = dataset.context.checkpoint_config, self.checkpoint
             if present is not None and (present.id_column, present.checkpoint_path) != (
-                    checkpoint.id_column, checkpoint.checkpoint_path):
-                raise ValueError(f"processor(ds): ds already checkpoints ({present.id_column!r} under "
-                                 f"{present.checkpoint_path!r}, its context's checkpoint_config); the config's "
-                                 f"id_column and checkpoint_path would replace it")
+                checkpoint.id_column,
+                checkpoint.checkpoint_path,
+            ):
+                raise ValueError(
+                    f"processor(ds): ds already checkpoints ({present.id_column!r} under "
+                    f"{present.checkpoint_path!r}, its context's checkpoint_config); the config's "
+                    f"id_column and checkpoint_path would replace it"
+                )
             dataset.context.checkpoint_config = checkpoint  # shared by ds's pipeline, its read included
         dataset.context.wait_for_min_actors_s = int(math.ceil(config.ray.wait_for_actors_s))
         tables = prepared_tables(config, dict(self.runtime_env))
         if self.preprocess is not None:
             dataset = dataset.map(merged(self.preprocess), **self.preprocess_map_kwargs)
-        dataset = generation_stage(dataset, config, {"config": config, "settings": self.settings, "tables": tables,
-                                                     "progress": self.progress}, dict(self.runtime_env))
+        dataset = generation_stage(
+            dataset,
+            config,
+            {"config": config, "settings": self.settings, "tables": tables, "progress": self.progress},
+            dict(self.runtime_env),
+        )
         if self.postprocess is not None:
-            dataset = dataset.map_batches(self.postprocess, batch_format="pyarrow", batch_size=None,
-                                          **self.postprocess_map_kwargs)
+            dataset = dataset.map_batches(
+                self.postprocess, batch_format="pyarrow", batch_size=None, **self.postprocess_map_kwargs
+            )
         return dataset
 
     def list_stage_names(self) -> list[str]:
@@ -331,24 +422,44 @@ class Processor:
         logger.info(message)
 
 
-def build_processor(config: vLLMEngineProcessorConfig, preprocess: Callable | None = None,
-                    postprocess: Callable | None = None, preprocess_map_kwargs: dict | None = None,
-                    postprocess_map_kwargs: dict | None = None, builder_kwargs: dict | None = None) -> Processor:
+def build_processor(
+    config: vLLMEngineProcessorConfig,
+    preprocess: Callable | None = None,
+    postprocess: Callable | None = None,
+    preprocess_map_kwargs: dict | None = None,
+    postprocess_map_kwargs: dict | None = None,
+    builder_kwargs: dict | None = None,
+) -> Processor:
     if not isinstance(config, vLLMEngineProcessorConfig):
-        raise TypeError(f"build_processor: config must be pipeline.llm.vLLMEngineProcessorConfig, "
-                        f"got {type(config).__name__}")
+        raise TypeError(
+            f"build_processor: config must be pipeline.llm.vLLMEngineProcessorConfig, got {type(config).__name__}"
+        )
     unknown = sorted(set(builder_kwargs or {}) - {"chat_template_kwargs"})
     if unknown:
-        raise TypeError(f"build_processor: builder_kwargs {unknown} are not taken by this processor "
-                        "(it takes chat_template_kwargs)")
-    settings = StageSettings(**config.chat_template((builder_kwargs or {}).get("chat_template_kwargs")),
-                             continue_on_error=config.should_continue_on_error, seed=config.engine_kwargs.get("seed"),
-                             id_column=config.id_column, statistics=config.statistics(),
-                             live_metrics=config.log_engine_metrics, run_id=f"processor-{uuid.uuid4().hex[:8]}")
+        raise TypeError(
+            f"build_processor: builder_kwargs {unknown} are not taken by this processor (it takes chat_template_kwargs)"
+        )
+    settings = StageSettings(
+        **config.chat_template((builder_kwargs or {}).get("chat_template_kwargs")),
+        continue_on_error=config.should_continue_on_error,
+        seed=config.engine_kwargs.get("seed"),
+        id_column=config.id_column,
+        statistics=config.statistics(),
+        live_metrics=config.log_engine_metrics,
+        run_id=f"processor-{uuid.uuid4().hex[:8]}",
+    )
     if postprocess is not None:
         postprocess = rows_postprocess(postprocess, config.should_continue_on_error)
-    return Processor(config.pipeline_config(), settings, config.checkpoint(), dict(config.runtime_env or {}),
-                     preprocess, postprocess, dict(preprocess_map_kwargs or {}), dict(postprocess_map_kwargs or {}))
+    return Processor(
+        config.pipeline_config(),
+        settings,
+        config.checkpoint(),
+        dict(config.runtime_env or {}),
+        preprocess,
+        postprocess,
+        dict(preprocess_map_kwargs or {}),
+        dict(postprocess_map_kwargs or {}),
+    )
 
 
 __all__ = ["Processor", "build_processor", "vLLMEngineProcessorConfig"]

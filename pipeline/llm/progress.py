@@ -1,6 +1,7 @@
 """What a run did so far, counted as it happens: one small actor per run that every stage actor
 tells about each batch it finished. It stops the job when more rows than job.max_errored_rows
 have failed, and gives the summary this invocation's counts without any row reaching the driver."""
+
 from __future__ import annotations
 
 import time
@@ -55,22 +56,34 @@ class RestartWindow:
             self.times.popleft()
         self.total += 1
         if len(self.times) > self.limit:
-            return (f"the engine failed {len(self.times)} times within engine.restart_window_s "
-                    f"({self.window:g} s), more than engine.max_restarts ({self.limit}); the last failure: {cause}")
+            return (
+                f"the engine failed {len(self.times)} times within engine.restart_window_s "
+                f"({self.window:g} s), more than engine.max_restarts ({self.limit}); the last failure: {cause}"
+            )
         return None
 
 
 def empty_totals() -> dict:
     """The totals of an invocation that generated nothing."""
-    return {"batches": 0, **{name: 0 for name in COUNTED}, "first_start": float("inf"), "last_finish": 0.0,
-            "nodes": [], **engine_summary([]), "engine_series": [], "actor_peak_rss_mb": None,
-            "engine_restarts": {"total": 0, "by_actor": {}, "causes": []}, "speculation": {}}
+    return {
+        "batches": 0,
+        **{name: 0 for name in COUNTED},
+        "first_start": float("inf"),
+        "last_finish": 0.0,
+        "nodes": [],
+        **engine_summary([]),
+        "engine_series": [],
+        "actor_peak_rss_mb": None,
+        "engine_restarts": {"total": 0, "by_actor": {}, "causes": []},
+        "speculation": {},
+    }
 
 
 @ray.remote(num_cpus=0)
 class RunProgress:
-    def __init__(self, max_errored_rows: int, output: str = "", max_restarts: int = 3,
-                 restart_window_s: float = 3600.0):
+    def __init__(
+        self, max_errored_rows: int, output: str = "", max_restarts: int = 3, restart_window_s: float = 3600.0
+    ):
         self.max_errored_rows, self.output = max_errored_rows, output  # -1: never stop for row errors
         # Each actor's engine failures, across the restarts of its process (Ray keeps its id).
         self.restarts: dict[str, RestartWindow] = {}
@@ -99,8 +112,10 @@ class RunProgress:
             self.engines[batch.actor] = batch.engine_steps
             self.series.append((batch.finished, engine_summary(list(self.engines.values()))["engine_occupancy"]))
         if 0 <= self.max_errored_rows < self.counts["errored_rows"] and self.stopped is None:
-            self.stopped = (f"{self.counts['errored_rows']} rows failed, more than job.max_errored_rows "
-                            f"({self.max_errored_rows}); see the 'error' column in {self.output}")
+            self.stopped = (
+                f"{self.counts['errored_rows']} rows failed, more than job.max_errored_rows "
+                f"({self.max_errored_rows}); see the 'error' column in {self.output}"
+            )
         return self.stopped
 
     def engine_failed(self, actor: str, cause: str) -> str | None:
@@ -119,14 +134,22 @@ class RunProgress:
 
     def totals(self) -> dict:
         start = self.first_start
-        return {**self.counts, "first_start": start, "last_finish": self.last_finish, "nodes": sorted(self.nodes),
-                **engine_summary(list(self.engines.values())), "actor_peak_rss_mb": round(self.peak_rss_mb, 1) or None,
-                # Engines that failed and were replaced (or whose actor was started again), per actor,
-                # and the first causes.
-                "engine_restarts": {"total": sum(w.total for w in self.restarts.values()),
-                                    "by_actor": {actor: w.total for actor, w in self.restarts.items()},
-                                    "causes": list(self.causes)},
-                # Each actor's speculation mode: what it runs, why, its measured windows and switches.
-                "speculation": dict(self.speculation),
-                # The run's occupancy after each batch, by seconds since the first batch started.
-                "engine_series": [[round(when - start, 2), occupancy] for when, occupancy in sorted(self.series)]}
+        return {
+            **self.counts,
+            "first_start": start,
+            "last_finish": self.last_finish,
+            "nodes": sorted(self.nodes),
+            **engine_summary(list(self.engines.values())),
+            "actor_peak_rss_mb": round(self.peak_rss_mb, 1) or None,
+            # Engines that failed and were replaced (or whose actor was started again), per actor,
+            # and the first causes.
+            "engine_restarts": {
+                "total": sum(w.total for w in self.restarts.values()),
+                "by_actor": {actor: w.total for actor, w in self.restarts.items()},
+                "causes": list(self.causes),
+            },
+            # Each actor's speculation mode: what it runs, why, its measured windows and switches.
+            "speculation": dict(self.speculation),
+            # The run's occupancy after each batch, by seconds since the first batch started.
+            "engine_series": [[round(when - start, 2), occupancy] for when, occupancy in sorted(self.series)],
+        }

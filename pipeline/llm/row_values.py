@@ -1,5 +1,6 @@
 """A Ray Data row's values as plain Python, a row's id as text, its prediction as text, and rows
 back into an Arrow block as Ray Data makes one."""
+
 from __future__ import annotations
 
 import math
@@ -49,13 +50,17 @@ def prediction_text(value, name: str) -> str:
     if value is None or isinstance(value, str):
         return value or ""
     if not isinstance(value, dict) or value.get("type") != "content":
-        raise RequestError(f"{name}: prediction must be text or OpenAI's {{'type': 'content', 'content': ...}}, "
-                           f"got {str(value)[:80]}")
+        raise RequestError(
+            f"{name}: prediction must be text or OpenAI's {{'type': 'content', 'content': ...}}, got {str(value)[:80]}"
+        )
     content = value.get("content")
     if isinstance(content, str):
         return content
-    if isinstance(content, list) and all(isinstance(part, dict) and part.get("type") == "text"
-                                         and isinstance(part.get("text"), str) for part in content):
+    if isinstance(content, list) and all(
+        isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str) for part in content
+    ):
         return "".join(part["text"] for part in content)
-    raise RequestError(f"{name}: prediction.content must be text or a list of {{'type': 'text', 'text': ...}} parts, "
-                       f"got {str(content)[:80]}")
+    raise RequestError(
+        f"{name}: prediction.content must be text or a list of {{'type': 'text', 'text': ...}} parts, "
+        f"got {str(content)[:80]}"
+    )

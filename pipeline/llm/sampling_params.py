@@ -1,13 +1,15 @@
 """A row's `sampling_params` (vLLM's names and defaults) read as our settings: the keys every engine
 runs are checked here; any other key goes to the engine as it is where the engine runs it (it
 declares which: its `sampling_keys`), and is the row's error where it does not."""
+
 from __future__ import annotations
 
 import json
 import math
 import secrets
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
+from collections.abc import Callable
 
 from pipeline.engines.base import SAMPLING_KEYS, EngineSampling
 from pipeline.engines.errors import RequestError
@@ -44,8 +46,10 @@ def structured_outputs_of(value: Any, name: str) -> dict:
     unknown = sorted(set(value) - {*CONSTRAINTS, *CONSTRAINT_OPTIONS})
     given = [key for key in CONSTRAINTS if key in value]
     if unknown or len(given) != 1:
-        raise RequestError(f"{where} must set one of {', '.join(CONSTRAINTS)} (and options "
-                           f"{', '.join(CONSTRAINT_OPTIONS)}); got {sorted(value)}")
+        raise RequestError(
+            f"{where} must set one of {', '.join(CONSTRAINTS)} (and options "
+            f"{', '.join(CONSTRAINT_OPTIONS)}); got {sorted(value)}"
+        )
     schema = value.get("json")
     if isinstance(schema, str):
         try:
@@ -59,8 +63,9 @@ def structured_outputs_of(value: Any, name: str) -> dict:
             message = error.message if isinstance(error, jsonschema.SchemaError) else str(error)
             raise RequestError(f"{where}.json is not a JSON schema: {message}") from error
         value["json"] = schema
-    if "choice" in value and not (isinstance(value["choice"], list) and value["choice"]
-                                  and all(isinstance(c, str) for c in value["choice"])):
+    if "choice" in value and not (
+        isinstance(value["choice"], list) and value["choice"] and all(isinstance(c, str) for c in value["choice"])
+    ):
         raise RequestError(f"{where}.choice must be a non-empty list of strings")
     return value
 
@@ -92,8 +97,13 @@ def sampling_of(params: Any, name: str, seed: int | None, engine: EngineSampling
 
     def number(key: str, kind: type, ok: Callable, allowed: str):
         value = values[key]
-        usable = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-                  and (kind is float or value == int(value)) and ok(value))
+        usable = (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and (kind is float or value == int(value))
+            and ok(value)
+        )
         if not usable:
             raise RequestError(f"{name}: sampling_params.{key} must be {allowed}, got {value!r}")
         return kind(value)
@@ -105,11 +115,21 @@ def sampling_of(params: Any, name: str, seed: int | None, engine: EngineSampling
     top_k = number("top_k", int, lambda v: v >= -1, "an integer >= -1 (0 or -1: no cut)")
     sampling = SamplingParams(
         temperature=number("temperature", float, lambda v: v >= 0, "a number >= 0"),
-        top_k=max(top_k, 0), top_p=number("top_p", float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
-        seed=number("seed", int, lambda v: 0 <= v < 2**63, "an integer in [0, 2**63)") if "seed" in values
-        else (seed if seed is not None else secrets.randbits(63)))  # vLLM: no seed, a fresh one
-    max_tokens = (UP_TO_THE_MODELS_LENGTH if to_the_end
-                  else number("max_tokens", int, lambda v: v >= 1, "an integer >= 1"))
+        top_k=max(top_k, 0),
+        top_p=number("top_p", float, lambda v: 0 < v <= 1, "a number in (0, 1]"),
+        seed=number("seed", int, lambda v: 0 <= v < 2**63, "an integer in [0, 2**63)")
+        if "seed" in values
+        else (seed if seed is not None else secrets.randbits(63)),
+    )  # vLLM: no seed, a fresh one
+    max_tokens = (
+        UP_TO_THE_MODELS_LENGTH if to_the_end else number("max_tokens", int, lambda v: v >= 1, "an integer >= 1")
+    )
     n = number("n", int, lambda v: 1 <= v <= MAX_SAMPLES, f"an integer from 1 to {MAX_SAMPLES}") if "n" in values else 1
-    return RowSettings(sampling, max_tokens, stop,
-                       None if structured is None else structured_outputs_of(structured, name), extra or None, n)
+    return RowSettings(
+        sampling,
+        max_tokens,
+        stop,
+        None if structured is None else structured_outputs_of(structured, name),
+        extra or None,
+        n,
+    )

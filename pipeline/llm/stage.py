@@ -32,6 +32,7 @@ hung engine (EngineHung) cannot be closed: the actor's process ends and Ray star
 retrying its batches. More than engine.max_restarts failures within engine.restart_window_s stop
 the run (EngineCrashLoop), naming the last failure.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -45,7 +46,8 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
+from collections.abc import Mapping
 
 import pyarrow as pa
 import torch
@@ -70,6 +72,7 @@ logger = logging.getLogger(__name__)
 class StageSettings:
     """How the stage reads and writes rows (the processor's, from vLLMEngineProcessorConfig; the
     job's, pipeline/job/rows.py)."""
+
     chat_template: bool = True  # template `messages` (False: a row needs prompt or tokenized_prompt)
     template: str | None = None  # a Jinja template instead of the tokenizer's
     template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # apply_chat_template's keywords
@@ -92,10 +95,17 @@ class GenerationStage:
     """The actor's callable: the engine (built once), rows in, rows out with ray.data.llm's columns
     and ours appended to their own. `progress`: a run's RunProgress actor, told of each batch."""
 
-    def __init__(self, config: Config, settings: StageSettings = StageSettings(), tables=None,
-                 engine: Engine | None = None, progress=None):
+    def __init__(
+        self,
+        config: Config,
+        settings: StageSettings = StageSettings(),
+        tables=None,
+        engine: Engine | None = None,
+        progress=None,
+    ):
         if tables is not None and not isinstance(tables, DrafterTables):
             import ray  # an ObjectRef: the tables are put in the object store once
+
             tables = ray.get(tables)
         self.config, self.settings, self.progress, self.tables = config, settings, progress, tables
         share = None if settings.expected_rows is None else -(-settings.expected_rows // config.ray.max_actors)
@@ -122,8 +132,9 @@ class GenerationStage:
         self.dropped = [] if chosen is None else [f.name for f in STATISTICS if f.name not in chosen]
         self.request_ids = itertools.count()
         # Live metrics only from an actor Ray runs (not from a stage built outside Ray).
-        self.metrics = (RunMetrics(self.engine.name, settings.run_id) if settings.live_metrics and ray_running()
-                        else None)
+        self.metrics = (
+            RunMetrics(self.engine.name, settings.run_id) if settings.live_metrics and ray_running() else None
+        )
         # The same for every engine this stage builds (a failed one is replaced: replace_engine).
         self.tokenizer, self.sampling = self.engine.tokenizer, self.engine.sampling
         # Ray Data may run several batches on this actor at once (the vLLM engine takes them all):
@@ -135,12 +146,18 @@ class GenerationStage:
     @staticmethod
     def input_columns() -> tuple[dict[str, str], dict[str, str]]:
         """(required, optional) input columns and what each holds, as ray.data.llm logs them."""
-        return ({"messages | prompt | tokenized_prompt": "chat messages (templated), a text prompt (tokenized as "
-                 "it is) or token ids: one of them"},
-                {"sampling_params": "vLLM's SamplingParams keys (vLLM's defaults where absent)",
-                 "model": "a LoRA adapter's directory (engine_kwargs enable_lora)",
-                 "prediction": "text the answer is expected to resemble, or OpenAI's {'type': 'content', 'content': "
-                               "text or text parts}: drafted from first (vLLM engine)"})
+        return (
+            {
+                "messages | prompt | tokenized_prompt": "chat messages (templated), a text prompt (tokenized as "
+                "it is) or token ids: one of them"
+            },
+            {
+                "sampling_params": "vLLM's SamplingParams keys (vLLM's defaults where absent)",
+                "model": "a LoRA adapter's directory (engine_kwargs enable_lora)",
+                "prediction": "text the answer is expected to resemble, or OpenAI's {'type': 'content', 'content': "
+                "text or text parts}: drafted from first (vLLM engine)",
+            },
+        )
 
     # --- One row ----------------------------------------------------------------------------------
 
@@ -166,13 +183,25 @@ class GenerationStage:
         settings = sampling_of(row.get("sampling_params"), name, seed, self.sampling)
         with self.tokenizer_lock:
             prompt, ids = prompt_of(self.tokenizer, row, self.settings, name)
-        first = Request(request_id=str(number), prompt_ids=ids, max_new_tokens=settings.max_tokens,
-                        stop=settings.stop, sampling=settings.sampling, structured_outputs=settings.structured_outputs,
-                        engine_sampling=settings.engine_sampling, adapter=self.adapter(row, name),
-                        prediction=self.prediction(row, name))
-        others = [dataclasses.replace(first, request_id=str(next(self.request_ids)),
-                                      sampling=dataclasses.replace(first.sampling, seed=sample_seed(first.sampling.seed, i)))
-                  for i in range(1, settings.n)]
+        first = Request(
+            request_id=str(number),
+            prompt_ids=ids,
+            max_new_tokens=settings.max_tokens,
+            stop=settings.stop,
+            sampling=settings.sampling,
+            structured_outputs=settings.structured_outputs,
+            engine_sampling=settings.engine_sampling,
+            adapter=self.adapter(row, name),
+            prediction=self.prediction(row, name),
+        )
+        others = [
+            dataclasses.replace(
+                first,
+                request_id=str(next(self.request_ids)),
+                sampling=dataclasses.replace(first.sampling, seed=sample_seed(first.sampling.seed, i)),
+            )
+            for i in range(1, settings.n)
+        ]
         return [first, *others], prompt, name
 
     def prediction(self, row: dict, name: str) -> tuple[int, ...]:
@@ -193,11 +222,15 @@ class GenerationStage:
         if not isinstance(model, str) or not model:
             raise RequestError(f"{name}: model must be a LoRA adapter's directory (or model_source), got {model!r}")
         if "://" in model:
-            raise RequestError(f"{name}: model {model!r}: a LoRA adapter is read from a local directory here "
-                               "(dynamic_lora_loading_path is not taken); copy it to the nodes first")
+            raise RequestError(
+                f"{name}: model {model!r}: a LoRA adapter is read from a local directory here "
+                "(dynamic_lora_loading_path is not taken); copy it to the nodes first"
+            )
         if not (Path(model) / "adapter_config.json").is_file():  # vLLM would fail its engine step, not the row
-            raise RequestError(f"{name}: model {model!r} is neither model_source nor a LoRA adapter's directory "
-                               "(one holding adapter_config.json) on this node")
+            raise RequestError(
+                f"{name}: model {model!r} is neither model_source nor a LoRA adapter's directory "
+                "(one holding adapter_config.json) on this node"
+            )
         return model
 
     # --- A batch ----------------------------------------------------------------------------------
@@ -235,7 +268,9 @@ class GenerationStage:
             for (index, sample, request, prompt, name), result in zip(made, results):
                 outputs[index].append(
                     self.failed(f"{name}: {result.message}", prompt, batch_uuid, request.adapter, sample)
-                    if isinstance(result, Failed) else self.generated(request, prompt, result, batch_uuid, seconds, ran, sample))
+                    if isinstance(result, Failed)
+                    else self.generated(request, prompt, result, batch_uuid, seconds, ran, sample)
+                )
             self.choose_mode(requests, results, ran["drafter"])
         return [out for row in outputs for out in row], [index for index, row in enumerate(outputs) for _ in row]
 
@@ -378,16 +413,30 @@ class GenerationStage:
 
         return ray.get(self.progress.engine_failed.remote(ray.get_runtime_context().get_actor_id() or "", cause))
 
-    def generated(self, request: Request, prompt: str, result: Result, batch_uuid: str, seconds: float,
-                  ran: dict, sample: int = 0) -> dict:
+    def generated(
+        self, request: Request, prompt: str, result: Result, batch_uuid: str, seconds: float, ran: dict, sample: int = 0
+    ) -> dict:
         sampling = request.sampling
-        row = {"prompt": prompt, "prompt_token_ids": request.prompt_ids, "generated_tokens": result.token_ids,
-               "generated_text": result.text, "request_id": int(request.request_id), "sample_index": sample,
-               "metrics": result.engine_metrics,
-               "logprobs": result.logprobs, "prompt_logprobs": result.prompt_logprobs, "batch_uuid": batch_uuid,
-               "params": result.params, "temperature": sampling.temperature, "top_k": sampling.top_k,
-               "top_p": sampling.top_p, "seed": sampling.seed, INFERENCE_ERROR: "",
-               **result.stats.as_row(), **ran}
+        row = {
+            "prompt": prompt,
+            "prompt_token_ids": request.prompt_ids,
+            "generated_tokens": result.token_ids,
+            "generated_text": result.text,
+            "request_id": int(request.request_id),
+            "sample_index": sample,
+            "metrics": result.engine_metrics,
+            "logprobs": result.logprobs,
+            "prompt_logprobs": result.prompt_logprobs,
+            "batch_uuid": batch_uuid,
+            "params": result.params,
+            "temperature": sampling.temperature,
+            "top_k": sampling.top_k,
+            "top_p": sampling.top_p,
+            "seed": sampling.seed,
+            INFERENCE_ERROR: "",
+            **result.stats.as_row(),
+            **ran,
+        }
         row["time_taken_llm"] = row["time_taken_llm"] or seconds  # an engine that does not time each request
         if request.adapter is not None:
             row["model"] = request.adapter  # what ran: the adapter on model_source
@@ -397,11 +446,21 @@ class GenerationStage:
         """ray.data.llm's error row (request_id -1, time_taken_llm -1), or the error raised."""
         if not self.settings.continue_on_error:
             raise ValueError(message)
-        return {"prompt": prompt if isinstance(prompt, str) else "", "num_input_tokens": 0, "generated_tokens": [],
-                "generated_text": "", "num_generated_tokens": 0, "request_id": -1, "sample_index": sample,
-                "batch_uuid": batch_uuid,
-                "time_taken_llm": -1.0, "params": "", INFERENCE_ERROR: message, **self.ran,
-                **({"model": adapter} if adapter is not None else {})}
+        return {
+            "prompt": prompt if isinstance(prompt, str) else "",
+            "num_input_tokens": 0,
+            "generated_tokens": [],
+            "generated_text": "",
+            "num_generated_tokens": 0,
+            "request_id": -1,
+            "sample_index": sample,
+            "batch_uuid": batch_uuid,
+            "time_taken_llm": -1.0,
+            "params": "",
+            INFERENCE_ERROR: message,
+            **self.ran,
+            **({"model": adapter} if adapter is not None else {}),
+        }
 
     def report(self, rows: list[dict], errored: list[bool], started: float, input_rows: int) -> None:
         """Tells Ray's metrics and the run's progress actor about a finished batch (`rows`: its output
@@ -418,18 +477,33 @@ class GenerationStage:
             steps = engine.steps() if engine is not None else None
             with self.choice_lock:
                 chosen = self.chooser.report()
-            batch = BatchReport(rows=len(rows), input_rows=input_rows, errored_rows=sum(errored),
-                                generated_tokens=sum(row.get("num_generated_tokens") or 0 for row in done),
-                                target_calls=sum(row.get("num_target_calls") or 0 for row in done),
-                                started=started, finished=time.time(), node=context.get_node_id(),
-                                actor=f"{context.get_actor_id() or ''}/{os.getpid()}/{generation}", engine_steps=steps,
-                                peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-                                speculation=chosen)
+            batch = BatchReport(
+                rows=len(rows),
+                input_rows=input_rows,
+                errored_rows=sum(errored),
+                generated_tokens=sum(row.get("num_generated_tokens") or 0 for row in done),
+                target_calls=sum(row.get("num_target_calls") or 0 for row in done),
+                started=started,
+                finished=time.time(),
+                node=context.get_node_id(),
+                actor=f"{context.get_actor_id() or ''}/{os.getpid()}/{generation}",
+                engine_steps=steps,
+                peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                speculation=chosen,
+            )
             if self.metrics is not None:
-                accepted = sum(length * count for row in done
-                               for length, count in enumerate(row.get("accepted_length_histogram") or []))
-                self.metrics.record({**vars(batch), "accepted_draft_tokens": accepted}, steps, self.reported_steps,
-                                    chosen["drafter"], len(chosen["switches"]))
+                accepted = sum(
+                    length * count
+                    for row in done
+                    for length, count in enumerate(row.get("accepted_length_histogram") or [])
+                )
+                self.metrics.record(
+                    {**vars(batch), "accepted_draft_tokens": accepted},
+                    steps,
+                    self.reported_steps,
+                    chosen["drafter"],
+                    len(chosen["switches"]),
+                )
             self.reported_steps = steps or self.reported_steps
         if self.progress is not None:
             stop = ray.get(self.progress.report.remote(batch))
@@ -448,8 +522,11 @@ def messages_of(tokenizer, row: dict, settings: StageSettings, name: str) -> lis
     if not (isinstance(messages, list) and messages):
         raise RequestError(f"{name}: messages must be a non-empty list of chat messages")
     for i, message in enumerate(messages):
-        if not (isinstance(message, dict) and isinstance(message.get("role"), str)
-                and isinstance(message.get("content"), (str, list))):
+        if not (
+            isinstance(message, dict)
+            and isinstance(message.get("role"), str)
+            and isinstance(message.get("content"), (str, list))
+        ):
             raise RequestError(f"{name}: message {i} needs a string 'role' and 'content'")
     return messages
 
@@ -466,9 +543,14 @@ def prompt_of(tokenizer, row: dict, settings: StageSettings, name: str) -> tuple
     if messages is not None:
         last_is_user = messages[-1]["role"] == "user"
         try:
-            prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=last_is_user,
-                                                   continue_final_message=not last_is_user,
-                                                   chat_template=settings.template, **settings.template_kwargs)
+            prompt = tokenizer.apply_chat_template(
+                messages,
+                tokenize=False,
+                add_generation_prompt=last_is_user,
+                continue_final_message=not last_is_user,
+                chat_template=settings.template,
+                **settings.template_kwargs,
+            )
         except Exception as error:  # a template's own errors are of any type
             raise RequestError(f"{name}: messages cannot be chat-templated: {error}") from error
     elif isinstance(given, str):
@@ -496,8 +578,9 @@ def with_generated_columns(batch: pa.Table, rows: list[dict], dropped: list[str]
     fixed = pa.schema([f for f in GENERATED if f.name not in TYPED_BY_THE_DATA])
     generated = pa.Table.from_pylist(rows, schema=fixed)
     for name in TYPED_BY_THE_DATA:  # in GENERATED's order, each at its place
-        generated = generated.add_column(GENERATED.get_field_index(name), name,
-                                         convert_to_pyarrow_array([row.get(name) for row in rows], name))
+        generated = generated.add_column(
+            GENERATED.get_field_index(name), name, convert_to_pyarrow_array([row.get(name) for row in rows], name)
+        )
     kept = batch.drop_columns([name for name in GENERATED.names if name in batch.column_names])
     for column in generated.drop_columns(dropped).schema:
         kept = kept.append_column(column, generated.column(column.name))
@@ -514,4 +597,3 @@ def ray_running() -> bool:
     import ray
 
     return ray.is_initialized()
-

@@ -4,6 +4,7 @@ Credentials and endpoints come from the standard environment of each store (AWS_
 AWS_ENDPOINT_URL, GOOGLE_APPLICATION_CREDENTIALS, ...), never from the config file.
 `FileSystem.from_uri` honours AWS_ENDPOINT_URL; a bare `S3FileSystem()` would not.
 """
+
 from __future__ import annotations
 
 import fnmatch
@@ -50,13 +51,13 @@ def glob(pattern: str, setting: str) -> list[str]:
     """Files matching a glob (`*`, `?`, `[...]` in the last parts of the path), sorted."""
     filesystem, inner = resolve(pattern)
     first_wild = min(i for i, ch in enumerate(inner) if ch in "*?[")
-    base = inner[:inner.rfind("/", 0, first_wild)] or "/"
+    base = inner[: inner.rfind("/", 0, first_wild)] or "/"
     try:
         found = filesystem.get_file_info(pafs.FileSelector(base, recursive=True, allow_not_found=True))
     except OSError as error:
         raise StorageError(f"{setting}: {pattern!r} cannot be reached: {error}") from error
     matches = sorted(entry.path for entry in found if entry.is_file and fnmatch.fnmatchcase(entry.path, inner))
-    prefix = pattern[:pattern.find("://") + 3] if is_uri(pattern) else ""
+    prefix = pattern[: pattern.find("://") + 3] if is_uri(pattern) else ""
     return [prefix + path for path in matches]
 
 
@@ -65,7 +66,7 @@ def list_files(path: str, recursive: bool = False) -> list[str]:
     keeps its scheme), sorted; none where there is no such directory."""
     filesystem, inner = resolve(path)
     found = filesystem.get_file_info(pafs.FileSelector(inner, recursive=recursive, allow_not_found=True))
-    prefix = path[:path.find("://") + 3] if is_uri(path) else ""
+    prefix = path[: path.find("://") + 3] if is_uri(path) else ""
     return sorted(prefix + entry.path for entry in found if entry.is_file)
 
 
@@ -132,7 +133,7 @@ class WholeFile:
         self.filesystem, self.inner = resolve(path)
         self.staging = f"{self.inner}.{os.getpid()}.tmp"
 
-    def __enter__(self) -> "WholeFile":
+    def __enter__(self) -> WholeFile:
         self.filesystem.create_dir(str(Path(self.inner).parent), recursive=True)
         self.stream = self.filesystem.open_output_stream(self.staging)
         return self
@@ -152,8 +153,9 @@ def list_directories(path: str, prefix: str = "") -> list[str]:
     """Names of the directories right under `path` that start with `prefix`, sorted."""
     filesystem, inner = resolve(path)
     entries = filesystem.get_file_info(pafs.FileSelector(inner, allow_not_found=True))
-    return sorted(Path(e.path).name for e in entries if e.type == pafs.FileType.Directory
-                  and Path(e.path).name.startswith(prefix))
+    return sorted(
+        Path(e.path).name for e in entries if e.type == pafs.FileType.Directory and Path(e.path).name.startswith(prefix)
+    )
 
 
 def local_copy(path: str, cache: str | os.PathLike) -> str:

@@ -4,6 +4,7 @@ flags and `--set` keys the job actually accepts.
 
 Only parsing: nothing here talks to Kubernetes, AWS or Ray.
 """
+
 from __future__ import annotations
 
 import re
@@ -36,7 +37,7 @@ def cluster_section(readme: Path) -> str:
     text = readme.read_text()
     start = text.index("## Running on a cluster")
     end = text.find("\n## ", start + 1)
-    return text[start:end if end >= 0 else len(text)]
+    return text[start : end if end >= 0 else len(text)]
 
 
 def documented_commands(path: Path) -> list[str]:
@@ -74,9 +75,9 @@ ENTRYPOINTS = entrypoints()
 
 def argv_of(command: str) -> list[str]:
     argv = shlex.split(command)
-    ran = [generate for generate in GENERATES if argv[:len(generate)] == generate]
+    ran = [generate for generate in GENERATES if argv[: len(generate)] == generate]
     assert ran, f"does not run `ngrammys generate` or `python -m jobs.generate`: {command!r}"
-    return argv[len(ran[0]):]
+    return argv[len(ran[0]) :]
 
 
 def flag_value(argv: list[str], flag: str) -> str:
@@ -87,8 +88,9 @@ def flag_value(argv: list[str], flag: str) -> str:
 
 
 def set_overrides(argv: list[str]) -> list[str]:
-    return ([argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--set"]
-            + [arg.split("=", 1)[1] for arg in argv if arg.startswith("--set=")])
+    return [argv[i + 1] for i, arg in enumerate(argv[:-1]) if arg == "--set"] + [
+        arg.split("=", 1)[1] for arg in argv if arg.startswith("--set=")
+    ]
 
 
 def containers(pod_template: dict) -> list[dict]:
@@ -165,8 +167,11 @@ def test_cluster_launcher_autoscales_a100_workers_from_zero():
     assert a100["node_config"]["InstanceType"].startswith(("p4d.", "p4de."))
     # The wheel, not the source tree, goes to the nodes and is installed there (not editable).
     assert "." not in config["file_mounts"].values()
-    (wheel,) = [remote for remote, local in config["file_mounts"].items() if local.startswith("dist/")
-                and local.endswith(".whl")]
+    (wheel,) = [
+        remote
+        for remote, local in config["file_mounts"].items()
+        if local.startswith("dist/") and local.endswith(".whl")
+    ]
     assert any("pip install" in c and " -e " not in c and f"{wheel}'[gpu]'" in c for c in config["setup_commands"])
 
 
@@ -174,7 +179,9 @@ def test_no_recipe_needs_the_source_tree():
     """Images install the wheel; `ray job submit` needs no --working-dir once they have it."""
     for path in sorted(CLUSTER.glob("*.yaml")):
         text = path.read_text()
-        assert "--working-dir" not in text and "pip install -e" not in text and "--no-cache-dir -e" not in text, path.name
+        assert "--working-dir" not in text and "pip install -e" not in text and "--no-cache-dir -e" not in text, (
+            path.name
+        )
 
 
 def test_the_configs_run_or_document_at_least_the_rayjob_cronjob_and_submit_commands():

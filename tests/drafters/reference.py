@@ -2,12 +2,13 @@
 (one production copy each: drafters/suffix/): the acceptance model and its fit, a source's majority
 path and its tokens' features, the longest earlier matches of a context, and the store's search.
 Slow and clear on purpose; nothing in pipeline/ or drafters/ imports this."""
+
 from __future__ import annotations
 
 import bisect
 import math
 from collections import Counter, defaultdict
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -17,13 +18,20 @@ from drafters.suffix.store_search import SEPARATOR
 
 # -- the acceptance model (drafters/suffix/acceptance.py) ----------------------------------------
 
+
 def sigmoid(z: np.ndarray) -> np.ndarray:
     return 1.0 / (1.0 + np.exp(-np.clip(z, -30.0, 30.0)))
 
 
 class AcceptanceModel:
-    def __init__(self, prior: np.ndarray, prior_strength: float = 200.0, capacity: int = 16384,
-                 refit_every: int = 512, newton_steps: int = 3):
+    def __init__(
+        self,
+        prior: np.ndarray,
+        prior_strength: float = 200.0,
+        capacity: int = 16384,
+        refit_every: int = 512,
+        newton_steps: int = 3,
+    ):
         self.prior = np.asarray(prior, dtype=np.float64)  # [F]
         self.weights = self.prior.copy()  # [F]
         self.prior_strength, self.refit_every, self.newton_steps = prior_strength, refit_every, newton_steps
@@ -45,7 +53,10 @@ class AcceptanceModel:
         capacity, judged = len(self.outcomes), len(outcomes)
         slots = (self.seen + np.arange(judged)) % capacity  # [m] where each goes in the ring
         keep = slice(max(judged - capacity, 0), judged)  # more than the ring holds: the newest
-        self.features[slots[keep]], self.outcomes[slots[keep]] = features[keep], np.asarray(outcomes, dtype=np.float64)[keep]
+        self.features[slots[keep]], self.outcomes[slots[keep]] = (
+            features[keep],
+            np.asarray(outcomes, dtype=np.float64)[keep],
+        )
         self.seen += judged
         self.since_fit += judged
         if self.since_fit >= self.refit_every:
@@ -66,6 +77,7 @@ class AcceptanceModel:
 
 # -- a source's candidate (drafters/suffix/step.py) -----------------------------------------------
 
+
 def majority_path(members: Counter, w: int) -> tuple[list[int], list[float], list[int]]:
     """members: each distinct continuation (a token tuple) with how many occurrences have it. The
     path of at most w tokens that follows, at each depth, the most frequent next token of the
@@ -76,13 +88,13 @@ def majority_path(members: Counter, w: int) -> tuple[list[int], list[float], lis
     shares: list[float] = []
     counts: list[int] = []
     if len(members) == 1:  # one continuation (the common case): it is the path
-        (row, count), = members.items()
+        ((row, count),) = members.items()
         path = list(row[:w])
         return path, [count / (count + 1)] + [1.0] * (len(path) - 1), [count] * len(path)
     while len(path) < w and members:
         depth = len(path)
         if len(members) == 1 and depth:  # one continuation left: the rest of it, unopposed
-            (row, count), = members.items()
+            ((row, count),) = members.items()
             rest = row[depth:w]
             path += rest
             shares += [1.0] * len(rest)
@@ -112,38 +124,59 @@ def token_features(paths: list[tuple[str, int, list[float], list[int]]]) -> np.n
         log_match = math.log(match)
         for depth, (share, count) in enumerate(zip(shares, counts), start=1):
             share = min(max(share, 1e-3), 1 - 1e-3)
-            rows.append([1.0, math.log(share / (1 - share)), log_match, math.log(depth),
-                         math.log(match + depth - 1),  # the match the token extends if the ones before it hold
-                         math.log(count), *flags, float(depth == 1), 0.0, 0.0])
+            rows.append(
+                [
+                    1.0,
+                    math.log(share / (1 - share)),
+                    log_match,
+                    math.log(depth),
+                    math.log(match + depth - 1),  # the match the token extends if the ones before it hold
+                    math.log(count),
+                    *flags,
+                    float(depth == 1),
+                    0.0,
+                    0.0,
+                ]
+            )
     return np.array(rows)
 
 
 # -- the store's search (drafters/suffix/store_search.py) ----------------------------------------
 
+
 def suffix_range(tokens: np.ndarray, suffix_array: np.ndarray, pattern: list[int]) -> tuple[int, int]:
     """The half-open suffix-array range of the suffixes that start with `pattern` (empty: lo == hi);
     each suffix cut to len(pattern) tokens and compared as a list (a suffix that runs out is smaller)."""
+
     def head(position) -> list[int]:
-        return tokens[position:position + len(pattern)].tolist()
+        return tokens[position : position + len(pattern)].tolist()
 
     first = bisect.bisect_left(suffix_array, pattern, key=head)
     return first, bisect.bisect_right(suffix_array, pattern, first, key=head)
 
 
-def find_longest_suffix_match(tokens: np.ndarray, suffix_array: np.ndarray, context: Sequence[int],
-                              max_len: int = 16, min_len: int = 2) -> tuple[int, int, int]:
+def find_longest_suffix_match(
+    tokens: np.ndarray, suffix_array: np.ndarray, context: Sequence[int], max_len: int = 16, min_len: int = 2
+) -> tuple[int, int, int]:
     """(match_len, lo, hi): the longest suffix of `context`, min(max_len, len(context)) tokens down
     to min_len, that occurs, and its suffix-array range; (0, 0, 0) when none does."""
     tail = [int(t) for t in context[-max_len:]] if max_len > 0 else []
     for length in range(len(tail), min_len - 1, -1):
-        lo, hi = suffix_range(tokens, suffix_array, tail[len(tail) - length:])
+        lo, hi = suffix_range(tokens, suffix_array, tail[len(tail) - length :])
         if lo < hi:
             return length, lo, hi
     return 0, 0, 0
 
 
-def continuations(tokens: np.ndarray, suffix_array: np.ndarray, lo: int, hi: int, match_len: int,
-                  length: int = 10, max_occurrences: int = 5000) -> list[tuple[int, ...]]:
+def continuations(
+    tokens: np.ndarray,
+    suffix_array: np.ndarray,
+    lo: int,
+    hi: int,
+    match_len: int,
+    length: int = 10,
+    max_occurrences: int = 5000,
+) -> list[tuple[int, ...]]:
     """The `length` tokens after min(hi - lo, max_occurrences) occurrences spread evenly over the
     range, each cut at a document's end (an empty one left out)."""
     count = max(0, min(hi - lo, max_occurrences))

@@ -1,4 +1,5 @@
 """The acceptance model: probabilities from features, learned online from judged tokens."""
+
 import numpy as np
 import pytest
 

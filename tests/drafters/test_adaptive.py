@@ -88,22 +88,32 @@ def test_auto_in_the_config_sets_the_maximum_and_the_flag():
     from pipeline.engines.build import checked_config
     from pipeline.engines.vllm.settings import AUTO_MAX_VLLM_W
 
-    config = load_config(overrides=["engine.name=transformers", "decoder.drafter=context_ngram", "transformers.k=auto",
-                                    "decoder.w=auto"])
-    assert (config.transformers.k, config.decoder.w, config.transformers.auto_k, config.decoder.auto_w) == (8, 8, True, True)
-    fixed_k = load_config(overrides=["engine.name=transformers", "decoder.drafter=context_ngram", "transformers.k=1",
-                                     "decoder.w=auto"])
+    config = load_config(
+        overrides=["engine.name=transformers", "decoder.drafter=context_ngram", "transformers.k=auto", "decoder.w=auto"]
+    )
+    assert (config.transformers.k, config.decoder.w, config.transformers.auto_k, config.decoder.auto_w) == (
+        8,
+        8,
+        True,
+        True,
+    )
+    fixed_k = load_config(
+        overrides=["engine.name=transformers", "decoder.drafter=context_ngram", "transformers.k=1", "decoder.w=auto"]
+    )
     assert (fixed_k.transformers.k, fixed_k.transformers.auto_k, fixed_k.decoder.auto_w) == (1, False, True)
     # vLLM verifies one row per request: its drafts may be longer (its own setting, when the job starts).
-    on_vllm = checked_config(load_config(overrides=["engine.name=vllm", "decoder.drafter=context_ngram",
-                                                    "decoder.w=auto"])).decoder
+    on_vllm = checked_config(
+        load_config(overrides=["engine.name=vllm", "decoder.drafter=context_ngram", "decoder.w=auto"])
+    ).decoder
     assert (on_vllm.w, on_vllm.auto_w) == (AUTO_MAX_VLLM_W, True) and AUTO_MAX_VLLM_W > 8
 
 
 def test_rows_are_allocated_to_the_strategy_that_has_been_right():
     # Two context rows then two bigram rows; for this request the bigram rows have been right.
-    drafts = Drafts(tokens=torch.tensor([[1, 2], [3, 4], [5, 6], [7, 8]]),
-                    strategies=("context_ngram", "context_ngram", "bigram", "bigram"))
+    drafts = Drafts(
+        tokens=torch.tensor([[1, 2], [3, 4], [5, 6], [7, 8]]),
+        strategies=("context_ngram", "context_ngram", "bigram", "bigram"),
+    )
     controller = AdaptiveController(flat_costs(0.05))
     for _ in range(10):
         controller.observe(drafts, [0, 0, 2, 0])
@@ -117,8 +127,16 @@ def test_auto_w_is_refused_for_a_draft_model():
     from pipeline.engines.build import checked_config
 
     with pytest.raises(ConfigError, match="decoder.w"):
-        checked_config(load_config(overrides=["engine.name=transformers", "decoder.drafter=draft_model",
-                                              "transformers.k=1", "decoder.w=auto"]))
+        checked_config(
+            load_config(
+                overrides=[
+                    "engine.name=transformers",
+                    "decoder.drafter=draft_model",
+                    "transformers.k=1",
+                    "decoder.w=auto",
+                ]
+            )
+        )
 
 
 def test_one_shape_chooser_weighs_the_requests_a_call_serves():

@@ -1,6 +1,7 @@
 """The draft budget (drafters/budget.py): one allocator for every engine and drafter, and the
 step costs it weighs. It drafts nothing when no token's expected gain covers what it costs, fills
 the step when drafts are certain and tokens are cheap, and its choice is the best there is."""
+
 import json
 from pathlib import Path
 
@@ -15,7 +16,9 @@ from drafters.budget import (
 )
 from jobs.benchmark.step_costs import GPUS, MODELS, MeasuredStepCost, RooflineStepCost
 
-H100_STEP = Path(__file__).parents[2] / "docs" / "data" / "h100_8b_step_ctx448.json"  # measured: docs/measurements/gpu-projection.md
+H100_STEP = (
+    Path(__file__).parents[2] / "docs" / "data" / "h100_8b_step_ctx448.json"
+)  # measured: docs/measurements/gpu-projection.md
 
 
 def budget(gains: np.ndarray, cost) -> np.ndarray:
@@ -27,7 +30,7 @@ def budget(gains: np.ndarray, cost) -> np.ndarray:
 
 
 def tokens_per_second(gains: np.ndarray, taken: np.ndarray, cost) -> float:
-    expected = len(taken) + sum(gains[b, :taken[b]].sum() for b in range(len(taken)))
+    expected = len(taken) + sum(gains[b, : taken[b]].sum() for b in range(len(taken)))
     return expected / float(cost.seconds(len(taken) + taken.sum()))
 
 
@@ -43,8 +46,11 @@ def test_nothing_is_drafted_when_no_token_covers_its_cost():
     assert budget(np.ones((256, 4)), MeasuredStepCost.from_report(report, 256)).sum() == 0
 
 
-@pytest.mark.parametrize("cost", [LinearStepCost(1.0, 1e-4), RooflineStepCost(GPUS["h100"], MODELS["8b"], 16, 448.0),
-                                  "h100-measured"], ids=["linear", "roofline", "h100-measured"])
+@pytest.mark.parametrize(
+    "cost",
+    [LinearStepCost(1.0, 1e-4), RooflineStepCost(GPUS["h100"], MODELS["8b"], 16, 448.0), "h100-measured"],
+    ids=["linear", "roofline", "h100-measured"],
+)
 def test_certain_drafts_fill_the_step_where_tokens_are_cheap(cost):
     if cost == "h100-measured":  # 16 requests fed 7 tokens each: 1.19x the step of one token each
         cost = MeasuredStepCost.from_report(json.loads(H100_STEP.read_text()), 16)

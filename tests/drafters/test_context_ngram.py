@@ -47,7 +47,7 @@ def test_no_match_gives_padding_rows():
 
 def brute_force_occurrences(tokens, q):
     suffix = tokens[-q:]
-    return [p for p in range(q, len(tokens)) if tokens[p - q:p] == suffix]
+    return [p for p in range(q, len(tokens)) if tokens[p - q : p] == suffix]
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -17,8 +17,8 @@ def random_documents(rng: random.Random, vocab: list[int]) -> list[list[int]]:
 def brute_force_match(tokens: list[int], context: list[int], max_len: int, min_len: int):
     """(match_len, sorted positions) of the longest context suffix found by scanning the corpus."""
     for length in range(min(max_len, len(context)), min_len - 1, -1):
-        pattern = context[len(context) - length:]
-        positions = [p for p in range(len(tokens)) if tokens[p:p + length] == pattern]
+        pattern = context[len(context) - length :]
+        positions = [p for p in range(len(tokens)) if tokens[p : p + length] == pattern]
         if positions:
             return length, positions
     return 0, []
@@ -45,7 +45,11 @@ def test_longest_match_equals_brute_force(tmp_path):
             context = [rng.choice(vocab + [4]) for _ in range(rng.randint(0, 8))]
             max_len, min_len = rng.randint(1, 6), rng.randint(1, 3)
             expected_length, positions = brute_force_match(tokens, context, max_len, min_len)
-            for search in (store.match, lambda *a: find_longest_suffix_match(store.tokens, store.suffix_array, *a)):
+
+            def reference(*a, store=store):
+                return find_longest_suffix_match(store.tokens, store.suffix_array, *a)
+
+            for search in (store.match, reference):
                 length, lo, hi = search(context, max_len, min_len)  # the compiled search, and the reference
                 assert length == expected_length, (tokens, context, max_len, min_len)
                 assert sorted(store.suffix_array[lo:hi].tolist()) == positions
@@ -76,7 +80,8 @@ def test_continuations_stop_at_separator(tmp_path):
     # Suffix order: "1 2 <end>" (no continuation: left out) < "1 2 3 SEP" < "1 2 4 5".
     assert rows.tolist() == [[3, SEP, SEP], [4, 5, 6]]
     assert [tuple(t for t in row if t != SEP) for row in rows.tolist()] == continuations(
-        store.tokens, store.suffix_array, lo, hi, length, length=3)
+        store.tokens, store.suffix_array, lo, hi, length, length=3
+    )
     assert store.continuations(lo, hi, length, length=2, max_occurrences=1).shape == (0, 2)
     assert store.continuations(0, 0, 2, length=4).shape == (0, 4)
 
@@ -123,14 +128,26 @@ def test_cli_reads_jsonl_truncated_json_and_directory(tmp_path, tiny_model_dir):
     from jobs.build_datastore import main
 
     jsonl = tmp_path / "chat.jsonl"
-    jsonl.write_text("\n".join([
-        json.dumps({"text": "def add(a, b):\n    return a + b"}),
-        json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}),
-        json.dumps({"title": "no text here"}),
-        "not json",
-    ]) + "\n")
-    records = [{"id": str(i), "conversations": [{"from": "human", "value": f"question {i}"},
-                                                {"from": "gpt", "value": f"answer {i}"}]} for i in range(3)]
+    jsonl.write_text(
+        "\n".join(
+            [
+                json.dumps({"text": "def add(a, b):\n    return a + b"}),
+                json.dumps(
+                    {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+                ),
+                json.dumps({"title": "no text here"}),
+                "not json",
+            ]
+        )
+        + "\n"
+    )
+    records = [
+        {
+            "id": str(i),
+            "conversations": [{"from": "human", "value": f"question {i}"}, {"from": "gpt", "value": f"answer {i}"}],
+        }
+        for i in range(3)
+    ]
     full = json.dumps(records, indent=2)
     sharegpt = tmp_path / "sharegpt.json"
     sharegpt.write_text(full[: full.index('"answer 2"') + 5])  # cut inside the last record
@@ -141,8 +158,18 @@ def test_cli_reads_jsonl_truncated_json_and_directory(tmp_path, tiny_model_dir):
     (code / "pkg" / "blob.py").write_bytes(b"\x00\x01binary")
     (code / "notes.md").write_text("not a .py file")
 
-    summary = main(["--corpus", str(jsonl), str(sharegpt), str(code), "--model", str(tiny_model_dir),
-                    "--out", str(tmp_path / "ds")])
+    summary = main(
+        [
+            "--corpus",
+            str(jsonl),
+            str(sharegpt),
+            str(code),
+            "--model",
+            str(tiny_model_dir),
+            "--out",
+            str(tmp_path / "ds"),
+        ]
+    )
     # jsonl: 2 texts, 2 skipped; json: 2 complete records; directory: 2 .py files, 1 binary.
     assert (summary["num_documents"], summary["records_skipped"], summary["files_skipped"]) == (6, 2, 1)
     assert summary["truncated_tail_chars"] > 0
@@ -157,8 +184,9 @@ def test_cli_reads_jsonl_truncated_json_and_directory(tmp_path, tiny_model_dir):
     assert store.tokens[: len(first)].tolist() == first
     assert store.match(tokenizer("x = 1", add_special_tokens=False)["input_ids"])[0] >= 2
 
-    capped = main(["--corpus", str(jsonl), "--model", str(tiny_model_dir), "--out", str(tmp_path / "capped"),
-                   "--max-tokens", "3"])
+    capped = main(
+        ["--corpus", str(jsonl), "--model", str(tiny_model_dir), "--out", str(tmp_path / "capped"), "--max-tokens", "3"]
+    )
     assert capped["num_tokens"] == 3
 
 

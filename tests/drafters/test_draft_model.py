@@ -79,8 +79,10 @@ def test_a_draft_model_directory_must_share_the_tokenizer(tiny_model_dir, smollm
     config = TransformersConfig(draft_model=str(tiny_model_dir))
     assert load_draft_model(config, ModelConfig(), smollm2).config.hidden_size == 64
     with pytest.raises(ValueError, match="transformers.draft_model: .* different tokenizer"):
+
         class OtherTokenizer:
             def get_vocab(self):
                 return {"a": 0}
+
         target = load_model(ModelConfig(name=str(tiny_model_dir)))
         load_draft_model(config, ModelConfig(), type(target)(target.model, OtherTokenizer(), "", ""))

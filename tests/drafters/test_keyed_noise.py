@@ -1,6 +1,7 @@
 """The keyed Gumbel-max draw (drafters/primitives/keyed_noise.py): the torch form draws the very
 tokens of vLLM's fused CPU kernel for the same keys, each key's draw is fixed, and over many keys
 the draws follow softmax(logits) (drawn as the vLLM engine draws: with vLLM's kernel, by compat.py)."""
+
 import pytest
 import torch
 from vllm.platforms import current_platform
@@ -19,9 +20,9 @@ current_platform.import_kernels()
 def test_the_torch_draw_is_vllms_fused_kernel_token_for_token(vocab):
     generator = torch.Generator().manual_seed(vocab)
     logits = torch.randn(40, vocab, generator=generator) * 3
-    logits[:5, vocab // 3:] = float("-inf")  # top-k or top-p left a few tokens
+    logits[:5, vocab // 3 :] = float("-inf")  # top-k or top-p left a few tokens
     logits[5, :] = 0.0  # flat
-    keys = position_keys(torch.randint(-2**63, 2**63 - 1, (40,), generator=generator), torch.arange(40))
+    keys = position_keys(torch.randint(-(2**63), 2**63 - 1, (40,), generator=generator), torch.arange(40))
     fused = fused_gumbel_argmax()
     assert fused is not None
     assert torch.equal(gumbel_argmax(logits, keys, fused), gumbel_argmax_torch(logits, keys))

@@ -1,6 +1,7 @@
 """drafters/per_request.py: a per-request drafter as a BatchDrafter. Its draft lengths under a step
 budget (drafters/budget.py's allocator over each request's gains), its lifecycle, and a drafter
 that fails for one request costing that request its draft and nothing more."""
+
 import numpy as np
 import pytest
 import torch
@@ -23,8 +24,8 @@ def test_allocation_drafts_while_a_token_pays_for_its_cost():
     assert allocate([geometric(0.9, 8), geometric(0.2, 3)], LinearStepCost(0.05, 10.0)) == [0, 0]
     # One request alone (a = 50 ms, b = 2 ms a token): drafting pays while α^j > b T / C.
     taken = allocate([geometric(0.6, 8)], LinearStepCost(0.05, 0.002))
-    expected, cost = 1 + sum(0.6 ** j for j in range(1, taken[0] + 1)), 0.05 + 0.002 * (1 + taken[0])
-    assert taken == [5] and 0.6 ** 6 <= 0.002 * expected / cost
+    expected, cost = 1 + sum(0.6**j for j in range(1, taken[0] + 1)), 0.05 + 0.002 * (1 + taken[0])
+    assert taken == [5] and 0.6**6 <= 0.002 * expected / cost
     # Tokens go to the request most likely to accept them, not to the one that asked first.
     assert allocate([geometric(0.1, 4), geometric(0.95, 4)], LinearStepCost(0.1, 0.01)) == [0, 4]
 
@@ -38,8 +39,9 @@ def test_a_confident_drafter_gets_long_drafts_where_it_is_sure_and_short_where_n
 
 def test_drafts_that_fail_after_their_first_token_are_cut_to_it():
     depths = {}
-    tracked = RequestState(prompt_length=3, limit=100, controller=AdaptiveController(None, {}),
-                           context=DraftContext([1, 2, 3], 2))
+    tracked = RequestState(
+        prompt_length=3, limit=100, controller=AdaptiveController(None, {}), context=DraftContext([1, 2, 3], 2)
+    )
     prior = tracked.gains("suffix_context", 3, None, depths)
     assert prior[1] == pytest.approx(prior[0] * 0.5)  # no evidence: a prior of one in two per depth
     for _ in range(20):  # each verified draft: its first token right, its second wrong
@@ -85,7 +87,9 @@ def test_a_request_gets_its_own_context_drafts_and_a_failing_one_only_loses_its_
     for key in ("a", "b"):
         drafter.start(key, 2, 20)
     out = drafter.step(["a", "b"], tokens, np.array([0, 1]), np.array([8, 8]))
-    assert out.tokens[0, :out.lengths[0]].tolist() == [3, 1, 2] and drafter.strategies[out.sources[0]] == "context_ngram"
+    assert (
+        out.tokens[0, : out.lengths[0]].tolist() == [3, 1, 2] and drafter.strategies[out.sources[0]] == "context_ngram"
+    )
     assert out.lengths[1] == 0 and isinstance(out.failures[1], RuntimeError) and 0 not in out.failures
     drafter.finish("a", [3, 1, 2, 3])
     assert "a" not in drafter.requests

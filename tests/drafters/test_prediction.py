@@ -1,6 +1,7 @@
 """Drafting from a prediction (drafters/prediction.py): the answer's tail found in the prediction,
 through insertions and deletions, at the copy where the answer has reached; how often a request's
 prediction holds, and the step budget's cut of its drafts."""
+
 import numpy as np
 
 from drafters.budget import LinearStepCost
@@ -81,9 +82,11 @@ def test_a_free_token_is_always_kept_and_a_costly_one_only_when_likely():
 def test_a_step_takes_a_predictions_draft_where_it_matches_and_is_expected_to_gain_more_than_the_drafters():
     predicted = list(range(100, 200))
     rates = HoldRates()
-    rows = [(PredictionDrafter(predicted), Hold(), predicted[:10], 50),  # on the prediction
-            (PredictionDrafter(predicted), Hold(), [1, 2, 3, 4, 5], 50),  # left it: nothing matches
-            (PredictionDrafter(predicted), Hold(), predicted[:10], 3)]  # on it, but room for 3 only
+    rows = [
+        (PredictionDrafter(predicted), Hold(), predicted[:10], 50),  # on the prediction
+        (PredictionDrafter(predicted), Hold(), [1, 2, 3, 4, 5], 50),  # left it: nothing matches
+        (PredictionDrafter(predicted), Hold(), predicted[:10], 3),
+    ]  # on it, but room for 3 only
     own = [np.full(2, 0.9), np.zeros(0), np.full(5, 0.9)]
     found = step_drafts(rows, own=own, fed=10, holds=rates)
     assert found[0] == predicted[10:60]
@@ -125,20 +128,20 @@ class EveryRunIndex:
         self.index = {}
         for size in range(min_match, max_match + 1):
             for end in range(size, len(self.tokens) + 1):
-                self.index.setdefault(tuple(self.tokens[end - size:end]), []).append(end)
+                self.index.setdefault(tuple(self.tokens[end - size : end]), []).append(end)
         self.reached, self.reached_at = 0, 0
 
     def draft(self, generated, w):
         if len(generated) < self.min_match:
-            if list(generated) != self.tokens[:len(generated)]:
+            if list(generated) != self.tokens[: len(generated)]:
                 return [], 0
-            return self.tokens[len(generated):len(generated) + w], self.max_match
+            return self.tokens[len(generated) : len(generated) + w], self.max_match
         for size in range(min(self.max_match, len(generated)), self.min_match - 1, -1):
-            ends = self.index.get(tuple(generated[len(generated) - size:]))
+            ends = self.index.get(tuple(generated[len(generated) - size :]))
             if ends:
                 end = PredictionDrafter.nearest(ends, self.reached + len(generated) - self.reached_at)
                 self.reached, self.reached_at = end, len(generated)
-                return self.tokens[end:end + w], size
+                return self.tokens[end : end + w], size
         return [], 0
 
 
@@ -149,10 +152,13 @@ def test_the_min_match_index_drafts_as_an_index_of_every_run_length():
         answer = list(predicted)
         for _ in range(3):  # edits: a token changed, a stretch deleted, one inserted
             at = int(rng.integers(0, len(answer)))
-            answer[at:at + int(rng.integers(0, 4))] = rng.integers(0, 8, int(rng.integers(0, 3))).tolist()
+            answer[at : at + int(rng.integers(0, 4))] = rng.integers(0, 8, int(rng.integers(0, 3))).tolist()
         min_match, max_match = int(rng.integers(1, 3)), int(rng.integers(3, 9))
         # near=-1: the evidence as the match's length alone, as the reference has it
-        drafter, reference = PredictionDrafter(predicted, min_match, max_match, near=-1), EveryRunIndex(predicted, min_match, max_match)
+        drafter, reference = (
+            PredictionDrafter(predicted, min_match, max_match, near=-1),
+            EveryRunIndex(predicted, min_match, max_match),
+        )
         for length in range(len(answer) + 1):
             assert drafter.draft(answer[:length], 5) == reference.draft(answer[:length], 5)
 

@@ -70,8 +70,7 @@ def test_rest_decoding_is_plain_decoding(tiny_model, tmp_path, verify):
     # A datastore of the model's own outputs (and noise) so retrieved drafts are often right.
     noise = np.random.default_rng(0).integers(2, 90, size=(20, 30)).tolist()
     store = build_datastore([reference[:25], prompt + reference[:10]] + noise, tmp_path / "s", {})
-    decoder = SpeculativeDecoder(tiny_model, None, RetrievalDrafter(store, 0, max_nodes=16), 4, 4,
-                                 verify_mode=verify)
+    decoder = SpeculativeDecoder(tiny_model, None, RetrievalDrafter(store, 0, max_nodes=16), 4, 4, verify_mode=verify)
     for sampling in (SamplingParams(), SamplingParams(0.8, seed=4)):
         result = decoder.generate(prompt, 40, sampling=sampling)
         assert result.token_ids == plain.generate(prompt, 40, sampling=sampling).token_ids

@@ -1,6 +1,7 @@
 """The suffix drafter (drafters/suffix/): its sources and rules on small literal cases, its compiled
 step against the plain references of tests/drafters/reference.py on random and real token streams,
 decoding with it, and its budget."""
+
 from collections import Counter, defaultdict
 
 import numpy as np
@@ -18,8 +19,13 @@ from drafters.datastore import Datastore, build_datastore
 from drafters.suffix import BatchSuffixDrafter, state
 from drafters.suffix.acceptance import FEATURES, PRIOR, fit
 from drafters.suffix.step import _budget
-from tests.drafters.reference import (AcceptanceModel, continuations, find_longest_suffix_match, majority_path,
-                                      token_features)
+from tests.drafters.reference import (
+    AcceptanceModel,
+    continuations,
+    find_longest_suffix_match,
+    majority_path,
+    token_features,
+)
 from jobs.benchmark.step_costs import GPUS, MODELS, MeasuredStepCost, RooflineStepCost
 
 W, MAX_Q, MIN_Q, MAX_MATCH, OCCURRENCES, MIN_PROBABILITY = 6, 3, 1, 12, 8, 0.05
@@ -36,7 +42,7 @@ class Reference:
 
     def take(self, key, tokens: list[int], prompt: int) -> None:
         output = self.generated.setdefault(key, [])
-        for token in tokens[prompt + len(output):]:
+        for token in tokens[prompt + len(output) :]:
             output.append(token)
             for q in range(MIN_Q, min(MAX_Q, len(output)) + 1):
                 self.grams[tuple(output[-q:])].append((key, len(output)))
@@ -67,13 +73,18 @@ class Reference:
             best, kept = q, []
             for other, end in ends:
                 output, length = self.generated[other], q
-                while length < MAX_MATCH and length < n and end - length - 1 >= 0 and output[end - length - 1] == tokens[n - length - 1]:
+                while (
+                    length < MAX_MATCH
+                    and length < n
+                    and end - length - 1 >= 0
+                    and output[end - length - 1] == tokens[n - length - 1]
+                ):
                     length += 1
                 if length > best:
                     best, kept = length, []
                 if length == best:
                     kept.append((other, end))
-            rows = [tuple(self.generated[other][end:end + w]) for other, end in kept]
+            rows = [tuple(self.generated[other][end : end + w]) for other, end in kept]
             rows = [row for row in rows if row]
             if rows:
                 return best, rows
@@ -82,12 +93,14 @@ class Reference:
     def store_rows(self, tokens, w):
         if self.store is None:
             return 0, []
-        match, lo, hi = find_longest_suffix_match(np.asarray(self.store.tokens), np.asarray(self.store.suffix_array),
-                                                  tokens, MAX_MATCH, MAX_Q)  # the store's shortest match: max_q
+        match, lo, hi = find_longest_suffix_match(
+            np.asarray(self.store.tokens), np.asarray(self.store.suffix_array), tokens, MAX_MATCH, MAX_Q
+        )  # the store's shortest match: max_q
         if not match:
             return 0, []
-        return match, continuations(np.asarray(self.store.tokens), np.asarray(self.store.suffix_array), lo, hi, match, w,
-                                    OCCURRENCES)
+        return match, continuations(
+            np.asarray(self.store.tokens), np.asarray(self.store.suffix_array), lo, hi, match, w, OCCURRENCES
+        )
 
     def draft(self, key, tokens: list[int], prompt: int, limit: int) -> tuple[list[int], str | None]:
         self.take(key, tokens, prompt)
@@ -95,15 +108,17 @@ class Reference:
         if w <= 0:
             return [], None
         found = []
-        for source, (match, rows) in zip(("context", "outputs", "store"),
-                                         (self.context_rows(tokens, w), self.output_rows(key, tokens, w), self.store_rows(tokens, w))):
+        for source, (match, rows) in zip(
+            ("context", "outputs", "store"),
+            (self.context_rows(tokens, w), self.output_rows(key, tokens, w), self.store_rows(tokens, w)),
+        ):
             path, shares, counts = majority_path(Counter(rows), w)
             if path:
                 found.append((source, path, token_features([(source, match, shares, counts)])))
         for source, path, features in found:
             for other_source, other, _ in found:
                 if other_source != source:
-                    features[:common_prefix(path, other), FEATURES.index("agreed")] = 1.0
+                    features[: common_prefix(path, other), FEATURES.index("agreed")] = 1.0
         best, best_score = None, 0.0
         for source, path, features in found:
             confidence = self.model.cumulative(features)
@@ -122,8 +137,9 @@ def stepped(drafter, keys, tokens, rows, lengths, prompts, limits, **kwargs):
 
 
 def compiled(store=None):
-    return BatchSuffixDrafter(W, MAX_Q, MIN_Q, MAX_MATCH, OCCURRENCES, MIN_PROBABILITY, capacity=1 << 14, store=store,
-                              refit_every=1 << 40)
+    return BatchSuffixDrafter(
+        W, MAX_Q, MIN_Q, MAX_MATCH, OCCURRENCES, MIN_PROBABILITY, capacity=1 << 14, store=store, refit_every=1 << 40
+    )
 
 
 def run_both(streams, prompts, store=None, batch=3, drafter=None):
@@ -132,7 +148,7 @@ def run_both(streams, prompts, store=None, batch=3, drafter=None):
     drafter, reference = drafter or compiled(store), Reference(store)
     tokens = np.zeros((len(streams), max(map(len, streams))), np.int64)
     for i, stream in enumerate(streams):
-        tokens[i, :len(stream)] = stream
+        tokens[i, : len(stream)] = stream
     rng = np.random.default_rng(1)
     seen, drafted_any = [], 0
     for start in range(0, len(streams), batch):
@@ -144,8 +160,8 @@ def run_both(streams, prompts, store=None, batch=3, drafter=None):
             limits = np.array([len(streams[i]) + 4 for i in group])
             out = stepped(drafter, group, tokens, rows, n, np.array([prompts[i] for i in group]), limits)
             for b, i in enumerate(group):
-                ours = out.tokens[b, :out.lengths[b]].tolist()
-                theirs, source = reference.draft(i, list(streams[i][:lengths[i]]), prompts[i], int(limits[b]))
+                ours = out.tokens[b, : out.lengths[b]].tolist()
+                theirs, source = reference.draft(i, list(streams[i][: lengths[i]]), prompts[i], int(limits[b]))
                 seen.append((ours, theirs))
                 assert ours == theirs, f"request {i} at {lengths[i]} tokens: compiled {ours}, reference {theirs}"
                 assert (source is None) == (out.sources[b] < 0)
@@ -153,7 +169,7 @@ def run_both(streams, prompts, store=None, batch=3, drafter=None):
             for i in list(group):
                 lengths[i] += int(rng.integers(1, 4))
                 if lengths[i] >= len(streams[i]):
-                    drafter.finish(i, list(streams[i][prompts[i]:]))
+                    drafter.finish(i, list(streams[i][prompts[i] :]))
                     reference.take(i, list(streams[i]), prompts[i])
                     group.remove(i)
     return seen, drafted_any
@@ -168,7 +184,7 @@ def drafted(drafter, tokens: list[int], key="r", prompt: int = 1) -> tuple[list[
         drafter.start(key, prompt, 1 << 20)
     out = drafter.step([key], np.array([tokens], np.int64), np.zeros(1, np.int64), np.array([len(tokens)]))
     source = drafter.strategies[out.sources[0]] if out.lengths[0] else None
-    return out.tokens[0, :out.lengths[0]].tolist(), source
+    return out.tokens[0, : out.lengths[0]].tolist(), source
 
 
 def finished_output(drafter, key, generated: list[int]) -> None:
@@ -200,7 +216,7 @@ def test_a_draft_is_cut_where_the_model_gives_it_too_little_chance():
     context = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]  # one earlier occurrence of (1, 2, 3)
     drafter = BatchSuffixDrafter(6, 2, 1, min_probability=0.3, capacity=1 << 10)
     draft, _ = drafted(drafter, context)
-    assert 1 <= len(draft) < 6 and draft == [4, 5, 6, 7, 8, 9][:len(draft)]  # one occurrence does not vouch for 6
+    assert 1 <= len(draft) < 6 and draft == [4, 5, 6, 7, 8, 9][: len(draft)]  # one occurrence does not vouch for 6
     assert drafted(BatchSuffixDrafter(6, 2, 1, min_probability=0.99, capacity=1 << 10), context) == ([], None)
 
 
@@ -281,11 +297,11 @@ def test_the_compiled_refit_is_the_acceptance_models_fit_on_the_same_judged_draf
 
 
 def test_real_streams_with_a_store_draft_as_the_reference(tmp_path):
-    text = (open(__file__).read() + open(__import__("drafters.suffix").suffix.__file__).read())
+    text = open(__file__).read() + open(__import__("drafters.suffix").suffix.__file__).read()
     words = text.split()
     vocab = {w: i for i, w in enumerate(dict.fromkeys(words))}
     ids = [vocab[w] for w in words]
-    streams = [ids[i:i + 120] for i in range(0, 1800, 200)]
+    streams = [ids[i : i + 120] for i in range(0, 1800, 200)]
     prompts = [40] * len(streams)
     build_datastore([ids[2000:2600], ids[2600:3400]], tmp_path / "store", {})
     store = Datastore.open(tmp_path / "store")
@@ -299,8 +315,9 @@ def test_random_streams_with_a_store_of_few_symbols_draft_as_the_reference(tmp_p
     rng = np.random.default_rng(3)
     streams = [rng.integers(0, 5, int(rng.integers(40, 100))).tolist() for _ in range(8)]
     prompts = [int(rng.integers(3, 20)) for _ in streams]
-    build_datastore([rng.integers(0, 5, 700).tolist(), streams[0] * 3, rng.integers(0, 3, 300).tolist()],
-                    tmp_path / "store", {})
+    build_datastore(
+        [rng.integers(0, 5, 700).tolist(), streams[0] * 3, rng.integers(0, 3, 300).tolist()], tmp_path / "store", {}
+    )
     seen, drafted = run_both(streams, prompts, Datastore.open(tmp_path / "store"))
     assert drafted > len(seen) // 2
 
@@ -358,7 +375,7 @@ def test_answers_in_flight_are_drafted_from():
     stepped(drafter, [0], tokens, np.array([0]), np.array([33]), np.array([3]), np.array([60]))
     out = stepped(drafter, [1], tokens, np.array([1]), np.array([6]), np.array([3]), np.array([60]))
     length = int(out.lengths[0])
-    assert length >= 1 and out.tokens[0, :length].tolist() == answer[3:3 + length]
+    assert length >= 1 and out.tokens[0, :length].tolist() == answer[3 : 3 + length]
     assert drafter.strategies[out.sources[0]] == "suffix_outputs"
 
 
@@ -367,7 +384,9 @@ def test_one_compiled_call_drafts_for_256_requests():
     rng = np.random.default_rng(3)
     tokens = rng.integers(0, 50, (256, 200))
     calls = drafter.compiled_calls
-    out = stepped(drafter, list(range(256)), tokens, np.arange(256), np.full(256, 150), np.full(256, 100), np.full(256, 199))
+    out = stepped(
+        drafter, list(range(256)), tokens, np.arange(256), np.full(256, 150), np.full(256, 100), np.full(256, 199)
+    )
     assert drafter.compiled_calls == calls + 1 and out.lengths.shape == (256,)
 
 
@@ -385,6 +404,7 @@ def test_memory_is_bounded_past_the_capacity():
 
 
 # -- the budget -------------------------------------------------------------------------------
+
 
 def budgeted(cost, batch=64):
     """A batch's drafts from one step, cut by `cost`; returns (tokens kept, tokens before the cut)."""
@@ -432,8 +452,16 @@ def test_a_drafter_that_skips_still_takes_in_the_batch_and_drafts_again_when_pro
     drafted = []
     for step in range(steps):
         n = 100 + step
-        out = stepped(drafter, list(range(batch)), tokens, np.arange(batch), np.full(batch, n), np.full(batch, 60),
-                           np.full(batch, 179), step_cost=free)
+        out = stepped(
+            drafter,
+            list(range(batch)),
+            tokens,
+            np.arange(batch),
+            np.full(batch, n),
+            np.full(batch, 60),
+            np.full(batch, 179),
+            step_cost=free,
+        )
         drafted.append(int(out.lengths.sum()))
     # The first step drafts (nothing is known yet) and is judged by its time, which is not a compile's:
     # the drafter compiled its step when it was made.
@@ -443,11 +471,17 @@ def test_a_drafter_that_skips_still_takes_in_the_batch_and_drafts_again_when_pro
 
 
 def test_a_measured_step_cost_interpolates_its_table_and_extends_it():
-    report = {"rows": [{"batch": b, "fed_per_request": f, "seconds": s} for b, f, s in [
-        (16, 1, 6.0), (16, 2, 6.0), (16, 5, 7.0), (256, 1, 11.0), (256, 2, 25.0), (256, 3, 32.0)]]}
+    report = {
+        "rows": [
+            {"batch": b, "fed_per_request": f, "seconds": s}
+            for b, f, s in [(16, 1, 6.0), (16, 2, 6.0), (16, 5, 7.0), (256, 1, 11.0), (256, 2, 25.0), (256, 3, 32.0)]
+        ]
+    }
     small, large = MeasuredStepCost.from_report(report, 16), MeasuredStepCost.from_report(report, 200)
     assert small.seconds(np.array([16, 32, 56, 80])).tolist() == [6.0, 6.0, 6.5, 7.0]
-    assert large.seconds(np.array([200, 300, 800])).tolist() == pytest.approx([11.0, 18.0, 39.0])  # 4 per request: 32 + 7
+    assert large.seconds(np.array([200, 300, 800])).tolist() == pytest.approx(
+        [11.0, 18.0, 39.0]
+    )  # 4 per request: 32 + 7
     kept_small, uncut = budgeted(MeasuredStepCost.from_report(report, 4), batch=4)
     kept_large, uncut_large = budgeted(MeasuredStepCost.from_report(report, 256), batch=256)
     assert kept_small == uncut and kept_large < uncut_large // 4  # a second token per request doubles a 256 step
@@ -464,7 +498,7 @@ def test_budget_keeps_the_most_likely_tokens_as_prefixes(batch):
     cut = stepped(compiled(), *args, step_cost=cost_table(LinearStepCost(1.0, 0.05), batch, W))
     for b in range(batch):
         assert cut.lengths[b] <= full_lengths[b]
-        assert cut.tokens[b, :cut.lengths[b]].tolist() == full_tokens[b, :cut.lengths[b]].tolist()
+        assert cut.tokens[b, : cut.lengths[b]].tolist() == full_tokens[b, : cut.lengths[b]].tolist()
 
 
 def test_the_budget_trusts_the_model_only_as_far_as_its_judged_tokens_bear_it_out():
@@ -514,8 +548,9 @@ def test_the_calibration_learns_from_the_drafts_not_every_candidate():
     first-token count is the drafts judged, not twice that."""
     drafter = compiled()
     pattern = np.tile([1, 2, 3, 4, 5, 6, 7], 12)
-    stepped(drafter, ["earlier"], pattern[None, :], np.zeros(1), np.array([len(pattern)]), np.array([7]),
-            np.array([200]))
+    stepped(
+        drafter, ["earlier"], pattern[None, :], np.zeros(1), np.array([len(pattern)]), np.array([7]), np.array([200])
+    )
     drafter.finish("earlier", pattern[7:].tolist())
     drafts = 0
     for n in range(14, 70):  # one emitted token per step, the pattern continued: every draft holds

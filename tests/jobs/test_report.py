@@ -11,10 +11,20 @@ from tests.job_in_process import generate, job_stage
 @pytest.fixture(scope="module")
 def auto_run(tiny_model_dir, tmp_path_factory):
     """A run directory written by a `k: auto, w: auto` stage: two good rows and one that errored."""
-    config = load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}", "decoder.drafter=context_ngram",
-                                    "transformers.k=auto", "decoder.w=auto", "decoder.max_new_tokens=24"])
-    table = generate(job_stage(config), {"id": ["a", "b", "bad"],
-                                         "prompt": ["def add(a, b):\n    return a + b\n" * 3, "x = 1\n" * 8, " "]})
+    config = load_config(
+        overrides=[
+            "engine.name=transformers",
+            f"model.name={tiny_model_dir}",
+            "decoder.drafter=context_ngram",
+            "transformers.k=auto",
+            "decoder.w=auto",
+            "decoder.max_new_tokens=24",
+        ]
+    )
+    table = generate(
+        job_stage(config),
+        {"id": ["a", "b", "bad"], "prompt": ["def add(a, b):\n    return a + b\n" * 3, "x = 1\n" * 8, " "]},
+    )
     output = tmp_path_factory.mktemp("out")
     (output / "run=r1").mkdir()
     pq.write_table(table, output / "run=r1" / "0.parquet")
@@ -53,20 +63,64 @@ def test_report_asks_which_run_when_there_are_several(auto_run, tmp_path):
 def test_report_draws_each_actors_speculation_mode_over_its_windows(auto_run, tmp_path):
     """summary.json's speculation: an actor that measured ours, then plain, and kept plain."""
     output, _ = auto_run
-    windows = [{"drafter": "batch_suffix", "at_busy_seconds": 0.0, "seconds": 30.0, "tokens": 3000, "rows": 40,
-                "tokens_per_second": 100.0, "prediction_share": 0.0},
-               {"drafter": "none", "at_busy_seconds": 30.0, "seconds": 31.0, "tokens": 3720, "rows": 41,
-                "tokens_per_second": 120.0, "prediction_share": 0.0}]
-    actor = {"drafter": "none", "decided_by": "measured", "candidates": ["batch_suffix", "none"], "rule": "open",
-             "window_seconds": 30.0, "restart_seconds": 6.5, "busy_seconds": 61.0, "rows": 81, "windows": windows,
-             "switches": [{"at_busy_seconds": 30.0, "at": 1.0, "from": "batch_suffix", "to": "none", "why": "measure",
-                           "drain_seconds": 1.2, "restart_seconds": 6.5}]}
-    (output / "run=r1" / "summary.json").write_text(json.dumps({"speculation": {"setting": "auto", "actors": {"a1": actor}}}))
+    windows = [
+        {
+            "drafter": "batch_suffix",
+            "at_busy_seconds": 0.0,
+            "seconds": 30.0,
+            "tokens": 3000,
+            "rows": 40,
+            "tokens_per_second": 100.0,
+            "prediction_share": 0.0,
+        },
+        {
+            "drafter": "none",
+            "at_busy_seconds": 30.0,
+            "seconds": 31.0,
+            "tokens": 3720,
+            "rows": 41,
+            "tokens_per_second": 120.0,
+            "prediction_share": 0.0,
+        },
+    ]
+    actor = {
+        "drafter": "none",
+        "decided_by": "measured",
+        "candidates": ["batch_suffix", "none"],
+        "rule": "open",
+        "window_seconds": 30.0,
+        "restart_seconds": 6.5,
+        "busy_seconds": 61.0,
+        "rows": 81,
+        "windows": windows,
+        "switches": [
+            {
+                "at_busy_seconds": 30.0,
+                "at": 1.0,
+                "from": "batch_suffix",
+                "to": "none",
+                "why": "measure",
+                "drain_seconds": 1.2,
+                "restart_seconds": 6.5,
+            }
+        ],
+    }
+    (output / "run=r1" / "summary.json").write_text(
+        json.dumps({"speculation": {"setting": "auto", "actors": {"a1": actor}}})
+    )
     try:
         result = report.main([str(output / "run=r1"), "--out", str(tmp_path)])
     finally:
         (output / "run=r1" / "summary.json").unlink()
     assert (tmp_path / "speculation.png").stat().st_size > 1000 and "speculation.png" in result["plots"]
-    assert result["speculation"] == [{"actor": "a1", "drafter": "none", "decided_by": "measured", "switches": 1,
-                                      "restart_seconds": 6.5, "windows": "batch_suffix 100.0, none 120.0"}]
+    assert result["speculation"] == [
+        {
+            "actor": "a1",
+            "drafter": "none",
+            "decided_by": "measured",
+            "switches": 1,
+            "restart_seconds": 6.5,
+            "windows": "batch_suffix 100.0, none 120.0",
+        }
+    ]
     assert "| a1 | none | measured | 1 | 6.5 |" in (tmp_path / "report.md").read_text()

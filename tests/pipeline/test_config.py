@@ -4,8 +4,16 @@ import json
 import pytest
 import yaml
 
-from pipeline.config import (AUTO_MAX, Config, ConfigError, DecoderConfig, EngineConfig, TransformersConfig, build,
-                             load_config)
+from pipeline.config import (
+    AUTO_MAX,
+    Config,
+    ConfigError,
+    DecoderConfig,
+    EngineConfig,
+    TransformersConfig,
+    build,
+    load_config,
+)
 from pipeline.engines.build import checked_config
 
 
@@ -35,8 +43,16 @@ def test_impossible_value_names_the_field(tmp_path):
         load_config(write(tmp_path, "transformers:\n  k: 0\n"))
 
 
-MOVED = {"k": 4, "auto_k": True, "verify": "tree", "lenience": 0.5, "max_batch_requests": 2, "max_batch_tokens": 64,
-         "draft_model": "self", "draft_layers": 2}
+MOVED = {
+    "k": 4,
+    "auto_k": True,
+    "verify": "tree",
+    "lenience": 0.5,
+    "max_batch_requests": 2,
+    "max_batch_tokens": 64,
+    "draft_model": "self",
+    "draft_layers": 2,
+}
 
 
 @pytest.mark.parametrize("key", sorted(MOVED))
@@ -55,17 +71,21 @@ def test_a_key_that_moved_to_the_transformers_section_is_refused_naming_its_new_
 
 
 def test_unknown_drafter_lists_the_valid_ones():
-    with pytest.raises(ConfigError, match="decoder.drafter: 'trigram' is not allowed; choose one of 'none', "
-                                          "'context_ngram', 'unigram', 'bigram', 'extended_bigram', 'mixed', "
-                                          "'draft_model'"):
+    with pytest.raises(
+        ConfigError,
+        match="decoder.drafter: 'trigram' is not allowed; choose one of 'none', "
+        "'context_ngram', 'unigram', 'bigram', 'extended_bigram', 'mixed', "
+        "'draft_model'",
+    ):
         load_config(overrides=["decoder.drafter=trigram"])
     with pytest.raises(ConfigError, match="decoder.drafter: 'suffix' is not allowed \\('suffix' is now 'batch_suffix'"):
         load_config(overrides=["decoder.drafter=suffix"])
 
 
 def test_overrides_are_typed_and_validated():
-    config = load_config("configs/default.yaml", ["engine.name=transformers", "transformers.k=4",
-                                                  "decoder.stop=['END', '##']"])
+    config = load_config(
+        "configs/default.yaml", ["engine.name=transformers", "transformers.k=4", "decoder.stop=['END', '##']"]
+    )
     assert config.transformers.k == 4 and config.decoder.stop == ("END", "##")
     with pytest.raises(ConfigError, match="expected key=value"):
         load_config(overrides=["decoder.w"])
@@ -80,13 +100,16 @@ def test_sampling_settings_are_validated():
         load_config(overrides=["decoder.temperature=-1"])
 
 
-@pytest.mark.parametrize("override,message", [
-    ("transformers.lenience=0", r"transformers.lenience: must be a number in \(0, 1\]"),
-    ("transformers.max_batch_requests=0", "transformers.max_batch_requests: must be an integer >= 1"),
-    ("transformers.max_batch_tokens=1", r"transformers.max_batch_tokens: must be 0 \(no cap\) or at least"),
-    ("transformers.draft_layers=0", "transformers.draft_layers: must be an integer >= 1"),
-    ("transformers.verify=graph", "transformers.verify: 'graph' is not allowed; choose one of 'batch', 'tree'"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("transformers.lenience=0", r"transformers.lenience: must be a number in \(0, 1\]"),
+        ("transformers.max_batch_requests=0", "transformers.max_batch_requests: must be an integer >= 1"),
+        ("transformers.max_batch_tokens=1", r"transformers.max_batch_tokens: must be 0 \(no cap\) or at least"),
+        ("transformers.draft_layers=0", "transformers.draft_layers: must be an integer >= 1"),
+        ("transformers.verify=graph", "transformers.verify: 'graph' is not allowed; choose one of 'batch', 'tree'"),
+    ],
+)
 def test_the_transformers_section_checks_its_own_shape_at_load(override, message):
     """Its fields on their own, whatever the engine (what it refuses with other sections is the
     engine's: tests/pipeline/engines/transformers/test_settings.py)."""
@@ -106,13 +129,18 @@ def test_engine_settings_check_their_own_shape_at_load():
         load_config(overrides=["engine.max_num_seqs=-1"])
     with pytest.raises(ConfigError, match="engine.max_num_batched_tokens: must be an integer >= 0"):
         load_config(overrides=["engine.max_num_batched_tokens=-5"])
-    for override, message in (("engine.max_restarts=-1", "engine.max_restarts: must be an integer >= 0"),
-                              ("engine.hang_timeout_s=-1", "engine.hang_timeout_s: must be a number of seconds >= 0"),
-                              ("engine.restart_window_s=0", "engine.restart_window_s: must be a number of seconds > 0")):
+    for override, message in (
+        ("engine.max_restarts=-1", "engine.max_restarts: must be an integer >= 0"),
+        ("engine.hang_timeout_s=-1", "engine.hang_timeout_s: must be a number of seconds >= 0"),
+        ("engine.restart_window_s=0", "engine.restart_window_s: must be a number of seconds > 0"),
+    ):
         with pytest.raises(ConfigError, match=message):
             load_config(overrides=[override])
     # What an engine cannot honour is its own check, when the job starts (tests/pipeline/engines/test_build.py)
-    assert load_config(overrides=["engine.name=transformers", "ray.max_concurrent_batches=4"]).ray.max_concurrent_batches == 4
+    assert (
+        load_config(overrides=["engine.name=transformers", "ray.max_concurrent_batches=4"]).ray.max_concurrent_batches
+        == 4
+    )
 
 
 def test_model_dtype_auto_is_float32_without_a_gpu():
@@ -128,7 +156,9 @@ def test_engine_auto_is_vllm_where_it_is_installed_and_is_recorded_resolved():
 
     assert load_config("configs/default.yaml").engine.name == installed_engine()
     assert load_config(overrides=["engine.name=transformers"]).engine.name == "transformers"
-    with pytest.raises(ConfigError, match="engine.name: 'gpu' is not allowed; choose one of 'auto', 'vllm', 'transformers'"):
+    with pytest.raises(
+        ConfigError, match="engine.name: 'gpu' is not allowed; choose one of 'auto', 'vllm', 'transformers'"
+    ):
         load_config(overrides=["engine.name=gpu"])
 
 
@@ -144,16 +174,22 @@ def test_placement_and_series_settings_are_checked_naming_the_field():
         load_config(overrides=["decoder.suffix_min_probability=0"])
     with pytest.raises(ConfigError, match=r"decoder.suffix_max_match: must be an integer >= decoder.ngram_max_q \(3\)"):
         load_config(overrides=["decoder.suffix_max_match=2"])
-    with pytest.raises(ConfigError, match=r"decoder.suffix_min_match: must be an integer from 1 to decoder.ngram_max_q \(3\)"):
+    with pytest.raises(
+        ConfigError, match=r"decoder.suffix_min_match: must be an integer from 1 to decoder.ngram_max_q \(3\)"
+    ):
         load_config(overrides=["decoder.suffix_min_match=4"])
 
 
 def test_vllm_args_refuse_what_the_config_sets_naming_the_field():
-    with pytest.raises(ConfigError, match="^engine.vllm_args.max_num_seqs: must be left out: engine.max_num_seqs sets it"):
+    with pytest.raises(
+        ConfigError, match="^engine.vllm_args.max_num_seqs: must be left out: engine.max_num_seqs sets it"
+    ):
         load_config("configs/default.yaml", ["engine.name=vllm", "engine.vllm_args={max_num_seqs: 4}"])
     with pytest.raises(ConfigError, match="^engine.vllm_args: must be a mapping"):
         load_config("configs/default.yaml", ["engine.name=vllm", "engine.vllm_args=[1]"])
-    config = load_config("configs/default.yaml", ["engine.name=vllm", "engine.vllm_args={enable_prefix_caching: false}"])
+    config = load_config(
+        "configs/default.yaml", ["engine.name=vllm", "engine.vllm_args={enable_prefix_caching: false}"]
+    )
     assert config.engine.vllm_args == {"enable_prefix_caching": False}
 
 
@@ -181,7 +217,9 @@ def test_auto_is_resolved_by_the_classes_the_same_for_every_caller():
     assert TransformersConfig(k="auto").auto_k and TransformersConfig(k="auto").k == AUTO_MAX["k"]
     assert build(Config, {"engine": {"name": "vllm"}, "decoder": {"w": "auto"}}).decoder.w == AUTO_MAX["w"]
     assert load_config(None, ["engine.name=vllm"]).decoder == Config(engine=EngineConfig(name="vllm")).decoder
-    assert checked_config(load_config(None, ["engine.name=vllm"])) == checked_config(Config(engine=EngineConfig(name="vllm")))
+    assert checked_config(load_config(None, ["engine.name=vllm"])) == checked_config(
+        Config(engine=EngineConfig(name="vllm"))
+    )
     assert not load_config(None, ["decoder.w=3"]).decoder.auto_w
     with pytest.raises(ConfigError, match="decoder.w: must be an integer or 'auto'"):
         load_config(None, ["decoder.w=always"])
@@ -198,8 +236,10 @@ def test_show_config_prints_every_setting_and_reads_back_the_same(tmp_path, engi
     # `w: auto` as such (not the engine's limit), so the file reads right on the other engine too
     assert yaml.safe_load(text)["decoder"]["w"] == "auto"
     other = "vllm" if engine == "transformers" else "transformers"
-    assert checked_config(load_config(tmp_path / "all.yaml", [f"engine.name={other}"])).decoder.w == checked_config(
-        load_config(None, [f"engine.name={other}"])).decoder.w
+    assert (
+        checked_config(load_config(tmp_path / "all.yaml", [f"engine.name={other}"])).decoder.w
+        == checked_config(load_config(None, [f"engine.name={other}"])).decoder.w
+    )
     started = checked_config(load_config(None, ["transformers.k=auto", "engine.name=transformers"]))
     assert yaml.safe_load(config_yaml(started))["transformers"]["k"] == "auto"
     every_field = sum(len(dataclasses.fields(getattr(config, section.name))) for section in dataclasses.fields(config))

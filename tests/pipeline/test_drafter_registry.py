@@ -1,9 +1,16 @@
 """The drafter registry: the config accepts exactly its names, and each entry's tables and factory
 are all a drafter needs."""
+
 import pytest
 
 from drafters.base import DraftContext
-from pipeline.config.drafter_registry import FACTORIES, build_tables, make_batch_drafter, make_drafter, needs_model_tables
+from pipeline.config.drafter_registry import (
+    FACTORIES,
+    build_tables,
+    make_batch_drafter,
+    make_drafter,
+    needs_model_tables,
+)
 from pipeline.config import ConfigError, DecoderConfig, load_config
 from pipeline.config.drafter_kinds import DRAFTER_KINDS
 from pipeline.engines.build import checked_config
@@ -18,8 +25,9 @@ def test_the_config_accepts_exactly_the_registry_names():
         DecoderConfig(drafter="trigram")
 
 
-@pytest.mark.parametrize("name", [name for name, make in FACTORIES.items()
-                                  if make is not None and name not in ("rest", "draft_model")])
+@pytest.mark.parametrize(
+    "name", [name for name, make in FACTORIES.items() if make is not None and name not in ("rest", "draft_model")]
+)
 def test_each_entry_builds_its_drafter_from_the_tables_it_names(tiny_model, tmp_path, name):
     config = DecoderConfig(drafter=name, w=3, bigram_top_k=4, bigram_prefix="none")
     tables = build_tables(tiny_model, None, "tiny", config, tmp_path, rows=2)

@@ -3,6 +3,7 @@ batches again (pipeline/llm/stage.py). Faults are injected into the vLLM engine'
 here in the stage's own process, and in a running job's actors and a running processor's through
 Ray's worker setup hook. Every id comes back once, with no error row and the text of a run without
 the failure; a crash loop stops the run naming its cause."""
+
 from __future__ import annotations
 
 import gc
@@ -30,9 +31,20 @@ ROWS = 64
 
 
 def vllm_config(tiny_model_dir, *overrides):
-    return load_config(REPO / "configs/default.yaml", [
-        "engine.name=vllm", f"model.name={tiny_model_dir}", "engine.execution=eager", "engine.cpu_kv_cache_gib=1",
-        "engine.max_model_len=256", "engine.max_num_seqs=4", "decoder.max_new_tokens=8", "input.limit=0", *overrides])
+    return load_config(
+        REPO / "configs/default.yaml",
+        [
+            "engine.name=vllm",
+            f"model.name={tiny_model_dir}",
+            "engine.execution=eager",
+            "engine.cpu_kv_cache_gib=1",
+            "engine.max_model_len=256",
+            "engine.max_num_seqs=4",
+            "decoder.max_new_tokens=8",
+            "input.limit=0",
+            *overrides,
+        ],
+    )
 
 
 @pytest.fixture(scope="module")
@@ -57,8 +69,12 @@ def patched_feeder(fault_dir, monkeypatch_module):
 
 def batch(count: int) -> dict[str, list]:
     """Greedy rows and (every other one) rows sampled with their own seed."""
-    return {"id": [str(i) for i in range(count)], "prompt": [f"Count from {i}: {i} {i + 1}" for i in range(count)],
-            "temperature": [0.8 * (i % 2) for i in range(count)], "seed": list(range(count))}
+    return {
+        "id": [str(i) for i in range(count)],
+        "prompt": [f"Count from {i}: {i} {i + 1}" for i in range(count)],
+        "temperature": [0.8 * (i % 2) for i in range(count)],
+        "seed": list(range(count)),
+    }
 
 
 def test_more_failures_than_the_limit_within_the_window_is_a_crash_loop():
@@ -67,14 +83,17 @@ def test_more_failures_than_the_limit_within_the_window_is_a_crash_loop():
     assert window.record("c", now=100) is None  # the first two are out of the window
     stop = window.record("d", now=110)
     assert stop is None and window.total == 4
-    assert "the engine failed 3 times within engine.restart_window_s (60 s), more than engine.max_restarts (2); " \
-           "the last failure: e" == window.record("e", now=120)
+    assert (
+        "the engine failed 3 times within engine.restart_window_s (60 s), more than engine.max_restarts (2); "
+        "the last failure: e" == window.record("e", now=120)
+    )
     assert RestartWindow(limit=0, window=60).record("x", now=0).startswith("the engine failed 1 times")
 
 
 @pytest.mark.slow  # three vLLM engines built in this process: make test-slow
-def test_a_failed_engine_is_replaced_its_batches_run_again_and_its_memory_let_go(tiny_model_dir, fault_dir,
-                                                                              patched_feeder):
+def test_a_failed_engine_is_replaced_its_batches_run_again_and_its_memory_let_go(
+    tiny_model_dir, fault_dir, patched_feeder
+):
     stage = GenerationStage(vllm_config(tiny_model_dir), job_rows.stage_settings(vllm_config(tiny_model_dir)))
     rows = batch(12)
     clean = generate(stage, rows).to_pylist()
@@ -82,8 +101,14 @@ def test_a_failed_engine_is_replaced_its_batches_run_again_and_its_memory_let_go
     faults.inject(fault_dir, "raise", at=3)
     # Two batches at once, as Ray Data runs them on one actor: the engine fails under both.
     results = {}
-    threads = [threading.Thread(target=lambda half=half: results.__setitem__(half, generate(
-        stage, {name: values[half::2] for name, values in rows.items()}).to_pylist())) for half in (0, 1)]
+    threads = [
+        threading.Thread(
+            target=lambda half=half: results.__setitem__(
+                half, generate(stage, {name: values[half::2] for name, values in rows.items()}).to_pylist()
+            )
+        )
+        for half in (0, 1)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -98,8 +123,9 @@ def test_a_failed_engine_is_replaced_its_batches_run_again_and_its_memory_let_go
     assert first() is None, "the failed engine's model and KV cache are still referenced"
     # A crash loop (every engine's third step fails) stops after engine.max_restarts, naming the cause.
     faults.inject(fault_dir, "always", at=3)
-    with pytest.raises(EngineCrashLoop, match=r"failed 2 times .* more than engine.max_restarts \(1\).*"
-                                               + faults.INJECTED):
+    with pytest.raises(
+        EngineCrashLoop, match=r"failed 2 times .* more than engine.max_restarts \(1\).*" + faults.INJECTED
+    ):
         stage.restarts.limit = 1
         generate(stage, rows)
     faults.inject(fault_dir, None)
@@ -108,28 +134,42 @@ def test_a_failed_engine_is_replaced_its_batches_run_again_and_its_memory_let_go
 
 # --- In a running job and a running processor: faults reach the actors through Ray's setup hook ---
 
+
 @pytest.fixture(scope="module")
 def fault_ray(fault_dir):
-    ray.init(num_cpus=2, include_dashboard=False,
-             runtime_env={"worker_process_setup_hook": "tests.faults.install",
-                          # Workers import the hook from the repository (tests/ is not installed).
-                          "env_vars": {"NGRAMMYS_TEST_FAULTS": str(fault_dir),
-                                       "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO),
-                                                                                 os.environ.get("PYTHONPATH")]))}})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        runtime_env={
+            "worker_process_setup_hook": "tests.faults.install",
+            # Workers import the hook from the repository (tests/ is not installed).
+            "env_vars": {
+                "NGRAMMYS_TEST_FAULTS": str(fault_dir),
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+            },
+        },
+    )
     yield
     ray.shutdown()
 
 
 def corpus(tmp_path) -> Path:
     path = tmp_path / "in.jsonl"
-    path.write_text("".join(json.dumps({"id": f"q{i:02d}", "prompt": f"Count from {i}: {i} {i + 1}"}) + "\n"
-                            for i in range(ROWS)))
+    path.write_text(
+        "".join(json.dumps({"id": f"q{i:02d}", "prompt": f"Count from {i}: {i} {i + 1}"}) + "\n" for i in range(ROWS))
+    )
     return path
 
 
 def job(tiny_model_dir, tmp_path, *overrides):
-    return vllm_config(tiny_model_dir, f"job.output={tmp_path / 'out'}", f"input.path={corpus(tmp_path)}",
-                       "ray.batch_size=4", "decoder.drafter=context_ngram", *overrides)
+    return vllm_config(
+        tiny_model_dir,
+        f"job.output={tmp_path / 'out'}",
+        f"input.path={corpus(tmp_path)}",
+        "ray.batch_size=4",
+        "decoder.drafter=context_ngram",
+        *overrides,
+    )
 
 
 def texts(tmp_path, run_id) -> dict[str, list[int]]:
@@ -140,8 +180,9 @@ def texts(tmp_path, run_id) -> dict[str, list[int]]:
 
 
 @pytest.mark.slow  # three vLLM jobs in Ray actors: make test-slow
-def test_a_job_whose_engine_fails_writes_every_id_once_with_a_clean_runs_texts(fault_ray, fault_dir, tiny_model_dir,
-                                                                               tmp_path):
+def test_a_job_whose_engine_fails_writes_every_id_once_with_a_clean_runs_texts(
+    fault_ray, fault_dir, tiny_model_dir, tmp_path
+):
     faults.inject(fault_dir, None)
     clean = run_job(job(tiny_model_dir, tmp_path), "clean")
     faults.inject(fault_dir, "raise", at=20)  # an error out of the 20th step of the actor's engine
@@ -160,8 +201,11 @@ def test_a_job_whose_engine_fails_writes_every_id_once_with_a_clean_runs_texts(f
 @pytest.mark.slow  # a vLLM job in Ray actors: make test-slow
 def test_a_crash_loop_stops_the_job_naming_its_cause(fault_ray, fault_dir, tiny_model_dir, tmp_path):
     faults.inject(fault_dir, "always", at=5)  # every engine's 5th step fails
-    with pytest.raises(JobFailed, match=r"failed 2 times within engine.restart_window_s \(3600 s\), more than "
-                                        r"engine.max_restarts \(1\); the last failure: .*" + faults.INJECTED):
+    with pytest.raises(
+        JobFailed,
+        match=r"failed 2 times within engine.restart_window_s \(3600 s\), more than "
+        r"engine.max_restarts \(1\); the last failure: .*" + faults.INJECTED,
+    ):
         run_job(job(tiny_model_dir, tmp_path, "engine.max_restarts=1"), "loop")
     faults.inject(fault_dir, None)
 
@@ -172,12 +216,18 @@ def test_a_processor_whose_engine_fails_returns_every_row(fault_ray, fault_dir, 
 
     faults.inject(fault_dir, "raise", at=10)
     processor = llm.build_processor(
-        llm.vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), batch_size=4, max_concurrent_batches=2,
-                                      placement_group_config={"bundles": [{"CPU": 0.5}]},
-                                      engine_kwargs={"max_num_seqs": 4, "max_model_len": 256, "enforce_eager": True,
-                                                     "max_restarts": 2}),
-        preprocess=lambda row: {"prompt": f"Count from {row['id']}:",
-                                "sampling_params": {"temperature": 0, "max_tokens": 8}})
+        llm.vLLMEngineProcessorConfig(
+            model_source=str(tiny_model_dir),
+            batch_size=4,
+            max_concurrent_batches=2,
+            placement_group_config={"bundles": [{"CPU": 0.5}]},
+            engine_kwargs={"max_num_seqs": 4, "max_model_len": 256, "enforce_eager": True, "max_restarts": 2},
+        ),
+        preprocess=lambda row: {
+            "prompt": f"Count from {row['id']}:",
+            "sampling_params": {"temperature": 0, "max_tokens": 8},
+        },
+    )
     rows = processor(ray.data.range(24)).take_all()
     assert sorted(row["id"] for row in rows) == list(range(24))
     assert all(row["__inference_error__"] == "" and row["num_generated_tokens"] == 8 for row in rows)

@@ -1,6 +1,7 @@
 """pipeline.llm: ray.data.llm's processor API on our engine. The config and row checks run without
 Ray; the stage runs in-process on the tiny model; the Ray runs (ours against ray.data.llm's own, on
 SmolLM2 with vLLM) are in test_llm_ray.py."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,11 +22,22 @@ from pipeline.llm.stage import GenerationStage, StageSettings, prompt_of
 
 def test_the_config_maps_ray_data_llm_keywords_onto_ours():
     config = vLLMEngineProcessorConfig(
-        model_source="smollm2-135m-instruct", batch_size=8, concurrency=(1, 3),
-        engine_kwargs={"max_num_seqs": 12, "max_model_len": 512, "dtype": "float32", "enable_chunked_prefill": True,
-                       "max_restarts": 5, "hang_timeout_s": 60},
-        placement_group_config={"bundles": [{"CPU": 1}]}, max_concurrent_batches=4, max_pending_requests=16,
-        decoder={"drafter": "context_ngram", "w": 4})
+        model_source="smollm2-135m-instruct",
+        batch_size=8,
+        concurrency=(1, 3),
+        engine_kwargs={
+            "max_num_seqs": 12,
+            "max_model_len": 512,
+            "dtype": "float32",
+            "enable_chunked_prefill": True,
+            "max_restarts": 5,
+            "hang_timeout_s": 60,
+        },
+        placement_group_config={"bundles": [{"CPU": 1}]},
+        max_concurrent_batches=4,
+        max_pending_requests=16,
+        decoder={"drafter": "context_ngram", "w": 4},
+    )
     ours = config.pipeline_config()
     assert (ours.engine.max_num_seqs, ours.engine.max_model_len, ours.model.dtype) == (12, 512, "float32")
     assert (ours.engine.max_restarts, ours.engine.hang_timeout_s, ours.engine.vllm_args) == (5, 60, {})
@@ -39,24 +51,43 @@ def test_the_config_maps_ray_data_llm_keywords_onto_ours():
     job = checked_config(load_config("configs/default.yaml", ["engine.name=vllm"]))  # as the job starts it
     # the job's default drafter: batch_suffix, w auto
     assert (default.decoder.drafter, default.decoder.w, default.decoder.auto_w) == (
-        job.decoder.drafter, job.decoder.w, job.decoder.auto_w)
+        job.decoder.drafter,
+        job.decoder.w,
+        job.decoder.auto_w,
+    )
     assert (default.decoder.drafter, default.decoder.auto_w) == ("batch_suffix", True)
-    assert vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct",
-                                     decoder={"w": "auto", "drafter": "mixed"}).pipeline_config().decoder.auto_w
+    assert (
+        vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct", decoder={"w": "auto", "drafter": "mixed"})
+        .pipeline_config()
+        .decoder.auto_w
+    )
     assert (default.ray.num_gpus_per_actor, default.ray.batch_size) == (1, 32)  # ray.data.llm's: a GPU, 32 rows
 
 
 def test_vllms_other_engine_arguments_pass_through_and_its_speculation_runs_as_vllm_has_it():
     config = vLLMEngineProcessorConfig(
         model_source="smollm2-135m-instruct",
-        engine_kwargs={"enable_prefix_caching": False, "kv_cache_dtype": "auto", "max_num_seqs": 8,
-                       "speculative_config": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 1,
-                                              "prompt_lookup_max": 3}})
+        engine_kwargs={
+            "enable_prefix_caching": False,
+            "kv_cache_dtype": "auto",
+            "max_num_seqs": 8,
+            "speculative_config": {
+                "method": "ngram",
+                "num_speculative_tokens": 4,
+                "prompt_lookup_min": 1,
+                "prompt_lookup_max": 3,
+            },
+        },
+    )
     ours = config.pipeline_config()
     assert ours.engine.vllm_args == {"enable_prefix_caching": False, "kv_cache_dtype": "auto"}
     assert ours.engine.max_num_seqs == 8
     assert (ours.decoder.drafter, ours.decoder.w, ours.decoder.ngram_min_q, ours.decoder.ngram_max_q) == (
-        "vllm_ngram", 4, 1, 3)
+        "vllm_ngram",
+        4,
+        1,
+        3,
+    )
 
 
 def test_engine_arguments_vllm_does_not_take_fail_in_the_driver_naming_them(tmp_path):
@@ -65,7 +96,9 @@ def test_engine_arguments_vllm_does_not_take_fail_in_the_driver_naming_them(tmp_
     from pipeline.config.model_loading import resolve_model_dir
 
     def config(**engine_kwargs):
-        return vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct", engine_kwargs=engine_kwargs).pipeline_config()
+        return vLLMEngineProcessorConfig(
+            model_source="smollm2-135m-instruct", engine_kwargs=engine_kwargs
+        ).pipeline_config()
 
     model_dir, _ = resolve_model_dir(config().model)
     check_vllm_args(config(enable_prefix_caching=False), model_dir)
@@ -78,42 +111,67 @@ def test_engine_arguments_vllm_does_not_take_fail_in_the_driver_naming_them(tmp_
 def test_tensor_parallel_ranks_are_the_actors_resources():
     """ray.data.llm asks a placement group of a GPU per rank; our ranks are the actor's own worker
     processes, so the actor asks for all of them, on one node (Ray places an actor whole)."""
-    gpus = vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct",
-                                     engine_kwargs={"tensor_parallel_size": 2}).pipeline_config()
+    gpus = vLLMEngineProcessorConfig(
+        model_source="smollm2-135m-instruct", engine_kwargs={"tensor_parallel_size": 2}
+    ).pipeline_config()
     assert (gpus.engine.tensor_parallel_size, gpus.ray.num_gpus_per_actor) == (2, 2)
-    cpus = vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct", engine_kwargs={"tensor_parallel_size": 2},
-                                     placement_group_config={"bundles": [{"CPU": 1}, {"CPU": 1}]}).pipeline_config()
+    cpus = vLLMEngineProcessorConfig(
+        model_source="smollm2-135m-instruct",
+        engine_kwargs={"tensor_parallel_size": 2},
+        placement_group_config={"bundles": [{"CPU": 1}, {"CPU": 1}]},
+    ).pipeline_config()
     assert (cpus.ray.num_cpus_per_actor, cpus.ray.num_gpus_per_actor, cpus.model.num_threads) == (2, 0, 2)
 
 
-@pytest.mark.parametrize("kwargs, named", [
-    ({"engine_kwargs": {"pipeline_parallel_size": 2}}, "engine_kwargs.pipeline_parallel_size"),
-    ({"engine_kwargs": {"tensor_parallel_size": 2}, "placement_group_config": {"bundles": [{"GPU": 1}]}},
-     "placement_group_config.bundles"),
-    ({"engine_kwargs": {"tensor_parallel_size": 2}, "engine": "transformers",
-      "placement_group_config": {"bundles": [{"CPU": 1}]}}, "engine.tensor_parallel_size"),
-    ({"engine_kwargs": {"speculative_config": {"method": "eagle", "model": "x"}}}, "engine_kwargs.speculative_config.method"),
-    ({"engine_kwargs": {"speculative_config": {"method": "suffix", "suffix_decoding_max_tree_depth": 8}}},
-     "engine_kwargs.speculative_config.suffix_decoding_max_tree_depth"),
-    ({"engine_kwargs": {"speculative_config": {"method": "suffix"}}, "decoder": {"drafter": "suffix"}},
-     "engine_kwargs.speculative_config"),
-    ({"engine_kwargs": {"model": "/elsewhere"}}, "engine_kwargs.model"),
-    ({"engine_kwargs": {"enable_prefix_caching": True}, "engine": "transformers"}, "engine.vllm_args"),
-    ({"chat_template_stage": {"enabled": True, "chat_template_kwarg": {}}}, "chat_template_stage.chat_template_kwarg"),
-    ({"chat_template_stage": {"model_source": "/another/model"}}, "chat_template_stage.model_source"),
-    ({"chat_template_stage": "yes"}, "chat_template_stage"),
-    ({"concurrency": (3, 1)}, "concurrency"),
-    ({"batch_size": 0}, "batch_size"),
-    ({"task_type": "embed"}, "task_type"),
-    ({"decoder": {"drafter": "nonsense"}}, "decoder.drafter"),
-    ({"decoder": {"k_typo": 1}}, "k_typo"),
-    ({"decoder": {"k": 4}, "engine": "transformers"}, "decoder.k moved to transformers.k"),
-    ({"transformers": {"verify": "tree"}}, "transformers.verify: must be 'batch' with engine.name vllm"),
-    ({"statistics_columns": ["finish_reason", "tokens_per_cal"]}, "statistics_columns ('tokens_per_cal')"),
-    ({"statistics_columns": "finish_reason"}, "statistics_columns"),
-    ({"checkpoint_path": "/tmp/c"}, "checkpoint_path"),  # resuming needs the ids
-    ({"checkpoint_path": "/tmp/c", "id_column": ""}, "id_column"),
-])
+@pytest.mark.parametrize(
+    "kwargs, named",
+    [
+        ({"engine_kwargs": {"pipeline_parallel_size": 2}}, "engine_kwargs.pipeline_parallel_size"),
+        (
+            {"engine_kwargs": {"tensor_parallel_size": 2}, "placement_group_config": {"bundles": [{"GPU": 1}]}},
+            "placement_group_config.bundles",
+        ),
+        (
+            {
+                "engine_kwargs": {"tensor_parallel_size": 2},
+                "engine": "transformers",
+                "placement_group_config": {"bundles": [{"CPU": 1}]},
+            },
+            "engine.tensor_parallel_size",
+        ),
+        (
+            {"engine_kwargs": {"speculative_config": {"method": "eagle", "model": "x"}}},
+            "engine_kwargs.speculative_config.method",
+        ),
+        (
+            {"engine_kwargs": {"speculative_config": {"method": "suffix", "suffix_decoding_max_tree_depth": 8}}},
+            "engine_kwargs.speculative_config.suffix_decoding_max_tree_depth",
+        ),
+        (
+            {"engine_kwargs": {"speculative_config": {"method": "suffix"}}, "decoder": {"drafter": "suffix"}},
+            "engine_kwargs.speculative_config",
+        ),
+        ({"engine_kwargs": {"model": "/elsewhere"}}, "engine_kwargs.model"),
+        ({"engine_kwargs": {"enable_prefix_caching": True}, "engine": "transformers"}, "engine.vllm_args"),
+        (
+            {"chat_template_stage": {"enabled": True, "chat_template_kwarg": {}}},
+            "chat_template_stage.chat_template_kwarg",
+        ),
+        ({"chat_template_stage": {"model_source": "/another/model"}}, "chat_template_stage.model_source"),
+        ({"chat_template_stage": "yes"}, "chat_template_stage"),
+        ({"concurrency": (3, 1)}, "concurrency"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"task_type": "embed"}, "task_type"),
+        ({"decoder": {"drafter": "nonsense"}}, "decoder.drafter"),
+        ({"decoder": {"k_typo": 1}}, "k_typo"),
+        ({"decoder": {"k": 4}, "engine": "transformers"}, "decoder.k moved to transformers.k"),
+        ({"transformers": {"verify": "tree"}}, "transformers.verify: must be 'batch' with engine.name vllm"),
+        ({"statistics_columns": ["finish_reason", "tokens_per_cal"]}, "statistics_columns ('tokens_per_cal')"),
+        ({"statistics_columns": "finish_reason"}, "statistics_columns"),
+        ({"checkpoint_path": "/tmp/c"}, "checkpoint_path"),  # resuming needs the ids
+        ({"checkpoint_path": "/tmp/c", "id_column": ""}, "id_column"),
+    ],
+)
 def test_a_setting_the_engine_cannot_run_fails_at_the_config_naming_it(kwargs, named):
     with pytest.raises(ConfigError, match=re.escape(named)):
         vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct", **kwargs)
@@ -121,9 +179,12 @@ def test_a_setting_the_engine_cannot_run_fails_at_the_config_naming_it(kwargs, n
 
 def test_build_processor_takes_ray_data_llm_arguments_and_refuses_its_other_configs():
     config = vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct")
-    processor = build_processor(config, preprocess=lambda row: {"prompt": row["item"]},
-                                postprocess=lambda row: {"answer": row["generated_text"]},
-                                preprocess_map_kwargs={"num_cpus": 0.25})
+    processor = build_processor(
+        config,
+        preprocess=lambda row: {"prompt": row["item"]},
+        postprocess=lambda row: {"answer": row["generated_text"]},
+        preprocess_map_kwargs={"num_cpus": 0.25},
+    )
     assert processor.preprocess_map_kwargs == {"num_cpus": 0.25}
     with pytest.raises(TypeError, match="vLLMEngineProcessorConfig"):
         build_processor({"model_source": "x"})
@@ -135,8 +196,12 @@ STRUCTURED = EngineSampling("structured", frozenset({"structured_outputs"}))
 
 
 def test_sampling_params_take_vllms_names_and_defaults():
-    settings = sampling_of({"temperature": 0, "max_tokens": 7, "stop": "\n\n", "top_k": -1, "seed": 3, "top_p": None},
-                           "row", None, TRANSFORMERS)
+    settings = sampling_of(
+        {"temperature": 0, "max_tokens": 7, "stop": "\n\n", "top_k": -1, "seed": 3, "top_p": None},
+        "row",
+        None,
+        TRANSFORMERS,
+    )
     sampling = settings.sampling
     assert (sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed) == (0.0, 0, 1.0, 3)
     assert (settings.max_tokens, settings.stop, settings.structured_outputs) == (7, ("\n\n",), None)
@@ -145,29 +210,40 @@ def test_sampling_params_take_vllms_names_and_defaults():
     # A schema as an Arrow struct column gives it back, with None for the keys other rows' schemas had.
     schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": None}}, "required": ["name"]}
     settings = sampling_of({"structured_outputs": {"json": schema, "regex": None}}, "row", None, STRUCTURED)
-    assert settings.structured_outputs == {"json": {"type": "object", "properties": {"name": {"type": "string"}},
-                                                    "required": ["name"]}}
-    assert sampling_of({"structured_outputs": {"json": '{"type": "integer"}'}}, "row", None, STRUCTURED).structured_outputs == {
-        "json": {"type": "integer"}}
+    assert settings.structured_outputs == {
+        "json": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]}
+    }
+    assert sampling_of(
+        {"structured_outputs": {"json": '{"type": "integer"}'}}, "row", None, STRUCTURED
+    ).structured_outputs == {"json": {"type": "integer"}}
 
 
-@pytest.mark.parametrize("params, named", [
-    ({"max_tokens": -1}, "sampling_params.max_tokens"),
-    ({"max_tokens": 2.5}, "sampling_params.max_tokens"),
-    ({"temperature": "hot"}, "sampling_params.temperature"),
-    ({"seed": 2**63}, "sampling_params.seed"),
-    ({"top_p": 0}, "sampling_params.top_p"),
-    ({"n": 0}, "sampling_params.n must be an integer from 1 to 128"),
-    ({"n": 2.5}, "sampling_params.n"),
-    ({"frequency_penalty_typo": 1}, "sampling_params.frequency_penalty_typo"),
-    ({"structured_outputs": {"json": {"type": "objekt"}}}, "sampling_params.structured_outputs.json is not a JSON schema"),
-    ({"structured_outputs": {"json": "{not json"}}, "sampling_params.structured_outputs.json is not JSON"),
-    ({"structured_outputs": {"json": {"type": "object"}, "regex": "a+"}}, "sampling_params.structured_outputs must set one"),
-    ({"structured_outputs": {"choice": []}}, "sampling_params.structured_outputs.choice"),
-    ({"structured_outputs": "json"}, "sampling_params.structured_outputs must be a mapping"),
-    ({"stop": [""]}, "sampling_params.stop"),
-    ("greedy", "sampling_params must be a mapping"),
-])
+@pytest.mark.parametrize(
+    "params, named",
+    [
+        ({"max_tokens": -1}, "sampling_params.max_tokens"),
+        ({"max_tokens": 2.5}, "sampling_params.max_tokens"),
+        ({"temperature": "hot"}, "sampling_params.temperature"),
+        ({"seed": 2**63}, "sampling_params.seed"),
+        ({"top_p": 0}, "sampling_params.top_p"),
+        ({"n": 0}, "sampling_params.n must be an integer from 1 to 128"),
+        ({"n": 2.5}, "sampling_params.n"),
+        ({"frequency_penalty_typo": 1}, "sampling_params.frequency_penalty_typo"),
+        (
+            {"structured_outputs": {"json": {"type": "objekt"}}},
+            "sampling_params.structured_outputs.json is not a JSON schema",
+        ),
+        ({"structured_outputs": {"json": "{not json"}}, "sampling_params.structured_outputs.json is not JSON"),
+        (
+            {"structured_outputs": {"json": {"type": "object"}, "regex": "a+"}},
+            "sampling_params.structured_outputs must set one",
+        ),
+        ({"structured_outputs": {"choice": []}}, "sampling_params.structured_outputs.choice"),
+        ({"structured_outputs": "json"}, "sampling_params.structured_outputs must be a mapping"),
+        ({"stop": [""]}, "sampling_params.stop"),
+        ("greedy", "sampling_params must be a mapping"),
+    ],
+)
 def test_bad_sampling_params_name_the_row_and_the_key(params, named):
     with pytest.raises(RequestError, match=f"row 7: {named}"):
         sampling_of(params, "row 7", None, STRUCTURED)
@@ -177,22 +253,40 @@ def test_vllms_other_sampling_params_pass_through_on_vllm_and_fail_by_name_elsew
     from pipeline.engines.vllm.engine import vllm_sampling
 
     vllm = vllm_sampling()
-    given = {"repetition_penalty": 1.2, "stop_token_ids": [2], "min_tokens": 3, "ignore_eos": True,
-             "skip_special_tokens": False, "detokenize": False}
+    given = {
+        "repetition_penalty": 1.2,
+        "stop_token_ids": [2],
+        "min_tokens": 3,
+        "ignore_eos": True,
+        "skip_special_tokens": False,
+        "detokenize": False,
+    }
     assert sampling_of({**given, "temperature": 0}, "row 7", None, vllm).engine_sampling == given
     assert sampling_of({"temperature": 0}, "row 7", None, vllm).engine_sampling is None
     assert sampling_of({"logprobs": 2, "prompt_logprobs": 0}, "row 7", None, vllm).engine_sampling == {
-        "logprobs": 2, "prompt_logprobs": 0}
-    assert sampling_of({"structured_outputs": {"regex": "a+"}}, "row 7", None, vllm).structured_outputs == {"regex": "a+"}
-    for params, named in [({"logit_bias": {2: 1.0}}, "sampling_params.logit_bias is not run here: vLLM does not run it"),
-                          ({"min_p": 0.1}, "sampling_params.min_p is not run here: vLLM does not run it with speculative"),
-                          ({"frequency_penalty_typo": 1}, "sampling_params.frequency_penalty_typo is not a setting "
-                                                          "the vllm engine runs \\(it runs vLLM's SamplingParams\\)")]:
+        "logprobs": 2,
+        "prompt_logprobs": 0,
+    }
+    assert sampling_of({"structured_outputs": {"regex": "a+"}}, "row 7", None, vllm).structured_outputs == {
+        "regex": "a+"
+    }
+    for params, named in [
+        ({"logit_bias": {2: 1.0}}, "sampling_params.logit_bias is not run here: vLLM does not run it"),
+        ({"min_p": 0.1}, "sampling_params.min_p is not run here: vLLM does not run it with speculative"),
+        (
+            {"frequency_penalty_typo": 1},
+            "sampling_params.frequency_penalty_typo is not a setting "
+            "the vllm engine runs \\(it runs vLLM's SamplingParams\\)",
+        ),
+    ]:
         with pytest.raises(RequestError, match=f"row 7: {named}"):
             sampling_of(params, "row 7", None, vllm)
     for key in ("repetition_penalty", "structured_outputs"):
-        with pytest.raises(RequestError, match=f"row 7: sampling_params.{key} is not a setting the transformers engine "
-                                               "runs \\(it runs max_tokens, temperature"):
+        with pytest.raises(
+            RequestError,
+            match=f"row 7: sampling_params.{key} is not a setting the transformers engine "
+            "runs \\(it runs max_tokens, temperature",
+        ):
             sampling_of({key: {"regex": "a"} if key == "structured_outputs" else 1.2}, "row 7", None, TRANSFORMERS)
 
 
@@ -207,18 +301,28 @@ def test_stop_strings_cut_the_text_with_or_without_themselves():
 @pytest.fixture(scope="module")
 def stage(tiny_model_dir):
     # A fixed w: under `w: auto` whether a draft pays depends on the step costs this machine measures.
-    config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers",
-                                       decoder={"drafter": "batch_suffix", "w": 4}, transformers={"max_batch_requests": 4})
+    config = vLLMEngineProcessorConfig(
+        model_source=str(tiny_model_dir),
+        engine="transformers",
+        decoder={"drafter": "batch_suffix", "w": 4},
+        transformers={"max_batch_requests": 4},
+    )
     return GenerationStage(config.pipeline_config(), StageSettings(continue_on_error=True))
 
 
 def test_rows_come_back_with_their_columns_ray_data_llms_and_ours(stage):
     greedy = {"temperature": 0, "max_tokens": 12}
-    rows = [{"item": "a", "messages": [{"role": "user", "content": "Count to three"}], "prompt": None,
-             "sampling_params": greedy},
-            {"item": "b", "messages": None, "prompt": "def add(a, b):", "sampling_params": greedy},
-            {"item": "c", "messages": None, "prompt": None, "sampling_params": {**greedy, "max_tokens": -1}},
-            {"item": "d", "messages": None, "prompt": None, "sampling_params": greedy}]
+    rows = [
+        {
+            "item": "a",
+            "messages": [{"role": "user", "content": "Count to three"}],
+            "prompt": None,
+            "sampling_params": greedy,
+        },
+        {"item": "b", "messages": None, "prompt": "def add(a, b):", "sampling_params": greedy},
+        {"item": "c", "messages": None, "prompt": None, "sampling_params": {**greedy, "max_tokens": -1}},
+        {"item": "d", "messages": None, "prompt": None, "sampling_params": greedy},
+    ]
     table = stage(rows_table(rows))
     out = table.to_pylist()
     assert [row["item"] for row in out] == ["a", "b", "c", "d"]  # every row back, in order, its columns kept
@@ -241,28 +345,45 @@ def test_rows_come_back_with_their_columns_ray_data_llms_and_ours(stage):
 
 
 def test_greedy_output_equals_plain_decoding_of_the_same_rows(stage, tiny_model_dir):
-    rows = [{"prompt": f"Count from {i} to {i + 20}:", "sampling_params": {"temperature": 0, "max_tokens": 24}}
-            for i in range(6)]
+    rows = [
+        {"prompt": f"Count from {i} to {i + 20}:", "sampling_params": {"temperature": 0, "max_tokens": 24}}
+        for i in range(6)
+    ]
     rows.append({"tokenized_prompt": [1, 2, 3, 4, 5, 1, 2, 3], "sampling_params": {"temperature": 0, "max_tokens": 24}})
-    plain = GenerationStage(vLLMEngineProcessorConfig(
-        model_source=str(tiny_model_dir), engine="transformers",
-        decoder={"drafter": "none", "w": 0}, transformers={"max_batch_requests": 4}).pipeline_config())
+    plain = GenerationStage(
+        vLLMEngineProcessorConfig(
+            model_source=str(tiny_model_dir),
+            engine="transformers",
+            decoder={"drafter": "none", "w": 0},
+            transformers={"max_batch_requests": 4},
+        ).pipeline_config()
+    )
     ours, reference = stage(rows_table(rows)).to_pylist(), plain(rows_table(rows)).to_pylist()
     assert [row["generated_tokens"] for row in ours] == [row["generated_tokens"] for row in reference]
     assert sum(row["num_target_calls"] for row in ours) < sum(row["num_target_calls"] for row in reference)
 
 
 def test_statistics_columns_choose_which_of_ours_a_row_gets(tiny_model_dir):
-    config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers",
-                                       statistics_columns=["tokens_per_call", "finish_reason"])
+    config = vLLMEngineProcessorConfig(
+        model_source=str(tiny_model_dir), engine="transformers", statistics_columns=["tokens_per_call", "finish_reason"]
+    )
     assert config.statistics() == ("finish_reason", "tokens_per_call")  # the output's order
-    chosen = GenerationStage(config.pipeline_config(), StageSettings(statistics=config.statistics(),
-                                                                     continue_on_error=True))
-    rows = [{"item": "a", "prompt": "Hi", "sampling_params": {"temperature": 0, "max_tokens": 4}},
-            {"item": "b", "prompt": "Hi", "sampling_params": {"max_tokens": 0}}]  # an error row too
+    chosen = GenerationStage(
+        config.pipeline_config(), StageSettings(statistics=config.statistics(), continue_on_error=True)
+    )
+    rows = [
+        {"item": "a", "prompt": "Hi", "sampling_params": {"temperature": 0, "max_tokens": 4}},
+        {"item": "b", "prompt": "Hi", "sampling_params": {"max_tokens": 0}},
+    ]  # an error row too
     table = chosen(rows_table(rows))
-    assert table.column_names == ["item", "sampling_params", *RAY_LLM_COLUMNS.names,
-                                  "finish_reason", "tokens_per_call", INFERENCE_ERROR]
+    assert table.column_names == [
+        "item",
+        "sampling_params",
+        *RAY_LLM_COLUMNS.names,
+        "finish_reason",
+        "tokens_per_call",
+        INFERENCE_ERROR,
+    ]
     assert table.column("finish_reason").to_pylist()[0] in FINISH_REASONS
     none = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers", statistics_columns=[])
     assert none.statistics() == ()
@@ -274,7 +395,9 @@ def test_the_postprocess_sees_errors_as_ray_data_llms_does():
     def postprocess(row):
         return {"answer": row["generated_text"]}
 
-    block = rows_table([{"generated_text": "hi", INFERENCE_ERROR: ""}, {"generated_text": "", INFERENCE_ERROR: "row 1: why"}])
+    block = rows_table(
+        [{"generated_text": "hi", INFERENCE_ERROR: ""}, {"generated_text": "", INFERENCE_ERROR: "row 1: why"}]
+    )
     good, bad = rows_postprocess(postprocess, True)(block).to_pylist()
     assert good == {"answer": "hi", INFERENCE_ERROR: "", "generated_text": None}
     assert bad == {"answer": None, INFERENCE_ERROR: "row 1: why", "generated_text": ""}  # past the postprocess, whole
@@ -291,15 +414,24 @@ def test_the_chat_template_stage_takes_rays_forms_and_its_template_and_kwargs(ti
 
     template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}{% if shout %}!{% endif %}\n{% endfor %}"
     assert settings(chat_template_stage=False)["chat_template"] is False
-    ray_form = settings(chat_template_stage=ChatTemplateStageConfig(enabled=True, chat_template=template,
-                                                                    chat_template_kwargs={"shout": True}, batch_size=4))
+    ray_form = settings(
+        chat_template_stage=ChatTemplateStageConfig(
+            enabled=True, chat_template=template, chat_template_kwargs={"shout": True}, batch_size=4
+        )
+    )
     dict_form = settings(chat_template_stage={"chat_template": template, "chat_template_kwargs": {"shout": True}})
-    assert ray_form == dict_form == {**dict_form, "chat_template": True, "template": template,
-                                     "template_kwargs": {"shout": True}}
-    stage = GenerationStage(vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers")
-                           .pipeline_config(), StageSettings(template=template, template_kwargs={"shout": True}))
-    prompt, _ = prompt_of(stage.engine.tokenizer, {"messages": [{"role": "user", "content": "hi"}]}, stage.settings,
-                          "row 0")
+    assert (
+        ray_form
+        == dict_form
+        == {**dict_form, "chat_template": True, "template": template, "template_kwargs": {"shout": True}}
+    )
+    stage = GenerationStage(
+        vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers").pipeline_config(),
+        StageSettings(template=template, template_kwargs={"shout": True}),
+    )
+    prompt, _ = prompt_of(
+        stage.engine.tokenizer, {"messages": [{"role": "user", "content": "hi"}]}, stage.settings, "row 0"
+    )
     assert prompt == "[user] hi!"  # (Jinja drops the last newline)
 
 
@@ -320,11 +452,17 @@ def test_a_bad_row_raises_by_default_as_ray_data_llms_does(tiny_model_dir):
 
 
 def test_structured_outputs_on_the_transformers_engine_fail_their_row_alone(stage):
-    rows = [{"prompt": "Hi", "sampling_params": {"temperature": 0, "max_tokens": 4,
-                                                 "structured_outputs": {"json": {"type": "integer"}}}},
-            {"prompt": "Hi", "sampling_params": {"temperature": 0, "max_tokens": 4}}]
+    rows = [
+        {
+            "prompt": "Hi",
+            "sampling_params": {"temperature": 0, "max_tokens": 4, "structured_outputs": {"json": {"type": "integer"}}},
+        },
+        {"prompt": "Hi", "sampling_params": {"temperature": 0, "max_tokens": 4}},
+    ]
     refused, ran = stage(rows_table(rows)).to_pylist()
-    assert "sampling_params.structured_outputs is not a setting the transformers engine runs" in refused[INFERENCE_ERROR]
+    assert (
+        "sampling_params.structured_outputs is not a setting the transformers engine runs" in refused[INFERENCE_ERROR]
+    )
     assert ran[INFERENCE_ERROR] == "" and ran["num_generated_tokens"] >= 1
 
 
@@ -357,9 +495,11 @@ def test_max_tokens_none_runs_to_the_models_length_as_in_vllm():
 def test_rows_whose_sampling_params_carry_different_keys_run_together(stage):
     """Arrow gives the batch's struct column every key any row has (None where a row had none):
     each row runs with its own (ray.data.llm's engine thread dies on such a batch)."""
-    rows = [{"prompt": "Hi", "sampling_params": {"temperature": 0, "max_tokens": 3}},
-            {"prompt": "Hi", "sampling_params": {"temperature": 0.8, "max_tokens": 5, "seed": 1, "top_p": 0.9}},
-            {"prompt": "Hi", "sampling_params": {"stop": ["\n"], "max_tokens": 4, "temperature": 0}}]
+    rows = [
+        {"prompt": "Hi", "sampling_params": {"temperature": 0, "max_tokens": 3}},
+        {"prompt": "Hi", "sampling_params": {"temperature": 0.8, "max_tokens": 5, "seed": 1, "top_p": 0.9}},
+        {"prompt": "Hi", "sampling_params": {"stop": ["\n"], "max_tokens": 4, "temperature": 0}},
+    ]
     table = rows_table(rows)
     assert table.schema.field("sampling_params").type.num_fields == 5
     out = stage(table).to_pylist()
@@ -395,15 +535,18 @@ def test_log_engine_metrics_reports_each_batch_to_the_live_metrics(tiny_model_di
             return "actor"
 
     monkeypatch.setattr(ray, "get_runtime_context", Context)
-    config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers",
-                                       should_continue_on_error=True)
+    config = vLLMEngineProcessorConfig(
+        model_source=str(tiny_model_dir), engine="transformers", should_continue_on_error=True
+    )
     processor = build_processor(config)
     settings = processor.settings
     assert settings.live_metrics and settings.run_id.startswith("processor-")
     stage = GenerationStage(processor.config, settings)
     assert tags == [("transformers", "batch_suffix", settings.run_id)]
-    rows = [{"prompt": "Count: 1 2 3 4 1 2 3 4", "sampling_params": {"temperature": 0, "max_tokens": 8}},
-            {"prompt": "x", "sampling_params": {"max_tokens": 0}}]
+    rows = [
+        {"prompt": "Count: 1 2 3 4 1 2 3 4", "sampling_params": {"temperature": 0, "max_tokens": 8}},
+        {"prompt": "x", "sampling_params": {"max_tokens": 0}},
+    ]
     out = stage(rows_table(rows)).to_pylist()
     (counts,) = recorded
     assert (counts["rows"], counts["errored_rows"]) == (2, 1)
@@ -423,14 +566,19 @@ def test_a_rows_model_names_its_lora_adapter_as_ray_data_llm_reads_it(stage, tin
     lora.mkdir()
     (lora / "adapter_config.json").write_text("{}")
     greedy = {"temperature": 0, "max_tokens": 4}
-    rows = [{"model": str(tiny_model_dir), "prompt": "Hi", "sampling_params": greedy},
-            {"model": None, "prompt": "Hi", "sampling_params": greedy},
-            {"model": str(lora), "prompt": "Hi", "sampling_params": greedy},
-            {"model": str(tmp_path / "missing"), "prompt": "Hi", "sampling_params": greedy},
-            {"model": "s3://bucket/my-lora", "prompt": "Hi", "sampling_params": greedy}]
+    rows = [
+        {"model": str(tiny_model_dir), "prompt": "Hi", "sampling_params": greedy},
+        {"model": None, "prompt": "Hi", "sampling_params": greedy},
+        {"model": str(lora), "prompt": "Hi", "sampling_params": greedy},
+        {"model": str(tmp_path / "missing"), "prompt": "Hi", "sampling_params": greedy},
+        {"model": "s3://bucket/my-lora", "prompt": "Hi", "sampling_params": greedy},
+    ]
     base, unnamed, adapter, missing, remote = stage(rows_table(rows)).to_pylist()
     assert base[INFERENCE_ERROR] == unnamed[INFERENCE_ERROR] == ""
-    assert base["model"] == unnamed["model"] == str(tiny_model_dir) and base["generated_tokens"] == unnamed["generated_tokens"]
+    assert (
+        base["model"] == unnamed["model"] == str(tiny_model_dir)
+        and base["generated_tokens"] == unnamed["generated_tokens"]
+    )
     assert f"LoRA adapters (model {str(lora)!r}) run on the vLLM engine" in adapter[INFERENCE_ERROR]
     assert adapter["model"] == str(lora)  # what the row asked for
     assert "is neither model_source nor a LoRA adapter's directory" in missing[INFERENCE_ERROR]

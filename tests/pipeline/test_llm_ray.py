@@ -1,6 +1,7 @@
 """ray.data.llm's own documentation example, with the settings Ray's users pass most, run twice on
 the same rows, SmolLM2 on vLLM: through ray.data.llm, and through pipeline.llm with only the import
 changed. Greedy, so the texts must be equal; two bad rows fail the same way on both."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,8 +12,12 @@ from pipeline.engines.base import FINISH_REASONS
 from pipeline.config.model_loading import resolve_model_dir
 from pipeline.llm.schema import INFERENCE_ERROR, RAY_LLM_COLUMNS
 
-ITEMS = ["Start of the haiku is: Complete this for me...", "Write a haiku about the sea.",
-         "A haiku on autumn leaves, please.", "Finish this: The old pond, a frog jumps"]
+ITEMS = [
+    "Start of the haiku is: Complete this for me...",
+    "Write a haiku about the sea.",
+    "A haiku on autumn leaves, please.",
+    "Finish this: The old pond, a frog jumps",
+]
 BAD_ITEMS = ["BAD: no tokens asked for", "word " * 2100]  # each fails its own way
 
 
@@ -46,20 +51,41 @@ def docs_example(llm, model_source: str, env: dict):
     equality (temperature 0, shorter answers)."""
     config = llm.vLLMEngineProcessorConfig(
         model_source=model_source,
-        engine_kwargs={"enable_chunked_prefill": True, "max_num_batched_tokens": 4096, "max_model_len": 2048,
-                       "max_num_seqs": 8, "dtype": "float32", "enforce_eager": True, "gpu_memory_utilization": 0.3,
-                       "enable_prefix_caching": True, "seed": 0},
+        engine_kwargs={
+            "enable_chunked_prefill": True,
+            "max_num_batched_tokens": 4096,
+            "max_model_len": 2048,
+            "max_num_seqs": 8,
+            "dtype": "float32",
+            "enforce_eager": True,
+            "gpu_memory_utilization": 0.3,
+            "enable_prefix_caching": True,
+            "seed": 0,
+        },
         runtime_env={"env_vars": {"VLLM_CPU_KVCACHE_SPACE": "1", **env}},
-        placement_group_config={"bundles": [{"CPU": 1}]}, log_engine_metrics=False,
-        should_continue_on_error=True, concurrency=1, batch_size=2)
+        placement_group_config={"bundles": [{"CPU": 1}]},
+        log_engine_metrics=False,
+        should_continue_on_error=True,
+        concurrency=1,
+        batch_size=2,
+    )
     processor = llm.build_processor(
         config,
         preprocess=lambda row: dict(
-            messages=[{"role": "system", "content": "You are a bot that responds with haikus."},
-                      {"role": "user", "content": row["item"]}],
-            sampling_params=dict(temperature=0, max_tokens=0 if row["item"].startswith("BAD") else 40,
-                                 repetition_penalty=1.2, stop_token_ids=[2], logprobs=2)),
-        postprocess=lambda row: dict(answer=row["generated_text"], **row))
+            messages=[
+                {"role": "system", "content": "You are a bot that responds with haikus."},
+                {"role": "user", "content": row["item"]},
+            ],
+            sampling_params=dict(
+                temperature=0,
+                max_tokens=0 if row["item"].startswith("BAD") else 40,
+                repetition_penalty=1.2,
+                stop_token_ids=[2],
+                logprobs=2,
+            ),
+        ),
+        postprocess=lambda row: dict(answer=row["generated_text"], **row),
+    )
     return processor(ray.data.from_items(ITEMS + BAD_ITEMS)).materialize()
 
 
@@ -73,8 +99,7 @@ def generated_schema(dataset):
 
 
 @pytest.mark.slow  # two vLLM engines in Ray actors: make test-slow
-def test_ray_data_llms_example_runs_on_ours_with_the_import_changed_and_the_same_rows(local_ray, tmp_path,
-                                                                                    monkeypatch):
+def test_ray_data_llms_example_runs_on_ours_with_the_import_changed_and_the_same_rows(local_ray, tmp_path, monkeypatch):
     import ray.data.llm
 
     import pipeline.llm

@@ -20,11 +20,12 @@ def test_gguf_is_converted_once_and_then_read_from_the_cache(monkeypatch):
 
 def test_embedded_default_generates(smollm2):
     tokenizer = smollm2.tokenizer
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True,
-                                        tokenize=True, return_dict=True)["input_ids"]
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 2+2?"}], add_generation_prompt=True, tokenize=True, return_dict=True
+    )["input_ids"]
     with torch.no_grad():
         out = smollm2.model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False)
-    assert tokenizer.decode(out[0, len(ids):], skip_special_tokens=True).strip()
+    assert tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True).strip()
 
 
 def test_unknown_model_says_what_is_accepted():
@@ -44,7 +45,9 @@ def test_a_hub_id_is_found_in_the_local_hugging_face_cache_offline(tiny_model_di
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     found, fingerprint = model_loading.resolve_model_dir(ModelConfig(name="acme/tiny-llama"))
     assert found == snapshot and fingerprint == model_loading.directory_fingerprint(tiny_model_dir)
-    with pytest.raises(FileNotFoundError, match="'acme/other' is not in the Hugging Face cache .*huggingface-cli download"):
+    with pytest.raises(
+        FileNotFoundError, match="'acme/other' is not in the Hugging Face cache .*huggingface-cli download"
+    ):
         model_loading.resolve_model_dir(ModelConfig(name="acme/other"))
 
 
@@ -58,8 +61,9 @@ def test_a_conversion_that_another_process_published_first_is_used(monkeypatch, 
     # The second conversion reads the first one's output (seconds, not SmolLM2's conversion again):
     # what is tested is how it is published.
     for loader in (model_loading.AutoModelForCausalLM, model_loading.AutoTokenizer):
-        monkeypatch.setattr(loader, "from_pretrained",
-                            lambda *args, read=loader.from_pretrained, **kwargs: read(converted))
+        monkeypatch.setattr(
+            loader, "from_pretrained", lambda *args, read=loader.from_pretrained, **kwargs: read(converted)
+        )
     replace = model_loading.os.replace
 
     def the_other_process_wins(staging, target):

@@ -1,4 +1,5 @@
 """Output files written whole, and those that cannot be read set aside with their checkpoint entries."""
+
 from __future__ import annotations
 
 import pyarrow as pa
@@ -25,14 +26,17 @@ def test_unreadable_files_are_set_aside_with_their_checkpoint_entries(tmp_path):
     run, checkpoints = tmp_path / "run=r", tmp_path / "_checkpoints" / "run=r"
     run.mkdir()
     checkpoints.mkdir(parents=True)
-    for write, files in (("w1_000000", {"-0": ["a", "b"]}), ("w2_000001", {"-0": ["c"], "-1": ["d", "e"]}),
-                         ("w3_000002", {"-0": ["f"]})):
+    for write, files in (
+        ("w1_000000", {"-0": ["a", "b"]}),
+        ("w2_000001", {"-0": ["c"], "-1": ["d", "e"]}),
+        ("w3_000002", {"-0": ["f"]}),
+    ):
         pq.write_table(pa.table({"id": [i for ids in files.values() for i in ids]}), checkpoints / f"{write}.parquet")
         for suffix, ids in files.items():
             pq.write_table(pa.table({"id": ids, "text": ["x"] * len(ids)}), run / f"{write}{suffix}.parquet")
     for torn in ("w1_000000-0", "w2_000001-1"):
         data = (run / f"{torn}.parquet").read_bytes()
-        (run / f"{torn}.parquet").write_bytes(data[:len(data) // 2])
+        (run / f"{torn}.parquet").write_bytes(data[: len(data) // 2])
 
     moved = set_aside_unreadable(str(tmp_path), str(run), str(checkpoints), "id")
 
@@ -44,6 +48,8 @@ def test_unreadable_files_are_set_aside_with_their_checkpoint_entries(tmp_path):
     # The checkpoint holds exactly the ids of the files that read: the lost ones are generated again.
     held = pa.concat_tables([pq.read_table(p) for p in sorted(checkpoints.iterdir())])["id"].to_pylist()
     assert sorted(held) == ["c", "f"]
-    assert sorted(p.name for p in (aside / "_checkpoints" / "run=r").iterdir()) == ["w1_000000.parquet",
-                                                                                    "w2_000001.parquet"]
+    assert sorted(p.name for p in (aside / "_checkpoints" / "run=r").iterdir()) == [
+        "w1_000000.parquet",
+        "w2_000001.parquet",
+    ]
     assert set_aside_unreadable(str(tmp_path), str(run), str(checkpoints), "id") == []

@@ -1,5 +1,6 @@
 """The Ray Data job on a local Ray, with the tiny model: formats, bad rows, shared tables.
 (Resume, clusters, S3 and lost actors: test_scale_out.py.)"""
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,9 +34,17 @@ def local_ray():
 
 
 def job_config(tiny_model_dir, tmp_path, *overrides):
-    return load_config(REPO / "configs/default.yaml", [
-        "engine.name=transformers", f"model.name={tiny_model_dir}", "decoder.max_new_tokens=6",
-        f"job.output={tmp_path / 'out'}", "input.limit=0", *overrides])
+    return load_config(
+        REPO / "configs/default.yaml",
+        [
+            "engine.name=transformers",
+            f"model.name={tiny_model_dir}",
+            "decoder.max_new_tokens=6",
+            f"job.output={tmp_path / 'out'}",
+            "input.limit=0",
+            *overrides,
+        ],
+    )
 
 
 def read_run(tmp_path, run_id) -> list[dict]:
@@ -48,10 +57,15 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 def test_every_input_row_yields_one_output_row(local_ray, tiny_model_dir, tmp_path):
-    rows = [{"id": "ok", "prompt": "def add(a, b):"}, {"id": "empty", "prompt": ""},
-            {"id": "number", "prompt": 7}, {"id": "long", "prompt": "word " * 2000},
-            {"id": "short", "prompt": "Hi", "max_new_tokens": 2}, {"id": "hot", "prompt": "Hi", "temperature": 0.7},
-            {"id": "none"}]
+    rows = [
+        {"id": "ok", "prompt": "def add(a, b):"},
+        {"id": "empty", "prompt": ""},
+        {"id": "number", "prompt": 7},
+        {"id": "long", "prompt": "word " * 2000},
+        {"id": "short", "prompt": "Hi", "max_new_tokens": 2},
+        {"id": "hot", "prompt": "Hi", "temperature": 0.7},
+        {"id": "none"},
+    ]
     path = write_jsonl(tmp_path / "in.jsonl", rows)
     with open(path, "a") as corpus:  # a line another system cut short, then a good one
         corpus.write('{"id": "torn", "prompt": "an unterminated\n{"id": "after", "prompt": "Hi"}\n')
@@ -61,15 +75,20 @@ def test_every_input_row_yields_one_output_row(local_ray, tiny_model_dir, tmp_pa
     out = {row["id"]: row for row in read_run(tmp_path, "r1")}
     bad_line = f"{path}:8"  # the torn line: its id names its file and line
     assert sorted(out) == sorted([r["id"] for r in rows] + [bad_line])
-    assert out[bad_line]["error"] == (f"row {bad_line!r}: input.path: {path} line 8: not valid JSON: "
-                                      "Unterminated string starting at: column 26")
+    assert out[bad_line]["error"] == (
+        f"row {bad_line!r}: input.path: {path} line 8: not valid JSON: Unterminated string starting at: column 26"
+    )
     assert out["after"]["error"] is None
     assert out["ok"]["error"] is None and len(out["ok"]["generated_tokens"]) == 6
     assert out["short"]["error"] is None and len(out["short"]["generated_tokens"]) == 2
     assert "the prompt is empty" in out["empty"]["error"]
     assert "must be text" in out["number"]["error"]
     assert "no room to generate" in out["long"]["error"]
-    assert out["hot"]["error"] is None and out["hot"]["temperature"] == pytest.approx(0.7) and out["hot"]["seed"] is not None
+    assert (
+        out["hot"]["error"] is None
+        and out["hot"]["temperature"] == pytest.approx(0.7)
+        and out["hot"]["seed"] is not None
+    )
     assert "row 'none': the row has no messages, prompt or tokenized_prompt" in out["none"]["error"]
     assert summary["rows"] == 9 and summary["errored_rows"] == 5
     generated = sum(len(row["generated_tokens"] or []) for row in out.values())
@@ -97,8 +116,13 @@ def test_rest_actors_map_the_datastore_the_driver_checked(local_ray, tiny_model_
     rows = [{"id": str(i), "prompt": "def add(a, b):\n    return a + b"} for i in range(3)]
     tokenizer = load_model(load_config(overrides=[f"model.name={tiny_model_dir}"]).model).tokenizer
     build_datastore([tokenizer(rows[0]["prompt"] * 3, add_special_tokens=False)["input_ids"]], tmp_path / "ds", {})
-    overrides = [f"input.path={write_jsonl(tmp_path / 'in.jsonl', rows)}", "decoder.drafter=rest", "transformers.k=2",
-                 "decoder.w=3", "transformers.verify=tree"]
+    overrides = [
+        f"input.path={write_jsonl(tmp_path / 'in.jsonl', rows)}",
+        "decoder.drafter=rest",
+        "transformers.k=2",
+        "decoder.w=3",
+        "transformers.verify=tree",
+    ]
     with pytest.raises(FileNotFoundError, match="does not exist; build one with: python -m jobs.build_datastore"):
         run_job(job_config(tiny_model_dir, tmp_path, *overrides, f"decoder.datastore={tmp_path / 'nowhere'}"), "r")
     monkeypatch.chdir(tmp_path)  # a relative datastore path is resolved on the driver for every actor
@@ -117,6 +141,7 @@ def test_input_formats(local_ray, tiny_model_dir, tmp_path, kind):
         path = tmp_path / "in.parquet"
     elif kind == "csv":
         import pyarrow.csv
+
         pyarrow.csv.write_csv(table, tmp_path / "in.csv")
         path = tmp_path / "in.csv"
     elif kind == "hf_dataset":
@@ -161,7 +186,9 @@ def test_unreadable_input_is_named_by_file_and_line(local_ray, tiny_model_dir, t
     assert sorted(read) == sorted(["a", "c", f"{csv_path}:3", "p", str(shards / "1.parquet")])
     assert read["a"] is None and read["p"] is None
     assert read[f"{csv_path}:3"] == f"input.path: {csv_path} line 3: 3 fields where the header has 2: 'b,two,extra'"
-    assert read[str(shards / "1.parquet")].startswith(f"input.path: {shards / '1.parquet'}: not a readable Parquet file")
+    assert read[str(shards / "1.parquet")].startswith(
+        f"input.path: {shards / '1.parquet'}: not a readable Parquet file"
+    )
     with pytest.raises(JobFailed, match=rf"^input.path: {csv_path} line 3: 3 fields where the header has 2"):
         run_job(job_config(tiny_model_dir, tmp_path, f"input.path={csv_path}", "input.on_bad_line=fail"), "r")
 
@@ -175,8 +202,15 @@ def test_missing_column_fails_at_start_naming_it(local_ray, tiny_model_dir, tmp_
 def test_a_model_the_engine_cannot_run_fails_the_job_at_start(local_ray, tiny_gemma3_dir, tmp_path):
     # Two rows, not HumanEval's 164 (one block each: counting them took most of the test's time).
     path = write_jsonl(tmp_path / "in.jsonl", [{"id": str(i), "prompt": "Hi"} for i in range(2)])
-    config = load_config(REPO / "configs/default.yaml", ["engine.name=transformers", f"model.name={tiny_gemma3_dir}",
-                                                         f"job.output={tmp_path / 'out'}", f"input.path={path}"])
+    config = load_config(
+        REPO / "configs/default.yaml",
+        [
+            "engine.name=transformers",
+            f"model.name={tiny_gemma3_dir}",
+            f"job.output={tmp_path / 'out'}",
+            f"input.path={path}",
+        ],
+    )
     with pytest.raises(JobFailed, match="sliding-window attention"):
         run_job(config, "never")  # refused by the task that prepares the model, before any actor starts
     assert not outputs.run_files(tmp_path / "out" / "run=never")
@@ -185,8 +219,14 @@ def test_a_model_the_engine_cannot_run_fails_the_job_at_start(local_ray, tiny_ge
 @pytest.mark.slow  # a job stopped part-way (about 35 s): make test-slow
 def test_too_many_errored_rows_fail_the_job(local_ray, tiny_model_dir, tmp_path):
     path = write_jsonl(tmp_path / "in.jsonl", [{"id": str(i), "prompt": ""} for i in range(4)])
-    config = job_config(tiny_model_dir, tmp_path, f"input.path={path}", "job.max_errored_rows=1", "ray.batch_size=2",
-                        "transformers.max_batch_requests=2")
+    config = job_config(
+        tiny_model_dir,
+        tmp_path,
+        f"input.path={path}",
+        "job.max_errored_rows=1",
+        "ray.batch_size=2",
+        "transformers.max_batch_requests=2",
+    )
     with pytest.raises(JobFailed, match=r"rows failed, more than job.max_errored_rows \(1\)"):
         run_job(config, "r")
 
@@ -231,8 +271,12 @@ def datastore_in_an_actor_process(config, refs):
     stage = GenerationStage(config, tables=refs[0])
     drafter = stage.engine.decoder.drafter  # what the actor's suffix drafter drafts from
     tokens, suffix_array = drafter.store_tokens.base, drafter.suffix_array.base  # (the drafter keeps read-only views)
-    return {"tokens": tokens.tolist(), "writeable": tokens.flags.writeable or suffix_array.flags.writeable,
-            "where": [shared_memory_location(tokens), shared_memory_location(suffix_array)], "pid": os.getpid()}
+    return {
+        "tokens": tokens.tolist(),
+        "writeable": tokens.flags.writeable or suffix_array.flags.writeable,
+        "where": [shared_memory_location(tokens), shared_memory_location(suffix_array)],
+        "pid": os.getpid(),
+    }
 
 
 @pytest.mark.slow  # a job with a datastore (about 33 s): make test-slow
@@ -248,8 +292,9 @@ def test_actors_draft_from_one_copy_of_the_datastore_in_the_object_store(local_r
     # Past Ray's 100 KiB for objects it inlines in the owner's memory instead of the object store.
     build_datastore([list(range(5, 105))] * 400, tmp_path / "ds", {})
     expected = Datastore.open(tmp_path / "ds").tokens.tolist()
-    config = job_config(tiny_model_dir, tmp_path, "decoder.drafter=batch_suffix", "decoder.w=3",
-                        f"decoder.datastore={tmp_path / 'ds'}")
+    config = job_config(
+        tiny_model_dir, tmp_path, "decoder.drafter=batch_suffix", "decoder.w=3", f"decoder.datastore={tmp_path / 'ds'}"
+    )
     ref = prepared_tables(config)
     shutil.rmtree(tmp_path / "ds")
     seen = ray.get([datastore_in_an_actor_process.remote(config, [ref]) for _ in range(2)])
@@ -263,8 +308,11 @@ def corpus(tmp_path, size: int) -> Path:
 
 
 def series_ids(tmp_path, *run_ids) -> list[str]:
-    return [row["id"] for run_id in run_ids
-            for row in outputs.read_run(tmp_path / "out" / "series=nightly" / f"run={run_id}")]
+    return [
+        row["id"]
+        for run_id in run_ids
+        for row in outputs.read_run(tmp_path / "out" / "series=nightly" / f"run={run_id}")
+    ]
 
 
 @pytest.mark.slow  # two job runs: make test-slow
@@ -278,17 +326,24 @@ def test_a_torn_output_file_is_set_aside_and_its_ids_generated_again(local_ray, 
     torn = files[0]
     lost = {str(row["id"]) for row in pq.read_table(torn, columns=["id"]).to_pylist()}
     assert len(files) > 1 and 0 < len(lost) < 12
-    torn.write_bytes(torn.read_bytes()[:torn.stat().st_size // 2])
-    edited = write_jsonl(tmp_path / "edited.jsonl", [{"id": i, "prompt": f"question {i}" + " (edited)" * (i == 11)}
-                                                      for i in range(12)])
+    torn.write_bytes(torn.read_bytes()[: torn.stat().st_size // 2])
+    edited = write_jsonl(
+        tmp_path / "edited.jsonl", [{"id": i, "prompt": f"question {i}" + " (edited)" * (i == 11)} for i in range(12)]
+    )
     second = run_job(job_config(tiny_model_dir, tmp_path, f"input.path={edited}", *settings), "r2")
     kept = tmp_path / "out" / "_set_aside" / "series=nightly" / "run=r1" / torn.name
     assert [entry["file"] for entry in second["set_aside"]] == [str(torn)] and kept.is_file() and not torn.exists()
-    assert second["set_aside"][0]["moved_to"] == str(kept) and "not a readable Parquet file" in second["set_aside"][0]["error"]
+    assert (
+        second["set_aside"][0]["moved_to"] == str(kept)
+        and "not a readable Parquet file" in second["set_aside"][0]["error"]
+    )
     assert sorted(series_ids(tmp_path, "r2"), key=int) == sorted(lost | {"11"}, key=int)
     assert sorted(set(series_ids(tmp_path, "r1", "r2")), key=int) == [str(i) for i in range(12)]
-    assert second["errored_rows"] == 0 and json.loads((tmp_path / "out" / "series=nightly" / "run=r2" /
-                                                       "summary.json").read_text())["set_aside"] == second["set_aside"]
+    assert (
+        second["errored_rows"] == 0
+        and json.loads((tmp_path / "out" / "series=nightly" / "run=r2" / "summary.json").read_text())["set_aside"]
+        == second["set_aside"]
+    )
 
 
 @pytest.mark.slow  # several job runs: make test-slow
@@ -316,17 +371,22 @@ def test_a_series_generates_only_what_no_earlier_run_generated(local_ray, tiny_m
     assert third["rows_this_invocation"] == 0 and third["rows_skipped_already_done"] == 33
     monkeypatch.undo()
     # Two rows edited: those two are generated again, drafted from their last output.
-    edited = write_jsonl(tmp_path / "edited.jsonl", [{"id": i, "prompt": f"question {i}" + " (edited)" * (i in (4, 31))}
-                                                      for i in range(33)])
+    edited = write_jsonl(
+        tmp_path / "edited.jsonl",
+        [{"id": i, "prompt": f"question {i}" + " (edited)" * (i in (4, 31))} for i in range(33)],
+    )
     fourth = run_job(job_config(tiny_model_dir, tmp_path, f"input.path={edited}", *settings), "r4")
     assert fourth["rows_this_invocation"] == 2 and (fourth["changed_rows"], fourth["new_rows"]) == (2, 0)
     regenerated = outputs.read_run(tmp_path / "out" / "series=nightly" / "run=r4")
     assert sorted(row["id"] for row in regenerated) == ["31", "4"]
     # On the transformers engine no prediction is drafted from (predicted_from says so).
-    assert all(row["changed"] and row["predicted_from"] is None and len(row["fingerprint"]) == 16 for row in regenerated)
+    assert all(
+        row["changed"] and row["predicted_from"] is None and len(row["fingerprint"]) == 16 for row in regenerated
+    )
     # Another output setting changes every row's fingerprint: everything is generated again, once.
-    fifth = run_job(job_config(tiny_model_dir, tmp_path, f"input.path={edited}", *settings,
-                               "decoder.max_new_tokens=3"), "r5")
+    fifth = run_job(
+        job_config(tiny_model_dir, tmp_path, f"input.path={edited}", *settings, "decoder.max_new_tokens=3"), "r5"
+    )
     assert fifth["rows_this_invocation"] == 33 and fifth["fingerprint"] != first["fingerprint"]
     for runs in (("r1", "r2", "r3"), ("r5",)):  # every id once per fingerprint
         ids = series_ids(tmp_path, *runs)
@@ -342,8 +402,9 @@ def test_actors_asking_for_an_accelerator_the_cluster_lacks_fail_within_the_wait
     # Without the wait this would hang forever; the message can only come from the wait running out.
     # Two rows of a file, not HumanEval's 164 (one block each: counting them took most of the test's time).
     path = write_jsonl(tmp_path / "in.jsonl", [{"id": str(i), "prompt": "Hi"} for i in range(2)])
-    config = job_config(tiny_model_dir, tmp_path, f"input.path={path}", "ray.accelerator_type=A100",
-                        "ray.wait_for_actors_s=5")
+    config = job_config(
+        tiny_model_dir, tmp_path, f"input.path={path}", "ray.accelerator_type=A100", "ray.wait_for_actors_s=5"
+    )
     with pytest.raises(JobFailed, match=r"'accelerator_type': 'A100'.*within ray.wait_for_actors_s \(5 s\)"):
         run_job(config, "nowhere")
 
@@ -364,8 +425,9 @@ def test_a_job_runs_on_a_node_with_no_whole_cpu_free(local_ray, tiny_model_dir, 
     holder = CpuHolder.options(num_cpus=1).remote()
     ray.get(holder.ready.remote())
     rows = [{"id": f"r{i}", "prompt": f"Question {i}", "extra": i} for i in range(3)]
-    config = job_config(tiny_model_dir, tmp_path, f"input.path={write_jsonl(tmp_path / 'in.jsonl', rows)}",
-                        "ray.num_cpus_per_actor=0.5")
+    config = job_config(
+        tiny_model_dir, tmp_path, f"input.path={write_jsonl(tmp_path / 'in.jsonl', rows)}", "ray.num_cpus_per_actor=0.5"
+    )
     finished: dict = {}
     job = threading.Thread(target=lambda: finished.update(summary=run_job(config, "r")), daemon=True)
     job.start()
@@ -380,26 +442,40 @@ def test_a_job_runs_on_a_node_with_no_whole_cpu_free(local_ray, tiny_model_dir, 
 
 @pytest.mark.slow  # several job runs: make test-slow
 def test_a_run_drafts_from_an_earlier_runs_outputs_and_refuses_a_store_of_another_tokenizer(
-        local_ray, tiny_model_dir, tmp_path):
+    local_ray, tiny_model_dir, tmp_path
+):
     from drafters.datastore import build_datastore
     from jobs import build_datastore as build_command
 
     path = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "prompt": f"Count to {i % 3}"} for i in range(6)])
-    common = [f"input.path={path}", "decoder.max_new_tokens=24", "transformers.max_batch_requests=1", "ray.batch_size=2"]
+    common = [
+        f"input.path={path}",
+        "decoder.max_new_tokens=24",
+        "transformers.max_batch_requests=1",
+        "ray.batch_size=2",
+    ]
     run_job(job_config(tiny_model_dir, tmp_path, *common, "decoder.drafter=none", "decoder.w=0"), "first")
     store = tmp_path / "store"
-    build_command.main(["--corpus", str(tmp_path / "out" / "run=first"), "--out", str(store), "--model", str(tiny_model_dir)])
+    build_command.main(
+        ["--corpus", str(tmp_path / "out" / "run=first"), "--out", str(store), "--model", str(tiny_model_dir)]
+    )
     seeded = job_config(tiny_model_dir, tmp_path, *common, "decoder.drafter=batch_suffix", f"decoder.datastore={store}")
     run_job(seeded, "second")
     first, second = read_run(tmp_path, "first"), read_run(tmp_path, "second")
-    assert {row["id"]: row["generated_tokens"] for row in second} == {row["id"]: row["generated_tokens"] for row in first}
+    assert {row["id"]: row["generated_tokens"] for row in second} == {
+        row["id"]: row["generated_tokens"] for row in first
+    }
     from_store = sum(dict(row["strategy_accepted_tokens"] or []).get("suffix_store", 0) for row in second)
     assert from_store > 0, [row["strategy_accepted_tokens"] for row in second]
     foreign = tmp_path / "foreign"
     build_datastore([[1, 2, 3, 4]], foreign, {"vocab_size": 1000, "model": "another"})
     with pytest.raises(JobFailed, match="decoder.datastore: built with a tokenizer of 1000 tokens"):
-        run_job(job_config(tiny_model_dir, tmp_path, *common, "decoder.drafter=batch_suffix",
-                           f"decoder.datastore={foreign}"), "foreign")
+        run_job(
+            job_config(
+                tiny_model_dir, tmp_path, *common, "decoder.drafter=batch_suffix", f"decoder.datastore={foreign}"
+            ),
+            "foreign",
+        )
 
 
 @pytest.mark.slow  # the job and the processor on the same rows (about 1 minute): make test-slow
@@ -413,21 +489,37 @@ def test_the_job_and_the_processor_write_the_same_rows(local_ray, tiny_model_dir
     from pipeline import llm
     from pipeline.llm.schema import INFERENCE_ERROR
 
-    rows = [{"id": f"p{i}", "prompt": f"Count from {i} to {i + 9}:"} for i in range(5)] + [{"id": "long", "prompt": "word " * 2000}]
-    config = job_config(tiny_model_dir, tmp_path, f"input.path={write_jsonl(tmp_path / 'in.jsonl', rows)}",
-                        "decoder.drafter=mixed", "transformers.k=3", "decoder.w=2", "ray.batch_size=4")
+    rows = [{"id": f"p{i}", "prompt": f"Count from {i} to {i + 9}:"} for i in range(5)] + [
+        {"id": "long", "prompt": "word " * 2000}
+    ]
+    config = job_config(
+        tiny_model_dir,
+        tmp_path,
+        f"input.path={write_jsonl(tmp_path / 'in.jsonl', rows)}",
+        "decoder.drafter=mixed",
+        "transformers.k=3",
+        "decoder.w=2",
+        "ray.batch_size=4",
+    )
     run_job(config, "cli")
     job = {row["id"]: row for row in read_run(tmp_path, "cli")}
 
     processor = llm.build_processor(
-        llm.vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers", batch_size=4,
-                                      placement_group_config={"bundles": [{"CPU": 1}]}, should_continue_on_error=True,
-                                      decoder={k: v for k, v in dataclasses.asdict(config.decoder).items()
-                                               if k != "max_new_tokens"},
-                                      transformers=dataclasses.asdict(config.transformers)),
+        llm.vLLMEngineProcessorConfig(
+            model_source=str(tiny_model_dir),
+            engine="transformers",
+            batch_size=4,
+            placement_group_config={"bundles": [{"CPU": 1}]},
+            should_continue_on_error=True,
+            decoder={k: v for k, v in dataclasses.asdict(config.decoder).items() if k != "max_new_tokens"},
+            transformers=dataclasses.asdict(config.transformers),
+        ),
         # As a ray.data.llm user writes it: a text prompt as one user message, greedy, 6 tokens.
-        preprocess=lambda row: {"messages": [{"role": "user", "content": row["prompt"]}],
-                                "sampling_params": {"temperature": 0, "max_tokens": 6}})
+        preprocess=lambda row: {
+            "messages": [{"role": "user", "content": row["prompt"]}],
+            "sampling_params": {"temperature": 0, "max_tokens": 6},
+        },
+    )
     processor(ray.data.from_items(rows)).write_parquet(str(tmp_path / "api"))
     api = {row["id"]: row for row in outputs.read_run(tmp_path / "api")}
 
@@ -435,11 +527,29 @@ def test_the_job_and_the_processor_write_the_same_rows(local_ray, tiny_model_dir
     # Timings; how Ray Data cut the batches (each batch's uuid, the actor's request count, the calls'
     # shares); seed: the job derives one from decoder.seed, the processor here has none (greedy rows
     # sample nothing).
-    varying = {"draft_seconds", "median_draft_seconds", "verify_seconds", "time_taken_llm", "draft_cost_ratio",
-               "batch_uuid", "request_id", "forward_call_share", "seed", "id"}
+    varying = {
+        "draft_seconds",
+        "median_draft_seconds",
+        "verify_seconds",
+        "time_taken_llm",
+        "draft_cost_ratio",
+        "batch_uuid",
+        "request_id",
+        "forward_call_share",
+        "seed",
+        "id",
+    }
     shared = sorted(set(job["p0"]) & set(api["p0"]) - varying)
-    assert {"generated_text", "generated_tokens", "prompt_token_ids", "finish_reason", "num_target_calls",
-            "accepted_length_histogram", "drafter", "engine"} <= set(shared)
+    assert {
+        "generated_text",
+        "generated_tokens",
+        "prompt_token_ids",
+        "finish_reason",
+        "num_target_calls",
+        "accepted_length_histogram",
+        "drafter",
+        "engine",
+    } <= set(shared)
     for request_id in job:
         if request_id == "long":  # an error row either way, each naming the row its own way
             assert "no room to generate" in job["long"]["error"]
@@ -457,10 +567,16 @@ def test_the_processor_resumes_with_its_id_column_and_checkpoint_path(local_ray,
 
     inputs = write_jsonl(tmp_path / "in.jsonl", [{"id": f"p{i}", "prompt": f"Count to {i}"} for i in range(4)])
     processor = llm.build_processor(
-        llm.vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers", batch_size=2,
-                                      placement_group_config={"bundles": [{"CPU": 0.5}]},
-                                      id_column="id", checkpoint_path=str(tmp_path / "checkpoints")),
-        preprocess=lambda row: {"sampling_params": {"temperature": 0, "max_tokens": 3}})
+        llm.vLLMEngineProcessorConfig(
+            model_source=str(tiny_model_dir),
+            engine="transformers",
+            batch_size=2,
+            placement_group_config={"bundles": [{"CPU": 0.5}]},
+            id_column="id",
+            checkpoint_path=str(tmp_path / "checkpoints"),
+        ),
+        preprocess=lambda row: {"sampling_params": {"temperature": 0, "max_tokens": 3}},
+    )
     # Ray's checkpoint filter actor holds a whole CPU: on 2 CPUs the rest must be fractional.
     read = lambda: ray.data.read_json(str(inputs), num_cpus=0.25)  # noqa: E731
     write = lambda dataset, name: dataset.write_parquet(str(tmp_path / name), ray_remote_args={"num_cpus": 0.25})  # noqa: E731

@@ -1,5 +1,6 @@
 """Exact sampling verification: literal cases, and statistical tests that the emitted tokens follow
 the target's distribution (with a deliberately broken verifier to show the test can fail)."""
+
 from __future__ import annotations
 
 import itertools
@@ -21,10 +22,14 @@ from drafters.primitives.sampling import SamplingParams, request_seed, sample, t
 
 V = 4
 # The target is a Markov chain: row t is p(next | t). The draft model is a different chain.
-TARGET = torch.tensor([[0.50, 0.30, 0.15, 0.05], [0.10, 0.60, 0.20, 0.10],
-                       [0.25, 0.25, 0.25, 0.25], [0.70, 0.10, 0.10, 0.10]], dtype=torch.float64)
-DRAFT = torch.tensor([[0.10, 0.20, 0.30, 0.40], [0.40, 0.30, 0.20, 0.10],
-                      [0.05, 0.05, 0.45, 0.45], [0.25, 0.25, 0.25, 0.25]], dtype=torch.float64)
+TARGET = torch.tensor(
+    [[0.50, 0.30, 0.15, 0.05], [0.10, 0.60, 0.20, 0.10], [0.25, 0.25, 0.25, 0.25], [0.70, 0.10, 0.10, 0.10]],
+    dtype=torch.float64,
+)
+DRAFT = torch.tensor(
+    [[0.10, 0.20, 0.30, 0.40], [0.40, 0.30, 0.20, 0.10], [0.05, 0.05, 0.45, 0.45], [0.25, 0.25, 0.25, 0.25]],
+    dtype=torch.float64,
+)
 START, LENGTH, SAMPLES = 0, 3, 12000
 # With 64 outcomes and 12000 samples the expected total-variation distance of an exact sampler is
 # about 0.5 * sum_x sqrt(2 p(x) / (pi N)) <= 0.5 * sqrt(2 * 64 / (pi * 12000)) = 0.029; 0.05 leaves
@@ -58,7 +63,9 @@ def verify_point_drafts(drafts, probs, uniforms) -> Verdict:
 
 def speculative_sample(drafts, q, p, accept_uniforms, sample_uniforms, lenience=1.0) -> Verdict:
     """The verifier on a draft model's row: drafts [γ]; q [γ, V]; p [γ+1, V]."""
-    return sample_speculatively(build_tree(drafts[None]), DraftEvidence(q, accept_uniforms, lenience), p, sample_uniforms)
+    return sample_speculatively(
+        build_tree(drafts[None]), DraftEvidence(q, accept_uniforms, lenience), p, sample_uniforms
+    )
 
 
 def generate_point_drafts(rng, verify) -> tuple[int, ...]:
@@ -69,7 +76,7 @@ def generate_point_drafts(rng, verify) -> tuple[int, ...]:
         probs = TARGET[blocks]  # [k, w+1, V]: the target's next-token distribution after each block token
         verdict = verify(drafts, probs, torch.from_numpy(rng.random(3)))
         sequence += verdict.tokens
-    return tuple(sequence[1:LENGTH + 1])
+    return tuple(sequence[1 : LENGTH + 1])
 
 
 def generate_with_draft_model(rng, verify, gamma=2) -> tuple[int, ...]:
@@ -81,17 +88,21 @@ def generate_with_draft_model(rng, verify, gamma=2) -> tuple[int, ...]:
             drafts.append(prev)
         block = [sequence[-1]] + drafts
         q, p = DRAFT[block[:-1]], TARGET[block]  # [γ, V], [γ+1, V]
-        verdict = verify(torch.tensor(drafts), q, p, torch.from_numpy(rng.random(gamma)),
-                         torch.from_numpy(rng.random(gamma + 1)))
+        verdict = verify(
+            torch.tensor(drafts), q, p, torch.from_numpy(rng.random(gamma)), torch.from_numpy(rng.random(gamma + 1))
+        )
         sequence += verdict.tokens
-    return tuple(sequence[1:LENGTH + 1])
+    return tuple(sequence[1 : LENGTH + 1])
 
 
 def broken_point_verify(drafts, probs, uniforms):
     """Wrong: trusts the first row's first draft token without sampling it."""
     verdict = verify_point_drafts(drafts, probs, uniforms)
-    return verdict if verdict.tokens[0] == int(drafts[0, 0]) else type(verdict)(
-        tokens=[int(drafts[0, 0])] + verdict.tokens[:1], num_accepted=1, row=0)
+    return (
+        verdict
+        if verdict.tokens[0] == int(drafts[0, 0])
+        else type(verdict)(tokens=[int(drafts[0, 0])] + verdict.tokens[:1], num_accepted=1, row=0)
+    )
 
 
 def broken_speculative_sample(drafts, q, p, accept_uniforms, sample_uniforms):
@@ -108,12 +119,15 @@ def broken_speculative_sample(drafts, q, p, accept_uniforms, sample_uniforms):
     return Verdict(tokens, drafts.shape[0], 0)
 
 
-@pytest.mark.parametrize("generate,verify,exact", [
-    (generate_point_drafts, verify_point_drafts, True),
-    (generate_point_drafts, broken_point_verify, False),
-    (generate_with_draft_model, speculative_sample, True),
-    (generate_with_draft_model, broken_speculative_sample, False),
-])
+@pytest.mark.parametrize(
+    "generate,verify,exact",
+    [
+        (generate_point_drafts, verify_point_drafts, True),
+        (generate_point_drafts, broken_point_verify, False),
+        (generate_with_draft_model, speculative_sample, True),
+        (generate_with_draft_model, broken_speculative_sample, False),
+    ],
+)
 def test_emitted_tokens_follow_the_target_distribution(generate, verify, exact):
     rng = np.random.default_rng(0)
     distance = total_variation([generate(rng, verify) for _ in range(SAMPLES)])

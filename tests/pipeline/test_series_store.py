@@ -1,6 +1,7 @@
 """A series' store of earlier outputs (pipeline/job/series_store.py), kept by the job after each run:
 built from the runs it does not hold, extended, versioned, and drafted from by default. No model
 and no Ray cluster: the store's task runs in-process."""
+
 import shutil
 
 import numpy as np
@@ -18,13 +19,21 @@ extend = extend_store._function  # the Ray task's body
 MODEL = load_config().model.name
 
 
-def write_run(runs_root, run_id: str, rows: list[tuple[list[int], str | None]], model: str = MODEL,
-              name: str = "0.parquet") -> None:
+def write_run(
+    runs_root, run_id: str, rows: list[tuple[list[int], str | None]], model: str = MODEL, name: str = "0.parquet"
+) -> None:
     directory = runs_root / f"run={run_id}"
     directory.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({"generated_tokens": pa.array([tokens for tokens, _ in rows], pa.list_(pa.int64())),
-                             "error": pa.array([error for _, error in rows], pa.string()),
-                             "model": pa.array([model] * len(rows), pa.string())}), directory / name)
+    pq.write_table(
+        pa.table(
+            {
+                "generated_tokens": pa.array([tokens for tokens, _ in rows], pa.list_(pa.int64())),
+                "error": pa.array([error for _, error in rows], pa.string()),
+                "model": pa.array([model] * len(rows), pa.string()),
+            }
+        ),
+        directory / name,
+    )
 
 
 def documents(store: Datastore) -> list[list[int]]:
@@ -43,8 +52,12 @@ def test_the_store_holds_every_runs_generated_rows_once_and_is_extended_run_by_r
     config = load_config(overrides=[f"job.output={tmp_path / 'out'}", "job.series=nightly"])
     paths = RunPaths.of(config, "unused")
     runs_root, store = tmp_path / "out" / "series=nightly", paths.store
-    assert paths.runs_root == str(runs_root) and store == str(tmp_path / "out" / "_checkpoints" / "series=nightly" /
-                                                            "store") + f"/model={paths.store.rsplit('=', 1)[1]}"
+    assert (
+        paths.runs_root == str(runs_root)
+        and store
+        == str(tmp_path / "out" / "_checkpoints" / "series=nightly" / "store")
+        + f"/model={paths.store.rsplit('=', 1)[1]}"
+    )
     assert extend(config, paths) is None and with_series_store(config, store) == config  # nothing run yet
     write_run(runs_root, "r1", [([1, 2, 3], None), ([9, 9], "row 'x': refused"), ([], None)])
     write_run(runs_root, "r2", [([4, 5], None)])  # a run that was never resumed is taken in too
@@ -61,8 +74,14 @@ def test_the_store_holds_every_runs_generated_rows_once_and_is_extended_run_by_r
     assert storage.list_directories(store, "v=") == [second["path"].rsplit("/", 1)[1]]
     # The next run drafts from the newest version, unless the config names a store of its own.
     assert with_series_store(config, store).decoder.datastore == second["path"]
-    own = load_config(overrides=[f"job.output={tmp_path / 'out'}", "job.series=nightly", "decoder.drafter=rest",
-                                 f"decoder.datastore={tmp_path / 'elsewhere'}"])
+    own = load_config(
+        overrides=[
+            f"job.output={tmp_path / 'out'}",
+            "job.series=nightly",
+            "decoder.drafter=rest",
+            f"decoder.datastore={tmp_path / 'elsewhere'}",
+        ]
+    )
     assert with_series_store(own, store) == own
     no_drafts = load_config(overrides=[f"job.output={tmp_path / 'out'}", "job.series=nightly", "decoder.w=0"])
     assert with_series_store(no_drafts, store) == no_drafts

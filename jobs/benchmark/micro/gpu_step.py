@@ -18,6 +18,7 @@ Needs a CUDA GPU and torch only (no vLLM, no Ray: it runs on a bare GPU machine)
 vLLM's also does (norms, rotary embeddings, sampling, the scheduler) is left out: a few % of a
 large step, more of a small one, so the measured times are a lower bound on vLLM's step.
 """
+
 from __future__ import annotations
 
 import time
@@ -70,10 +71,10 @@ class Layers:
 
         batch, fed, heads, kv_heads, dim, inner = self.shape
         linear, attention = self.parts in ("all", "linear"), self.parts in ("all", "attention")
-        q = x[:, :heads * dim].reshape(batch, fed, heads, dim).transpose(1, 2)
+        q = x[:, : heads * dim].reshape(batch, fed, heads, dim).transpose(1, 2)
         for layer in range(self.layers):
             if linear:
-                q = (x @ self.qkv)[:, :heads * dim].view(batch, fed, heads, dim).transpose(1, 2)
+                q = (x @ self.qkv)[:, : heads * dim].view(batch, fed, heads, dim).transpose(1, 2)
             attended = attend(q, self.keys[layer], self.values[layer], self.attention) if attention else q
             if linear:
                 x = x + attended.transpose(1, 2).reshape(batch * fed, heads * dim) @ self.out
@@ -84,8 +85,9 @@ class Layers:
         return x @ self.head if linear else q
 
 
-def step_seconds(shape: tuple, batch: int, fed: int, context: int, repeats: int, parts: str = "all",
-                 attention: str = "gqa") -> float:
+def step_seconds(
+    shape: tuple, batch: int, fed: int, context: int, repeats: int, parts: str = "all", attention: str = "gqa"
+) -> float:
     """Median seconds of one step feeding `fed` tokens to each of `batch` requests whose cache
     holds `context` tokens (attention over context + fed, non-causal: the same work)."""
     import torch
@@ -127,15 +129,23 @@ def add_cli_args(parser) -> None:
 def step_row(args, batch: int, fed: int, base: dict | None) -> tuple[dict, dict]:
     """One (batch, fed) step measured in its parts against the roofline; (the row, the parts' seconds)."""
     roofline = RooflineStepCost(GPUS[args.gpu], MODELS[args.model], batch, args.context)
-    seconds = {part: step_seconds(SHAPES[args.model], batch, fed, args.context, args.repeats, part, args.attention)
-               for part in ("all", "linear", "attention")}
+    seconds = {
+        part: step_seconds(SHAPES[args.model], batch, fed, args.context, args.repeats, part, args.attention)
+        for part in ("all", "linear", "attention")
+    }
     base = base or seconds
     predicted = float(roofline.seconds(batch * fed))
-    return {"batch": batch, "fed_per_request": fed, "seconds": round(seconds["all"], 6),
-            "vs_one_token": round(seconds["all"] / base["all"], 3), "linear_seconds": round(seconds["linear"], 6),
-            "linear_vs_one_token": round(seconds["linear"] / base["linear"], 3),
-            "attention_seconds": round(seconds["attention"], 6), "roofline_seconds": round(predicted, 6),
-            "roofline_vs_one_token": round(predicted / float(roofline.seconds(batch)), 3)}, seconds
+    return {
+        "batch": batch,
+        "fed_per_request": fed,
+        "seconds": round(seconds["all"], 6),
+        "vs_one_token": round(seconds["all"] / base["all"], 3),
+        "linear_seconds": round(seconds["linear"], 6),
+        "linear_vs_one_token": round(seconds["linear"] / base["linear"], 3),
+        "attention_seconds": round(seconds["attention"], 6),
+        "roofline_seconds": round(predicted, 6),
+        "roofline_vs_one_token": round(predicted / float(roofline.seconds(batch)), 3),
+    }, seconds
 
 
 def run(args) -> dict:
@@ -148,9 +158,16 @@ def run(args) -> dict:
             row, seconds = step_row(args, batch, fed, base)
             base = base or seconds
             rows.append(row)
-    return {"device": torch.cuda.get_device_name(), "model": MODELS[args.model].name, "gpu_spec": GPUS[args.gpu].name,
-            "context": args.context, "attention": args.attention, "torch": torch.__version__,
-            "seconds": round(time.time() - started, 1), "rows": rows}
+    return {
+        "device": torch.cuda.get_device_name(),
+        "model": MODELS[args.model].name,
+        "gpu_spec": GPUS[args.gpu].name,
+        "context": args.context,
+        "attention": args.attention,
+        "torch": torch.__version__,
+        "seconds": round(time.time() - started, 1),
+        "rows": rows,
+    }
 
 
 def markdown(report: dict) -> str:

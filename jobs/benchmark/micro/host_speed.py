@@ -15,6 +15,7 @@ host is then
 with t the fastest of `--rounds` runs of this work at B requests on each host. It is a proxy: the
 ratio of single-threaded Python speed, not a measurement of vLLM there.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,8 +26,10 @@ from jobs.benchmark.report import markdown_table
 
 
 def requests_of(batch: int) -> list:
-    return [{"id": f"r{i}", "tokens": list(range(i % 7, 300 + i % 7)), "computed": 300, "priority": 0,
-             "arrival": float(i)} for i in range(batch)]
+    return [
+        {"id": f"r{i}", "tokens": list(range(i % 7, 300 + i % 7)), "computed": 300, "priority": 0, "arrival": float(i)}
+        for i in range(batch)
+    ]
 
 
 def step(requests: list, torch) -> dict:
@@ -60,8 +63,14 @@ def scaled(host_step: dict, base: dict, here: dict) -> dict:
         rows = sorted(report["rows"], key=lambda r: r["batch"])
         return float(np.interp(batch, [r["batch"] for r in rows], [r["us_per_step"] for r in rows]))
 
-    median = [{**row, "host_ms_per_step": round(row["host_ms_per_step"] * at(here, row["batch"]) / at(base, row["batch"]), 3),
-               "scaled_from_ms": row["host_ms_per_step"]} for row in host_step["median"]]
+    median = [
+        {
+            **row,
+            "host_ms_per_step": round(row["host_ms_per_step"] * at(here, row["batch"]) / at(base, row["batch"]), 3),
+            "scaled_from_ms": row["host_ms_per_step"],
+        }
+        for row in host_step["median"]
+    ]
     return {**host_step, "median": median, "scaled_by": "jobs.benchmark host-speed", "base": base, "here": here}
 
 
@@ -69,16 +78,26 @@ def add_cli_args(parser) -> None:
     parser.add_argument("--batch", type=integers, default=[16, 64, 256])
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--scale", default="", metavar="HOST_STEP_JSON", help="scale this host-step report to this host")
-    parser.add_argument("--base", default="", metavar="HOST_SPEED_JSON",
-                        help="this subcommand's report from the host --scale was measured on")
+    parser.add_argument(
+        "--scale", default="", metavar="HOST_STEP_JSON", help="scale this host-step report to this host"
+    )
+    parser.add_argument(
+        "--base",
+        default="",
+        metavar="HOST_SPEED_JSON",
+        help="this subcommand's report from the host --scale was measured on",
+    )
 
 
 def run(args) -> dict:
     if bool(args.scale) != bool(args.base):
         raise SystemExit("host-speed: --scale and --base go together")
-    report = {"rows": [{"batch": b, "us_per_step": round(1e6 * seconds_per_step(b, args.steps, args.rounds), 3)}
-                       for b in args.batch]}
+    report = {
+        "rows": [
+            {"batch": b, "us_per_step": round(1e6 * seconds_per_step(b, args.steps, args.rounds), 3)}
+            for b in args.batch
+        ]
+    }
     if args.scale:
         with open(args.scale) as a, open(args.base) as b:
             report = scaled(json.load(a), json.load(b), report)

@@ -13,6 +13,7 @@ without it (our `custom_class` proposer, vLLM's `suffix`) the GPU waits for it e
 It is this machine's CPU (2 cores shared with the "device" work): a GPU host's cores are faster,
 so the figure is an upper bound there. The replay's projection takes it as --host-step.
 """
+
 from __future__ import annotations
 
 import time
@@ -69,9 +70,14 @@ def measure(llm, batch: int, max_new_tokens: int) -> dict:
     steps = after["calls"] - before["calls"]
     device = after["device"] - before["device"]
     assert all(len(o.outputs[0].token_ids) == max_new_tokens for o in outputs)
-    return {"batch": batch, "steps": steps, "wall_seconds": round(wall, 4), "device_seconds": round(device, 4),
-            "host_ms_per_step": round(1e3 * (wall - device) / steps, 3),
-            "device_ms_per_step": round(1e3 * device / steps, 3)}
+    return {
+        "batch": batch,
+        "steps": steps,
+        "wall_seconds": round(wall, 4),
+        "device_seconds": round(device, 4),
+        "host_ms_per_step": round(1e3 * (wall - device) / steps, 3),
+        "device_ms_per_step": round(1e3 * device / steps, 3),
+    }
 
 
 def add_cli_args(parser) -> None:
@@ -90,20 +96,38 @@ def run(args) -> dict:
     from pipeline.config.model_loading import dtype_name, resolve_model_dir
 
     batches = args.batch
-    config = load_config(None, ["engine.name=vllm", "engine.execution=eager",
-                                                  f"engine.max_num_seqs={max(batches)}"])
+    config = load_config(None, ["engine.name=vllm", "engine.execution=eager", f"engine.max_num_seqs={max(batches)}"])
     set_vllm_environment(config)
     from vllm import LLM
 
     model_dir, _ = resolve_model_dir(config.model)
     with llvmlite_set_aside():
-        llm = LLM(model=str(model_dir), tokenizer=str(model_dir), dtype=dtype_name(config.model), seed=0,
-                  enforce_eager=True, max_num_seqs=max(batches), max_model_len=512)
+        llm = LLM(
+            model=str(model_dir),
+            tokenizer=str(model_dir),
+            dtype=dtype_name(config.model),
+            seed=0,
+            enforce_eager=True,
+            max_num_seqs=max(batches),
+            max_model_len=512,
+        )
     llm.collective_rpc(instrument)
     measure(llm, 4, 4)  # warm-up
     rows = [measure(llm, batch, args.max_new_tokens) for _ in range(args.rounds) for batch in batches]
-    summary = [{"batch": b, "host_ms_per_step": round(float(np.median([r["host_ms_per_step"] for r in rows if r["batch"] == b])), 3),
-                "device_ms_per_step": round(float(np.median([r["device_ms_per_step"] for r in rows if r["batch"] == b])), 3)}
-               for b in batches]
-    return {"model": config.model.name, "dtype": dtype_name(config.model), "max_new_tokens": args.max_new_tokens,
-            "rows": rows, "median": summary}
+    summary = [
+        {
+            "batch": b,
+            "host_ms_per_step": round(float(np.median([r["host_ms_per_step"] for r in rows if r["batch"] == b])), 3),
+            "device_ms_per_step": round(
+                float(np.median([r["device_ms_per_step"] for r in rows if r["batch"] == b])), 3
+            ),
+        }
+        for b in batches
+    ]
+    return {
+        "model": config.model.name,
+        "dtype": dtype_name(config.model),
+        "max_new_tokens": args.max_new_tokens,
+        "rows": rows,
+        "median": summary,
+    }

@@ -24,6 +24,7 @@ rule (the draft drawn with the same keyed noise as the target, accepted iff they
 `--keys` keys per position; and `agreement`, how often the two rules give the same token for the
 same seed, position and logits today (about sum_v p_v^2: independent draws).
 """
+
 from __future__ import annotations
 
 import json
@@ -78,22 +79,26 @@ def step_seconds(model, ids: torch.Tensor, context: int, fed: int, rounds: int) 
 
     cache = DynamicCache(config=model.config)
     model(input_ids=ids[:, :context], past_key_values=cache, use_cache=True)
-    block = ids[:, context:context + fed]
+    block = ids[:, context : context + fed]
 
     def step():
         model(input_ids=block, past_key_values=cache, use_cache=True)
         cache.crop(context)
+
     return fastest(step, rounds)
 
 
 def inverse_cdf_batched(logits: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
     """[N] the inverse-CDF draws of softmax(logits [N, V]) with uniforms [N], batched as vLLM would run them."""
     cdf = logits.softmax(dim=-1).double().cumsum(dim=-1)  # [N, V]
-    return torch.searchsorted(cdf, (uniforms * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1).clamp_max(cdf.shape[1] - 1)
+    return (
+        torch.searchsorted(cdf, (uniforms * cdf[:, -1]).unsqueeze(1), right=True).squeeze(1).clamp_max(cdf.shape[1] - 1)
+    )
 
 
-def draw_row(logits: torch.Tensor, batch: int, positions: int, step: float, fused, rounds: int,
-             sampling: SamplingParams) -> dict:
+def draw_row(
+    logits: torch.Tensor, batch: int, positions: int, step: float, fused, rounds: int, sampling: SamplingParams
+) -> dict:
     """The draws of one step of `batch` requests x `positions` positions: ms per step and per token."""
     n = batch * positions
     rows = logits[torch.arange(n) % logits.shape[0]]  # [n, V]
@@ -101,9 +106,11 @@ def draw_row(logits: torch.Tensor, batch: int, positions: int, step: float, fuse
     scaled = (rows / sampling.temperature).contiguous()
     uniforms = torch.rand(n, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     keys = position_keys(torch.arange(batch).repeat_interleave(positions), torch.arange(positions).repeat(batch))
-    times = {"inverse_cdf": fastest(lambda: [sample(probs[i], float(uniforms[i])) for i in range(n)], rounds),
-             "inverse_cdf_batched": fastest(lambda: inverse_cdf_batched(scaled, uniforms), rounds),
-             "gumbel_torch": fastest(lambda: gumbel_argmax_torch(scaled, keys), rounds)}
+    times = {
+        "inverse_cdf": fastest(lambda: [sample(probs[i], float(uniforms[i])) for i in range(n)], rounds),
+        "inverse_cdf_batched": fastest(lambda: inverse_cdf_batched(scaled, uniforms), rounds),
+        "gumbel_torch": fastest(lambda: gumbel_argmax_torch(scaled, keys), rounds),
+    }
     if fused is not None:
         times["gumbel_fused"] = fastest(lambda: fused(scaled, keys), rounds)
     row = {"batch": batch, "positions": positions, "step_ms": round(1e3 * step, 2)}
@@ -115,8 +122,9 @@ def draw_row(logits: torch.Tensor, batch: int, positions: int, step: float, fuse
     return row
 
 
-def coupling_row(target: torch.Tensor, draft: torch.Tensor, layers: int, keys_per_position: int, draw,
-                 sampling: SamplingParams) -> dict:
+def coupling_row(
+    target: torch.Tensor, draft: torch.Tensor, layers: int, keys_per_position: int, draw, sampling: SamplingParams
+) -> dict:
     """Acceptance per drafted token of a self-draft of `layers` layers: Leviathan's (exact expectation)
     and the keyed rule's (the share of keys whose draft draw equals the target's)."""
     p, q = target_probs(target, sampling).double(), target_probs(draft, sampling).double()  # [T, V]
@@ -126,10 +134,14 @@ def coupling_row(target: torch.Tensor, draft: torch.Tensor, layers: int, keys_pe
     index = torch.arange(positions).repeat(keys_per_position)
     scaled = lambda logits: (logits.float() / sampling.temperature)[index].contiguous()  # noqa: E731
     matches = (draw(scaled(target), keys) == draw(scaled(draft), keys)).double()
-    return {"draft_layers": layers, "positions": positions, "keys": keys_per_position,
-            "leviathan_acceptance": round(float(torch.minimum(p, q).sum(-1).mean()), 4),
-            "keyed_acceptance": round(float(matches.mean()), 4),
-            "keyed_standard_error": round(float(matches.std() / len(matches) ** 0.5), 4)}
+    return {
+        "draft_layers": layers,
+        "positions": positions,
+        "keys": keys_per_position,
+        "leviathan_acceptance": round(float(torch.minimum(p, q).sum(-1).mean()), 4),
+        "keyed_acceptance": round(float(matches.mean()), 4),
+        "keyed_standard_error": round(float(matches.std() / len(matches) ** 0.5), 4),
+    }
 
 
 def agreement_row(target: torch.Tensor, seeds: int, draw, sampling: SamplingParams) -> dict:
@@ -142,8 +154,12 @@ def agreement_row(target: torch.Tensor, seeds: int, draw, sampling: SamplingPara
         inverse = torch.tensor([sample(probs[t], float(uniforms[t])) for t in range(positions)])
         keys = position_keys(torch.full((positions,), seed), torch.arange(positions))
         same.append((inverse == draw((target / sampling.temperature).contiguous(), keys)).double())
-    return {"seeds": seeds, "positions": positions, "same_token_fraction": round(float(torch.cat(same).mean()), 4),
-            "independent_draws_expect": round(float(probs.double().pow(2).sum(-1).mean()), 4)}
+    return {
+        "seeds": seeds,
+        "positions": positions,
+        "same_token_fraction": round(float(torch.cat(same).mean()), 4),
+        "independent_draws_expect": round(float(probs.double().pow(2).sum(-1).mean()), 4),
+    }
 
 
 def add_cli_args(parser) -> None:
@@ -169,16 +185,28 @@ def run(args) -> dict:
     model, sampling = loaded.model, SamplingParams(temperature=args.temperature)
     most = max(b * p for b in args.batch for p in args.positions)
     ids = text_ids(loaded.tokenizer, args.context + most)
-    logits, drafts = model_logits(model, ids[:, args.context:], args.draft_layers)
+    logits, drafts = model_logits(model, ids[:, args.context :], args.draft_layers)
     draw = fused or gumbel_argmax_torch
-    draws = [draw_row(logits, b, p, step_seconds(model, ids, args.context, b * p, args.rounds), fused,
-                      args.rounds, sampling) for b in args.batch for p in args.positions]
+    draws = [
+        draw_row(logits, b, p, step_seconds(model, ids, args.context, b * p, args.rounds), fused, args.rounds, sampling)
+        for b in args.batch
+        for p in args.positions
+    ]
     sample_rows = logits[:64]
-    return {"model": args.model, "dtype": "float32", "threads": torch.get_num_threads(), "vocab": logits.shape[1],
-            "temperature": args.temperature, "fused_kernel": fused is not None, "draws": draws,
-            "coupling": [coupling_row(sample_rows, drafts[layers][:64], layers, args.keys, draw, sampling)
-                         for layers in args.draft_layers],
-            "agreement": [agreement_row(sample_rows, args.keys, draw, sampling)]}
+    return {
+        "model": args.model,
+        "dtype": "float32",
+        "threads": torch.get_num_threads(),
+        "vocab": logits.shape[1],
+        "temperature": args.temperature,
+        "fused_kernel": fused is not None,
+        "draws": draws,
+        "coupling": [
+            coupling_row(sample_rows, drafts[layers][:64], layers, args.keys, draw, sampling)
+            for layers in args.draft_layers
+        ],
+        "agreement": [agreement_row(sample_rows, args.keys, draw, sampling)],
+    }
 
 
 def markdown(report: dict) -> str:

@@ -7,6 +7,7 @@ no mask with grouped heads. Our decoders always give a mask (trees, ragged rows)
 same kernel over the same values) without the copy: 3-5x less attention time at B=8 here. On other
 devices the call goes to transformers' own `sdpa` unchanged.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -22,18 +23,33 @@ from transformers.masking_utils import (
 NAME = "sdpa_gqa"
 
 
-def gqa_sdpa_forward(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                     attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
-                     is_causal: bool | None = None, **kwargs) -> tuple[torch.Tensor, None]:
+def gqa_sdpa_forward(
+    module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+) -> tuple[torch.Tensor, None]:
     """transformers' attention-function signature; query [B, H, N, D], key/value [B, H_kv, L, D]."""
     if query.device.type != "cpu" or key.shape[-1] != value.shape[-1] or kwargs.get("position_bias") is not None:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      is_causal=is_causal, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, is_causal=is_causal, **kwargs
+        )
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     output = torch.nn.functional.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling,
+        query,
+        key,
+        value,
+        attn_mask=attention_mask,
+        dropout_p=dropout,
+        scale=scaling,
         is_causal=bool(query.shape[2] > 1 and attention_mask is None and causal),
-        enable_gqa=query.shape[1] != key.shape[1])
+        enable_gqa=query.shape[1] != key.shape[1],
+    )
     return output.transpose(1, 2).contiguous(), None
 
 

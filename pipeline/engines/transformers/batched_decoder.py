@@ -12,10 +12,11 @@ rows of w tokens per request, at most max_batch_tokens fed in all) that maximise
 expected tokens per call / relative call cost, so on compute-bound hardware the budget goes to
 requests rather than drafts.
 """
+
 from __future__ import annotations
 
 import time
-from typing import Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 import torch
 
@@ -126,14 +127,23 @@ class BatchedDecoder:
         kept = []
         share = 1 / len(slots)  # the call (and its time) is shared by the requests it served
         for row, (state, drafts, tree) in enumerate(zip(slots, chosen, trees)):
-            verdict = verify(tree, logits[row, :len(tree.tokens) + 1], state.request.sampling,
-                             state.uniforms(tree.width))
+            verdict = verify(
+                tree, logits[row, : len(tree.tokens) + 1], state.request.sampling, state.uniforms(tree.width)
+            )
             kept.append([0] + [node + 1 for node in verdict.path])
-            state.accept(verdict, drafts, len(tree.tokens) + 1, (verify_started - started) * share,
-                         (time.perf_counter() - verify_started) * share, share)
+            state.accept(
+                verdict,
+                drafts,
+                len(tree.tokens) + 1,
+                (verify_started - started) * share,
+                (time.perf_counter() - verify_started) * share,
+                share,
+            )
         cache.keep_new(kept, width)
 
-    def forward(self, slots: list[RequestState], trees: list[DraftTree], cache: RaggedCache) -> tuple[torch.Tensor, int]:
+    def forward(
+        self, slots: list[RequestState], trees: list[DraftTree], cache: RaggedCache
+    ) -> tuple[torch.Tensor, int]:
         """One call over every request's [last token, tree nodes], padded to the widest."""
         width = 1 + max(len(tree.tokens) for tree in trees)
         input_ids = torch.zeros(len(slots), width, dtype=torch.long)  # [B, N]; padding feeds token 0
@@ -147,8 +157,13 @@ class BatchedDecoder:
             visible[row, :n, :n] = tree_visibility(tree)
         device = self.model.device
         mask = cache.attention_mask(visible, self.model.dtype)  # [B, 1, N, L+N]
-        logits = self.model(input_ids=input_ids.to(device), position_ids=position_ids.to(device),
-                            attention_mask=mask.to(device), past_key_values=cache.cache, use_cache=True).logits
+        logits = self.model(
+            input_ids=input_ids.to(device),
+            position_ids=position_ids.to(device),
+            attention_mask=mask.to(device),
+            past_key_values=cache.cache,
+            use_cache=True,
+        ).logits
         return logits, width
 
     def allocate(self, slots: list[RequestState], proposals: list[Drafts]) -> list[Drafts]:
@@ -159,14 +174,27 @@ class BatchedDecoder:
         if self.rules.costs is None:
             if max_fed is None:
                 return proposals
-            return [select_rows(drafts, range(drafts.tokens.shape[0]), min(drafts.tokens.shape[1], max_fed), max_fed)
-                    for drafts in proposals]
-        ranked = [None if drafts.tokens.shape[1] == 0 else state.controller.expected_tokens(drafts)
-                  for state, drafts in zip(slots, proposals)]  # (order [k_b], table [k_b, w_b])
+            return [
+                select_rows(drafts, range(drafts.tokens.shape[0]), min(drafts.tokens.shape[1], max_fed), max_fed)
+                for drafts in proposals
+            ]
+        ranked = [
+            None if drafts.tokens.shape[1] == 0 else state.controller.expected_tokens(drafts)
+            for state, drafts in zip(slots, proposals)
+        ]  # (order [k_b], table [k_b, w_b])
         step, requests = self.rules.costs.cost(), len(slots)
-        shape = choose_shape([None if r is None else r[1] for r in ranked],
-                             lambda rows, width: relative_cost(step, requests * (1 + rows * width), requests),
-                             self.rules.k, self.rules.w, self.decoder.auto_k, self.decoder.auto_w, max_fed)
-        return [no_drafts() if r is None or shape.width == 0 else
-                select_rows(drafts, r[0][:shape.rows], shape.width, shape.rows * shape.width)
-                for drafts, r in zip(proposals, ranked)]
+        shape = choose_shape(
+            [None if r is None else r[1] for r in ranked],
+            lambda rows, width: relative_cost(step, requests * (1 + rows * width), requests),
+            self.rules.k,
+            self.rules.w,
+            self.decoder.auto_k,
+            self.decoder.auto_w,
+            max_fed,
+        )
+        return [
+            no_drafts()
+            if r is None or shape.width == 0
+            else select_rows(drafts, r[0][: shape.rows], shape.width, shape.rows * shape.width)
+            for drafts, r in zip(proposals, ranked)
+        ]

@@ -2,11 +2,13 @@
 
 Each step feeds either the block [k, w+1] (the last emitted token followed by each row's draft,
 over the context's KV cache shared by all k rows) or, in tree mode, the rows merged by shared
-prefixes (pipeline/engines/transformers/tree.py). The verifier (pipeline/engines/transformers/verification.verify) decides what the step
+prefixes (pipeline/engines/transformers/tree.py). The verifier (pipeline/engines/transformers/verification.verify)
+decides what the step
 emits; only the winner's cache entries are kept. The request's own life (budget, EOS, stop
 strings, adaptive scoring, result) is pipeline/engines/transformers/request_state.py, shared with the batched decoder.
 With no drafter (or w = 0) each step is one plain token: the reference for every test.
 """
+
 from __future__ import annotations
 
 import time
@@ -28,7 +30,6 @@ from pipeline.engines.transformers.verification import DraftEvidence, Verdict, v
 from drafters.primitives.forward import prefill
 from pipeline.config.model_loading import eos_token_ids
 from drafters.primitives.sampling import GREEDY, SamplingParams
-
 
 
 def no_drafts() -> Drafts:
@@ -54,19 +55,38 @@ def select_rows(drafts: Drafts, rows, w: int, max_nodes: int | None = None) -> D
 
 
 class SpeculativeDecoder:
-    def __init__(self, model, tokenizer, drafter: Drafter | None, k: int, w: int, ngram_max_q: int = 3,
-                 lenience: float = 1.0, verify_mode: str = "batch", costs: StepCostFit | None = None,
-                 auto_k: bool = True, auto_w: bool = True):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        drafter: Drafter | None,
+        k: int,
+        w: int,
+        ngram_max_q: int = 3,
+        lenience: float = 1.0,
+        verify_mode: str = "batch",
+        costs: StepCostFit | None = None,
+        auto_k: bool = True,
+        auto_w: bool = True,
+    ):
         self.model, self.tokenizer = model, tokenizer
         self.drafter = drafter
         k, w = (k, w) if drafter is not None and w > 0 else (1, 0)
         # With a step cost (learned from this decoder's own calls), k and w are maxima and each step
         # verifies the (k, w) the request's own acceptance history and that cost make fastest
         # (drafters/adaptive.py).
-        self.rules = DecodingRules(tokenizer, eos_token_ids(model, tokenizer),
-                                   getattr(model.config, "max_position_embeddings", None), k, w, ngram_max_q, costs)
+        self.rules = DecodingRules(
+            tokenizer,
+            eos_token_ids(model, tokenizer),
+            getattr(model.config, "max_position_embeddings", None),
+            k,
+            w,
+            ngram_max_q,
+            costs,
+        )
         self.auto_k, self.auto_w = auto_k, auto_w
-        # "batch": k rows of w+1 tokens; "tree": the rows merged by shared prefixes (pipeline/engines/transformers/tree.py).
+        # "batch": k rows of w+1 tokens; "tree": the rows merged by shared prefixes
+        # (pipeline/engines/transformers/tree.py).
         assert verify_mode in ("batch", "tree"), f"verify_mode must be 'batch' or 'tree', got {verify_mode!r}"
         self.verify_mode = verify_mode
         # Speculative sampling accepts x with probability min(1, p(x) / (lenience q(x))): 1 is exact.
@@ -92,15 +112,24 @@ class SpeculativeDecoder:
             return no_drafts()
         width = max(drafts.lengths[i] for i in keep) if drafts.lengths is not None else w
         if len(keep) < len(drafts.strategies) or width < w:  # rows as long as the drafter's evidence
-            drafts = Drafts(tokens=drafts.tokens[keep, :width], strategies=tuple(drafts.strategies[i] for i in keep),
-                            probs=None if drafts.probs is None else drafts.probs[keep, :width],
-                            num_model_calls=drafts.num_model_calls)
+            drafts = Drafts(
+                tokens=drafts.tokens[keep, :width],
+                strategies=tuple(drafts.strategies[i] for i in keep),
+                probs=None if drafts.probs is None else drafts.probs[keep, :width],
+                num_model_calls=drafts.num_model_calls,
+            )
         state.proposed(drafts)
         return drafts
 
     @torch.no_grad()
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, stop: tuple[str, ...] = (),
-                 request_id: str = "", sampling: SamplingParams = GREEDY) -> Result:
+    def generate(
+        self,
+        prompt_ids: list[int],
+        max_new_tokens: int,
+        stop: tuple[str, ...] = (),
+        request_id: str = "",
+        sampling: SamplingParams = GREEDY,
+    ) -> Result:
         state = RequestState.start(Request(request_id, prompt_ids, max_new_tokens, stop, sampling), self.rules)
         # The cache holds every token but the last emitted one, which opens the next block.
         cache = prefill(self.model, prompt_ids[:-1])
@@ -156,6 +185,11 @@ class SpeculativeDecoder:
         """[n+1, V] logits from one call over [root, nodes] with the tree's mask, and the tokens fed."""
         input_ids, position_ids, mask = tree_inputs(tree, last_token, cache.get_seq_length(), self.model.dtype)
         device = self.model.device
-        logits = self.model(input_ids=input_ids.to(device), position_ids=position_ids.to(device),
-                            attention_mask=mask.to(device), past_key_values=cache, use_cache=True).logits[0]
+        logits = self.model(
+            input_ids=input_ids.to(device),
+            position_ids=position_ids.to(device),
+            attention_mask=mask.to(device),
+            past_key_values=cache,
+            use_cache=True,
+        ).logits[0]
         return logits, input_ids.numel()

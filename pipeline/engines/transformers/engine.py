@@ -4,9 +4,10 @@ The only engine with k > 1 drafts, tree verification, draft models (and the self
 lenience, its own section of the config (`transformers:`, settings.py); with
 transformers.max_batch_requests > 1 it batches requests in throughput mode.
 """
+
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from drafters.budget import StepCostFit
 from pipeline.config.drafter_registry import DrafterTables, load_draft_model, make_drafter
@@ -33,8 +34,19 @@ def build_decoder(config: Config, loaded: LoadedModel, tables: DrafterTables) ->
         use_gqa_attention(draft_model)
     drafter = make_drafter(decoder, tables, pad, draft_model, len(tokenizer))
     costs = StepCostFit() if own.auto_k or decoder.auto_w else None
-    return SpeculativeDecoder(loaded.model, tokenizer, drafter, own.k, decoder.w, decoder.ngram_max_q,
-                              own.lenience, own.verify, costs, own.auto_k, decoder.auto_w)
+    return SpeculativeDecoder(
+        loaded.model,
+        tokenizer,
+        drafter,
+        own.k,
+        decoder.w,
+        decoder.ngram_max_q,
+        own.lenience,
+        own.verify,
+        costs,
+        own.auto_k,
+        decoder.auto_w,
+    )
 
 
 class TransformersEngine:
@@ -53,9 +65,16 @@ class TransformersEngine:
 
     def columns(self) -> dict:
         decoder, own = self.config.decoder, self.config.transformers
-        return {"engine": self.name, "drafter": decoder.drafter, "k": self.decoder.k, "w": self.decoder.w,
-                "auto_k": own.auto_k, "auto_w": decoder.auto_w, "lenience": own.lenience,
-                "verify": self.verify_mode()}
+        return {
+            "engine": self.name,
+            "drafter": decoder.drafter,
+            "k": self.decoder.k,
+            "w": self.decoder.w,
+            "auto_k": own.auto_k,
+            "auto_w": decoder.auto_w,
+            "lenience": own.lenience,
+            "verify": self.verify_mode(),
+        }
 
     def verify_mode(self) -> str:
         """The mode that runs: throughput mode merges each request's rows into a tree (for one row
@@ -80,8 +99,10 @@ class TransformersEngine:
         runnable = []
         for request in requests:
             if request.adapter is not None:
-                results[index_of[id(request)]] = Failed(request.request_id, f"request {request.request_id!r}: LoRA "
-                                                        f"adapters (model {request.adapter!r}) run on the vLLM engine")
+                results[index_of[id(request)]] = Failed(
+                    request.request_id,
+                    f"request {request.request_id!r}: LoRA adapters (model {request.adapter!r}) run on the vLLM engine",
+                )
             else:
                 runnable.append(request)
         if self.batched is None:
@@ -94,7 +115,8 @@ class TransformersEngine:
 
     def generate_one(self, request: Request) -> Result | Failed:
         try:
-            return self.decoder.generate(request.prompt_ids, request.max_new_tokens, request.stop,
-                                         request.request_id, request.sampling)
+            return self.decoder.generate(
+                request.prompt_ids, request.max_new_tokens, request.stop, request.request_id, request.sampling
+            )
         except RequestError as error:
             return Failed(request.request_id, str(error))

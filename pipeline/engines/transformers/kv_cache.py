@@ -4,6 +4,7 @@ The context's cache is held once (batch 1). A step shows it to k draft rows as a
 (no copy, no recompute); the forward call appends the k rows' new entries; afterwards only the
 winning row's accepted entries are kept.
 """
+
 from __future__ import annotations
 
 import torch
@@ -35,8 +36,13 @@ def appended(view: torch.Tensor, buffer: torch.Tensor | None, new: torch.Tensor)
     """(view of view + new along the columns, its buffer): written in place when `view` is the
     start of `buffer` and the new columns fit, else into a new buffer with SLACK_COLUMNS spare."""
     length, total = view.shape[2], view.shape[2] + new.shape[2]  # [B, H, L, D]
-    in_place = (buffer is not None and view.data_ptr() == buffer.data_ptr() and view.shape[:2] == buffer.shape[:2]
-                and view.stride() == buffer.stride() and buffer.shape[2] >= total)
+    in_place = (
+        buffer is not None
+        and view.data_ptr() == buffer.data_ptr()
+        and view.shape[:2] == buffer.shape[:2]
+        and view.stride() == buffer.stride()
+        and buffer.shape[2] >= total
+    )
     if not in_place:
         buffer = view.new_empty(view.shape[0], view.shape[1], total + SLACK_COLUMNS, view.shape[3])
         buffer[:, :, :length] = view
@@ -60,8 +66,8 @@ def keep_row(cache: DynamicCache, row: int, length: int) -> None:
     """Keeps row `row`'s first `length` cache positions as a batch-1 cache."""
     for layer in _full_layers(cache):
         if layer.is_initialized and layer.keys.numel():
-            layer.keys = layer.keys[row:row + 1, :, :length]
-            layer.values = layer.values[row:row + 1, :, :length]
+            layer.keys = layer.keys[row : row + 1, :, :length]
+            layer.values = layer.values[row : row + 1, :, :length]
 
 
 def keep_positions(cache: DynamicCache, length: int, extra: list[int]) -> None:
@@ -86,10 +92,16 @@ def prefill_many(model, prompts: list[list[int]]) -> DynamicCache:
     mask = torch.zeros(len(prompts), width, dtype=torch.long)
     for row, tokens in enumerate(prompts):
         if tokens:
-            input_ids[row, width - len(tokens):] = torch.tensor(tokens)
-            mask[row, width - len(tokens):] = 1
+            input_ids[row, width - len(tokens) :] = torch.tensor(tokens)
+            mask[row, width - len(tokens) :] = 1
     positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
     device = model.device
-    model(input_ids=input_ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-          past_key_values=cache, use_cache=True, logits_to_keep=1)
+    model(
+        input_ids=input_ids.to(device),
+        attention_mask=mask.to(device),
+        position_ids=positions.to(device),
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
     return cache

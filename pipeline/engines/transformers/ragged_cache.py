@@ -5,6 +5,7 @@ which columns a row's queries may attend to, so rows of different lengths, and c
 from rejected drafts or from a finished request, need no copy; they are masked. Positions are
 given explicitly (rotary embeddings are applied before caching), so a token's column is free.
 """
+
 from __future__ import annotations
 
 import torch
@@ -51,10 +52,10 @@ class RaggedCache:
             for name in ("keys", "values"):
                 old = getattr(layer, name)  # [B, H, L, D]
                 new = old.new_zeros(old.shape[0] + rows, old.shape[1], old.shape[2] + left_columns, old.shape[3])
-                new[:old.shape[0], :, left_columns:] = old
+                new[: old.shape[0], :, left_columns:] = old
                 setattr(layer, name, new)
         valid = torch.zeros(self.rows + rows, self.columns + left_columns, dtype=torch.bool)
-        valid[:self.rows, left_columns:] = self.valid
+        valid[: self.rows, left_columns:] = self.valid
         self.valid = valid
 
     def put(self, row: int, prefix: DynamicCache, length: int, source_row: int = 0) -> None:
@@ -86,15 +87,17 @@ class RaggedCache:
         index = torch.zeros(self.rows, keep, dtype=torch.long)
         new_valid = torch.zeros(self.rows, keep, dtype=torch.bool)
         for row, offsets in enumerate(kept):
-            index[row, :len(offsets)] = torch.tensor(offsets, dtype=torch.long)
-            new_valid[row, :len(offsets)] = True
+            index[row, : len(offsets)] = torch.tensor(offsets, dtype=torch.long)
+            new_valid[row, : len(offsets)] = True
         for layer in _full_layers(self.cache):
-            gather = index.to(layer.keys.device)[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3])
+            gather = index.to(layer.keys.device)[:, None, :, None].expand(
+                -1, layer.keys.shape[1], -1, layer.keys.shape[3]
+            )
             for name in ("keys", "values"):
                 tensor = getattr(layer, name)  # [B, H, start + width, D]
                 moved = tensor[:, :, start:].gather(2, gather)
-                tensor[:, :, start:start + keep] = moved
-                setattr(layer, name, tensor[:, :, :start + keep])  # a view: no copy
+                tensor[:, :, start : start + keep] = moved
+                setattr(layer, name, tensor[:, :, : start + keep])  # a view: no copy
         self.valid = torch.cat([self.valid, new_valid], dim=1)
 
     def select_rows(self, rows: list[int]) -> None:

@@ -9,6 +9,7 @@ The decoders own the model calls; everything a request decides about itself is h
 - *adaptive scoring*: every proposal is judged against the tokens that followed (judge_proposals);
 - the *result*: generated tokens, their text cut before a stop string, the finish reason, stats.
 """
+
 from __future__ import annotations
 
 import time
@@ -35,6 +36,7 @@ STOP_MARGIN_TOKENS = 4
 @dataclass(frozen=True)
 class DecodingRules:
     """What every request of one decoder is decoded by."""
+
     tokenizer: object  # decodes text for stop strings and results (None: token ids only)
     eos_ids: frozenset[int]
     max_positions: int | None  # the model's context length, when it has one
@@ -62,16 +64,27 @@ class RequestState:
     finish_reason: str | None = None
 
     @classmethod
-    def start(cls, request: Request, rules: DecodingRules) -> "RequestState":
+    def start(cls, request: Request, rules: DecodingRules) -> RequestState:
         """Raises RequestError (naming the request) when it cannot be generated."""
         budget_ = budget(request, rules.max_positions)
         sampling = request.sampling
         random = None if sampling.greedy else RandomState(sampling.seed, budget_)
-        stats = RequestStats(num_input_tokens=len(request.prompt_ids),
-                             accepted_length_histogram=[0] * (rules.w + 1), accepted_rank_histogram=[0] * rules.k)
+        stats = RequestStats(
+            num_input_tokens=len(request.prompt_ids),
+            accepted_length_histogram=[0] * (rules.w + 1),
+            accepted_rank_histogram=[0] * rules.k,
+        )
         controller = AdaptiveController(rules.costs, rules.acceptance_pool) if rules.costs is not None else None
-        state = cls(request, rules, budget_, DraftContext(request.prompt_ids, rules.ngram_max_q, sampling, random),
-                    random, stats, controller, time.perf_counter())
+        state = cls(
+            request,
+            rules,
+            budget_,
+            DraftContext(request.prompt_ids, rules.ngram_max_q, sampling, random),
+            random,
+            stats,
+            controller,
+            time.perf_counter(),
+        )
         if budget_ <= 0:
             state.finish_reason = "length"
         return state
@@ -85,21 +98,35 @@ class RequestState:
         if self.random is None:
             return None
         position = len(self.generated)
-        return self.random.position_uniforms[position:position + w + 1]
+        return self.random.position_uniforms[position : position + w + 1]
 
     def proposed(self, drafts: Drafts) -> None:
         """Keeps a proposal (all its rows, verified or not) to be judged once its tokens are known."""
         if self.controller is not None and drafts.tokens.shape[1] > 0:
             self.pending.append((len(self.generated), drafts))
 
-    def accept(self, verdict: Verdict, drafts: Drafts, num_fed_tokens: int, draft_seconds: float,
-               verify_seconds: float, share: float = 1.0) -> None:
+    def accept(
+        self,
+        verdict: Verdict,
+        drafts: Drafts,
+        num_fed_tokens: int,
+        draft_seconds: float,
+        verify_seconds: float,
+        share: float = 1.0,
+    ) -> None:
         """Records a verified step (`drafts`: the rows verified; `share` of a forward call) and
         emits its tokens; sets finish_reason when the request is done."""
-        self.stats.observe(strategies=drafts.strategies, num_accepted=verdict.num_accepted, winning_row=verdict.row,
-                           acceptance_probabilities=verdict.acceptance_probabilities, num_fed_tokens=num_fed_tokens,
-                           num_draft_model_calls=drafts.num_model_calls, draft_seconds=draft_seconds,
-                           verify_seconds=verify_seconds, share=share)
+        self.stats.observe(
+            strategies=drafts.strategies,
+            num_accepted=verdict.num_accepted,
+            winning_row=verdict.row,
+            acceptance_probabilities=verdict.acceptance_probabilities,
+            num_fed_tokens=num_fed_tokens,
+            num_draft_model_calls=drafts.num_model_calls,
+            draft_seconds=draft_seconds,
+            verify_seconds=verify_seconds,
+            share=share,
+        )
         emitted, finish = cut_at_eos(verdict.tokens, self.rules.eos_ids)
         self.generated += emitted
         self.context.append(emitted)
@@ -119,21 +146,29 @@ class RequestState:
         stats.time_taken_llm = time.perf_counter() - self.started
         tokenizer = self.rules.tokenizer
         text = tokenizer.decode(self.generated, skip_special_tokens=True) if tokenizer is not None else ""
-        return Result(self.request.request_id, self.generated, cut_at_stop(text, self.request.stop),
-                      self.finish_reason, stats, params=settings_print(self.request))
+        return Result(
+            self.request.request_id,
+            self.generated,
+            cut_at_stop(text, self.request.stop),
+            self.finish_reason,
+            stats,
+            params=settings_print(self.request),
+        )
 
 
 def settings_print(request: Request) -> str:
     """The request's settings as the `params` column prints them (in vLLM's form)."""
     sampling = request.sampling
-    return (f"SamplingParams(max_tokens={request.max_new_tokens}, temperature={sampling.temperature}, "
-            f"top_p={sampling.top_p}, top_k={sampling.top_k}, seed={sampling.seed}, stop={list(request.stop)})")
+    return (
+        f"SamplingParams(max_tokens={request.max_new_tokens}, temperature={sampling.temperature}, "
+        f"top_p={sampling.top_p}, top_k={sampling.top_k}, seed={sampling.seed}, stop={list(request.stop)})"
+    )
 
 
 def cut_at_eos(tokens: list[int], eos_ids: frozenset[int]) -> tuple[list[int], str | None]:
     for i, token in enumerate(tokens):
         if token in eos_ids:
-            return tokens[:i + 1], "eos"
+            return tokens[: i + 1], "eos"
     return tokens, None
 
 

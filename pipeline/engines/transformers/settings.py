@@ -1,6 +1,7 @@
 """The transformers engine's settings: what it refuses of the config, and of a model, when the job
 starts (pipeline/engines/build.py reads KIND). Its own section is `transformers:`
 (pipeline/config/settings.py, TransformersConfig); these checks are the ones that span sections."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,17 +19,31 @@ def checked(config: Config) -> Config:
     the first setting it cannot honour."""
     engine, ray, decoder, own = config.engine, config.ray, config.decoder, config.transformers
     kind = DRAFTER_KINDS[decoder.drafter]
-    require(engine.tensor_parallel_size == 1, "engine.tensor_parallel_size",
-            f"1 with engine.name {NAME} (tensor parallelism is vLLM's)")
-    require(not engine.vllm_args, "engine.vllm_args", f"empty with engine.name {NAME} (they are vLLM's engine arguments)")
-    require(not kind.vllm_method, "decoder.drafter",
-            f"one of ours with engine.name {NAME}; {decoder.drafter!r} is vLLM's own (engine.name: vllm)")
+    require(
+        engine.tensor_parallel_size == 1,
+        "engine.tensor_parallel_size",
+        f"1 with engine.name {NAME} (tensor parallelism is vLLM's)",
+    )
+    require(
+        not engine.vllm_args, "engine.vllm_args", f"empty with engine.name {NAME} (they are vLLM's engine arguments)"
+    )
+    require(
+        not kind.vllm_method,
+        "decoder.drafter",
+        f"one of ours with engine.name {NAME}; {decoder.drafter!r} is vLLM's own (engine.name: vllm)",
+    )
     # Its actor sees ray.batch_size rows per call; fewer than max_batch_requests leaves rows idle.
-    require(ray.batch_size >= own.max_batch_requests, "ray.batch_size",
-            f"at least transformers.max_batch_requests ({own.max_batch_requests}) with engine.name {NAME}, so every "
-            "request row of the decoder has a prompt to take (a multiple of it keeps rows refilled)")
-    require(ray.max_concurrent_batches <= 1, "ray.max_concurrent_batches",
-            f"0 (auto) or 1 with engine.name {NAME} (its decoder runs one batch at a time)")
+    require(
+        ray.batch_size >= own.max_batch_requests,
+        "ray.batch_size",
+        f"at least transformers.max_batch_requests ({own.max_batch_requests}) with engine.name {NAME}, so every "
+        "request row of the decoder has a prompt to take (a multiple of it keeps rows refilled)",
+    )
+    require(
+        ray.max_concurrent_batches <= 1,
+        "ray.max_concurrent_batches",
+        f"0 (auto) or 1 with engine.name {NAME} (its decoder runs one batch at a time)",
+    )
     check_drafter(config)
     return config
 
@@ -37,20 +52,36 @@ def check_drafter(config: Config) -> None:
     """What the drafter asks of this engine's settings, and refuses."""
     decoder, own = config.decoder, config.transformers
     if own.lenience < 1:
-        require(decoder.drafter == "draft_model", "transformers.lenience",
-                "1 unless decoder.drafter is 'draft_model' (the only drafter it applies to)")
+        require(
+            decoder.drafter == "draft_model",
+            "transformers.lenience",
+            "1 unless decoder.drafter is 'draft_model' (the only drafter it applies to)",
+        )
     if DRAFTER_KINDS[decoder.drafter].draft_probabilities:
-        require(own.max_batch_requests == 1, "transformers.max_batch_requests",
-                f"1 with drafter {decoder.drafter!r} (its draft cache follows one request)")
-        require(not decoder.auto_w, "decoder.w", f"a number with drafter {decoder.drafter!r} ('auto' chooses among "
-                "drafts already proposed, which for a draft model would waste its calls)")
+        require(
+            own.max_batch_requests == 1,
+            "transformers.max_batch_requests",
+            f"1 with drafter {decoder.drafter!r} (its draft cache follows one request)",
+        )
+        require(
+            not decoder.auto_w,
+            "decoder.w",
+            f"a number with drafter {decoder.drafter!r} ('auto' chooses among "
+            "drafts already proposed, which for a draft model would waste its calls)",
+        )
         require(own.k == 1, "transformers.k", f"1 with drafter {decoder.drafter!r} (it proposes one row of w tokens)")
-        require(own.verify == "batch", "transformers.verify",
-                f"'batch' with drafter {decoder.drafter!r} (speculative sampling verifies its one row with the "
-                "draft's probabilities; there is no tree to merge)")
+        require(
+            own.verify == "batch",
+            "transformers.verify",
+            f"'batch' with drafter {decoder.drafter!r} (speculative sampling verifies its one row with the "
+            "draft's probabilities; there is no tree to merge)",
+        )
     if DRAFTER_KINDS[decoder.drafter].tables:  # model tables keep bigram_top_k tokens per entry
-        require(own.k <= decoder.bigram_top_k, "transformers.k",
-                f"at most decoder.bigram_top_k ({decoder.bigram_top_k}) with drafter {decoder.drafter!r}")
+        require(
+            own.k <= decoder.bigram_top_k,
+            "transformers.k",
+            f"at most decoder.bigram_top_k ({decoder.bigram_top_k}) with drafter {decoder.drafter!r}",
+        )
 
 
 def check_model(config: Config, model_dir: Path) -> None:
@@ -61,9 +92,11 @@ def check_model(config: Config, model_dir: Path) -> None:
     hf_config = AutoConfig.from_pretrained(model_dir, trust_remote_code=config.model.trust_remote_code)
     kinds = sorted({type(layer).__name__ for layer in DynamicCache(config=hf_config).layers} - {"DynamicLayer"})
     if kinds:
-        raise ModelRefused(f"model.name {config.model.name!r}: engine.name {NAME} cannot decode it: its attention "
-                           f"layers keep {', '.join(kinds)} caches (sliding-window attention), and speculative "
-                           "decoding here supports full-attention layers only. Use engine.name: vllm")
+        raise ModelRefused(
+            f"model.name {config.model.name!r}: engine.name {NAME} cannot decode it: its attention "
+            f"layers keep {', '.join(kinds)} caches (sliding-window attention), and speculative "
+            "decoding here supports full-attention layers only. Use engine.name: vllm"
+        )
 
 
 def require(ok: bool, name: str, allowed: str) -> None:
@@ -71,6 +104,13 @@ def require(ok: bool, name: str, allowed: str) -> None:
         raise ConfigError(f"{name}: must be {allowed}")
 
 
-KIND = EngineKind(NAME, sections=("model", "decoder", "transformers"), checked=checked, check_model=check_model,
-                  concurrent_batches=lambda config: 1, drafts_from_predictions=lambda config: False,
-                  slots=lambda config: config.transformers.max_batch_requests, async_drafters=lambda config: ())
+KIND = EngineKind(
+    NAME,
+    sections=("model", "decoder", "transformers"),
+    checked=checked,
+    check_model=check_model,
+    concurrent_batches=lambda config: 1,
+    drafts_from_predictions=lambda config: False,
+    slots=lambda config: config.transformers.max_batch_requests,
+    async_drafters=lambda config: (),
+)

@@ -6,6 +6,7 @@ batch-1 cache, with a 4D attention mask and position ids so each node sees the c
 root and its own ancestors only. The accepted path is the deepest chain of nodes the target
 agrees with; it is the winning row's accepted prefix, so tree and batch mode emit the same tokens.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ def build_tree(drafts: torch.Tensor) -> DraftTree:
     for row in drafts.tolist():
         nodes = []
         for position in range(len(row)):
-            prefix = tuple(row[:position + 1])
+            prefix = tuple(row[: position + 1])
             if prefix not in node_of:
                 node_of[prefix] = len(tokens)
                 tokens.append(row[position])

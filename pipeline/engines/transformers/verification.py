@@ -16,6 +16,7 @@ in per tree position: [root, node 1, ..., node n] (`tree.node_logits` gathers th
 The winning row is the lowest row through the path's last node: the row that accepted most, the
 higher-ranked on ties.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,17 +42,25 @@ class Verdict:
 @dataclass(frozen=True)
 class DraftEvidence:
     """What speculative sampling needs from a draft model's one row of w tokens."""
+
     probs: torch.Tensor  # [w, V] q at each draft token
     accept_uniforms: torch.Tensor  # [w] decide acceptance
     lenience: float = 1.0  # accept with min(1, p / (lenience q)): 1 is exact, < 1 is lossy
 
 
-def verify(tree: DraftTree, logits: torch.Tensor, sampling: SamplingParams, uniforms: torch.Tensor | None = None,
-           draft: DraftEvidence | None = None) -> Verdict:
+def verify(
+    tree: DraftTree,
+    logits: torch.Tensor,
+    sampling: SamplingParams,
+    uniforms: torch.Tensor | None = None,
+    draft: DraftEvidence | None = None,
+) -> Verdict:
     """The verdict on `tree` given the target's logits [n+1, V] at [root, nodes]. `uniforms` [w+1]:
     the position uniforms of the tokens this step may emit (sampling only); `draft`: a draft
     model's evidence, for speculative sampling of its row (sampling only)."""
-    assert logits.shape[0] == len(tree.tokens) + 1, f"logits {tuple(logits.shape)} for a tree of {len(tree.tokens)} nodes"
+    assert logits.shape[0] == len(tree.tokens) + 1, (
+        f"logits {tuple(logits.shape)} for a tree of {len(tree.tokens)} nodes"
+    )
     if sampling.greedy:
         return walk_greedy(tree, logits)
     probs = target_probs(logits, sampling).cpu()
@@ -92,7 +101,9 @@ def walk_sampled(tree: DraftTree, probs: torch.Tensor, uniforms: torch.Tensor) -
     return Verdict(tokens, len(path), winning_row(tree, path), tuple(checked), tuple(path))
 
 
-def speculative_sample(tree: DraftTree, draft: DraftEvidence, p: torch.Tensor, sample_uniforms: torch.Tensor) -> Verdict:
+def speculative_sample(
+    tree: DraftTree, draft: DraftEvidence, p: torch.Tensor, sample_uniforms: torch.Tensor
+) -> Verdict:
     # tree: one row of γ draft tokens (nodes 0..γ-1); p: [γ+1, V] target probs at [root, nodes];
     # sample_uniforms: [γ+1] sample the recovered or bonus token.
     assert len(tree.row_nodes) == 1, "speculative sampling verifies a draft model's single row"

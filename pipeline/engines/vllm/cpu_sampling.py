@@ -37,14 +37,21 @@ CPU platform spawns them) install it when compat's `check_worker` runs there. On
 Triton kernels and CUDA generators: only the empty-rows guard is installed, harmless there.
 `spreads_exactly` checks what vLLM's own functions give after that.
 """
+
 from __future__ import annotations
 
 import numpy as np
 import torch
 
 
-def expand(output: torch.Tensor, input_val: torch.Tensor, cu_num_tokens: torch.Tensor, replace_from, replace_to,
-           MAX_NUM_TOKENS: int | None = None) -> None:
+def expand(
+    output: torch.Tensor,
+    input_val: torch.Tensor,
+    cu_num_tokens: torch.Tensor,
+    replace_from,
+    replace_to,
+    MAX_NUM_TOKENS: int | None = None,
+) -> None:
     """What vLLM's `expand_kernel` does, for any dtype: request r's value (replace_from read as
     replace_to) written to its positions cu_num_tokens[r-1] .. cu_num_tokens[r] - 1 of `output`.
     output: [num_tokens]; input_val: [batch_size]; cu_num_tokens: [batch_size], cumulative."""
@@ -61,6 +68,7 @@ def skipping_empty(apply_top_k_top_p):
 
     def apply(logits: torch.Tensor, k: torch.Tensor | None, p: torch.Tensor | None) -> torch.Tensor:
         return logits if logits.shape[0] == 0 else apply_top_k_top_p(logits, k, p)
+
     apply.skips_empty = True
     return apply
 
@@ -73,13 +81,14 @@ def keeping_discarded_draws(sample):
 
     def wrapped(self, *args, **kwargs):
         generators = self.input_batch.generators
-        discarded = np.flatnonzero(self.discard_request_mask.np[:self.input_batch.num_reqs])
+        discarded = np.flatnonzero(self.discard_request_mask.np[: self.input_batch.num_reqs])
         states = {int(i): generators[int(i)].get_state() for i in discarded if int(i) in generators}
         try:
             return sample(self, *args, **kwargs)
         finally:
             for index, state in states.items():
                 generators[index].set_state(state)
+
     wrapped.keeps_discarded_draws = True
     return wrapped
 
@@ -92,12 +101,13 @@ def without_rewind_by_offset(bookkeeping_sync):
 
     def wrapped(self, *args, **kwargs):
         generators = self.input_batch.generators
-        discarded = np.flatnonzero(self.discard_request_mask.np[:self.input_batch.num_reqs])
+        discarded = np.flatnonzero(self.discard_request_mask.np[: self.input_batch.num_reqs])
         hidden = {int(i): generators.pop(int(i)) for i in discarded if int(i) in generators}
         try:
             return bookkeeping_sync(self, *args, **kwargs)
         finally:
             generators.update(hidden)
+
     wrapped.keeps_discarded_draws = True
     return wrapped
 
@@ -107,11 +117,14 @@ def spreads_exactly(expand_batch_to_tokens, apply_top_k_top_p, device: torch.dev
     `apply_top_k_top_p`) spread float and integer settings over draft positions exactly and filter a
     step without draft positions (run where the engine's sampler runs, with its device's tensors)."""
     cu_num_tokens = torch.tensor([2, 2, 5], dtype=torch.int32, device=device)  # requests of 2, 0 and 3 drafts
-    cases = ((torch.tensor([0.7, 1.3, 0.0]), 0, 1, [0.7, 0.7, 1.0, 1.0, 1.0]),  # temperature: 0 (greedy) read as 1
-             (torch.tensor([50, 3, 7], dtype=torch.int32), 0, 0, [50, 50, 7, 7, 7]))  # top-k
+    cases = (
+        (torch.tensor([0.7, 1.3, 0.0]), 0, 1, [0.7, 0.7, 1.0, 1.0, 1.0]),  # temperature: 0 (greedy) read as 1
+        (torch.tensor([50, 3, 7], dtype=torch.int32), 0, 0, [50, 50, 7, 7, 7]),
+    )  # top-k
     for settings, replace_from, replace_to, expected in cases:
-        got = expand_batch_to_tokens(settings.to(device), cu_num_tokens, 5, replace_from=replace_from,
-                                     replace_to=replace_to)
+        got = expand_batch_to_tokens(
+            settings.to(device), cu_num_tokens, 5, replace_from=replace_from, replace_to=replace_to
+        )
         if not torch.equal(got.cpu(), torch.tensor(expected, dtype=settings.dtype)):
             return False
     try:

@@ -3,7 +3,8 @@
 The engine runs inside the process that builds it (VLLM_ENABLE_V1_MULTIPROCESSING=0): on a CPU
 that is faster than vLLM's separate engine and worker processes and starts in seconds
 (docs/measurements/defaults.md, "Figures behind the defaults"), and it lets the proposer take the
-drafter tables by reference (one read-only copy in Ray's object store per node). One engine per Ray actor, kept full across the actor's batches
+drafter tables by reference (one read-only copy in Ray's object store per node). One engine per Ray actor, kept full
+across the actor's batches
 (feeder.py). With tensor parallelism (engine.tensor_parallel_size) the
 ranks are worker processes of the actor, each with its own copy of the drafter.
 
@@ -14,6 +15,7 @@ request emitted gives the strategies' accepted tokens. Greedy acceptance probabi
 1; when sampling, vLLM does not expose them, so the realised acceptances stand in (α stays an
 unbiased estimate).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -21,7 +23,7 @@ import logging
 import os
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from drafters.base import NO_DRAFT
 from pipeline.config.drafter_registry import DrafterTables, make_batch_drafter
@@ -70,7 +72,9 @@ REFUSED_SAMPLING = {
     "logit_bias": "vLLM does not run it with speculative decoding",
     "logits_processors": "vLLM does not run it with speculative decoding",
     "spaces_between_special_tokens": "the actor decodes the text itself (skip_special_tokens is honoured)",
-    "output_kind": "the processor takes each request's final output", "extra_args": "not run here"}
+    "output_kind": "the processor takes each request's final output",
+    "extra_args": "not run here",
+}
 # vLLM SamplingParams keys that shape the text, which the engine decodes itself (`detokenize`: the
 # text is decoded either way, as ray.data.llm's detokenize stage does).
 TEXT_SETTINGS = ("skip_special_tokens", "include_stop_str_in_output", "detokenize")
@@ -96,13 +100,15 @@ def set_vllm_environment(config: Config) -> None:
 def cpu_binding(config: Config) -> str:
     cores = sorted(os.sched_getaffinity(0))
     if config.model.num_threads:
-        cores = cores[:config.model.num_threads]
+        cores = cores[: config.model.num_threads]
     ranks = config.engine.tensor_parallel_size
     if len(cores) < ranks:
-        raise ConfigError(f"engine.tensor_parallel_size: {ranks} ranks on a CPU need as many cores; this actor has "
-                           f"{len(cores)} (give it more CPUs, ray.num_cpus_per_actor or the placement group's bundles)")
+        raise ConfigError(
+            f"engine.tensor_parallel_size: {ranks} ranks on a CPU need as many cores; this actor has "
+            f"{len(cores)} (give it more CPUs, ray.num_cpus_per_actor or the placement group's bundles)"
+        )
     share = len(cores) // ranks
-    return "|".join(",".join(map(str, cores[rank * share:(rank + 1) * share])) for rank in range(ranks))
+    return "|".join(",".join(map(str, cores[rank * share : (rank + 1) * share])) for rank in range(ranks))
 
 
 def max_num_seqs(config: Config) -> int | None:
@@ -141,13 +147,21 @@ def vllm_params(request: Request, max_tokens: int):
     extra = {key: value for key, value in settings.items() if key not in TEXT_SETTINGS}
     if request.prediction:  # for our proposer (proposer.py), which reads it from the runner's request
         extra["extra_args"] = {"prediction": list(request.prediction)}
-    named_logprobs = settings.get("detokenize", True) and (settings.get("logprobs") is not None
-                                                           or settings.get("prompt_logprobs") is not None)
+    named_logprobs = settings.get("detokenize", True) and (
+        settings.get("logprobs") is not None or settings.get("prompt_logprobs") is not None
+    )
     try:
-        return SamplingParams(max_tokens=max_tokens, temperature=sampling.temperature, top_k=sampling.top_k,
-                              top_p=sampling.top_p, seed=None if sampling.greedy else sampling.seed,
-                              stop=list(request.stop) or None, detokenize=bool(request.stop) or named_logprobs,
-                              structured_outputs=structured, **extra)
+        return SamplingParams(
+            max_tokens=max_tokens,
+            temperature=sampling.temperature,
+            top_k=sampling.top_k,
+            top_p=sampling.top_p,
+            seed=None if sampling.greedy else sampling.seed,
+            stop=list(request.stop) or None,
+            detokenize=bool(request.stop) or named_logprobs,
+            structured_outputs=structured,
+            **extra,
+        )
     except (TypeError, ValueError, VLLMError) as error:
         raise RequestError(f"request {request.request_id!r}: sampling_params: {error}") from error
 
@@ -179,8 +193,9 @@ class VllmEngine:
         self.adapters: dict = {}  # LoRA adapter -> its LoRARequest (vLLM's ids count from 1)
         self.adapters_lock = threading.Lock()
         # One thread runs every vLLM call and keeps the engine fed (feeder.py).
-        self.feeder = EngineFeeder(lambda: self.start(model_dir), self.finished if self.ours else None,
-                                   config.engine.hang_timeout_s)
+        self.feeder = EngineFeeder(
+            lambda: self.start(model_dir), self.finished if self.ours else None, config.engine.hang_timeout_s
+        )
         self.max_model_len = self.feeder.llm.llm_engine.model_config.max_model_len
         # Whether vLLM's sampling, on every worker, is now exact with drafts (cpu_sampling.py). If
         # not, no request drafts in a step that runs a sampled one.
@@ -188,9 +203,12 @@ class VllmEngine:
         # Sampled rows drawn with noise keyed by (seed, position), drafted or not (seeded_sampling.py).
         self.keyed_draws(True)
         if not self.exact_sampling:
-            logger.warning("vLLM's rejection sampler on this platform does not spread the sampling settings over "
-                           "draft positions exactly (pipeline/engines/vllm/cpu_sampling.py): no request drafts "
-                           "in a step that runs a sampled one%s", "" if self.ours else f"; with {decoder.drafter} they fail")
+            logger.warning(
+                "vLLM's rejection sampler on this platform does not spread the sampling settings over "
+                "draft positions exactly (pipeline/engines/vllm/cpu_sampling.py): no request drafts "
+                "in a step that runs a sampled one%s",
+                "" if self.ours else f"; with {decoder.drafter} they fail",
+            )
         if self.ours:
             self.set_decoder(decoder, tables)
 
@@ -200,8 +218,10 @@ class VllmEngine:
         decoder = self.config.decoder
         speculative = None
         if self.drafts:
-            speculative = {"method": VLLM_METHODS.get(decoder.drafter, "custom_class"),
-                           "num_speculative_tokens": self.max_w}
+            speculative = {
+                "method": VLLM_METHODS.get(decoder.drafter, "custom_class"),
+                "num_speculative_tokens": self.max_w,
+            }
             if self.ours:
                 speculative["model"] = PROPOSER
             elif decoder.drafter in ("vllm_ngram", "vllm_ngram_gpu"):
@@ -212,25 +232,40 @@ class VllmEngine:
 
     def _llm(self, LLM, model_dir: str, speculative: dict | None):
         config = self.config
-        return LLM(model=model_dir, tokenizer=model_dir, dtype=dtype_name(config.model), seed=0,
-                   trust_remote_code=config.model.trust_remote_code,
-                   max_model_len=config.engine.max_model_len or None, max_num_seqs=max_num_seqs(config),
-                   max_num_batched_tokens=config.engine.max_num_batched_tokens or None,
-                   enforce_eager=eager(config), gpu_memory_utilization=config.engine.gpu_memory_utilization,
-                   speculative_config=speculative, tensor_parallel_size=config.engine.tensor_parallel_size,
-                   # Ranks beyond one are worker processes of this actor, on its node.
-                   distributed_executor_backend="mp" if config.engine.tensor_parallel_size > 1 else None,
-                   per_request_spec_decode_metrics="detailed" if self.drafts else "none",
-                   disable_log_stats=not config.engine.request_metrics, **config.engine.vllm_args)
+        return LLM(
+            model=model_dir,
+            tokenizer=model_dir,
+            dtype=dtype_name(config.model),
+            seed=0,
+            trust_remote_code=config.model.trust_remote_code,
+            max_model_len=config.engine.max_model_len or None,
+            max_num_seqs=max_num_seqs(config),
+            max_num_batched_tokens=config.engine.max_num_batched_tokens or None,
+            enforce_eager=eager(config),
+            gpu_memory_utilization=config.engine.gpu_memory_utilization,
+            speculative_config=speculative,
+            tensor_parallel_size=config.engine.tensor_parallel_size,
+            # Ranks beyond one are worker processes of this actor, on its node.
+            distributed_executor_backend="mp" if config.engine.tensor_parallel_size > 1 else None,
+            per_request_spec_decode_metrics="detailed" if self.drafts else "none",
+            disable_log_stats=not config.engine.request_metrics,
+            **config.engine.vllm_args,
+        )
 
     def set_decoder(self, decoder: DecoderConfig, tables: DrafterTables | None = None) -> None:
         """Hands the proposer the drafter `decoder` describes. vLLM fixes the longest draft when it
         starts: another drafter can be swapped in with drafts of at most that many tokens."""
         assert self.ours and decoder.drafter not in VLLM_METHODS and 1 <= decoder.w <= self.max_w, (
-            f"the engine was started for drafts of up to {self.max_w} tokens, not {decoder.w}")
+            f"the engine was started for drafts of up to {self.max_w} tokens, not {decoder.w}"
+        )
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
-        drafter = make_batch_drafter(decoder, tables or DrafterTables(), pad, len(self.tokenizer),
-                                     self.feeder.llm.llm_engine.model_config.get_vocab_size())
+        drafter = make_batch_drafter(
+            decoder,
+            tables or DrafterTables(),
+            pad,
+            len(self.tokenizer),
+            self.feeder.llm.llm_engine.model_config.get_vocab_size(),
+        )
         longest = min(max(decoder.w, self.config.engine.prediction_w), self.max_w)
         self.collective_rpc(attach_drafter, (drafter, decoder.w, decoder.auto_w, self.exact_sampling, longest))
         self.config = dataclasses.replace(self.config, decoder=decoder)
@@ -253,9 +288,16 @@ class VllmEngine:
 
     def columns(self) -> dict:
         decoder = self.config.decoder
-        return {"engine": self.name, "drafter": decoder.drafter if self.drafts else "none", "k": 1,
-                "w": decoder.w if self.drafts else 0, "auto_k": False, "auto_w": decoder.auto_w and self.drafts,
-                "verify": "batch", "lenience": 1.0}
+        return {
+            "engine": self.name,
+            "drafter": decoder.drafter if self.drafts else "none",
+            "k": 1,
+            "w": decoder.w if self.drafts else 0,
+            "auto_k": False,
+            "auto_w": decoder.auto_w and self.drafts,
+            "verify": "batch",
+            "lenience": 1.0,
+        }
 
     def steps(self) -> EngineSteps:
         if self.feeder is None:
@@ -307,8 +349,9 @@ class VllmEngine:
         wall = time.perf_counter() - started
         for index, output, settings in zip(runnable, outputs, params):
             if isinstance(output, Exception):  # vLLM refused the request: it fails alone
-                results[index] = Failed(requests[index].request_id,
-                                        f"request {requests[index].request_id!r}: vLLM refused it: {output}")
+                results[index] = Failed(
+                    requests[index].request_id, f"request {requests[index].request_id!r}: vLLM refused it: {output}"
+                )
             else:
                 results[index] = self.result(requests[index], output, tracked.get(output.request_id), wall, settings)
         return results
@@ -325,10 +368,12 @@ class VllmEngine:
     def check_sampling(self, request: Request) -> None:
         """A sampled request with vLLM's own drafting where its rejection sampler is not exact fails."""
         if not (self.exact_sampling or self.ours or request.sampling.greedy):
-            raise RequestError(f"request {request.request_id!r}: sampling (temperature "
-                               f"{request.sampling.temperature}) with {self.config.decoder.drafter} is not exact on "
-                               f"this platform's vLLM (docs/vllm-cpu-sampling.md); use one of our drafters (sampled rows "
-                               f"then run without drafts), decoder.drafter=none, or greedy decoding")
+            raise RequestError(
+                f"request {request.request_id!r}: sampling (temperature "
+                f"{request.sampling.temperature}) with {self.config.decoder.drafter} is not exact on "
+                f"this platform's vLLM (docs/vllm-cpu-sampling.md); use one of our drafters (sampled rows "
+                f"then run without drafts), decoder.drafter=none, or greedy decoding"
+            )
 
     def result(self, request: Request, output, tracked: Tracked | None, wall: float, params) -> Result:
         """vLLM's output for `request`, run with `params` (vLLM's SamplingParams), as our Result."""
@@ -339,17 +384,35 @@ class VllmEngine:
         else:  # "stop": an EOS (stop_reason None, or a stop token id) or a stop string
             finish = "stop" if isinstance(completion.stop_reason, str) else "eos"
         settings = request.engine_sampling or {}
-        text = cut_at_stop(self.tokenizer.decode(token_ids, skip_special_tokens=settings.get("skip_special_tokens", True)),
-                           request.stop, settings.get("include_stop_str_in_output", False))
+        text = cut_at_stop(
+            self.tokenizer.decode(token_ids, skip_special_tokens=settings.get("skip_special_tokens", True)),
+            request.stop,
+            settings.get("include_stop_str_in_output", False),
+        )
         decoder = self.config.decoder
-        stats = request_stats(len(request.prompt_ids), token_ids, getattr(completion, "spec_decode_metrics", None),
-                              tracked, decoder.w if self.drafts else 0, decoder.drafter)
+        stats = request_stats(
+            len(request.prompt_ids),
+            token_ids,
+            getattr(completion, "spec_decode_metrics", None),
+            tracked,
+            decoder.w if self.drafts else 0,
+            decoder.drafter,
+        )
         stats.finish_reason = finish
         metrics = output.metrics
         stats.time_taken_llm = (metrics.last_token_ts - metrics.scheduled_ts) if metrics is not None else wall
         record = dataclasses.asdict(metrics) if dataclasses.is_dataclass(metrics) else None
-        return Result(request.request_id, token_ids, text, finish, stats, record, logprob_rows(completion.logprobs),
-                      logprob_rows(output.prompt_logprobs), repr(params))
+        return Result(
+            request.request_id,
+            token_ids,
+            text,
+            finish,
+            stats,
+            record,
+            logprob_rows(completion.logprobs),
+            logprob_rows(output.prompt_logprobs),
+            repr(params),
+        )
 
 
 def logprob_rows(positions) -> list | None:
@@ -357,13 +420,20 @@ def logprob_rows(positions) -> list | None:
     hold them: {token id: {"logprob", "rank", "decoded_token"}} per position."""
     if positions is None:
         return None
-    return [None if position is None else
-            {int(token): {"logprob": float(p.logprob), "rank": p.rank, "decoded_token": p.decoded_token}
-             for token, p in position.items()} for position in positions]
+    return [
+        None
+        if position is None
+        else {
+            int(token): {"logprob": float(p.logprob), "rank": p.rank, "decoded_token": p.decoded_token}
+            for token, p in position.items()
+        }
+        for position in positions
+    ]
 
 
-def request_stats(prompt_length: int, token_ids: list[int], metrics, tracked: Tracked | None, w: int,
-                  method: str = NO_DRAFT) -> RequestStats:
+def request_stats(
+    prompt_length: int, token_ids: list[int], metrics, tracked: Tracked | None, w: int, method: str = NO_DRAFT
+) -> RequestStats:
     """Our per-request columns from vLLM's metrics (metrics: RequestSpecDecodeMetrics or None)
     and what our proposer tracked (None for plain vLLM and vLLM's own `method`)."""
     histogram = [0] * (w + 1)
@@ -382,18 +452,25 @@ def request_stats(prompt_length: int, token_ids: list[int], metrics, tracked: Tr
     # high (docs/measurements/vllm-engine.md, "Against vLLM's own speculation").
     steps = tracked.steps if tracked is not None else max(len(token_ids) - accepted, 1)
     histogram[0] += max(steps - sum(histogram), 0)  # steps that verified no draft accepted none
-    stats = RequestStats(num_input_tokens=prompt_length, num_generated_tokens=len(token_ids),
-                         num_target_calls=steps, num_verified_tokens=steps + drafted,
-                         accepted_length_histogram=histogram, accepted_rank_histogram=[sum(histogram[1:])],
-                         num_checked_draft_tokens=checked, sum_acceptance_probability=float(accepted))
+    stats = RequestStats(
+        num_input_tokens=prompt_length,
+        num_generated_tokens=len(token_ids),
+        num_target_calls=steps,
+        num_verified_tokens=steps + drafted,
+        accepted_length_histogram=histogram,
+        accepted_rank_histogram=[sum(histogram[1:])],
+        num_checked_draft_tokens=checked,
+        sum_acceptance_probability=float(accepted),
+    )
     if tracked is not None:
         stats.draft_seconds = tracked.draft_seconds
         stats.num_drafter_failed_steps = tracked.failed_steps
         attribute_strategies(stats, tracked.proposals, token_ids, steps)
         return stats
     drafted_steps = len(metrics.per_step_drafted) if metrics is not None else 0
-    stats.strategy_rows = {name: count for name, count in ((method, drafted_steps), (NO_DRAFT, steps - drafted_steps))
-                           if count}
+    stats.strategy_rows = {
+        name: count for name, count in ((method, drafted_steps), (NO_DRAFT, steps - drafted_steps)) if count
+    }
     if accepted:
         stats.strategy_wins, stats.strategy_accepted_tokens = {method: sum(histogram[1:])}, {method: accepted}
     return stats
@@ -405,7 +482,7 @@ def attribute_strategies(stats: RequestStats, proposals: list[Proposal], token_i
     at the request's last step was never verified and is not counted."""
     verified = [p for p in proposals if p.position < len(token_ids)]
     for proposal in verified:
-        actual = token_ids[proposal.position:proposal.position + len(proposal.tokens)]
+        actual = token_ids[proposal.position : proposal.position + len(proposal.tokens)]
         accepted = next((i for i, (a, b) in enumerate(zip(proposal.tokens, actual)) if a != b), len(actual))
         stats.strategy_rows[proposal.strategy] = stats.strategy_rows.get(proposal.strategy, 0) + 1
         if proposal.strategy == PREDICTION:
@@ -414,6 +491,7 @@ def attribute_strategies(stats: RequestStats, proposals: list[Proposal], token_i
         if accepted:
             stats.strategy_wins[proposal.strategy] = stats.strategy_wins.get(proposal.strategy, 0) + 1
             stats.strategy_accepted_tokens[proposal.strategy] = (
-                stats.strategy_accepted_tokens.get(proposal.strategy, 0) + accepted)
+                stats.strategy_accepted_tokens.get(proposal.strategy, 0) + accepted
+            )
     if steps > len(verified):
         stats.strategy_rows[NO_DRAFT] = steps - len(verified)

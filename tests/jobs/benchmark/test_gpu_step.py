@@ -1,4 +1,5 @@
 """The GPU step's attention variants and the host-speed scaling, on the CPU (no GPU needed)."""
+
 import pytest
 import torch
 

@@ -1,5 +1,6 @@
 """The feeding simulation: a design that drains each batch leaves most of a large engine idle;
 the streaming design, with as many batches in flight as the config gives it, keeps it full."""
+
 import numpy as np
 import pytest
 
@@ -22,8 +23,9 @@ def test_every_slot_busy_when_every_request_lasts_as_long_and_batches_fill_the_s
 @pytest.mark.parametrize("slots,batch_size", [(256, 64), (16, 16)])
 def test_streaming_keeps_the_engine_full_where_draining_does_not(slots, batch_size):
     lengths = skewed_lengths(6000)
-    config = load_config("configs/default.yaml", ["engine.name=vllm", f"engine.max_num_seqs={slots}",
-                                                  f"ray.batch_size={batch_size}"])
+    config = load_config(
+        "configs/default.yaml", ["engine.name=vllm", f"engine.max_num_seqs={slots}", f"ray.batch_size={batch_size}"]
+    )
     drain = simulate(lengths, slots, batch_size, 1)
     stream = simulate(lengths, slots, batch_size, concurrent_batches(config))
     assert stream >= 0.97

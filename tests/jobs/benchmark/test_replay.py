@@ -1,5 +1,6 @@
 """Replay mode: recorded greedy outputs through the drafters, no model; the report's rows and the
 projection's arithmetic."""
+
 import json
 
 import numpy as np
@@ -11,14 +12,21 @@ from jobs.benchmark.cli import main
 from jobs.benchmark.replay import StepClock
 from jobs.benchmark.step_costs import CpuStepCost, MeasuredStepCost
 
-FIELDS = {"method", "batch", "tokens_per_step", "draft_tokens_per_step", "us_per_request_step_mean",
-          "us_per_request_step_p99", "memory_mb"}
+FIELDS = {
+    "method",
+    "batch",
+    "tokens_per_step",
+    "draft_tokens_per_step",
+    "us_per_request_step_mean",
+    "us_per_request_step_p99",
+    "memory_mb",
+}
 
 
 def rounded(value: float, digits: int):
     """A report value rounded to `digits` decimals, against the unrounded `value`: equal within half
     a unit of its last digit (and the rounding of the report's own inputs, to 6 decimals)."""
-    return pytest.approx(value, rel=1e-5, abs=0.5 * 10.0 ** -digits + 1e-6)
+    return pytest.approx(value, rel=1e-5, abs=0.5 * 10.0**-digits + 1e-6)
 
 
 @pytest.fixture
@@ -26,7 +34,7 @@ def run_dir(tmp_path):
     rng = np.random.default_rng(0)
     phrase = rng.integers(0, 40, 12).tolist()
     prompts = [rng.integers(0, 40, 20).tolist() for _ in range(12)]
-    outputs = [(phrase * 4)[i % 5:i % 5 + 40] for i in range(12)]  # answers that repeat one another
+    outputs = [(phrase * 4)[i % 5 : i % 5 + 40] for i in range(12)]  # answers that repeat one another
     table = pa.table({"prompt_token_ids": prompts, "generated_tokens": outputs, "finish_reason": ["length"] * 12})
     directory = tmp_path / "run=r"
     directory.mkdir()
@@ -36,12 +44,27 @@ def run_dir(tmp_path):
 
 def test_replay_reports_every_method_and_batch_and_ours_gains_from_repeats(run_dir, tmp_path):
     out = tmp_path / "r.json"
-    report = main(["replay", str(run_dir), "--batch", "1,4", "--methods", "ours,vllm_ngram,plain", "--max-draft", "6",
-                   "--project", "a100-8b", "--out", str(out)])
+    report = main(
+        [
+            "replay",
+            str(run_dir),
+            "--batch",
+            "1,4",
+            "--methods",
+            "ours,vllm_ngram,plain",
+            "--max-draft",
+            "6",
+            "--project",
+            "a100-8b",
+            "--out",
+            str(out),
+        ]
+    )
     assert json.loads(out.read_text()) == report
     rows = report["replay"]
     assert [(r["method"], r["batch"]) for r in rows] == [
-        (method, batch) for batch in (1, 4) for method in ("ours", "vllm_ngram", "plain", "ours_budget_a100_8b")]
+        (method, batch) for batch in (1, 4) for method in ("ours", "vllm_ngram", "plain", "ours_budget_a100_8b")
+    ]
     for row in rows:
         assert FIELDS <= set(row)
         assert 1.0 <= row["tokens_per_step"] <= 7.0 and row["draft_tokens_per_step"] <= 6
@@ -75,21 +98,42 @@ def test_auto_measures_where_the_rule_leaves_it_open_and_the_restarts_cost_what_
     tokens_per_second, chooser = simulate_auto(rates, "gpu", 256, False, 4 * 3600, 60)
     assert chooser.current == PLAIN and [s["to"] for s in chooser.switches] == ["ours", NGRAM_GPU, PLAIN]
     assert chooser.window_s == 180 and tokens_per_second == pytest.approx(
-        (100 * 180 + 120 * 180 + 150 * (4 * 3600 - 3 * 60 - 2 * 180)) / (4 * 3600), rel=1e-3)
+        (100 * 180 + 120 * 180 + 150 * (4 * 3600 - 3 * 60 - 2 * 180)) / (4 * 3600), rel=1e-3
+    )
 
 
 def test_the_projection_charges_the_host_to_synchronous_steps_only(run_dir, tmp_path):
     """With the host's time per step (--host-step), plain vLLM with async scheduling hides it and
     synchronous steps (ours, as vLLM runs a custom proposer) pay it: tokens / (gpu + host + drafter)."""
     host = tmp_path / "host.json"
-    host.write_text(json.dumps({"median": [{"batch": 1, "host_ms_per_step": 2.0}, {"batch": 4, "host_ms_per_step": 5.0}]}))
-    report = main(["replay", str(run_dir), "--batch", "4", "--methods", "ours,plain", "--max-draft", "6",
-                   "--project", "a100-8b", "--host-step", str(host), "--out", str(tmp_path / "r.json")])
+    host.write_text(
+        json.dumps({"median": [{"batch": 1, "host_ms_per_step": 2.0}, {"batch": 4, "host_ms_per_step": 5.0}]})
+    )
+    report = main(
+        [
+            "replay",
+            str(run_dir),
+            "--batch",
+            "4",
+            "--methods",
+            "ours,plain",
+            "--max-draft",
+            "6",
+            "--project",
+            "a100-8b",
+            "--host-step",
+            str(host),
+            "--out",
+            str(tmp_path / "r.json"),
+        ]
+    )
     rows = {r["method"]: r for r in report["replay"]}
     projected = {r["method"]: r for r in report["projection"]["rows"]}
     plain = rows["plain"]["projected_seconds"]
     assert plain["host"] == pytest.approx(rows["plain"]["request_steps"] / 4 * 5e-3, rel=0.05)  # ~4 running a step
-    assert projected["plain"]["vs_plain_async"] == rounded(plain["gpu"] / (plain["gpu"] + plain["host"] + plain["drafter"]), 3)
+    assert projected["plain"]["vs_plain_async"] == rounded(
+        plain["gpu"] / (plain["gpu"] + plain["host"] + plain["drafter"]), 3
+    )
     assert projected["plain"]["vs_plain_sync"] == 1.0 and projected["plain"]["async_vs_plain_async"] == 1.0
     ours = rows["ours"]
     spent = sum(ours["projected_seconds"].values())
@@ -102,10 +146,35 @@ def test_the_cpu_projection_charges_a_step_the_plain_step_of_as_many_tokens(run_
     n requests (host and device: the CPU engine is synchronous), then the drafter's time; the
     budget of ours_budget_cpu weighs that step."""
     host = tmp_path / "host.json"  # 10 ms for one token, 40 ms for 8: 30 / 7 ms a token more
-    host.write_text(json.dumps({"model": "m", "median": [{"batch": 1, "host_ms_per_step": 1.0, "device_ms_per_step": 9.0},
-                                                         {"batch": 8, "host_ms_per_step": 2.0, "device_ms_per_step": 38.0}]}))
-    report = main(["replay", str(run_dir), "--batch", "1", "--methods", "ours,plain", "--max-draft", "6",
-                   "--project", "cpu", "--host-step", str(host), "--out", str(tmp_path / "r.json")])
+    host.write_text(
+        json.dumps(
+            {
+                "model": "m",
+                "median": [
+                    {"batch": 1, "host_ms_per_step": 1.0, "device_ms_per_step": 9.0},
+                    {"batch": 8, "host_ms_per_step": 2.0, "device_ms_per_step": 38.0},
+                ],
+            }
+        )
+    )
+    report = main(
+        [
+            "replay",
+            str(run_dir),
+            "--batch",
+            "1",
+            "--methods",
+            "ours,plain",
+            "--max-draft",
+            "6",
+            "--project",
+            "cpu",
+            "--host-step",
+            str(host),
+            "--out",
+            str(tmp_path / "r.json"),
+        ]
+    )
     rows = {r["method"]: r for r in report["replay"]}
     assert set(rows) == {"ours", "plain", "ours_budget_cpu"}
     plain, ours = rows["plain"]["projected_seconds"], rows["ours"]
@@ -114,8 +183,9 @@ def test_the_cpu_projection_charges_a_step_the_plain_step_of_as_many_tokens(run_
     assert plain["gpu"] == pytest.approx(rows["plain"]["request_steps"] * 10e-3 + prefill, rel=1e-6)
     assert plain["host"] == 0.0  # in the step already
     drafted = ours["draft_tokens_per_step"] * ours["request_steps"]  # B = 1: one request a step
-    assert ours["projected_seconds"]["gpu"] == pytest.approx(ours["request_steps"] * 10e-3 + drafted * 30e-3 / 7 + prefill,
-                                                             rel=1e-3)
+    assert ours["projected_seconds"]["gpu"] == pytest.approx(
+        ours["request_steps"] * 10e-3 + drafted * 30e-3 / 7 + prefill, rel=1e-3
+    )
     projected = {r["method"]: r for r in report["projection"]["rows"]}
     assert projected["plain"]["vs_plain"] == 1.0 and projected["plain"]["decoding_vs_plain"] == 1.0
     spent = ours["projected_seconds"]["gpu"] + ours["projected_seconds"]["drafter"]
@@ -128,14 +198,32 @@ def test_the_cpu_projection_charges_a_step_the_plain_step_of_as_many_tokens(run_
 
 def test_the_cpu_projection_needs_this_cpus_step(run_dir, tmp_path):
     with pytest.raises(SystemExit, match="--project cpu: this CPU's step comes from --host-step"):
-        main(["replay", str(run_dir), "--batch", "1", "--methods", "plain", "--project", "cpu",
-              "--out", str(tmp_path / "r.json")])
+        main(
+            [
+                "replay",
+                str(run_dir),
+                "--batch",
+                "1",
+                "--methods",
+                "plain",
+                "--project",
+                "cpu",
+                "--out",
+                str(tmp_path / "r.json"),
+            ]
+        )
 
 
 def test_a_cpu_step_interpolates_between_the_measured_batches_and_extends_the_last_slope():
-    cost = CpuStepCost.from_report({"median": [{"batch": 16, "host_ms_per_step": 5.0, "device_ms_per_step": 95.0},
-                                               {"batch": 1, "host_ms_per_step": 1.0, "device_ms_per_step": 39.0},
-                                               {"batch": 64, "host_ms_per_step": 10.0, "device_ms_per_step": 250.0}]})
+    cost = CpuStepCost.from_report(
+        {
+            "median": [
+                {"batch": 16, "host_ms_per_step": 5.0, "device_ms_per_step": 95.0},
+                {"batch": 1, "host_ms_per_step": 1.0, "device_ms_per_step": 39.0},
+                {"batch": 64, "host_ms_per_step": 10.0, "device_ms_per_step": 250.0},
+            ]
+        }
+    )
     assert cost.seconds(np.array([1, 16, 40, 64, 112])) == pytest.approx([0.040, 0.100, 0.180, 0.260, 0.420])
     with pytest.raises(ValueError, match="at least two batch sizes"):
         CpuStepCost.from_report({"median": [{"batch": 16, "host_ms_per_step": 5.0, "device_ms_per_step": 95.0}]})
@@ -144,8 +232,12 @@ def test_a_cpu_step_interpolates_between_the_measured_batches_and_extends_the_la
 def test_a_measured_step_is_never_faster_than_the_fastest_measured_step_fed_tokens():
     """Past its table a small batch's step is extended along its last (memory-bound) slope, but a
     step of 64 tokens a request feeds as many tokens as the fastest measured step would in that time."""
-    report = {"rows": [{"batch": b, "fed_per_request": f, "seconds": t} for b, f, t in [
-        (16, 1, 0.006), (16, 9, 0.007), (256, 1, 0.012), (256, 9, 0.0576)]]}  # fastest: 2304 tokens in 57.6 ms
+    report = {
+        "rows": [
+            {"batch": b, "fed_per_request": f, "seconds": t}
+            for b, f, t in [(16, 1, 0.006), (16, 9, 0.007), (256, 1, 0.012), (256, 9, 0.0576)]
+        ]
+    }  # fastest: 2304 tokens in 57.6 ms
     small = MeasuredStepCost.from_report(report, 16)
     assert small.seconds(np.array([16, 144, 16 * 17])) == pytest.approx([0.006, 0.007, 0.008])  # the table, extended
     assert small.seconds(np.array([16 * 64])) == pytest.approx([1024 / 40000])  # not 0.007 + 55 / 8000
@@ -157,8 +249,9 @@ def test_the_step_clock_sums_each_steps_roofline_cost():
     memory = (2 * 8.03e9 + 256 * 200 * 131072) / 2.039e12
     assert clock.seconds == pytest.approx(max(memory, 2 * 8.03e9 * 512 / 312e12), rel=1e-9)
     clock.step(2, 4, 2 * 100)  # two requests: memory-bound, drafts free
-    assert clock.seconds == pytest.approx(max(memory, 2 * 8.03e9 * 512 / 312e12)
-                                          + (2 * 8.03e9 + 2 * 100 * 131072) / 2.039e12, rel=1e-9)
+    assert clock.seconds == pytest.approx(
+        max(memory, 2 * 8.03e9 * 512 / 312e12) + (2 * 8.03e9 + 2 * 100 * 131072) / 2.039e12, rel=1e-9
+    )
 
 
 # per depth, absolute; 0.02 weighted over depths (a table by probability alone, of every candidate: 0.051, 0.028)
@@ -195,7 +288,9 @@ def test_predicted_acceptance_by_depth_is_within_the_margin_of_observed():
 def random_answers(count: int, seed: int = 1) -> tuple[list, list]:
     """Prompts and outputs of random tokens (nothing in them repeats: the drafter's own drafts rarely hold)."""
     rng = np.random.default_rng(seed)
-    return [rng.integers(0, 5000, 30).tolist() for _ in range(count)], [rng.integers(0, 5000, 96).tolist() for _ in range(count)]
+    return [rng.integers(0, 5000, 30).tolist() for _ in range(count)], [
+        rng.integers(0, 5000, 96).tolist() for _ in range(count)
+    ]
 
 
 def test_rows_drafted_from_their_earlier_output_replay_in_far_fewer_steps(tmp_path):
@@ -205,12 +300,35 @@ def test_rows_drafted_from_their_earlier_output_replay_in_far_fewer_steps(tmp_pa
     prompts, outputs = random_answers(12)
     for name, ids, rows in (("run=edited", range(12), outputs), ("run=earlier", range(10), outputs[:10])):
         (tmp_path / name).mkdir()
-        pq.write_table(pa.table({"id": [str(i) for i in ids], "prompt_token_ids": prompts[:len(rows)],
-                                 "generated_tokens": rows, "finish_reason": ["length"] * len(rows)}),
-                       tmp_path / name / "part-0.parquet")
-    report = main(["replay", str(tmp_path / "run=edited"), "--predictions", str(tmp_path / "run=earlier"), "--batch", "4",
-                   "--methods", "ours,ours_prediction,plain", "--prediction-w", "32", "--project", "",
-                   "--out", str(tmp_path / "r.json")])
+        pq.write_table(
+            pa.table(
+                {
+                    "id": [str(i) for i in ids],
+                    "prompt_token_ids": prompts[: len(rows)],
+                    "generated_tokens": rows,
+                    "finish_reason": ["length"] * len(rows),
+                }
+            ),
+            tmp_path / name / "part-0.parquet",
+        )
+    report = main(
+        [
+            "replay",
+            str(tmp_path / "run=edited"),
+            "--predictions",
+            str(tmp_path / "run=earlier"),
+            "--batch",
+            "4",
+            "--methods",
+            "ours,ours_prediction,plain",
+            "--prediction-w",
+            "32",
+            "--project",
+            "",
+            "--out",
+            str(tmp_path / "r.json"),
+        ]
+    )
     assert report["predicted_answers"] == 10
     rows = {r["method"]: r for r in report["replay"]}
     assert rows["ours"]["request_steps"] > 0.9 * 12 * 96  # its own drafts: next to nothing
@@ -218,13 +336,25 @@ def test_rows_drafted_from_their_earlier_output_replay_in_far_fewer_steps(tmp_pa
     predicted = rows["ours_prediction"]
     assert predicted["accepted_prediction_tokens_per_step"] * predicted["request_steps"] > 0.8 * 10 * 96
     with pytest.raises(SystemExit, match="--predictions EARLIER_RUN_DIR"):
-        main(["replay", str(tmp_path / "run=edited"), "--methods", "ours_prediction", "--project", "",
-              "--out", str(tmp_path / "r.json")])
+        main(
+            [
+                "replay",
+                str(tmp_path / "run=edited"),
+                "--methods",
+                "ours_prediction",
+                "--project",
+                "",
+                "--out",
+                str(tmp_path / "r.json"),
+            ]
+        )
 
 
 def step_report(path, extra_token: float) -> str:
     """A gpu_step report of 4 requests: a step of one token each 10 ms, each token more `extra_token` ms."""
-    rows = [{"batch": 4, "fed_per_request": fed, "seconds": 1e-3 * (10 + extra_token * 4 * (fed - 1))} for fed in (1, 2, 64)]
+    rows = [
+        {"batch": 4, "fed_per_request": fed, "seconds": 1e-3 * (10 + extra_token * 4 * (fed - 1))} for fed in (1, 2, 64)
+    ]
     path.write_text(json.dumps({"context": 448, "device": "test", "rows": rows}))
     return str(path)
 
@@ -245,8 +375,13 @@ def test_the_budget_keeps_shorter_prediction_drafts_where_a_token_costs_more(tmp
         answers.append(Answer(np.array(prompt), np.array(output), 96, prediction=predicted))
     found = {}
     for name, extra in (("cheap", 0.01), ("costly", 1.0)):
-        args = SimpleNamespace(max_draft=8, project="h100-8b", step_costs=step_report(tmp_path / f"{name}.json", extra),
-                               host_step="", prediction_w=64)
+        args = SimpleNamespace(
+            max_draft=8,
+            project="h100-8b",
+            step_costs=step_report(tmp_path / f"{name}.json", extra),
+            host_step="",
+            prediction_w=64,
+        )
         found[name] = replay(args, "ours_prediction", 4, answers, None, budget="h100-8b")
         assert found[name]["method"] == "ours_prediction_budget_h100_8b"
     cheap, costly = found["cheap"], found["costly"]

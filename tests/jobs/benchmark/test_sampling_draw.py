@@ -1,6 +1,7 @@
 """The sampling-draw benchmark's pieces on small literal cases (no model): the batched inverse CDF
 draws what the transformers engine's `sample` draws, a draft equal to the target is always accepted
 by both rules, and today's two rules agree about as often as independent draws."""
+
 import torch
 
 from drafters.primitives.keyed_noise import gumbel_argmax_torch

@@ -1,5 +1,6 @@
 """The benchmark's subcommands end to end on the tiny model (python -m jobs.benchmark SUBCOMMAND):
 each writes its report and the table beside it."""
+
 import json
 import sys
 from importlib.util import find_spec
@@ -18,7 +19,10 @@ def test_every_subcommand_has_its_options_and_an_unknown_one_is_refused(capsys):
 
     top = parser()
     for name in SUBCOMMANDS:
-        assert top.parse_args([name, "--out", "x.json"] + (["run"] if name in ("replay", "occupancy") else [])).command == name
+        assert (
+            top.parse_args([name, "--out", "x.json"] + (["run"] if name in ("replay", "occupancy") else [])).command
+            == name
+        )
     with pytest.raises(SystemExit):
         top.parse_args(["--replay", "run"])  # a mode is a subcommand, not a flag
     assert "invalid choice" in capsys.readouterr().err
@@ -26,8 +30,23 @@ def test_every_subcommand_has_its_options_and_an_unknown_one_is_refused(capsys):
 
 def test_benchmark_writes_results_with_identity_checked(tiny_model_dir, tmp_path):
     out = tmp_path / "results.json"
-    benchmark.main(["quality", "--dataset", "humaneval", "--limit", "2", "--max-new-tokens", "6", "--out", str(out),
-                    "--model", str(tiny_model_dir), "--methods", "hf_prompt_lookup:3,plain,context_ngram:1:3"])
+    benchmark.main(
+        [
+            "quality",
+            "--dataset",
+            "humaneval",
+            "--limit",
+            "2",
+            "--max-new-tokens",
+            "6",
+            "--out",
+            str(out),
+            "--model",
+            str(tiny_model_dir),
+            "--methods",
+            "hf_prompt_lookup:3,plain,context_ngram:1:3",
+        ]
+    )
     (report,) = json.loads(out.read_text())["datasets"]
     runs = {run["method"]: run for run in report["runs"]}
     assert set(runs) == {"hf_greedy", "hf_prompt_lookup:3", "plain", "context_ngram:1:3"}
@@ -38,9 +57,29 @@ def test_benchmark_writes_results_with_identity_checked(tiny_model_dir, tmp_path
 
 def test_benchmark_samples_with_the_same_seeds_and_predicts_the_speedup(tiny_model_dir, tmp_path):
     out = tmp_path / "results.json"
-    benchmark.main(["quality", "--dataset", "humaneval", "--limit", "2", "--max-new-tokens", "8", "--out", str(out),
-                    "--model", str(tiny_model_dir), "--temperature", "0.8", "--top-p", "0.9", "--seed", "3",
-                    "--methods", "plain,context_ngram:2:3,self_draft:1:2,hf_assisted:1:2"])
+    benchmark.main(
+        [
+            "quality",
+            "--dataset",
+            "humaneval",
+            "--limit",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--out",
+            str(out),
+            "--model",
+            str(tiny_model_dir),
+            "--temperature",
+            "0.8",
+            "--top-p",
+            "0.9",
+            "--seed",
+            "3",
+            "--methods",
+            "plain,context_ngram:2:3,self_draft:1:2,hf_assisted:1:2",
+        ]
+    )
     runs = {run["method"]: run for run in json.loads(out.read_text())["datasets"][0]["runs"]}
     assert set(runs) == {"hf_sample", "plain", "context_ngram:2:3", "self_draft:1:2", "hf_assisted:1:2"}
     # Point drafts use the same per-position uniforms as plain sampling: the same samples.
@@ -52,9 +91,25 @@ def test_benchmark_samples_with_the_same_seeds_and_predicts_the_speedup(tiny_mod
 
 def test_benchmark_grid_sweeps_k_and_w_and_draws_the_figures(tiny_model_dir, tmp_path):
     out = tmp_path / "grid.json"
-    report = benchmark.main(["grid", "--drafter", "context_ngram", "--dataset", "humaneval,gsm8k",
-                             "--limit", "1", "--max-new-tokens", "6", "--out", str(out), "--model", str(tiny_model_dir),
-                             "--plots", str(tmp_path / "plots")])
+    report = benchmark.main(
+        [
+            "grid",
+            "--drafter",
+            "context_ngram",
+            "--dataset",
+            "humaneval,gsm8k",
+            "--limit",
+            "1",
+            "--max-new-tokens",
+            "6",
+            "--out",
+            str(out),
+            "--model",
+            str(tiny_model_dir),
+            "--plots",
+            str(tmp_path / "plots"),
+        ]
+    )
     assert [r["dataset"] for r in json.loads(out.read_text())["datasets"]] == ["humaneval", "gsm8k"]
     for dataset in report["datasets"]:
         methods = {run["method"]: run for run in dataset["runs"]}
@@ -62,19 +117,43 @@ def test_benchmark_grid_sweeps_k_and_w_and_draws_the_figures(tiny_model_dir, tmp
         assert all(run["identical_fraction"] == 1.0 for run in methods.values())
         grid = dataset["grid"]
         assert grid["best_fixed"] in methods
-        assert grid["best_fixed_speedup"] == max(methods[f"context_ngram:{k}:{w}"]["speedup_vs_hf_greedy"]
-                                                 for k in (1, 2, 4, 8, 16) for w in (1, 2, 4, 8))
+        assert grid["best_fixed_speedup"] == max(
+            methods[f"context_ngram:{k}:{w}"]["speedup_vs_hf_greedy"] for k in (1, 2, 4, 8, 16) for w in (1, 2, 4, 8)
+        )
     names = sorted(p.name for p in (tmp_path / "plots").iterdir())
     for dataset in ("humaneval", "gsm8k"):
-        for figure in ("tokens_per_call", "speedup", "accepted_length", "accepted_rank", "strategy_rows",
-                       "strategy_wins"):
+        for figure in (
+            "tokens_per_call",
+            "speedup",
+            "accepted_length",
+            "accepted_rank",
+            "strategy_rows",
+            "strategy_wins",
+        ):
             assert f"{dataset}_{figure}.png" in names
 
 
 def test_benchmark_throughput_compares_batched_methods_at_each_batch_size(tiny_model_dir, tmp_path):
     out = tmp_path / "throughput.json"
-    report = benchmark.main(["throughput", "--batch", "1,3", "--spec", "context_ngram:2:3", "--dataset", "humaneval",
-                             "--limit", "4", "--max-new-tokens", "8", "--out", str(out), "--model", str(tiny_model_dir)])
+    report = benchmark.main(
+        [
+            "throughput",
+            "--batch",
+            "1,3",
+            "--spec",
+            "context_ngram:2:3",
+            "--dataset",
+            "humaneval",
+            "--limit",
+            "4",
+            "--max-new-tokens",
+            "8",
+            "--out",
+            str(out),
+            "--model",
+            str(tiny_model_dir),
+        ]
+    )
     runs = report["runs"]
     # generate as its users get it, generate on our engine's attention call, ours plain, ours drafting.
     methods = ["hf_greedy", "hf_greedy_gqa", "plain", "context_ngram:2:3"]
@@ -91,10 +170,35 @@ def test_benchmark_compares_engines_side_by_side_on_the_same_prompts(tiny_model_
     transformers engine, per batch size, each checked against plain greedy on the same engine.
     A process of its own: vLLM's n-gram imports numba, which no later vLLM start in a process survives."""
     out = tmp_path / "engines.json"
-    processes.run([sys.executable, "-m", "jobs.benchmark", "engines", "--batch", "1,2",
-                   "--spec", "context_ngram:1:3,mixed:1:auto", "--reference", "context_ngram:2:3",
-                   "--dataset", "humaneval", "--limit", "3", "--rounds", "2", "--max-new-tokens", "8",
-                   "--model", str(tiny_model_dir), "--out", str(out)], cwd=REPO, env=environment(), timeout=600)
+    processes.run(
+        [
+            sys.executable,
+            "-m",
+            "jobs.benchmark",
+            "engines",
+            "--batch",
+            "1,2",
+            "--spec",
+            "context_ngram:1:3,mixed:1:auto",
+            "--reference",
+            "context_ngram:2:3",
+            "--dataset",
+            "humaneval",
+            "--limit",
+            "3",
+            "--rounds",
+            "2",
+            "--max-new-tokens",
+            "8",
+            "--model",
+            str(tiny_model_dir),
+            "--out",
+            str(out),
+        ],
+        cwd=REPO,
+        env=environment(),
+        timeout=600,
+    )
     report = json.loads(out.read_text())
     runs = report["runs"]
     # Two rounds at two batch sizes, each run on 3 prompts of its own: 12 prompts, none repeated.
@@ -102,8 +206,13 @@ def test_benchmark_compares_engines_side_by_side_on_the_same_prompts(tiny_model_
     assert [(c["round"], c["batch"]) for c in report["chunks"]] == [(1, 1), (1, 2), (2, 1), (2, 2)]
     assert len({p for c in report["chunks"] for p in c["prompts"]}) == 12
     assert all(len(r["tokens_per_second_rounds"]) == 2 for r in runs)
-    expected = {("vllm", "plain"), ("vllm", "vllm_ngram"), ("vllm", "context_ngram:1:3"), ("vllm", "mixed:1:auto"),
-                ("transformers", "context_ngram:2:3")} | ({("vllm", "vllm_suffix")} if find_spec("arctic_inference") else set())
+    expected = {
+        ("vllm", "plain"),
+        ("vllm", "vllm_ngram"),
+        ("vllm", "context_ngram:1:3"),
+        ("vllm", "mixed:1:auto"),
+        ("transformers", "context_ngram:2:3"),
+    } | ({("vllm", "vllm_suffix")} if find_spec("arctic_inference") else set())
     for batch in (1, 2):
         rows = {(r["engine"], r["method"]): r for r in runs if r["batch"] == batch}
         assert set(rows) == expected
@@ -117,12 +226,49 @@ def test_edits_writes_a_series_runs_that_the_replay_drafts_from(tiny_model_dir, 
     """edits --write-runs: plain vLLM's earlier run and an edited rerun as Parquet, the rows joined by
     id; the replay gives each edited row its earlier output as prediction (ours_prediction)."""
     runs = tmp_path / "runs"
-    processes.run([sys.executable, "-m", "jobs.benchmark", "edits", "--dataset", "corpus-rewrite-code", "--limit", "4",
-                   "--max-new-tokens", "8", "--batch", "4", "--edit", "line,field", "--write-runs", str(runs),
-                   "--model", str(tiny_model_dir), "--out", str(tmp_path / "edits.json")], cwd=REPO, env=environment(),
-                  timeout=600)
+    processes.run(
+        [
+            sys.executable,
+            "-m",
+            "jobs.benchmark",
+            "edits",
+            "--dataset",
+            "corpus-rewrite-code",
+            "--limit",
+            "4",
+            "--max-new-tokens",
+            "8",
+            "--batch",
+            "4",
+            "--edit",
+            "line,field",
+            "--write-runs",
+            str(runs),
+            "--model",
+            str(tiny_model_dir),
+            "--out",
+            str(tmp_path / "edits.json"),
+        ],
+        cwd=REPO,
+        env=environment(),
+        timeout=600,
+    )
     written = json.loads((tmp_path / "edits.json").read_text())
     assert [(r["run"], r["rows"]) for r in written["runs"]] == [("earlier", 4), ("line", 4), ("field", 4)]
-    report = benchmark.main(["replay", str(runs / "line"), "--predictions", str(runs / "earlier"), "--batch", "2",
-                             "--methods", "ours_prediction,plain", "--project", "", "--out", str(tmp_path / "r.json")])
+    report = benchmark.main(
+        [
+            "replay",
+            str(runs / "line"),
+            "--predictions",
+            str(runs / "earlier"),
+            "--batch",
+            "2",
+            "--methods",
+            "ours_prediction,plain",
+            "--project",
+            "",
+            "--out",
+            str(tmp_path / "r.json"),
+        ]
+    )
     assert report["predicted_answers"] == 4 and {r["method"] for r in report["replay"]} == {"ours_prediction", "plain"}

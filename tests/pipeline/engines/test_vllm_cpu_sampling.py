@@ -2,6 +2,7 @@
 inputs: vLLM's own CPU expand kernel is wrong (the canary below fails once vLLM fixes it: then
 cpu_sampling.py can go), ours is right, and the accept/reject test, the recovered-token draw
 and the greedy path of vLLM's CPU build agree with plain Python loops."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -57,9 +58,11 @@ def vllms_own_cpu_expand():
 @pytest.mark.parametrize("seed", range(5))
 def test_our_expand_matches_its_definition_for_every_dtype(seed):
     counts, cu, _, _, generator = random_batch(seed)
-    for values in (torch.rand(len(counts), generator=generator).round(decimals=1),
-                   torch.randint(0, 3, (len(counts),), generator=generator, dtype=torch.int32),
-                   torch.randint(0, 3, (len(counts),), generator=generator, dtype=torch.int64)):
+    for values in (
+        torch.rand(len(counts), generator=generator).round(decimals=1),
+        torch.randint(0, 3, (len(counts),), generator=generator, dtype=torch.int32),
+        torch.randint(0, 3, (len(counts),), generator=generator, dtype=torch.int64),
+    ):
         output = torch.full((int(cu[-1]),), -7, dtype=values.dtype)
         expand(output, values, cu, 0, 1)
         assert output.tolist() == pytest.approx(expand_reference(values.tolist(), counts, 0, 1))
@@ -92,8 +95,9 @@ def test_vllms_cpu_accept_reject_matches_its_definition(rejection_sampler, seed)
     uniform = torch.rand(drafts.shape, generator=generator, dtype=torch.float64)
     greedy = torch.rand(batch, generator=generator) < 0.2
     output = torch.full((batch, width), -1, dtype=torch.int32)
-    rejection_sampler._rejection_random_sample(output, cu, drafts, None, probs, bonus, recovered, uniform, greedy,
-                                               width - 1, None)
+    rejection_sampler._rejection_random_sample(
+        output, cu, drafts, None, probs, bonus, recovered, uniform, greedy, width - 1, None
+    )
     expected = torch.full((batch, width), -1, dtype=torch.int32)
     start = 0
     for r, n in enumerate(counts):
@@ -119,8 +123,7 @@ def test_vllms_cpu_recovered_tokens_match_their_definition(rejection_sampler, se
     draft_probs = torch.rand(probs.shape, generator=generator).softmax(-1) if with_draft_probs else None
     inv_q = torch.empty(len(counts), probs.shape[1]).exponential_(generator=generator).reciprocal()
     output = torch.empty_like(drafts)
-    rejection_sampler._sample_recovered_tokens(output, cu, drafts, draft_probs, probs, inv_q,
-                                               max_spec_len=max(counts))
+    rejection_sampler._sample_recovered_tokens(output, cu, drafts, draft_probs, probs, inv_q, max_spec_len=max(counts))
     start = 0
     for r, n in enumerate(counts):
         for position in range(start, start + n):

@@ -1,6 +1,7 @@
 """The vLLM engine on the tiny random model: every drafter of ours as vLLM's proposer gives
 exactly vLLM plain greedy's tokens, with drafts verified; bad requests fail alone; statistics are
 filled. vLLM starts twice for the whole module (plain, and ours with the drafter swapped per test)."""
+
 import dataclasses
 import os
 
@@ -14,20 +15,36 @@ from pipeline.engines.build import build_engine, checked_config
 from drafters.primitives.sampling import SamplingParams
 
 W = 4
-PROMPTS = ["def fib(n):\n    if n < 2:\n        return n", "Count: one two three one two three one",
-           "The cat sat on the mat. The cat", "x = [1, 2, 3]\ny = [1, 2, 3]\nz = ["]
+PROMPTS = [
+    "def fib(n):\n    if n < 2:\n        return n",
+    "Count: one two three one two three one",
+    "The cat sat on the mat. The cat",
+    "x = [1, 2, 3]\ny = [1, 2, 3]\nz = [",
+]
 
 
 def config(tiny_model_dir, *overrides):
-    return checked_config(load_config("configs/default.yaml", [
-        "engine.name=vllm", f"model.name={tiny_model_dir}", "engine.execution=eager",
-        "engine.cpu_kv_cache_gib=1", "engine.max_model_len=384", "engine.max_num_seqs=4", *overrides]))
+    return checked_config(
+        load_config(
+            "configs/default.yaml",
+            [
+                "engine.name=vllm",
+                f"model.name={tiny_model_dir}",
+                "engine.execution=eager",
+                "engine.cpu_kv_cache_gib=1",
+                "engine.max_model_len=384",
+                "engine.max_num_seqs=4",
+                *overrides,
+            ],
+        )
+    )
 
 
 @pytest.fixture(scope="module")
 def engines(tiny_model_dir):
-    plain = build_engine(config(tiny_model_dir, "decoder.drafter=none", "decoder.w=0",
-                                "engine.vllm_args={enable_prefix_caching: false}"))
+    plain = build_engine(
+        config(tiny_model_dir, "decoder.drafter=none", "decoder.w=0", "engine.vllm_args={enable_prefix_caching: false}")
+    )
     ours = build_engine(config(tiny_model_dir, "decoder.drafter=context_ngram", "decoder.w=auto"))
     yield plain, ours
     plain.close()
@@ -59,9 +76,11 @@ DRAFTERS = ["context_ngram", "unigram", "bigram", "extended_bigram", "mixed", "b
 # takes two minutes to build here; auto's path through the proposer is the same for every drafter.
 # extended_bigram's table at w = 4 (the model over every token of the vocabulary, 20-30 s) is built
 # in the slow tier.
-@pytest.mark.parametrize("w,drafter", [pytest.param(str(W), drafter, marks=[pytest.mark.slow] * (drafter == "extended_bigram"))
-                                       for drafter in DRAFTERS] +
-                         [("auto", drafter) for drafter in DRAFTERS if drafter != "extended_bigram"])
+@pytest.mark.parametrize(
+    "w,drafter",
+    [pytest.param(str(W), drafter, marks=[pytest.mark.slow] * (drafter == "extended_bigram")) for drafter in DRAFTERS]
+    + [("auto", drafter) for drafter in DRAFTERS if drafter != "extended_bigram"],
+)
 def test_each_drafter_on_vllm_is_vllm_plain_greedy(engines, requests, reference, tiny_model_dir, drafter, w):
     ours = engines[1]
     swap(ours, tiny_model_dir, drafter, "decoder.w=auto" if w == "auto" else f"decoder.w={W}")
@@ -100,8 +119,9 @@ def set_costs(worker, a, b):
 
 
 @pytest.mark.parametrize("per_token,drafts", [(0.0, True), (10.0, False)])
-def test_auto_drafts_when_tokens_are_cheap_and_not_when_they_cost_a_step(engines, requests, reference, tiny_model_dir,
-                                                                       per_token, drafts):
+def test_auto_drafts_when_tokens_are_cheap_and_not_when_they_cost_a_step(
+    engines, requests, reference, tiny_model_dir, per_token, drafts
+):
     ours = engines[1]
     swap(ours, tiny_model_dir, "mixed", "decoder.w=auto")
     ours.collective_rpc(set_costs, (0.01, per_token))
@@ -126,7 +146,9 @@ def test_retrieval_on_vllm_is_vllm_plain_greedy(engines, requests, reference, ti
     ours = engines[1]
     tokenizer = ours.tokenizer
     # A datastore of the reference outputs themselves: retrieval has something to find.
-    build_datastore([tokenizer.decode(ids) and ids for ids in reference], tmp_path / "ds", {"vocab_size": len(tokenizer)})
+    build_datastore(
+        [tokenizer.decode(ids) and ids for ids in reference], tmp_path / "ds", {"vocab_size": len(tokenizer)}
+    )
     swap(ours, tiny_model_dir, "rest", f"decoder.datastore={tmp_path / 'ds'}")
     results = ours.generate(requests)
     assert [r.token_ids for r in results] == reference
@@ -143,14 +165,14 @@ def test_bad_requests_fail_alone_and_budgets_and_stops_hold(engines, requests, r
     assert isinstance(results[2], Failed) and "encodes to no tokens" in results[2].message
     assert results[1].token_ids == reference[1] and results[3].token_ids == reference[0][:3]
     assert results[3].finish_reason == "length"
-    refused, after = ours.generate([Request("oov", [requests[0].prompt_ids[0], 10 ** 7], 4), requests[2]])
+    refused, after = ours.generate([Request("oov", [requests[0].prompt_ids[0], 10**7], 4), requests[2]])
     assert isinstance(refused, Failed) and "request 'oov': vLLM refused it" in refused.message
     assert after.token_ids == reference[2][:48]  # the engine goes on
     text = plain.tokenizer.decode(reference[2], skip_special_tokens=True)
-    stop = text[len(text) // 2:len(text) // 2 + 3]
+    stop = text[len(text) // 2 : len(text) // 2 + 3]
     stopped = ours.generate([dataclasses.replace(requests[2], stop=(stop,))])[0]
     assert isinstance(stopped, Result) and stopped.finish_reason == "stop" and stop not in stopped.text
-    assert stopped.text == text[:text.index(stop)]
+    assert stopped.text == text[: text.index(stop)]
 
 
 def test_each_engines_worker_samples_exactly(engines):
@@ -228,8 +250,9 @@ def test_a_later_engine_in_the_process_reads_its_own_settings(engines, tiny_mode
     for name in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE"):
         monkeypatch.setenv(name, os.environ.get(name, ""))  # put back as it was after the test
     envs.enable_envs_cache()
-    set_vllm_environment(config(tiny_model_dir, "engine.tensor_parallel_size=2", "model.num_threads=2",
-                                "engine.cpu_kv_cache_gib=3"))
+    set_vllm_environment(
+        config(tiny_model_dir, "engine.tensor_parallel_size=2", "model.num_threads=2", "engine.cpu_kv_cache_gib=3")
+    )
     assert envs.VLLM_CPU_KVCACHE_SPACE == 3
     assert envs.VLLM_CPU_OMP_THREADS_BIND.count("|") == 1
 
@@ -253,7 +276,7 @@ class FailingFor:
         self.inner, self.prefix, self.junk = ContextNgramDrafter(3, 1, 0), prefix, junk
 
     def propose(self, context, k, w):
-        if context.tokens[:len(self.prefix)] == self.prefix:
+        if context.tokens[: len(self.prefix)] == self.prefix:
             if self.junk:
                 return [["not", "tokens"]]
             raise RuntimeError("a drafter bug for this request")
@@ -266,7 +289,9 @@ def test_a_drafter_failing_for_one_request_costs_it_its_drafts_and_nothing_else(
     from pipeline.engines.vllm.proposer import attach_drafter
 
     ours = engines[1]
-    ours.collective_rpc(attach_drafter, (PerRequestBatchDrafter(FailingFor(requests[1].prompt_ids, junk), W, 3), W, False))
+    ours.collective_rpc(
+        attach_drafter, (PerRequestBatchDrafter(FailingFor(requests[1].prompt_ids, junk), W, 3), W, False)
+    )
     results = ours.generate(requests)
     assert [r.token_ids for r in results] == reference  # every row back, the engine never stopped
     failed = [r.stats.num_drafter_failed_steps for r in results]
@@ -287,8 +312,10 @@ def test_batches_stream_through_one_engine_without_draining(engines, requests, r
 
     plain = engines[0]
     before = plain.steps()
-    long_batch = [dataclasses.replace(r, request_id=f"long{i}", max_new_tokens=300 if i == 0 else 12)
-                  for i, r in enumerate(requests)]
+    long_batch = [
+        dataclasses.replace(r, request_id=f"long{i}", max_new_tokens=300 if i == 0 else 12)
+        for i, r in enumerate(requests)
+    ]
     short_batch = [dataclasses.replace(r, request_id=f"short{i}", max_new_tokens=2) for i, r in enumerate(requests)]
     finished = {}
 
@@ -311,8 +338,10 @@ def test_batches_stream_through_one_engine_without_draining(engines, requests, r
     assert [r.token_ids for r in short_results] == [ids[:2] for ids in reference]
 
     def steps_and_running(snapshot):
-        return (snapshot.steps + snapshot.drain_steps - before.steps - before.drain_steps,
-                snapshot.running + snapshot.drain_running - before.running - before.drain_running)
+        return (
+            snapshot.steps + snapshot.drain_steps - before.steps - before.drain_steps,
+            snapshot.running + snapshot.drain_running - before.running - before.drain_running,
+        )
 
     steps, running = steps_and_running(at_short)
     assert steps < 100, f"the short batch waited for the long one to drain ({steps} steps)"
@@ -329,8 +358,9 @@ def test_structured_outputs_vllm_refuses_fail_their_request_alone(engines, reque
     assert ran.token_ids == reference[1]
 
 
-def test_a_lora_adapter_reaches_vllm_with_its_request_and_fails_it_alone_without_enable_lora(engines, requests,
-                                                                                            reference, tmp_path):
+def test_a_lora_adapter_reaches_vllm_with_its_request_and_fails_it_alone_without_enable_lora(
+    engines, requests, reference, tmp_path
+):
     """vLLM-CPU 0.32 cannot start with enable_lora (its Triton overrides fail at the worker's start),
     so here the adapter's request is refused by vLLM, alone; the adapter is named once per engine."""
     ours = engines[1]
@@ -360,16 +390,20 @@ def sampled(engines, requests, tmp_path_factory):
     return batches, plain, store
 
 
-@pytest.mark.parametrize("drafter", [pytest.param(d, marks=[pytest.mark.slow] * (d == "extended_bigram"))
-                                     for d in DRAFTERS + ["rest"]])
-def test_sampled_rows_are_plain_samplings_text_whatever_the_drafter_and_batch(engines, sampled, tiny_model_dir,
-                                                                              drafter):
+@pytest.mark.parametrize(
+    "drafter", [pytest.param(d, marks=[pytest.mark.slow] * (d == "extended_bigram")) for d in DRAFTERS + ["rest"]]
+)
+def test_sampled_rows_are_plain_samplings_text_whatever_the_drafter_and_batch(
+    engines, sampled, tiny_model_dir, drafter
+):
     """A seed is a text (pipeline/engines/vllm/seeded_sampling.py): with drafts, at B = 4 (the batch
     in one call) and B = 1 (one request at a time), sampled-only and beside greedy rows, every
     row is plain sampling's with its seed."""
     batches, plain, store = sampled
     ours = engines[1]
-    swap(ours, tiny_model_dir, drafter, *([f"decoder.datastore={store}"] if drafter in ("rest", "batch_suffix") else []))
+    swap(
+        ours, tiny_model_dir, drafter, *([f"decoder.datastore={store}"] if drafter in ("rest", "batch_suffix") else [])
+    )
     checked = accepted = 0
     for name, batch in batches.items():
         together = ours.generate(batch)
@@ -403,7 +437,9 @@ def test_a_prediction_is_drafted_from_first_and_changes_no_token(engines, reques
     hot = [dataclasses.replace(r, prediction=tuple(ids)) for r, ids in zip(batches["sampled"], plain["sampled"])]
     results = ours.generate(hot)
     assert [r.token_ids for r in results] == plain["sampled"]
-    assert sum(r.stats.strategy_accepted_tokens.get("prediction", 0) for r in results) > 0.6 * sum(map(len, plain["sampled"]))
+    assert sum(r.stats.strategy_accepted_tokens.get("prediction", 0) for r in results) > 0.6 * sum(
+        map(len, plain["sampled"])
+    )
 
 
 # Last in the module: closing this third engine tears down vLLM's process-wide parallel groups,

@@ -1,5 +1,6 @@
 """The vLLM proposer's pure parts, without vLLM: the requests' lifecycle with the drafter, the step
 costs it learns, and the per-request statistics taken from vLLM's metrics and the proposer's drafts."""
+
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -25,11 +26,16 @@ def test_statistics_map_vllm_metrics_and_attribute_each_strategy():
     # 10 tokens in 6 steps: the prefill's token, a plain step, three drafted steps accepting
     # 3, 0 and 1 tokens, and the last step, whose draft was never verified.
     token_ids = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19]
-    proposals = [Proposal(2, (12, 13, 14, 99), "context_ngram"), Proposal(6, (77,), "bigram"),
-                 Proposal(7, (17, 99), "context_ngram"), Proposal(10, (5, 6), "context_ngram")]
+    proposals = [
+        Proposal(2, (12, 13, 14, 99), "context_ngram"),
+        Proposal(6, (77,), "bigram"),
+        Proposal(7, (17, 99), "context_ngram"),
+        Proposal(10, (5, 6), "context_ngram"),
+    ]
     tracked = Tracked(prompt_length=4, limit=100, steps=6, draft_seconds=0.01, proposals=proposals)
-    metrics = Metrics(histogram=[1, 1, 0, 1, 0], num_draft_tokens=7, per_step_accepted=[3, 0, 1],
-                      per_step_drafted=[4, 1, 2])
+    metrics = Metrics(
+        histogram=[1, 1, 0, 1, 0], num_draft_tokens=7, per_step_accepted=[3, 0, 1], per_step_drafted=[4, 1, 2]
+    )
     stats = request_stats(4, token_ids, metrics, tracked, w=4)
     assert stats.num_target_calls == 6 and stats.num_generated_tokens == 10 and stats.tokens_per_call == 10 / 6
     assert stats.num_verified_tokens == 6 + 7
@@ -58,9 +64,12 @@ class FakeRunner:
         self.requests = {}
 
     def run(self, request_id: str, prompt_length: int, max_tokens: int = 100) -> None:
-        self.input_batch = SimpleNamespace(req_ids=[request_id], req_id_to_index={request_id: 0},
-                                           num_prompt_tokens=np.array([prompt_length]))
-        self.requests = {request_id: SimpleNamespace(sampling_params=SimpleNamespace(max_tokens=max_tokens, extra_args=None))}
+        self.input_batch = SimpleNamespace(
+            req_ids=[request_id], req_id_to_index={request_id: 0}, num_prompt_tokens=np.array([prompt_length])
+        )
+        self.requests = {
+            request_id: SimpleNamespace(sampling_params=SimpleNamespace(max_tokens=max_tokens, extra_args=None))
+        }
 
 
 def test_step_costs_see_decoding_steps_only_not_prefills_or_pauses_between_generate_calls():
@@ -69,8 +78,10 @@ def test_step_costs_see_decoding_steps_only_not_prefills_or_pauses_between_gener
     from drafters.context_ngram import ContextNgramDrafter
     from pipeline.engines.vllm.proposer import NgrammysProposer
 
-    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=4),
-                             model_config=SimpleNamespace(max_model_len=64, get_vocab_size=lambda: 100))
+    config = SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=4),
+        model_config=SimpleNamespace(max_model_len=64, get_vocab_size=lambda: 100),
+    )
     proposer, runner = NgrammysProposer(config), FakeRunner()
     proposer.configure(runner, PerRequestBatchDrafter(ContextNgramDrafter(2), 4, 2), 4, adaptive=True)
     proposer.costs = StepCostFit(memory=1.0)
@@ -78,7 +89,7 @@ def test_step_costs_see_decoding_steps_only_not_prefills_or_pauses_between_gener
 
     def step(request_id, length, emitted):
         runner.run(request_id, 9)
-        proposer.propose([list(tokens[0, length - emitted:length])], np.array([length]), tokens)
+        proposer.propose([list(tokens[0, length - emitted : length])], np.array([length]), tokens)
 
     step("a-00000000", 10, 1)  # its prefill ran in the step before: nothing measured
     step("a-00000000", 12, 2)  # a decoding step: measured
@@ -94,14 +105,21 @@ def fake_proposer(drafter, w: int, requests: int, adaptive: bool):
     """NgrammysProposer as vLLM builds it, with a runner holding `requests` running requests."""
     from pipeline.engines.vllm.proposer import NgrammysProposer
 
-    config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=w),
-                             model_config=SimpleNamespace(max_model_len=512, get_vocab_size=lambda: 64))
+    config = SimpleNamespace(
+        speculative_config=SimpleNamespace(num_speculative_tokens=w),
+        model_config=SimpleNamespace(max_model_len=512, get_vocab_size=lambda: 64),
+    )
     proposer = NgrammysProposer(config)
     ids = [f"r{i}-abcdefgh" for i in range(requests)]
-    batch = SimpleNamespace(req_ids=ids, req_id_to_index={key: i for i, key in enumerate(ids)},
-                            num_prompt_tokens=np.full(requests, 40))
-    runner = SimpleNamespace(input_batch=batch, requests={key: SimpleNamespace(
-        sampling_params=SimpleNamespace(max_tokens=100, extra_args=None)) for key in ids})
+    batch = SimpleNamespace(
+        req_ids=ids, req_id_to_index={key: i for i, key in enumerate(ids)}, num_prompt_tokens=np.full(requests, 40)
+    )
+    runner = SimpleNamespace(
+        input_batch=batch,
+        requests={
+            key: SimpleNamespace(sampling_params=SimpleNamespace(max_tokens=100, extra_args=None)) for key in ids
+        },
+    )
     proposer.configure(runner, drafter, w, adaptive)
     return proposer
 
@@ -118,7 +136,7 @@ def test_a_proposer_call_for_256_requests_is_one_compiled_call():
     assert drafter.compiled_calls == calls + 1
     assert len(drafts) == 256 and any(drafts)
     for row, draft in enumerate(drafts):  # each draft is the request's own continuation here
-        assert draft == tokens[row, 90:90 + len(draft)].tolist()
+        assert draft == tokens[row, 90 : 90 + len(draft)].tolist()
     assert all(t.steps == 1 for t in proposer.tracked.values())
 
 
@@ -143,6 +161,7 @@ def test_a_batched_drafter_that_raises_costs_the_step_its_drafts_and_nothing_els
 
 class Recording:
     """A BatchDrafter that records its lifecycle calls and drafts nothing; its start fails for `failing`."""
+
     strategies = ("x",)
 
     def __init__(self, failing: str = ""):

@@ -3,12 +3,14 @@ vLLM's sampling in the engine's worker is exact (pipeline/engines/vllm/cpu_sampl
 default drafter, sampled tokens follow the target's distribution at temperature 0.7 with top-k 50
 and 1.0 with top-p 0.9 (tests/pipeline/engines/sampling_checks.py says how that is checked); a
 seed gives plain sampling's text whatever the drafts and the batch (and so whatever the chunking);
-and where the sampler could not be made exact, no request drafts beside a sampled one. The same checks on SmolLM2, with vLLM's own
+and where the sampler could not be made exact, no request drafts beside a sampled one. The same checks on SmolLM2,
+with vLLM's own
 n-gram method too: tests/test_smollm2_vllm_sampling.py (make test-slow).
 
 What the uninitialised memory of vLLM's CPU fault holds depends on the allocator's history: here it
 happened to hold usable temperatures, on SmolLM2 it did not (salad). The check of the kernels
 inside the worker does not depend on that."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -30,8 +32,12 @@ W = 4
 NEW_TOKENS = 40
 SEEDS = 64
 CASES = {"t0.7-top_k50": SamplingParams(0.7, 50, 1.0), "t1.0-top_p0.9": SamplingParams(1.0, 0, 0.9)}
-PROMPTS = ["def fib(n):\n    if n < 2:\n        return n", "Count: one two three one two three one",
-           "The cat sat on the mat. The cat", "x = [1, 2, 3]\ny = [1, 2, 3]\nz = ["]
+PROMPTS = [
+    "def fib(n):\n    if n < 2:\n        return n",
+    "Count: one two three one two three one",
+    "The cat sat on the mat. The cat",
+    "x = [1, 2, 3]\ny = [1, 2, 3]\nz = [",
+]
 
 
 @pytest.fixture(scope="module")
@@ -53,12 +59,25 @@ def peaked_model_dir(tiny_model_dir, tmp_path_factory):
 
 
 def config(model_dir, cache, *overrides):
-    return checked_config(load_config("configs/default.yaml", [
-        "engine.name=vllm", f"model.name={model_dir}", f"model.cache_dir={cache}", "engine.execution=eager",
-        "engine.cpu_kv_cache_gib=1", "engine.max_model_len=256", "engine.max_num_seqs=16", f"decoder.w={W}",
-        # A step prefills at most 64 tokens: prompts are prefilled in chunks, which draws (and
-        # discards) tokens from the seeded requests' generators at each partial chunk.
-        "engine.max_num_batched_tokens=64", *overrides]))
+    return checked_config(
+        load_config(
+            "configs/default.yaml",
+            [
+                "engine.name=vllm",
+                f"model.name={model_dir}",
+                f"model.cache_dir={cache}",
+                "engine.execution=eager",
+                "engine.cpu_kv_cache_gib=1",
+                "engine.max_model_len=256",
+                "engine.max_num_seqs=16",
+                f"decoder.w={W}",
+                # A step prefills at most 64 tokens: prompts are prefilled in chunks, which draws (and
+                # discards) tokens from the seeded requests' generators at each partial chunk.
+                "engine.max_num_batched_tokens=64",
+                *overrides,
+            ],
+        )
+    )
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +86,9 @@ def engines(peaked_model_dir, tmp_path_factory):
     # Ours with the default drafter at a fixed w; vLLM's n-gram last (it loads numba: see comparison.py).
     ours = build_engine(config(peaked_model_dir, cache, "decoder.drafter=batch_suffix"))
     plain = build_engine(config(peaked_model_dir, cache, "decoder.drafter=none", "decoder.w=0"))
-    ngram = build_engine(config(peaked_model_dir, cache, "decoder.drafter=vllm_ngram", "decoder.ngram_min_q=1",
-                                "decoder.ngram_max_q=3"))
+    ngram = build_engine(
+        config(peaked_model_dir, cache, "decoder.drafter=vllm_ngram", "decoder.ngram_min_q=1", "decoder.ngram_max_q=3")
+    )
     yield {"ours": ours, "plain": plain, "vllm_ngram": ngram}
     ours.close()
     plain.close()
@@ -92,8 +112,10 @@ def prompts(engines) -> list[list[int]]:
 
 
 def sampled_requests(prompts: list[list[int]], sampling: SamplingParams) -> list[Request]:
-    return [Request(f"s{seed}", prompts[seed % len(prompts)], NEW_TOKENS, sampling=dataclasses.replace(sampling, seed=seed))
-            for seed in range(SEEDS)]
+    return [
+        Request(f"s{seed}", prompts[seed % len(prompts)], NEW_TOKENS, sampling=dataclasses.replace(sampling, seed=seed))
+        for seed in range(SEEDS)
+    ]
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -132,8 +154,9 @@ def test_where_sampling_is_not_exact_no_request_drafts_beside_a_sampled_one(engi
     # The sampled rows run a longer budget to its end, so every step with a greedy row has a sampled one.
     sampled = sampled_requests(prompts, CASES["t0.7-top_k50"])[:4]
     greedy = [dataclasses.replace(r, request_id=f"g{i}", sampling=SamplingParams()) for i, r in enumerate(sampled)]
-    sampled = [dataclasses.replace(r, max_new_tokens=NEW_TOKENS + 8, engine_sampling={"ignore_eos": True})
-               for r in sampled]
+    sampled = [
+        dataclasses.replace(r, max_new_tokens=NEW_TOKENS + 8, engine_sampling={"ignore_eos": True}) for r in sampled
+    ]
     drafter = ours.collective_rpc(lambda worker: worker.model_runner.drafter.drafter)[0]
     try:
         ours.collective_rpc(attach_drafter, (drafter, W, False, False))
@@ -142,8 +165,10 @@ def test_where_sampling_is_not_exact_no_request_drafts_beside_a_sampled_one(engi
     finally:
         ours.collective_rpc(attach_drafter, (drafter, W, False, True))
     assert all(r.stats.num_checked_draft_tokens == 0 and set(r.stats.strategy_rows) == {"none"} for r in mixed), [
-        (r.request_id, len(r.token_ids), r.stats.num_checked_draft_tokens, r.stats.strategy_rows) for r in mixed
-        if r.stats.num_checked_draft_tokens or set(r.stats.strategy_rows) != {"none"}]
+        (r.request_id, len(r.token_ids), r.stats.num_checked_draft_tokens, r.stats.strategy_rows)
+        for r in mixed
+        if r.stats.num_checked_draft_tokens or set(r.stats.strategy_rows) != {"none"}
+    ]
     assert sum(r.stats.num_checked_draft_tokens for r in greedy_alone) > 0
     assert [r.token_ids for r in greedy_alone] == [r.token_ids for r in mixed[4:]]
     ngram.exact_sampling = False
@@ -151,5 +176,7 @@ def test_where_sampling_is_not_exact_no_request_drafts_beside_a_sampled_one(engi
         refused, kept = ngram.generate([sampled[0], greedy[0]])
     finally:
         ngram.exact_sampling = True
-    assert isinstance(refused, Failed) and "request 's0': sampling" in refused.message and "not exact" in refused.message
+    assert (
+        isinstance(refused, Failed) and "request 's0': sampling" in refused.message and "not exact" in refused.message
+    )
     assert isinstance(kept, Result)

@@ -1,4 +1,5 @@
 """The transformers engine's attention call and KV cache layer: same numbers, fewer copies."""
+
 import copy
 
 import pytest

@@ -1,4 +1,5 @@
 """Throughput mode: many requests per forward call must give each request the tokens it gets alone."""
+
 import dataclasses
 
 import pytest
@@ -16,12 +17,20 @@ from tests.drafters.test_adaptive import flat_costs
 from tests.pipeline.engines.transformers.test_decoder import decoder_for
 
 # Different lengths and budgets, so requests finish at different steps and rows are refilled.
-REQUESTS = [([1, 5, 9, 2, 5, 9, 2, 7], 40), ([1, 40, 41, 42, 43, 40, 41], 25), ([1, 3], 12), ([1], 30),
-            ([1, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7], 18), ([1, 20, 21, 22, 20, 21, 22, 20], 33)]
+REQUESTS = [
+    ([1, 5, 9, 2, 5, 9, 2, 7], 40),
+    ([1, 40, 41, 42, 43, 40, 41], 25),
+    ([1, 3], 12),
+    ([1], 30),
+    ([1, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7, 7], 18),
+    ([1, 20, 21, 22, 20, 21, 22, 20], 33),
+]
 
 
 def requests(sampling=None) -> list[Request]:
-    return [Request(f"r{i}", prompt, n, sampling=sampling or SamplingParams(0.0)) for i, (prompt, n) in enumerate(REQUESTS)]
+    return [
+        Request(f"r{i}", prompt, n, sampling=sampling or SamplingParams(0.0)) for i, (prompt, n) in enumerate(REQUESTS)
+    ]
 
 
 def alone(decoder: SpeculativeDecoder, request: Request) -> list[int]:
@@ -43,11 +52,22 @@ def run(batched: BatchedDecoder, batch: list[Request]) -> dict[str, list[int]]:
     return results
 
 
-@pytest.mark.parametrize("drafter,k,w,batch_size", [
-    ("none", 1, 0, 3), ("context_ngram", 3, 4, 3), ("mixed", 4, 3, 4), ("context_ngram", 2, 2, 6), ("batch_suffix", 1, 4, 3)])
+@pytest.mark.parametrize(
+    "drafter,k,w,batch_size",
+    [
+        ("none", 1, 0, 3),
+        ("context_ngram", 3, 4, 3),
+        ("mixed", 4, 3, 4),
+        ("context_ngram", 2, 2, 6),
+        ("batch_suffix", 1, 4, 3),
+    ],
+)
 def test_batched_greedy_is_each_request_alone(tiny_model, tables, drafter, k, w, batch_size):
-    decoder = (SpeculativeDecoder(tiny_model, None, None, 1, 0) if drafter == "none"
-               else decoder_for(tiny_model, tables, drafter, k, w, min_q=1))
+    decoder = (
+        SpeculativeDecoder(tiny_model, None, None, 1, 0)
+        if drafter == "none"
+        else decoder_for(tiny_model, tables, drafter, k, w, min_q=1)
+    )
     reference = SpeculativeDecoder(tiny_model, None, None, 1, 0)
     results = run(BatchedDecoder(decoder, batch_size), requests())
     for request in requests():
@@ -56,8 +76,10 @@ def test_batched_greedy_is_each_request_alone(tiny_model, tables, drafter, k, w,
 
 def test_batched_sampling_is_each_request_alone(tiny_model, tables):
     decoder = decoder_for(tiny_model, tables, "context_ngram", 3, 3, min_q=1)
-    batch = [Request(r.request_id, r.prompt_ids, r.max_new_tokens, sampling=SamplingParams(1.0, 0, 0.95, seed_of(r)))
-             for r in requests()]
+    batch = [
+        Request(r.request_id, r.prompt_ids, r.max_new_tokens, sampling=SamplingParams(1.0, 0, 0.95, seed_of(r)))
+        for r in requests()
+    ]
     results = run(BatchedDecoder(decoder, 3), batch)
     for request in batch:
         assert results[request.request_id] == alone(decoder, request), request.request_id
@@ -67,7 +89,9 @@ def test_a_finished_request_row_goes_to_the_next_at_once(tiny_model, monkeypatch
     batched = BatchedDecoder(SpeculativeDecoder(tiny_model, None, None, 1, 0), 2)
     calls = []
     forward = batched.forward
-    monkeypatch.setattr(batched, "forward", lambda slots, trees, cache: calls.append(len(slots)) or forward(slots, trees, cache))
+    monkeypatch.setattr(
+        batched, "forward", lambda slots, trees, cache: calls.append(len(slots)) or forward(slots, trees, cache)
+    )
     # One long request and three short ones: the short ones take turns in the second row.
     batch = [Request("long", [1, 40, 41], 30)] + [Request(f"short{i}", [1, 2 + i], 3) for i in range(3)]
     results = run(batched, batch)
@@ -77,8 +101,12 @@ def test_a_finished_request_row_goes_to_the_next_at_once(tiny_model, monkeypatch
 
 def test_a_bad_request_fails_alone(tiny_model):
     batched = BatchedDecoder(SpeculativeDecoder(tiny_model, None, None, 1, 0), 2)
-    outcomes = {request.request_id: result for request, result in
-                batched.generate_many([Request("ok", [1, 5], 5), Request("empty", [], 5), Request("ok2", [1, 6], 5)])}
+    outcomes = {
+        request.request_id: result
+        for request, result in batched.generate_many(
+            [Request("ok", [1, 5], 5), Request("empty", [], 5), Request("ok2", [1, 6], 5)]
+        )
+    }
     assert isinstance(outcomes["empty"], Failed) and "request 'empty'" in outcomes["empty"].message
     assert len(outcomes["ok"].token_ids) == 5 and len(outcomes["ok2"].token_ids) == 5
 

@@ -19,8 +19,12 @@ def decoder_for(model, tables, drafter, k, w, tokenizer=None, min_q=2):
         extended = None
         if drafter == "extended_bigram":
             extended = model_tables.model_extension(model, tables.bigram, [], k, w, batch_size=512)
-        tables = DrafterTables(unigram=tables.unigram, bigram=tables.bigram,
-                               chained=model_tables.chain_extension(tables.bigram, k, w), extended=extended)
+        tables = DrafterTables(
+            unigram=tables.unigram,
+            bigram=tables.bigram,
+            chained=model_tables.chain_extension(tables.bigram, k, w),
+            extended=extended,
+        )
     return SpeculativeDecoder(model, tokenizer, make_drafter(config, tables, 0), k, w, config.ngram_max_q)
 
 
@@ -31,15 +35,28 @@ def plain(model, prompt, n):
 def test_plain_decoding_equals_transformers_generate(tiny_model):
     for prompt in PROMPTS:
         ours = plain(tiny_model, prompt, 40)
-        theirs = tiny_model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=40,
-                                     attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
-        assert ours == theirs[0, len(prompt):].tolist(), f"prompt {prompt}"
+        theirs = tiny_model.generate(
+            torch.tensor([prompt]),
+            do_sample=False,
+            max_new_tokens=40,
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        )
+        assert ours == theirs[0, len(prompt) :].tolist(), f"prompt {prompt}"
 
 
-@pytest.mark.parametrize("drafter,k,w", [
-    ("context_ngram", 1, 1), ("context_ngram", 3, 4), ("unigram", 2, 2), ("bigram", 1, 1),
-    ("bigram", 4, 3), ("extended_bigram", 2, 5), ("mixed", 4, 4), ("mixed", 8, 2),
-])
+@pytest.mark.parametrize(
+    "drafter,k,w",
+    [
+        ("context_ngram", 1, 1),
+        ("context_ngram", 3, 4),
+        ("unigram", 2, 2),
+        ("bigram", 1, 1),
+        ("bigram", 4, 3),
+        ("extended_bigram", 2, 5),
+        ("mixed", 4, 4),
+        ("mixed", 8, 2),
+    ],
+)
 def test_speculative_output_is_token_identical_to_plain_greedy(tiny_model, tables, drafter, k, w):
     # min_q=1 drafts more often, so more steps accept drafts and exercise the cache bookkeeping.
     decoder = decoder_for(tiny_model, tables, drafter, k, w, min_q=1)
@@ -81,7 +98,7 @@ def test_generation_stops_at_eos(tiny_model, tables):
     finally:
         tiny_model.generation_config.eos_token_id = TINY_EOS
     first = reference.index(stop_token)
-    assert result.finish_reason == "eos" and result.token_ids == reference[:first + 1]
+    assert result.finish_reason == "eos" and result.token_ids == reference[: first + 1]
 
 
 def test_stop_strings_cut_text_and_tokens(tiny_model, tables, char_tokenizer):
@@ -91,7 +108,7 @@ def test_stop_strings_cut_text_and_tokens(tiny_model, tables, char_tokenizer):
     result = decoder.generate(PROMPTS[0], 40, stop=(stop,))
     full_text = char_tokenizer.decode(reference)
     assert result.finish_reason == "stop"
-    assert result.text == full_text[:full_text.index(stop)]
+    assert result.text == full_text[: full_text.index(stop)]
     assert stop in char_tokenizer.decode(result.token_ids)
     assert stop not in char_tokenizer.decode(result.token_ids[:-1])
 
@@ -160,11 +177,12 @@ def test_stop_strings_are_found_from_the_tail_as_from_the_whole_text(tiny_model_
     text = "def f(x):\n    return x * 2  # é, ü and 漢字\n" * 30 + "print(f(3))\n\nclass Done:\n    pass"
     tokens = tokenizer(text, add_special_tokens=False)["input_ids"]
     for stop in (("\nclass",), ("漢字\nprint",), ("never there", "(3))\n\n")):
-        reference = next((n for n in range(1, len(tokens) + 1)
-                          if any(s in tokenizer.decode(tokens[:n]) for s in stop)), None)
+        reference = next(
+            (n for n in range(1, len(tokens) + 1) if any(s in tokenizer.decode(tokens[:n]) for s in stop)), None
+        )
         found = None
         for checked in range(0, len(tokens), 3):  # steps of 3 new tokens, as a decoder emits them
-            found = stop_cut(tokenizer, tokens[:checked + 3], checked, stop)
+            found = stop_cut(tokenizer, tokens[: checked + 3], checked, stop)
             if found is not None:
                 break
         assert found == reference, stop

@@ -1,6 +1,7 @@
 """Sampling through the whole decoder on a tiny model with an 8-token vocabulary: the tokens it
 emits at positions 2 and 3 follow the target's own distribution, computed exactly, for k > 1
 point drafts and for a self-draft model; deliberately broken verifiers fail the same test."""
+
 from __future__ import annotations
 
 import itertools
@@ -32,9 +33,19 @@ P_VALUE = 1e-4
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(1)
-    config = LlamaConfig(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
-                         initializer_range=0.4, bos_token_id=0, eos_token_id=None, pad_token_id=0)
+    config = LlamaConfig(
+        vocab_size=V,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=64,
+        initializer_range=0.4,
+        bos_token_id=0,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
     return LlamaForCausalLM(config).eval()
 
 
@@ -106,12 +117,15 @@ def residual_free_speculative_sample(tree, draft, p, sample_uniforms) -> Verdict
     return Verdict(drafts + [sample(p[-1], float(sample_uniforms[-1]))], len(drafts), 0, path=tuple(range(len(drafts))))
 
 
-@pytest.mark.parametrize("make_decoder,broken", [
-    (bigram_decoder, None),
-    (bigram_decoder, ("walk_sampled", root_probs_verify)),
-    (self_draft_decoder, None),
-    (self_draft_decoder, ("speculative_sample", residual_free_speculative_sample)),
-])
+@pytest.mark.parametrize(
+    "make_decoder,broken",
+    [
+        (bigram_decoder, None),
+        (bigram_decoder, ("walk_sampled", root_probs_verify)),
+        (self_draft_decoder, None),
+        (self_draft_decoder, ("speculative_sample", residual_free_speculative_sample)),
+    ],
+)
 def test_tokens_2_and_3_follow_the_target_distribution(model, make_decoder, broken, monkeypatch):
     if broken:
         monkeypatch.setattr(pipeline.engines.transformers.verification, *broken)
@@ -122,7 +136,9 @@ def test_tokens_2_and_3_follow_the_target_distribution(model, make_decoder, brok
     if broken:
         assert statistic > threshold, f"{broken[0]} broken went unnoticed: chi2 {statistic:.1f} <= {threshold:.1f}"
     else:
-        assert statistic <= threshold, f"not the target's distribution: chi2 {statistic:.1f} > {threshold:.1f} ({dof} dof)"
+        assert statistic <= threshold, (
+            f"not the target's distribution: chi2 {statistic:.1f} > {threshold:.1f} ({dof} dof)"
+        )
 
 
 def test_drafts_were_accepted_across_rows(model):
@@ -131,6 +147,6 @@ def test_drafts_were_accepted_across_rows(model):
     ranks, accepted = np.zeros(3, dtype=int), 0
     for seed in range(200):
         stats = decoder.generate(PROMPT, 6, sampling=SamplingParams(**{**SAMPLING.__dict__, "seed": seed})).stats
-        ranks[:len(stats.accepted_rank_histogram)] += stats.accepted_rank_histogram
+        ranks[: len(stats.accepted_rank_histogram)] += stats.accepted_rank_histogram
         accepted += sum(a * n for a, n in enumerate(stats.accepted_length_histogram))
     assert accepted > 100 and ranks[1] + ranks[2] > 20, (accepted, ranks)

@@ -1,4 +1,5 @@
 """Greedy verification through the one entry point, on k rows of a [k, w+1] block call."""
+
 import torch
 
 from pipeline.engines.transformers.tree import build_tree, node_logits
@@ -9,6 +10,7 @@ from drafters.primitives.sampling import GREEDY
 def verify_greedy(drafts, logits):
     tree = build_tree(drafts)
     return verify(tree, node_logits(tree, logits), GREEDY)
+
 
 V = 10
 
@@ -77,6 +79,11 @@ def test_random_cases_match_the_reference():
         drafts = torch.randint(0, 3, (k, w), generator=generator).tolist()
         # The target's choice depends on the tokens before it only: rows sharing a prefix agree there.
         choice_after: dict[tuple, int] = {}
-        choices = [[choice_after.setdefault(tuple(row[:j]), int(torch.randint(0, 3, (1,), generator=generator)))
-                    for j in range(w + 1)] for row in drafts]
+        choices = [
+            [
+                choice_after.setdefault(tuple(row[:j]), int(torch.randint(0, 3, (1,), generator=generator)))
+                for j in range(w + 1)
+            ]
+            for row in drafts
+        ]
         check(drafts, choices)
