@@ -37,7 +37,7 @@ import numpy as np
 
 from drafters.datastore import build_datastore
 from pipeline.config import ModelConfig
-from pipeline.config.model_loading import EMBEDDED_DEFAULT
+from pipeline.loading.model import EMBEDDED_DEFAULT
 from pipeline.config.package_data import json_list_records, sharegpt_path
 
 CONVERSATION_FIELDS = ("messages", "conversations")
@@ -197,7 +197,7 @@ def load_tokenizer(model: str):
     """The target model's tokenizer and weight fingerprint, without loading the weights."""
     from transformers import AutoTokenizer
 
-    from pipeline.config.model_loading import resolve_model_dir
+    from pipeline.loading.model import resolve_model_dir
 
     model_dir, fingerprint = resolve_model_dir(ModelConfig(name=model))
     return AutoTokenizer.from_pretrained(model_dir), fingerprint

@@ -27,7 +27,7 @@ import ray  # noqa: E402
 from pipeline.config import ConfigError, load_config  # noqa: E402
 from pipeline.engines.build import checked_config  # noqa: E402
 from pipeline.job.ray_job import JobFailed, new_run_id, run_job  # noqa: E402
-from pipeline.llm.storage import StorageError  # noqa: E402
+from pipeline.storage import StorageError  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

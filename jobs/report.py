@@ -26,7 +26,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from jobs.plots import AcceptanceCounts, pyplot, save_acceptance_plots
-from pipeline.llm import storage
+from pipeline import storage
 from pipeline.job.output_files import readable_columns
 
 COLUMNS = (

@@ -55,7 +55,7 @@ from transformers import LlamaConfig, LlamaForCausalLM  # noqa: E402
 
 from pipeline.config import ModelConfig  # noqa: E402
 from pipeline.engines.transformers.attention import use_gqa_attention  # noqa: E402
-from pipeline.config.model_loading import load_model, publish  # noqa: E402
+from pipeline.loading.model import load_model, publish  # noqa: E402
 from tests.processes import Processes  # noqa: E402
 
 
@@ -156,7 +156,7 @@ def smollm2():
 def built_once(name: str, build) -> Path:
     """The directory `build(directory)` fills, made once per clone under the suite's cache and
     keyed by build's source and transformers' version. Its files keep their modification times, so
-    the model's fingerprint (pipeline/config/model_loading.py) is the same in every run and tier, and the
+    the model's fingerprint (pipeline/loading/model.py) is the same in every run and tier, and the
     drafter tables and step costs cached for it are found again."""
     import transformers
 
@@ -176,7 +176,7 @@ def built_once(name: str, build) -> Path:
 def smollm2_tokenizer():
     from transformers import AutoTokenizer
 
-    from pipeline.config.model_loading import resolve_model_dir
+    from pipeline.loading.model import resolve_model_dir
 
     return AutoTokenizer.from_pretrained(resolve_model_dir(ModelConfig())[0])
 

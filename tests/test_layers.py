@@ -7,13 +7,14 @@ Layers, top to bottom (docs/layout.md, "Where things are"; ../shared/ARCHITECTUR
     job                  pipeline/job/: ray_job (read -> the processor -> Parquet), run (the run's paths, plan
                          and summary), rows, inputs, output_files, series, series_store
     llm                  pipeline/llm/: ray.data.llm's API (processor) and its stage: stage, actor_pool, schema,
-                         sampling_params, row_values, checkpoint, storage, progress, metrics
+                         sampling_params, row_values, checkpoint, progress, metrics
     engine builder       pipeline/engines/build (which engine), speculation (which mode it runs in)
     engines              pipeline/engines/vllm/, pipeline/engines/transformers/ (siblings)
     engine interface     pipeline/engines/base, stats
+    loading              pipeline/loading/: model (resolved, converted, cached), drafters (name -> drafter + tables)
     config               pipeline/config/: settings (its names importable from pipeline.config), typed,
-                         drafter_kinds, vllm_arguments, drafter_registry (name -> drafter + tables),
-                         model_loading, package_data
+                         drafter_kinds, vllm_arguments, package_data; and pipeline/storage (paths and URIs, files
+                         written whole), which the job and the stage read
     drafters             drafters/ (engine-neutral: it imports nothing from pipeline/)
     primitives           drafters/primitives/ (sampling primitives, forward helpers, cache keys)
 
@@ -40,6 +41,7 @@ LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("engine builder", ("pipeline.engines.build", "pipeline.engines.speculation")),
     ("engines", ENGINES),
     ("engine interface", ("pipeline.engines.base", "pipeline.engines.stats", "pipeline.engines")),
+    ("loading", ("pipeline.loading",)),
     ("config", ("pipeline.config", "pipeline")),
     ("drafters", ("drafters",)),
     ("primitives", ("drafters.primitives",)),

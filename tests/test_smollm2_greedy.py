@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pipeline.config.drafter_registry import build_tables, load_draft_model, make_drafter
+from pipeline.loading.drafters import build_tables, load_draft_model, make_drafter
 from jobs.benchmark.hf import hf_generate
 from pipeline.config import DecoderConfig, ModelConfig, TransformersConfig
 from pipeline.engines.transformers.decoder import SpeculativeDecoder
-from pipeline.config.model_loading import cache_root
+from pipeline.loading.model import cache_root
 from jobs.benchmark.datasets import encode_prompt, load_prompts
 
 # The transformers engine on SmolLM2 (about 3 minutes): make test-slow. make test checks every

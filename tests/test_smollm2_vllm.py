@@ -11,7 +11,7 @@ import pytest
 
 from pipeline.config import load_config
 from pipeline.engines.base import Request
-from pipeline.config.drafter_registry import drafter_tables
+from pipeline.loading.drafters import drafter_tables
 from pipeline.engines.build import build_engine, checked_config
 from jobs.benchmark.datasets import encode_prompt, load_prompts
 

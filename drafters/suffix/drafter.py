@@ -130,17 +130,9 @@ class BatchSuffixDrafter:
             prior_strength,
         )
         self.logs = log_table(max_match + w + max_occurrences + 2)
-        self.arena = np.full(capacity + 1, -1, dtype=np.int32)
-        table = 1 << int(np.ceil(np.log2(2 * capacity)))
-        self.heads = np.full((max_q - min_q + 1, table), -1, dtype=np.int32)
-        self.prev = np.full((max_q - min_q + 1, capacity + 1), -1, dtype=np.int32)
-        self.docs = np.zeros((capacity // 2 + 1, 2), dtype=np.int64)
-        self.counters = np.zeros(COUNTERS, dtype=np.int64)
-        self.counters[USED] = 1  # position 0 is a -1 sentinel
+        self._allocate(capacity, max_q - min_q + 1, ring)
         self.prior = np.asarray(prior, dtype=np.float64).copy()
         self.weights = self.prior.copy()
-        self.ring_x = np.zeros((ring, NUM_FEATURES))
-        self.ring_y = np.zeros(ring)
         self.calibration = empty_calibration()  # per depth and bin: drafts held to that token, tokens judged
         # read-only whatever their source (an actor maps them from the object store read-only): one
         # compiled step for both, not one per kind of array (a compile is tens of seconds where nothing is cached)
@@ -160,6 +152,19 @@ class BatchSuffixDrafter:
         # (The transformers engine drafts one DraftContext at a time, `propose`: each is a request,
         # started when first seen, by its id, and finished when the context is collected.)
         self._compile()
+
+    def _allocate(self, capacity: int, grams: int, ring: int) -> None:
+        """The arena of outputs (`capacity` tokens), its index of `grams` q-gram lengths, its
+        documents, counters, and the acceptance model's ring of the last `ring` judged tokens."""
+        self.arena = np.full(capacity + 1, -1, dtype=np.int32)
+        table = 1 << int(np.ceil(np.log2(2 * capacity)))
+        self.heads = np.full((grams, table), -1, dtype=np.int32)
+        self.prev = np.full((grams, capacity + 1), -1, dtype=np.int32)
+        self.docs = np.zeros((capacity // 2 + 1, 2), dtype=np.int64)
+        self.counters = np.zeros(COUNTERS, dtype=np.int64)
+        self.counters[USED] = 1  # position 0 is a -1 sentinel
+        self.ring_x = np.zeros((ring, NUM_FEATURES))
+        self.ring_y = np.zeros(ring)
 
     def _compile(self) -> None:
         """Compiles the step for vLLM's rows of int32 tokens (or loads it from numba's cache) now, at

@@ -118,8 +118,6 @@ def changed_field(body: list[str], first: int) -> list[str]:
 
 
 def run(args) -> dict:
-    import importlib.util
-
     if args.write_runs:
         return write_runs(args)
     if len(args.edit) != 1:
@@ -127,25 +125,9 @@ def run(args) -> dict:
     kind = args.edit[0]
 
     from jobs.benchmark.datasets import encode_prompt, load_prompts
-    from jobs.benchmark.engines import build_engines, parse_methods
 
-    names = ["plain", OURS] + (["vllm_suffix"] if importlib.util.find_spec("arctic_inference") else [])
-    methods = {method.name: method for method in parse_methods(",".join(names), "vllm")}
-    base = [
-        f"model.name={json.dumps(args.model)}",
-        f"model.dtype={args.dtype}",
-        "engine.cpu_kv_cache_gib=1",
-        f"decoder.max_new_tokens={args.max_new_tokens}",
-    ]
-    engines = {
-        name: engine
-        for (method, _), engine in build_engines(base, list(methods.values()), args.batch).items()
-        for name in [method.name]
-    }
-    engines[PREDICTED] = engines[OURS]
-    if args.short_drafts:
-        short = next(iter(build_engines([*base, "engine.prediction_w=0"], [methods[OURS]], args.batch).values()))
-        engines[SHORT], engines[SHORT_PREDICTED] = short, short
+    base = engine_settings(args)
+    engines = edit_engines(args, base)
     everything = load_prompts(args.dataset, 2 * args.limit if args.new_rows else args.limit)
     prompts, new_prompts = everything[: args.limit], everything[args.limit :]
     tokenizer = engines["plain"].tokenizer
@@ -183,21 +165,60 @@ def run(args) -> dict:
     }
 
 
-def write_runs(args) -> dict:
-    """Plain vLLM's runs of the series (see the module's docstring): the corpus, then each edit of it,
-    max(--batch) requests running at once."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+def edit_engines(args, base: list[str]) -> dict:
+    """Each method's engine by name: plain, ours (drafting from a row's prediction too), vllm_suffix
+    where arctic-inference is installed, and with --short-drafts ours with predictions cut to w."""
+    import importlib.util
 
-    from jobs.benchmark.datasets import encode_prompt, load_prompts
     from jobs.benchmark.engines import build_engines, parse_methods
 
-    base = [
+    names = ["plain", OURS] + (["vllm_suffix"] if importlib.util.find_spec("arctic_inference") else [])
+    methods = {method.name: method for method in parse_methods(",".join(names), "vllm")}
+    built = build_engines(base, list(methods.values()), args.batch).items()
+    engines = {method.name: engine for (method, _), engine in built}
+    engines[PREDICTED] = engines[OURS]
+    if args.short_drafts:
+        short = next(iter(build_engines([*base, "engine.prediction_w=0"], [methods[OURS]], args.batch).values()))
+        engines[SHORT], engines[SHORT_PREDICTED] = short, short
+    return engines
+
+
+def engine_settings(args) -> list[str]:
+    """The settings every engine of this benchmark shares."""
+    return [
         f"model.name={json.dumps(args.model)}",
         f"model.dtype={args.dtype}",
         "engine.cpu_kv_cache_gib=1",
         f"decoder.max_new_tokens={args.max_new_tokens}",
     ]
+
+
+def write_run(directory: Path, requests: list[Request], results: list) -> Path:
+    """A run's Parquet as the replay reads it: id, prompt_token_ids, generated_tokens, finish_reason."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    directory.mkdir(parents=True, exist_ok=True)
+    table = pa.table(
+        {
+            "id": [str(r.request_id) for r in requests],
+            "prompt_token_ids": [r.prompt_ids for r in requests],
+            "generated_tokens": [r.token_ids for r in results],
+            "finish_reason": [r.finish_reason for r in results],
+        }
+    )
+    pq.write_table(table, directory / "part-0.parquet")
+    return directory
+
+
+def write_runs(args) -> dict:
+    """Plain vLLM's runs of the series (see the module's docstring): the corpus, then each edit of it,
+    max(--batch) requests running at once."""
+    from jobs.benchmark.datasets import encode_prompt, load_prompts
+
+    base = engine_settings(args)
+    from jobs.benchmark.engines import build_engines, parse_methods
+
     plain = next(iter(build_engines(base, parse_methods("plain", "vllm"), args.batch).values()))
     prompts = load_prompts(args.dataset, args.limit)
     written = {}
@@ -216,19 +237,7 @@ def write_runs(args) -> dict:
         failed = [r for r in results if isinstance(r, Failed)]
         if failed:
             raise SystemExit(f"--write-runs: {len(failed)} requests failed, the first: {failed[0].message}")
-        directory = Path(args.write_runs) / kind
-        directory.mkdir(parents=True, exist_ok=True)
-        pq.write_table(
-            pa.table(
-                {
-                    "id": [str(r.request_id) for r in requests],
-                    "prompt_token_ids": [r.prompt_ids for r in requests],
-                    "generated_tokens": [r.token_ids for r in results],
-                    "finish_reason": [r.finish_reason for r in results],
-                }
-            ),
-            directory / "part-0.parquet",
-        )
+        directory = write_run(Path(args.write_runs) / kind, requests, results)
         written[kind] = {
             "path": str(directory),
             "rows": len(results),

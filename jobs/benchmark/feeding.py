@@ -229,7 +229,7 @@ def processor_run(llm, args, method: Method, prompts, prompt_ids: dict, **ours) 
     start (its finish less its time_taken_llm) to the last request's finish."""
     import ray
 
-    from pipeline.config.model_loading import resolve_model_dir
+    from pipeline.loading.model import resolve_model_dir
 
     config = feeding_config(args, method)
     model_dir, _ = resolve_model_dir(config.model)

@@ -40,7 +40,7 @@ from pipeline.config import (
 from pipeline.engines.base import Engine, Failed, Request
 from pipeline.engines.build import build_engine
 from pipeline.engines.transformers import use_gqa_attention
-from pipeline.config.model_loading import load_model
+from pipeline.loading.model import load_model
 from pipeline.engines.stats import RequestStats
 
 DEFAULT_METHODS = (

@@ -240,12 +240,26 @@ def replay(args, method: str, batch: int, answers: list[Answer], store, budget: 
         else None
     )
     drafter = METHODS[method](args, store, answers, clock.cost) if budget else METHODS[method](args, store, answers)
+    # steps, tokens emitted and drafted, the most fed in a step; the drafter's seconds and request-steps,
+    # and each step's drafter seconds per request it served
+    totals = {"steps": 0, "emitted": 0, "drafted": 0, "most_fed": 0, "seconds": 0.0, "calls": 0, "per_step": []}
+    run_steps(answers, batch, drafter, clock, totals)
+    row = {
+        "method": f"{method}_budget_{budget.replace('-', '_')}" if budget else method,
+        "batch": batch,
+        **step_columns(totals),
+        "memory_mb": round(resident_mb() - before, 1),
+    }
+    return {**row, **drafter_columns(drafter, totals["steps"], clock, totals["seconds"])}
+
+
+def run_steps(answers: list[Answer], batch: int, drafter, clock, totals: dict) -> None:
+    """B slots, refilled in the answers' order as requests end: each step verifies the running
+    requests' drafts (verify), then drafts for them; counts into `totals`."""
     longest = max(len(a.prompt) + len(a.output) for a in answers) + 1
     tokens = np.zeros((batch, longest), np.int32)
     waiting, free_rows = list(range(len(answers)))[::-1], list(range(batch))[::-1]
     active: dict[int, list] = {}  # answer -> [row, emitted, draft]
-    totals = {"steps": 0, "emitted": 0, "drafted": 0, "most_fed": 0}
-    seconds, calls, per_step = 0.0, 0, []  # per_step: each step's drafter seconds per request it served
     while waiting or active:
         step_seconds = 0.0
         while waiting and free_rows:  # a free slot takes the next request: its prefill step emits one token
@@ -267,40 +281,44 @@ def replay(args, method: str, batch: int, answers: list[Answer], store, budget: 
             drafts = drafter.draft(keys, rows, lengths, prompts, limits, tokens)
             step_seconds += time.perf_counter() - started
             drafter.predict(keys)
-            calls += len(keys)
-            per_step.append(step_seconds / len(keys))
+            totals["calls"] += len(keys)
+            totals["per_step"].append(step_seconds / len(keys))
             for key, draft in zip(keys, drafts):
                 active[key][2] = draft
-        seconds += step_seconds
-    steps = totals["steps"]
-    row = {
-        "method": f"{method}_budget_{budget.replace('-', '_')}" if budget else method,
-        "batch": batch,
+        totals["seconds"] += step_seconds
+
+
+def step_columns(totals: dict) -> dict:
+    """A replay's tokens per step, draft tokens per step and the drafter's time per request-step."""
+    steps, per_step = totals["steps"], totals["per_step"]
+    return {
         "tokens_per_step": round(totals["emitted"] / steps, 4),
         "draft_tokens_per_step": round(totals["drafted"] / steps, 4),
-        "us_per_request_step_mean": round(1e6 * seconds / max(calls, 1), 2),
+        "us_per_request_step_mean": round(1e6 * totals["seconds"] / max(totals["calls"], 1), 2),
         "us_per_request_step_p99": round(1e6 * float(np.percentile(per_step, 99)), 2) if per_step else 0.0,
-        "memory_mb": round(resident_mb() - before, 1),
         "request_steps": steps,
         "most_fed_in_a_step": totals["most_fed"],
     }
+
+
+def drafter_columns(drafter, steps: int, clock, seconds: float) -> dict:
+    """What a method's drafter says of itself (calibration, prediction tokens) and, with a
+    projection, the seconds on the GPU, the host's per step and the drafter's (see `projection`)."""
+    found = {}
     if isinstance(drafter, Ours):
-        row["calibration_error"] = round(drafter.calibration.error(), 4)
-        row["calibration"] = drafter.calibration.rows()
-    if (
-        getattr(drafter, "predictions", None) is not None
-    ):  # its prediction tokens drafted, and accepted, per request-step
-        row["prediction_tokens_per_step"] = round(drafter.predictions.drafted / steps, 4)
-        row["accepted_prediction_tokens_per_step"] = round(drafter.predictions.accepted / steps, 4)
-    if clock is not None:  # seconds on the GPU, the host's per step, the drafter's (see `projection`)
-        row["projected_seconds"] = {
+        found.update(calibration_error=round(drafter.calibration.error(), 4), calibration=drafter.calibration.rows())
+    if getattr(drafter, "predictions", None) is not None:  # its prediction tokens drafted, and accepted, per step
+        found["prediction_tokens_per_step"] = round(drafter.predictions.drafted / steps, 4)
+        found["accepted_prediction_tokens_per_step"] = round(drafter.predictions.accepted / steps, 4)
+    if clock is not None:
+        found["projected_seconds"] = {
             "gpu": round(clock.seconds, 6),
             "host": round(clock.host_seconds, 6),
             "drafter": round(seconds, 6),
         }
         if clock.prefill:  # (within "gpu": the steps' seconds)
-            row["projected_seconds"]["prefill"] = round(clock.prefill_seconds, 6)
-    return row
+            found["projected_seconds"]["prefill"] = round(clock.prefill_seconds, 6)
+    return found
 
 
 def verify(active: dict, answers: list[Answer], drafter, free_rows: list, totals: dict, clock) -> float:
@@ -368,16 +386,7 @@ def run(args) -> dict:
         args.runs, args.max_new_tokens, load_predictions(args.predictions) if args.predictions else None
     )
     store = Datastore.open(args.store) if args.store else None
-    methods = [m for m in (args.methods or ",".join(METHODS)).split(",") if m]
-    unknown = [m for m in methods if m not in METHODS]
-    if unknown:
-        raise SystemExit(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
-    if not args.predictions:
-        if args.methods and "ours_prediction" in methods:
-            raise SystemExit("--methods ours_prediction: the rows' predictions come from --predictions EARLIER_RUN_DIR")
-        methods = [m for m in methods if m != "ours_prediction"]
-    skipped = [m for m in methods if not available(m)]
-    methods = [m for m in methods if m not in skipped]
+    methods, skipped = chosen_methods(args)
     jobs = []
     for batch in args.batch:
         jobs += [(args, method, batch, answers, store) for method in methods]
@@ -420,6 +429,20 @@ def run(args) -> dict:
         )
         report["projection"]["auto"] = auto_projection(rows, args)
     return report
+
+
+def chosen_methods(args) -> tuple[list[str], list[str]]:
+    """(--methods to replay, those left out: not installed here)."""
+    methods = [m for m in (args.methods or ",".join(METHODS)).split(",") if m]
+    unknown = [m for m in methods if m not in METHODS]
+    if unknown:
+        raise SystemExit(f"--methods: unknown {unknown}; choose from {', '.join(METHODS)}")
+    if not args.predictions:
+        if args.methods and "ours_prediction" in methods:
+            raise SystemExit("--methods ours_prediction: the rows' predictions come from --predictions EARLIER_RUN_DIR")
+        methods = [m for m in methods if m != "ours_prediction"]
+    skipped = [m for m in methods if not available(m)]
+    return [m for m in methods if m not in skipped], skipped
 
 
 def auto_projection(rows: list[dict], args) -> list[dict]:
@@ -602,6 +625,16 @@ def projection(rows: list[dict], name: str, measured: dict | None = None, host: 
             if suffix is not None:  # both synchronous, as vLLM runs them today
                 entry["vs_vllm_suffix"] = round(entry["tokens_per_second"] / rate(suffix, "gpu", "host", "drafter"), 3)
             projected.append(entry)
+    return {
+        "gpu": GPUS[gpu].name,
+        "model": MODELS[model].name,
+        "formula": projection_formula(measured, host),
+        "rows": projected,
+    }
+
+
+def projection_formula(measured: dict | None, host: dict | None) -> str:
+    """The projection's formula in words, with where its step and host costs come from."""
     step = (
         f"c(n, B) measured (MeasuredStepCost over --step-costs, context {measured['context']}, {measured['device']})"
         if measured is not None
@@ -618,10 +651,7 @@ def projection(rows: list[dict], name: str, measured: dict | None = None, host: 
         if host is not None
         else "h(B) = 0 (no --host-step)"
     )
-    return {
-        "gpu": GPUS[gpu].name,
-        "model": MODELS[model].name,
-        "formula": f"synchronous: tokens/s = sum tokens / sum_t (c(n_t) + h(B_t) + d_t); asynchronous: "
-        f"sum tokens / sum_t c(n_t); {step}; {hosted}",
-        "rows": projected,
-    }
+    return (
+        f"synchronous: tokens/s = sum tokens / sum_t (c(n_t) + h(B_t) + d_t); asynchronous: "
+        f"sum tokens / sum_t c(n_t); {step}; {hosted}"
+    )

@@ -38,7 +38,7 @@ class Ours(Method):
     `predicted`, a row with a prediction drafts from it as the proposer does (`Predictions`)."""
 
     def __init__(self, args, store, answers, cost=None, predicted: bool = False):
-        from pipeline.config.drafter_registry import DrafterTables, make_batch_drafter
+        from pipeline.loading.drafters import DrafterTables, make_batch_drafter
         from pipeline.config import DecoderConfig
 
         # as a job builds it: the config's defaults, drafts of up to --max-draft tokens

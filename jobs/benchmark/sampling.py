@@ -139,7 +139,7 @@ def run(args) -> dict:
     """Every method's sampled rows checked against the model's distribution."""
     from jobs.benchmark.datasets import encode_prompt, load_prompts
     from jobs.benchmark.engines import build_engines, parse_methods
-    from pipeline.config.model_loading import load_model
+    from pipeline.loading.model import load_model
 
     if args.temperature <= 0:
         raise SystemExit("sampling checks sampled rows: give --temperature > 0")

@@ -21,7 +21,7 @@ from pipeline.config import ModelConfig
 from pipeline.engines.base import Request
 from pipeline.engines.build import build_engine
 from pipeline.engines.transformers import GQA_ATTENTION, use_gqa_attention
-from pipeline.config.model_loading import eos_token_ids, load_model
+from pipeline.loading.model import eos_token_ids, load_model
 
 
 def add_cli_args(parser) -> None:

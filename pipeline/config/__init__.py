@@ -1,5 +1,5 @@
 """Typed settings and their loading (settings.py; its names are importable from here), the
-drafter kinds and registry, model loading and the data that ships in packages."""
+drafter kinds, vLLM's engine arguments and the data that ships in packages."""
 
 from __future__ import annotations
 
@@ -17,11 +17,10 @@ from pipeline.config.settings import (
     ModelConfig,
     RayConfig,
     TransformersConfig,
-    build,
     installed_engine,
-    load_config,
-    parse_override,
 )
+from pipeline.config.typed import build
+from pipeline.config.sources import load_config, parse_override
 
 __all__ = [
     "AUTO_MAX",

@@ -1,5 +1,5 @@
 """The names `decoder.drafter` takes and what each needs, known to the config (which validates
-against them), to the drafter registry (which builds them: pipeline/config/drafter_registry.py) and to the
+against them), to the drafter registry (which builds them: pipeline/loading/drafters.py) and to the
 engines (each refuses, by these properties, the ones it cannot run) alike.
 
 A new drafter is one module in drafters/, one entry here and one factory in the registry.
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 class DrafterKind:
     tables: tuple[
         str, ...
-    ] = ()  # pipeline/config/drafter_registry.py's DrafterTables fields it drafts from, built once per model
+    ] = ()  # pipeline/loading/drafters.py's DrafterTables fields it drafts from, built once per model
     # Its drafts carry the draft model's probabilities, verified by speculative sampling (an engine
     # that verifies point drafts only refuses it).
     draft_probabilities: bool = False

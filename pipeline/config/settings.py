@@ -16,12 +16,11 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
-import yaml
 
-from pipeline.config.typed import ConfigError, build
+from pipeline.config.typed import ConfigError
+from pipeline.config.typed import require as _require
 from pipeline.config.drafter_kinds import DRAFTER_KINDS
 from pipeline.config.vllm_arguments import VLLM_ARGUMENTS
 
@@ -498,34 +497,3 @@ class Config:
 # engine.max_num_seqs 0 on a CPU: the most requests one vLLM engine runs at once there: the best of
 # 8, 16, 32 and 64 on a 2-core CPU (docs/measurements/defaults.md, "Figures behind the defaults").
 CPU_MAX_NUM_SEQS = 64
-
-
-def _require(ok: bool, name: str, allowed: str) -> None:
-    if not ok:
-        raise ConfigError(f"{name}: must be {allowed}")
-
-
-def parse_override(text: str) -> tuple[list[str], Any]:
-    """Parses `section.key=value` (value read as YAML) from a --set argument."""
-    if "=" not in text:
-        raise ConfigError(f"--set {text!r}: expected key=value, e.g. decoder.w=4")
-    key, raw = text.split("=", 1)
-    return key.strip().split("."), yaml.safe_load(raw)
-
-
-def load_config(path: str | Path | None = None, overrides: list[str] = ()) -> Config:
-    """Loads a YAML config (or the defaults), applies `section.key=value` overrides, validates."""
-    data: dict = {}
-    if path is not None:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-        if not isinstance(data, dict):
-            raise ConfigError(f"{path}: the top level must be a mapping of sections")
-    for text in overrides:
-        keys, value = parse_override(text)
-        node = data
-        for key in keys[:-1]:
-            node = node.setdefault(key, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"--set {text!r}: {key!r} is not a section")
-        node[keys[-1]] = value
-    return build(Config, data)

@@ -96,3 +96,9 @@ def build(cls: type, mapping: Any, prefix: str = ""):
         raise ConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(names)}")
     kwargs = {key: convert(value, hints[key], f"{prefix}.{key}" if prefix else key) for key, value in mapping.items()}
     return cls(**kwargs)
+
+
+def require(ok: bool, name: str, allowed: str) -> None:
+    """A ConfigError naming the field `name` and what it allows, unless `ok`."""
+    if not ok:
+        raise ConfigError(f"{name}: must be {allowed}")

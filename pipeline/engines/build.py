@@ -10,10 +10,10 @@ from pathlib import Path
 from collections.abc import Sequence
 
 from pipeline.config import Config
-from pipeline.config.drafter_registry import DrafterTables, drafter_tables
+from pipeline.loading.drafters import DrafterTables, drafter_tables
 from pipeline.engines.base import Engine, EngineKind
 from pipeline.engines.errors import ModelRefused
-from pipeline.config.model_loading import LoadedModel, load_model, resolve_model_dir
+from pipeline.loading.model import LoadedModel, load_model, resolve_model_dir
 
 __all__ = [
     "ModelRefused",

@@ -21,7 +21,7 @@ import ray
 from ray.data.datasource import FileBasedDatasource
 
 from pipeline.job import openai_batch
-from pipeline.llm import storage
+from pipeline import storage
 from pipeline.llm.errors import JobFailed
 from pipeline.config import InputConfig
 from pipeline.config.package_data import BUILTIN_DATASETS, builtin_prompts

@@ -299,7 +299,7 @@ def token_entry(entry: dict | None) -> dict:
 def write_outputs(run_dir: str, run_id: str, rows: Iterable[list[dict]]) -> dict:
     """Writes `run_dir`/openai/output.jsonl and errors.jsonl from the run's rows (blocks of
     OUTPUT_COLUMNS, a request's samples in one block), each whole; returns their paths and counts."""
-    from pipeline.llm import storage
+    from pipeline import storage
 
     created, counts = int(time.time()), {True: 0, False: 0}
     paths = {

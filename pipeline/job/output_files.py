@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from pipeline.llm import storage
+from pipeline import storage
 
 logger = logging.getLogger(__name__)
 

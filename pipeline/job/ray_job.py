@@ -36,7 +36,7 @@ from ray.data.context import ShuffleStrategy
 from ray.data.checkpoint.checkpoint_filter import IdColumnCheckpointManager
 
 from drafters.datastore import Datastore
-from pipeline.llm import storage
+from pipeline import storage
 from pipeline.llm.actor_pool import unplaceable
 from pipeline.llm.errors import JobFailed
 from pipeline.config import Config

@@ -19,7 +19,7 @@ from datetime import datetime, timezone
 
 from ray.data.checkpoint import CheckpointConfig
 
-from pipeline.llm import storage
+from pipeline import storage
 from pipeline.config import Config
 from pipeline.job.output_files import SET_ASIDE
 from pipeline.job.series import digest
@@ -175,57 +175,22 @@ class RunSummary:
         openai_batch: dict | None = None,
     ) -> RunSummary:
         """From the run's files' totals (`after`) and this invocation's (`this_time`, the progress actor's)."""
-        generated = this_time["generated_tokens"]
-        generating = this_time["last_finish"] - this_time["first_start"] if this_time["batches"] else 0
         return cls(
             run_id=plan.paths.run_id,
             run_dir=plan.paths.run_dir,
             series=plan.paths.series or None,
             finished_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            rows=after["rows"],
-            errored_rows=after["errored_rows"],
-            generated_tokens=after["generated_tokens"],
-            mean_tokens_per_call=ratio(after["generated_tokens"], after["target_calls"], 4),
-            tokens_per_forward_call=ratio(after["generated_tokens"], after["forward_calls"], 4),
-            acceptance_rate=ratio(after["acceptance_probability_sum"], after["checked_draft_tokens"], 4),
-            accepted_prediction_tokens=after["accepted_prediction_tokens"],
-            rejected_prediction_tokens=after["rejected_prediction_tokens"],
             fingerprint=plan.fingerprint,
             input_rows=reading.input_rows,
             rows_read=reading.rows_read,
             seconds_to_first_batch=first_batch,
             series_store=series_store,
             set_aside=reading.set_aside,
-            rows_this_invocation=this_time["rows"],
-            rows_errored_this_invocation=this_time["errored_rows"],
-            rows_skipped_already_done=reading.rows_read - this_time["input_rows"],
-            changed_rows=after["changed_rows"],
-            new_rows=after["rows"] - after["changed_rows"],
-            generated_tokens_this_invocation=generated,
-            wall_seconds=round(wall, 3),
-            tokens_per_second=ratio(generated, wall, 3),
-            tokens_per_second_after_startup=ratio(generated, generating, 3),
-            rows_per_second_after_startup=ratio(this_time["rows"], generating, 3),
-            actor_nodes=this_time["nodes"],
-            **{
-                name: this_time[name]
-                for name in (
-                    "engine_occupancy",
-                    "engine_steps",
-                    "engine_idle_seconds",
-                    "engine_drain_seconds",
-                    "engine_step_cost",
-                    "engine_series",
-                    "actor_peak_rss_mb",
-                    "engine_restarts",
-                )
-            },
+            **run_counts(after),
+            **invocation_counts(this_time, reading, wall),
             speculation={"setting": plan.drafting.engine.speculation, "actors": this_time["speculation"]},
             driver_peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-            settings={
-                section: asdict(getattr(plan.drafting, section))
-                for section in ("model", "engine", "decoder", "transformers", "input", "ray")
-            },
+            settings={section: asdict(getattr(plan.drafting, section)) for section in SECTIONS},
             openai_batch=openai_batch,
         )
 
@@ -239,6 +204,54 @@ class RunSummary:
             storage.join(self.run_dir, "summary.json"), json.dumps(summary, indent=2, default=list) + "\n"
         )
         return summary
+
+
+# The config's sections the summary records as run, and the engines' counts it takes from the progress actor.
+SECTIONS = ("model", "engine", "decoder", "transformers", "input", "ray")
+ENGINE_COUNTS = (
+    "engine_occupancy",
+    "engine_steps",
+    "engine_idle_seconds",
+    "engine_drain_seconds",
+    "engine_step_cost",
+    "engine_series",
+    "actor_peak_rss_mb",
+    "engine_restarts",
+)
+
+
+def run_counts(after: dict) -> dict:
+    """The summary's whole-run fields, from the totals of the run's files."""
+    return {
+        "rows": after["rows"],
+        "errored_rows": after["errored_rows"],
+        "generated_tokens": after["generated_tokens"],
+        "mean_tokens_per_call": ratio(after["generated_tokens"], after["target_calls"], 4),
+        "tokens_per_forward_call": ratio(after["generated_tokens"], after["forward_calls"], 4),
+        "acceptance_rate": ratio(after["acceptance_probability_sum"], after["checked_draft_tokens"], 4),
+        "accepted_prediction_tokens": after["accepted_prediction_tokens"],
+        "rejected_prediction_tokens": after["rejected_prediction_tokens"],
+        "changed_rows": after["changed_rows"],
+        "new_rows": after["rows"] - after["changed_rows"],
+    }
+
+
+def invocation_counts(this_time: dict, reading: Reading, wall: float) -> dict:
+    """The summary's fields of this invocation, from the progress actor's counts."""
+    generated = this_time["generated_tokens"]
+    generating = this_time["last_finish"] - this_time["first_start"] if this_time["batches"] else 0
+    return {
+        "rows_this_invocation": this_time["rows"],
+        "rows_errored_this_invocation": this_time["errored_rows"],
+        "rows_skipped_already_done": reading.rows_read - this_time["input_rows"],
+        "generated_tokens_this_invocation": generated,
+        "wall_seconds": round(wall, 3),
+        "tokens_per_second": ratio(generated, wall, 3),
+        "tokens_per_second_after_startup": ratio(generated, generating, 3),
+        "rows_per_second_after_startup": ratio(this_time["rows"], generating, 3),
+        "actor_nodes": this_time["nodes"],
+        **{name: this_time[name] for name in ENGINE_COUNTS},
+    }
 
 
 def ratio(numerator: float, denominator: float, digits: int) -> float | None:

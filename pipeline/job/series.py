@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import ray
 
-from pipeline.llm import storage
+from pipeline import storage
 from pipeline.llm.checkpoint import InputIdCheckpointFilter
 from pipeline.config import Config
 from pipeline.job.output_files import SET_ASIDE, readable_columns

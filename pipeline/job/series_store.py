@@ -25,10 +25,10 @@ import pyarrow.compute as pc
 import ray
 
 from drafters.datastore import Datastore, build_datastore
-from pipeline.llm import storage
+from pipeline import storage
 from pipeline.llm.actor_pool import local_datastore
 from pipeline.config import Config
-from pipeline.config.drafter_registry import needs_datastore
+from pipeline.loading.drafters import needs_datastore
 from pipeline.job.output_files import readable_columns
 from pipeline.job.run import RunPaths
 from pipeline.job.series import output_files

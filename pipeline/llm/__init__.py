@@ -1,8 +1,8 @@
 """ray.data.llm's API on our engine (processor.py: `build_processor`, `vLLMEngineProcessorConfig`)
 and its stage of actors: the stage, the actor pool, the one schema, sampling params, row values,
-checkpoints, storage, progress and live metrics.
+checkpoints, progress and live metrics.
 
-The processor's names load on first use, so that `pipeline.llm.storage` or `pipeline.llm.schema`
+The processor's names load on first use, so that `pipeline.llm.schema`
 does not import Ray Data, torch and the engines."""
 
 from __future__ import annotations

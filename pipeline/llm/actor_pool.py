@@ -11,12 +11,12 @@ import time
 import ray
 
 from drafters.datastore import Datastore
-from pipeline.config.drafter_registry import drafter_tables, needs_datastore
+from pipeline.loading.drafters import drafter_tables, needs_datastore
 from pipeline.config import Config
 from pipeline.engines.build import ModelRefused, check_engine_can_run, concurrent_batches
-from pipeline.llm import storage
+from pipeline import storage
 from pipeline.llm.errors import JobFailed
-from pipeline.config.model_loading import cache_root, resolve_model_dir
+from pipeline.loading.model import cache_root, resolve_model_dir
 
 
 def local_datastore(config: Config, path: str) -> str:

@@ -20,23 +20,15 @@ A row that cannot be generated raises, or, with `continue_on_error`, comes back 
 are; the other rows of the batch go on. A row with `__bad_input__` (input that could not be read:
 a caller's preprocess says why) is such a row, with that message.
 
-The engine runs in the speculation mode its actor chooses (pipeline/engines/speculation.py): a
-batch finished may ask for another mode, and the stage then lets the batches in the engine finish,
-holds new ones back, closes the engine and builds one for the new mode, as it replaces a failed
-one. The mode never changes a row.
-
-An engine that fails (EngineFailed: the engine's, not a row's) is closed and built again, once,
-whichever batch meets the failure first, and every batch it held runs again on the new one: the
-same rows, the same seeds, so greedy rows and seeded sampled rows come out as they would have. A
-hung engine (EngineHung) cannot be closed: the actor's process ends and Ray starts it again,
-retrying its batches. More than engine.max_restarts failures within engine.restart_window_s stop
-the run (EngineCrashLoop), naming the last failure.
+The engine is the actor's EngineSlot's (engine_slot.py): built in the speculation mode the actor
+chooses, replaced when it fails (its batches run again on the new one), built again for another
+mode. More than engine.max_restarts failures within engine.restart_window_s stop the run
+(EngineCrashLoop), naming the last failure.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import gc
 import itertools
 import logging
 import os
@@ -50,16 +42,15 @@ from typing import Any
 from collections.abc import Mapping
 
 import pyarrow as pa
-import torch
 
-from pipeline.config.drafter_registry import DrafterTables
+from pipeline.loading.drafters import DrafterTables
 from pipeline.config import Config
-from pipeline.engines.base import Engine, EngineFailed, EngineHung, EngineSteps, Failed, Request, Result
+from pipeline.engines.base import Engine, EngineSteps, Failed, Request, Result
 from pipeline.engines.errors import RequestError
-from pipeline.engines.build import build_engine, build_timed
 from pipeline.engines import speculation
+from pipeline.llm.engine_slot import EngineSlot
 from pipeline.llm.metrics import RunMetrics
-from pipeline.llm.progress import BatchReport, EngineCrashLoop, JobStopped, RestartWindow
+from pipeline.llm.progress import BatchReport, JobStopped, RestartWindow
 from pipeline.llm.row_values import prediction_text, python_value, request_key
 from drafters.primitives.sampling import request_seed, sample_seed
 from pipeline.llm.sampling_params import sampling_of
@@ -108,40 +99,25 @@ class GenerationStage:
 
             tables = ray.get(tables)
         self.config, self.settings, self.progress, self.tables = config, settings, progress, tables
-        share = None if settings.expected_rows is None else -(-settings.expected_rows // config.ray.max_actors)
-        self.chooser = speculation.chooser(config, share, settings.predictions)
-        if engine is not None:  # given: it runs in its own mode
-            self.chooser = speculation.Chooser((engine.columns()["drafter"],), "", 1, 0.0, share)
-        self.engine_config = speculation.mode_config(config, self.chooser.current)  # what a rebuild builds
-        if engine is None:
-            engine, self.chooser.restart_seconds = build_timed(self.engine_config, tables)
-        # The engine and how many were built (after failures, or for another mode); replaced under engine_lock.
-        self.current: tuple[Engine | None, int] = (engine, 0)
-        self.engine_lock = threading.Lock()
-        self.choice_lock = threading.Lock()  # the chooser's: batches finish on several threads
-        # What runs now, for an error row (nothing of it ran for that row; a generated row has the
-        # columns of the engine that ran it).
-        self.ran = {"model": config.model.name, **self.engine.columns()}
-        # Batches in the engine, and whether a switch of mode holds new ones back; the seconds with
-        # a batch in the engine (the actor's busy seconds, which the speculation windows count).
-        self.gate = threading.Condition()
-        self.in_flight, self.switching, self.busy, self.busy_since = 0, False, 0.0, 0.0
         self.restarts = RestartWindow(config.engine.max_restarts, config.engine.restart_window_s)
-        self.stopped: str | None = None  # why this stage's engines may not be replaced again
+        # Live metrics only from an actor Ray runs (not from a stage built outside Ray).
+        live = settings.live_metrics and ray_running()
+        self.metrics = RunMetrics(config.engine.name, settings.run_id) if live else None
+        share = None if settings.expected_rows is None else -(-settings.expected_rows // config.ray.max_actors)
+        chooser = speculation.chooser(config, share, settings.predictions)
+        if engine is not None:  # given: it runs in its own mode
+            chooser = speculation.Chooser((engine.columns()["drafter"],), "", 1, 0.0, share)
+        self.slot = EngineSlot(config, tables, chooser, self.count_failure, engine)
         chosen = settings.statistics
         self.dropped = [] if chosen is None else [f.name for f in STATISTICS if f.name not in chosen]
         self.request_ids = itertools.count()
-        # Live metrics only from an actor Ray runs (not from a stage built outside Ray).
-        self.metrics = (
-            RunMetrics(self.engine.name, settings.run_id) if settings.live_metrics and ray_running() else None
-        )
-        # The same for every engine this stage builds (a failed one is replaced: replace_engine).
+        # The same for every engine this stage builds (a failed one is replaced, another mode built).
         self.tokenizer, self.sampling = self.engine.tokenizer, self.engine.sampling
         # Ray Data may run several batches on this actor at once (the vLLM engine takes them all):
         # the tokenizer is not to be shared between threads, and the step counts are reported in order.
         self.tokenizer_lock = threading.Lock()
         self.report_lock = threading.Lock()
-        self.reported_steps = EngineSteps()
+        self.reported_steps, self.reported_generation = EngineSteps(), 0
 
     @staticmethod
     def input_columns() -> tuple[dict[str, str], dict[str, str]]:
@@ -263,7 +239,7 @@ class GenerationStage:
         if made:
             requests = [request for _, _, request, _, _ in made]
             started = time.perf_counter()
-            results, ran = self.run_on_engine(requests)
+            results, ran = self.slot.run(requests)
             seconds = time.perf_counter() - started
             for (index, sample, request, prompt, name), result in zip(made, results):
                 outputs[index].append(
@@ -271,134 +247,22 @@ class GenerationStage:
                     if isinstance(result, Failed)
                     else self.generated(request, prompt, result, batch_uuid, seconds, ran, sample)
                 )
-            self.choose_mode(requests, results, ran["drafter"])
+            self.slot.observe(requests, results, ran["drafter"])
         return [out for row in outputs for out in row], [index for index, row in enumerate(outputs) for _ in row]
 
     @property
     def engine(self) -> Engine | None:
         """The engine now (None while one is being replaced)."""
-        return self.current[0]
+        return self.slot.engine
 
-    def run_on_engine(self, requests: list[Request]) -> tuple[list[Result | Failed], dict]:
-        """The engine's results for `requests` and the columns of the engine that ran them. A batch
-        waits while the mode is being switched, and counts as the actor's busy time while it runs."""
-        with self.gate:
-            while self.switching:
-                self.gate.wait()
-            if not self.in_flight:
-                self.busy_since = time.perf_counter()
-            self.in_flight += 1
-        try:
-            return self.run_on_current(requests)
-        finally:
-            with self.gate:
-                self.in_flight -= 1
-                if not self.in_flight:
-                    self.busy += time.perf_counter() - self.busy_since
-                self.gate.notify_all()
+    @property
+    def current(self) -> tuple[Engine | None, int]:
+        """The engine now and how many were built before it."""
+        return self.slot.current
 
-    def run_on_current(self, requests: list[Request]) -> tuple[list[Result | Failed], dict]:
-        """run_on_engine's results; where the engine fails, on a new engine."""
-        while True:
-            engine, generation = self.current  # one read: an engine and its generation together
-            if engine is None:  # another batch is replacing it: the lock is free once it is done
-                with self.engine_lock:
-                    if self.stopped:
-                        raise EngineCrashLoop(self.stopped)
-                continue
-            try:
-                with torch.no_grad():
-                    return engine.generate(requests), {"model": self.config.model.name, **engine.columns()}
-            except EngineFailed as error:  # left here: its traceback holds the failed engine's frames
-                failure = (repr(error), isinstance(error, EngineHung))
-            engine = None  # nor does this batch hold the failed engine: its memory can go
-            self.replace_engine(*failure, generation)
-
-    def replace_engine(self, cause: str, hung: bool, generation: int) -> None:
-        """Closes the failed engine (the `generation`-th) and builds a new one, or ends a hung
-        engine's process (the module's docstring); a crash loop raises EngineCrashLoop."""
-        with self.engine_lock:
-            if self.stopped:
-                raise EngineCrashLoop(self.stopped)
-            if self.current[1] != generation:
-                return  # replaced already, by the batch that met the failure first
-            self.stopped = self.count_failure(cause)
-            if self.stopped:
-                raise EngineCrashLoop(self.stopped)
-            if hung and in_ray_actor():
-                logger.error("%s: ending this actor's process; Ray starts it again and retries its batches", cause)
-                os._exit(75)  # the hung step's thread cannot be stopped
-            logger.warning("the engine failed (%s): closing it and building a new one", cause)
-            try:
-                self.swap_engine(self.engine_config)
-            except Exception as error:
-                self.stopped = f"the engine failed ({cause}) and could not be built again: {error!r}"
-                raise EngineCrashLoop(self.stopped) from error
-
-    def swap_engine(self, config: Config) -> None:
-        """Under engine_lock: closes the engine and builds one from `config` in its place (counted
-        as the next generation); raises what the build raised, with no engine in place."""
-        closing, generation = self.current
-        self.current = (None, generation)
-        try:
-            closing.close()
-        except Exception as error:  # noqa: BLE001 - a failed engine may not close cleanly; it is dropped all the same
-            logger.error("the engine did not close cleanly: %r", error)
-        del closing
-        gc.unfreeze()  # vLLM froze the heap it started with (gc.freeze): its cycles are collected only so
-        gc.collect()
-        engine = build_engine(config, self.tables)
-        with self.report_lock:  # the new engine counts its steps from 0
-            self.current, self.reported_steps, self.engine_config = (engine, generation + 1), EngineSteps(), config
-            self.ran = {"model": self.config.model.name, **engine.columns()}
-
-    def choose_mode(self, requests: list[Request], results: list, drafter: str) -> None:
-        """Tells the chooser of a finished batch (run by `drafter`); makes the switch it asks for."""
-        tokens = sum(len(r.token_ids) for r in results if not isinstance(r, Failed))
-        predicted = sum(bool(r.prediction) for r in requests)
-        with self.gate:
-            busy = self.busy + (time.perf_counter() - self.busy_since if self.in_flight else 0.0)
-        with self.choice_lock:
-            target = None
-            if drafter == self.chooser.current:
-                target = self.chooser.observe(busy, tokens, len(requests), predicted)
-        if target is not None:
-            self.switch_mode(target)
-
-    def switch_mode(self, drafter: str) -> None:
-        """Lets the batches in the engine finish, holds new ones back, and builds the engine of
-        `drafter` in place of the current one. A mode whose engine cannot start is dropped from the
-        candidates, and the mode before it built again."""
-        asked = time.perf_counter()
-        with self.gate:
-            self.switching = True
-            while self.in_flight:
-                self.gate.wait()
-        try:
-            drained = time.perf_counter()
-            with self.engine_lock:
-                if self.stopped:
-                    raise EngineCrashLoop(self.stopped)
-                before = self.engine_config
-                try:
-                    self.swap_engine(speculation.mode_config(self.config, drafter))
-                except Exception as error:  # noqa: BLE001 - that mode cannot run here: the one before it goes on
-                    logger.error("the engine for speculation mode %r could not start (%r); dropped", drafter, error)
-                    with self.choice_lock:
-                        self.chooser.dropped(drafter)
-                    drafter = before.decoder.drafter if before.decoder.w > 0 else speculation.PLAIN
-                    try:
-                        self.swap_engine(before)
-                    except Exception as again:
-                        self.stopped = f"no engine could be built after a change of speculation mode: {again!r}"
-                        raise EngineCrashLoop(self.stopped) from again
-            with self.choice_lock:
-                self.chooser.switched(drafter, drained - asked, time.perf_counter() - drained)
-            logger.info("speculation mode: %s (%s)", drafter, self.chooser.switches[-1])
-        finally:
-            with self.gate:
-                self.switching = False
-                self.gate.notify_all()
+    @property
+    def chooser(self) -> speculation.Chooser:
+        return self.slot.chooser
 
     def count_failure(self, cause: str) -> str | None:
         """Counts an engine failure in the one restart window that decides a crash loop (and tells
@@ -458,7 +322,7 @@ class GenerationStage:
             "time_taken_llm": -1.0,
             "params": "",
             INFERENCE_ERROR: message,
-            **self.ran,
+            **self.slot.ran,
             **({"model": adapter} if adapter is not None else {}),
         }
 
@@ -474,8 +338,10 @@ class GenerationStage:
         done = [row for row, failed in zip(rows, errored) if not failed]
         with self.report_lock:
             engine, generation = self.current
+            if generation != self.reported_generation:  # a new engine counts its steps from 0
+                self.reported_steps, self.reported_generation = EngineSteps(), generation
             steps = engine.steps() if engine is not None else None
-            with self.choice_lock:
+            with self.slot.choice_lock:
                 chosen = self.chooser.report()
             batch = BatchReport(
                 rows=len(rows),
@@ -585,12 +451,6 @@ def with_generated_columns(batch: pa.Table, rows: list[dict], dropped: list[str]
     for column in generated.drop_columns(dropped).schema:
         kept = kept.append_column(column, generated.column(column.name))
     return kept
-
-
-def in_ray_actor() -> bool:
-    import ray
-
-    return ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None
 
 
 def ray_running() -> bool:

@@ -3,10 +3,10 @@ import torch
 
 from drafters.base import DraftContext
 from drafters.draft_model import DraftModelDrafter, self_draft_model
-from pipeline.config.drafter_registry import load_draft_model
+from pipeline.loading.drafters import load_draft_model
 from pipeline.config import ModelConfig, TransformersConfig
 from pipeline.engines.transformers.decoder import SpeculativeDecoder
-from pipeline.config.model_loading import load_model
+from pipeline.loading.model import load_model
 from drafters.primitives.sampling import RandomState, SamplingParams
 from tests.conftest import make_tiny_model
 

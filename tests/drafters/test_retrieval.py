@@ -88,7 +88,7 @@ def test_a_datastore_of_another_tokenizer_is_refused(tmp_path):
 
 
 def test_make_drafter_refuses_a_datastore_of_another_tokenizer(tmp_path):
-    from pipeline.config.drafter_registry import DrafterTables, make_drafter
+    from pipeline.loading.drafters import DrafterTables, make_drafter
     from pipeline.config import DecoderConfig
 
     build_datastore(DOCUMENTS, tmp_path / "s", {"vocab_size": 96})

@@ -1,7 +1,7 @@
 import pytest
 
 from drafters import model_tables
-from pipeline.config.drafter_registry import DrafterTables
+from pipeline.loading.drafters import DrafterTables
 
 
 @pytest.fixture(scope="session")

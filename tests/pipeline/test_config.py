@@ -144,7 +144,7 @@ def test_engine_settings_check_their_own_shape_at_load():
 
 
 def test_model_dtype_auto_is_float32_without_a_gpu():
-    from pipeline.config.model_loading import dtype_name
+    from pipeline.loading.model import dtype_name
 
     config = load_config("configs/default.yaml")
     assert config.model.dtype == "auto" and dtype_name(config.model) == "float32"  # no GPU in this process

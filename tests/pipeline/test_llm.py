@@ -93,7 +93,7 @@ def test_vllms_other_engine_arguments_pass_through_and_its_speculation_runs_as_v
 def test_engine_arguments_vllm_does_not_take_fail_in_the_driver_naming_them(tmp_path):
     from pipeline.engines.build import ModelRefused
     from pipeline.engines.vllm.settings import check_vllm_args
-    from pipeline.config.model_loading import resolve_model_dir
+    from pipeline.loading.model import resolve_model_dir
 
     def config(**engine_kwargs):
         return vLLMEngineProcessorConfig(
@@ -583,5 +583,5 @@ def test_a_rows_model_names_its_lora_adapter_as_ray_data_llm_reads_it(stage, tin
     assert adapter["model"] == str(lora)  # what the row asked for
     assert "is neither model_source nor a LoRA adapter's directory" in missing[INFERENCE_ERROR]
     assert "read from a local directory here" in remote[INFERENCE_ERROR]
-    request, _, _ = stage.request({"model": str(lora), "prompt": "Hi", "sampling_params": greedy}, 7)
+    (request,), _, _ = stage.requests({"model": str(lora), "prompt": "Hi", "sampling_params": greedy})
     assert request.adapter == str(lora)

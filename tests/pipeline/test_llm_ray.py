@@ -9,7 +9,7 @@ import ray
 
 from pipeline.config import ModelConfig
 from pipeline.engines.base import FINISH_REASONS
-from pipeline.config.model_loading import resolve_model_dir
+from pipeline.loading.model import resolve_model_dir
 from pipeline.llm.schema import INFERENCE_ERROR, RAY_LLM_COLUMNS
 
 ITEMS = [

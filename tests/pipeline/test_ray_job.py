@@ -15,9 +15,9 @@ import pyarrow.parquet as pq
 import pytest
 import ray
 
-from pipeline.config.drafter_registry import build_tables
+from pipeline.loading.drafters import build_tables
 from pipeline.config import load_config
-from pipeline.config.model_loading import load_model
+from pipeline.loading.model import load_model
 from pipeline.job.inputs import check_columns, read_input
 from pipeline.job.ray_job import JobFailed, run_job
 from pipeline.llm.stage import GenerationStage

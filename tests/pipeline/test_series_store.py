@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 
 from drafters.datastore import Datastore
 from drafters.suffix.store_search import SEPARATOR
-from pipeline.llm import storage
+from pipeline import storage
 from pipeline.config import load_config
 from pipeline.job.run import RunPaths
 from pipeline.job.series_store import current_version, extend_store, with_series_store

@@ -93,7 +93,7 @@ def markdown(report: dict) -> str:
 def run(args) -> dict:
     from pipeline.config import load_config
     from pipeline.engines.vllm import llvmlite_set_aside, set_vllm_environment
-    from pipeline.config.model_loading import dtype_name, resolve_model_dir
+    from pipeline.loading.model import dtype_name, resolve_model_dir
 
     batches = args.batch
     config = load_config(None, ["engine.name=vllm", "engine.execution=eager", f"engine.max_num_seqs={max(batches)}"])

@@ -177,7 +177,7 @@ def add_cli_args(parser) -> None:
 
 def run(args) -> dict:
     from pipeline.config import ModelConfig
-    from pipeline.config.model_loading import load_model
+    from pipeline.loading.model import load_model
 
     fused = fused_kernel()
     loaded = load_model(ModelConfig(name=args.model, dtype="float32", num_threads=1))

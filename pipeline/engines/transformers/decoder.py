@@ -28,7 +28,7 @@ from pipeline.engines.transformers.request_state import DecodingRules, RequestSt
 from pipeline.engines.transformers.tree import build_tree, node_logits, tree_inputs
 from pipeline.engines.transformers.verification import DraftEvidence, Verdict, verify
 from drafters.primitives.forward import prefill
-from pipeline.config.model_loading import eos_token_ids
+from pipeline.loading.model import eos_token_ids
 from drafters.primitives.sampling import GREEDY, SamplingParams
 
 

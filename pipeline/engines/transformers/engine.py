@@ -10,14 +10,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from drafters.budget import StepCostFit
-from pipeline.config.drafter_registry import DrafterTables, load_draft_model, make_drafter
+from pipeline.loading.drafters import DrafterTables, load_draft_model, make_drafter
 from pipeline.config import Config
 from pipeline.engines.base import EngineSampling, Failed, Request, Result
 from pipeline.engines.errors import RequestError
 from pipeline.engines.transformers.attention import use_gqa_attention
 from pipeline.engines.transformers.batched_decoder import BatchedDecoder
 from pipeline.engines.transformers.decoder import SpeculativeDecoder
-from pipeline.config.model_loading import LoadedModel
+from pipeline.loading.model import LoadedModel
 
 
 def build_decoder(config: Config, loaded: LoadedModel, tables: DrafterTables) -> SpeculativeDecoder:

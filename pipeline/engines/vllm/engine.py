@@ -26,7 +26,7 @@ import time
 from collections.abc import Sequence
 
 from drafters.base import NO_DRAFT
-from pipeline.config.drafter_registry import DrafterTables, make_batch_drafter
+from pipeline.loading.drafters import DrafterTables, make_batch_drafter
 from pipeline.config import CPU_MAX_NUM_SEQS, Config, ConfigError, DecoderConfig
 from pipeline.config.drafter_kinds import VLLM_METHODS
 from pipeline.engines.base import (
@@ -60,7 +60,7 @@ from pipeline.engines.vllm.proposer import (
     measured_step_cost,
     take_tracked,
 )
-from pipeline.config.model_loading import dtype_name, load_tokenizer
+from pipeline.loading.model import dtype_name, load_tokenizer
 from pipeline.engines.stats import RequestStats
 
 logger = logging.getLogger(__name__)

@@ -9,7 +9,7 @@ the worker with `LLM.collective_rpc`). Until then it proposes nothing. It reache
 not hand it (the rows' request ids, prompt lengths and sampling settings), compat.py's reads of
 the model runner.
 
-The drafter is a BatchDrafter (drafters/base.py; pipeline/config/drafter_registry.py `make_batch_drafter`): each
+The drafter is a BatchDrafter (drafters/base.py; pipeline/loading/drafters.py `make_batch_drafter`): each
 step, one call drafts for every decoding request, reading their tokens from vLLM's own token
 array. A request starts with the drafter when the proposer first sees it, and finishes when it
 ends (with its generated tokens) or vLLM lets it go (aborted); a request preempted or not

@@ -10,7 +10,7 @@ import pytest
 from drafters.datastore import build_datastore
 from pipeline.config import load_config
 from pipeline.engines.base import Failed, Request, Result
-from pipeline.config.drafter_registry import drafter_tables
+from pipeline.loading.drafters import drafter_tables
 from pipeline.engines.build import build_engine, checked_config
 from drafters.primitives.sampling import SamplingParams
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from drafters import model_tables
-from pipeline.config.drafter_registry import DrafterTables, make_drafter
+from pipeline.loading.drafters import DrafterTables, make_drafter
 from pipeline.config import DecoderConfig
 from pipeline.engines.errors import RequestError
 from pipeline.engines.transformers.decoder import SpeculativeDecoder

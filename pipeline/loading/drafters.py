@@ -28,7 +28,7 @@ from drafters.suffix import BatchSuffixDrafter
 from drafters.unigram import UnigramDrafter
 from pipeline.config import Config, DecoderConfig, ModelConfig, TransformersConfig
 from pipeline.config.drafter_kinds import DRAFTER_KINDS, DRAFTER_NAMES
-from pipeline.config.model_loading import LoadedModel, cache_root, load_model
+from pipeline.loading.model import LoadedModel, cache_root, load_model
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ FACTORIES: dict[str, Callable[[DrafterParts], Drafter] | None] = {
     "vllm_ngram_gpu": None,
 }
 assert tuple(FACTORIES) == DRAFTER_NAMES, (
-    "pipeline/config/drafter_registry.py FACTORIES must name every drafter kind, in order"
+    "pipeline/loading/drafters.py FACTORIES must name every drafter kind, in order"
 )
 
 

@@ -3,7 +3,7 @@ import shutil
 import pytest
 import torch
 
-from pipeline.config import model_loading
+from pipeline.loading import model as model_loading
 from pipeline.config import ModelConfig
 
 

@@ -4,7 +4,7 @@ are all a drafter needs."""
 import pytest
 
 from drafters.base import DraftContext
-from pipeline.config.drafter_registry import (
+from pipeline.loading.drafters import (
     FACTORIES,
     build_tables,
     make_batch_drafter,
