@@ -106,14 +106,14 @@ class Drafter(Protocol):
 
 @dataclass(frozen=True)
 class BatchDrafts:
-    """One step's drafts: request b drafts tokens[b, :lengths[b]] (strategy strategies[sources[b]]
+    """One step's drafts: request b drafts tokens[b, :lengths[b]] (strategy strategies[strategy[b]]
     of its drafter, when it drafts), confidence[b, j] the probability that its first j + 1 tokens
     are accepted. failures: the requests whose drafting raised this step (they draft nothing)."""
 
     tokens: np.ndarray  # [B, w] int64
     lengths: np.ndarray  # [B] int64
     confidence: np.ndarray  # [B, w] float64
-    sources: np.ndarray  # [B] int64, -1: no draft
+    strategy: np.ndarray  # [B] int64: the index of its strategy in the drafter's strategies, -1: no draft
     failures: dict[int, Exception] = field(default_factory=dict)
 
     @classmethod
@@ -129,7 +129,7 @@ class BatchDrafter(Protocol):
     runs in; `finish` once, when it ends or leaves the engine (a request that comes back starts
     again). Stepping a request not started, or starting one twice, raises `LifecycleError`."""
 
-    strategies: Sequence[str]  # what BatchDrafts.sources index
+    strategies: Sequence[str]  # what BatchDrafts.strategy indexes
 
     def start(self, key: Hashable, prompt_length: int, limit: int) -> None:
         """A request begins: its first prompt_length tokens are its prompt; it may reach `limit` tokens."""

@@ -112,7 +112,7 @@ class PerRequestBatchDrafter:
 
     def __init__(self, drafter: Drafter, w: int, max_q: int, vocab_size: int | None = None):
         self.drafter, self.w, self.max_q, self.vocab_size = drafter, w, max_q, vocab_size
-        self.strategies: list[str] = []  # every strategy seen, in order: what BatchDrafts.sources index
+        self.strategies: list[str] = []  # every strategy seen, in order: what BatchDrafts.strategy indexes
         self.requests: dict[Hashable, RequestState] = {}
         self.pool: dict[RowKind, AcceptanceEstimate] = {}  # every request's evidence: a new request's prior
         self.depths: dict[str, DepthAcceptance] = {}  # per strategy, how deep verified drafts held
@@ -155,7 +155,7 @@ class PerRequestBatchDrafter:
         for (i, request, (strategy, draft, _)), gain, length in zip(candidates, gains, kept):
             if length:
                 out.tokens[i, :length], out.confidence[i, :length] = draft[:length], gain[:length]
-                out.lengths[i], out.sources[i] = length, self._source(strategy)
+                out.lengths[i], out.strategy[i] = length, self._source(strategy)
                 request.last_draft = (len(request.context), tuple(draft[:length]), strategy)
         return out
 

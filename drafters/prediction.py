@@ -138,23 +138,23 @@ class HoldRates:
         pooled = (self.diverged[kind] + PRIOR_DIVERGENCES) / (self.judged[kind] + PRIOR_TOKENS)
         return min((hold.diverged[kind] + OWN_PRIOR_TOKENS * pooled) / (hold.judged[kind] + OWN_PRIOR_TOKENS), 1.0)
 
-    def gains(self, hold: Hold, length: int) -> np.ndarray:
+    def confidence(self, hold: Hold, length: int) -> np.ndarray:
         """[length]: the probability that a draft's first j + 1 tokens are all accepted."""
         return (1.0 - self.rate(hold)) ** np.arange(1, length + 1, dtype=np.float64)
 
 
-def cut_to_budget(gains: list[np.ndarray], cost, fed_before: int) -> np.ndarray:
+def cut_to_budget(confidence: list[np.ndarray], cost, fed_before: int) -> np.ndarray:
     """How many tokens of each prediction draft a step keeps (drafters/budget.py's rule: the most
-    likely first, while one more raises the step's expected tokens per second), `gains[i]` the
+    likely first, while one more raises the step's expected tokens per second), `confidence[i]` the
     draft's probabilities, `cost` the step's LinearStepCost, `fed_before` the tokens the step feeds
     without these drafts (a token per running request, and the other requests' drafts)."""
-    lengths = np.array([len(g) for g in gains], dtype=np.int64)
-    table = np.zeros((len(gains), max(int(lengths.max(initial=0)), 1)))
-    for i, g in enumerate(gains):
+    lengths = np.array([len(g) for g in confidence], dtype=np.int64)
+    table = np.zeros((len(confidence), max(int(lengths.max(initial=0)), 1)))
+    for i, g in enumerate(confidence):
         table[i, : len(g)] = g
     # allocate() counts one fed token per draft's request first: its step costs start at fed_before.
-    step_cost = cost.seconds(np.arange(fed_before - len(gains), fed_before + int(lengths.sum()) + 1))
-    taken = np.zeros(len(gains), dtype=np.int64)
+    step_cost = cost.seconds(np.arange(fed_before - len(confidence), fed_before + int(lengths.sum()) + 1))
+    taken = np.zeros(len(confidence), dtype=np.int64)
     allocate(table, lengths, step_cost, taken)
     return taken
 
@@ -184,11 +184,11 @@ def step_drafts(
         guess, matched = prediction.draft(generated, room)
         if guess and matched >= PREDICTION_EVIDENCE:
             guesses[i] = guess
-    gains = {i: holds.gains(predictions[i][1], len(g)) for i, g in guesses.items()}
+    confidence = {i: holds.confidence(predictions[i][1], len(g)) for i, g in guesses.items()}
     if guesses and cost is not None:
-        kept = cut_to_budget(list(gains.values()), cost, fed - sum(len(own[i]) for i in guesses))
+        kept = cut_to_budget(list(confidence.values()), cost, fed - sum(len(own[i]) for i in guesses))
         guesses = {i: g[:n] for (i, g), n in zip(guesses.items(), kept.tolist())}
     return [
-        guesses[i] if guesses.get(i) and gains[i][: len(guesses[i])].sum() > float(np.sum(own[i])) else None
+        guesses[i] if guesses.get(i) and confidence[i][: len(guesses[i])].sum() > float(np.sum(own[i])) else None
         for i in range(len(predictions))
     ]

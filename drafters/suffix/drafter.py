@@ -91,7 +91,7 @@ NO_LIMIT = 1 << 62  # the limit of a request whose length is not known (`propose
 class BatchSuffixDrafter:
     """A BatchDrafter (drafters/base.py), and a per-request Drafter for the transformers engine."""
 
-    strategies = STRATEGIES  # by BatchDrafts.sources
+    strategies = STRATEGIES  # by BatchDrafts.strategy
 
     def __init__(
         self,
@@ -234,7 +234,7 @@ class BatchSuffixDrafter:
             out_tokens=self._out.tokens,
             out_lengths=self._out.lengths,
             out_confidence=self._out.confidence,
-            out_sources=self._out.sources,
+            out_strategy=self._out.strategy,
             **self._scratch,
         )
 
@@ -307,7 +307,10 @@ class BatchSuffixDrafter:
             self._views.clear()
             self._gather()
         out = BatchDrafts(
-            *(array[:batch] for array in (self._out.tokens, self._out.lengths, self._out.confidence, self._out.sources))
+            *(
+                array[:batch]
+                for array in (self._out.tokens, self._out.lengths, self._out.confidence, self._out.strategy)
+            )
         )
         self._views[batch] = out, np.zeros(batch, np.int64)
         return self._views[batch]
@@ -364,7 +367,7 @@ class BatchSuffixDrafter:
         )
         length = int(drafts.lengths[0])
         rows = [drafts.tokens[0, :length].tolist() + [self.pad_token] * (w - length)] + [[self.pad_token] * w] * (k - 1)
-        strategy = STRATEGIES[drafts.sources[0]] if length else PADDING
+        strategy = STRATEGIES[drafts.strategy[0]] if length else PADDING
         return Drafts(
             tokens=torch.tensor(rows, dtype=torch.long).reshape(k, w),
             strategies=(strategy,) + (PADDING,) * (k - 1),

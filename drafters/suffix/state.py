@@ -78,7 +78,7 @@ ARRAYS = (
     "store_ranges",
     "logs",
 )
-OUTPUTS_FIELDS = ("out_tokens", "out_lengths", "out_confidence", "out_sources")
+OUTPUTS_FIELDS = ("out_tokens", "out_lengths", "out_confidence", "out_strategy")
 SCRATCH = (
     "rows",
     "row_lengths",

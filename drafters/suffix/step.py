@@ -166,13 +166,13 @@ def step(state, finished, finished_tokens, finished_offsets, request_slots, toke
     refit the acceptance model), draft from each source, mark where sources agree, score the
     candidates and queue them for judgement, and write the best one; last, cut the batch's drafts
     to the step's budget. Writes request b's draft into state.out_*[b] (out_lengths[b] tokens,
-    out_sources[b] its source, -1: none) and returns the number of draft tokens kept."""
+    out_strategy[b] its source, -1: none) and returns the number of draft tokens kept."""
     state.counters[CALLS] += 1
     _retire(state, finished, finished_tokens, finished_offsets)
     batch, max_w = request_slots.shape[0], min(width, state.out_tokens.shape[1])
     for b in range(batch):
         s, n, values = request_slots[b], lengths[b], tokens[rows[b]]
-        state.out_lengths[b], state.out_sources[b] = 0, -1
+        state.out_lengths[b], state.out_strategy[b] = 0, -1
         _start(state, s, n)
         store_bound = _take_in(state, s, values, n)
         if _judge(state, s, values, n) and state.counters[SINCE_FIT] >= state.refit_every:
@@ -396,7 +396,7 @@ def _write_draft(state, b, source):
         state.out_tokens[b, j] = state.scratch_paths[source, j]
         state.out_confidence[b, j] = confidence[source, j]
         state.out_lengths[b] = j + 1
-    state.out_sources[b] = source
+    state.out_strategy[b] = source
 
 
 @nb.njit(cache=True)

@@ -90,10 +90,10 @@ def make_plan(config: Config, run_id: str) -> RunPlan:
     if drafting is not config:  # the series' store: checked like a datastore the config names
         drafting = with_checked_datastore(drafting)
     fingerprint = series.settings_fingerprint(config)
-    return RunPlan(config, drafting, paths, fingerprint, checkpoint_config(config, paths, fingerprint))
+    return RunPlan(config, drafting, paths, fingerprint, run_checkpoint(config, paths, fingerprint))
 
 
-def checkpoint_config(config: Config, paths: RunPaths, fingerprint: str) -> CheckpointConfig:
+def run_checkpoint(config: Config, paths: RunPaths, fingerprint: str) -> CheckpointConfig:
     """Checkpoints of a run live beside the runs, not in the run's directory of outputs. A lone run
     records the ids it wrote (the output's `id` is the input's id column as the job names it:
     request_key); a series the fingerprints of its rows (pipeline/job/series.py), in one checkpoint

@@ -126,7 +126,7 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         check(self.engine in ENGINES, "engine", " or ".join(map(repr, ENGINES)))
         self.actors()
         self.statistics()
-        self.chat_template()
+        self.chat_template_settings()
         for name in ("id_column", "checkpoint_path"):
             value = getattr(self, name)
             check(value is None or (isinstance(value, str) and value), name, "a non-empty string or None")
@@ -151,7 +151,7 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
             )
         self.pipeline_config()  # its own checks and the engine's, naming decoder.*, transformers.*, engine.* fields
 
-    def chat_template(self, fallback_kwargs: Mapping[str, Any] | None = None) -> dict:
+    def chat_template_settings(self, fallback_kwargs: Mapping[str, Any] | None = None) -> dict:
         """chat_template_stage as GenerationStage's settings: enabled, template, template_kwargs
         (the stage's own chat_template_kwargs, else build_processor's)."""
         stage = self.chat_template_stage
@@ -183,9 +183,9 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         )
         check(isinstance(kwargs, Mapping), "chat_template_stage.chat_template_kwargs", "a mapping or None")
         return {
-            "chat_template": bool(stage.get("enabled", True)),
-            "template": template,
-            "template_kwargs": dict(kwargs),
+            "chat_template_enabled": bool(stage.get("enabled", True)),
+            "chat_template": template,
+            "chat_template_kwargs": dict(kwargs),
         }
 
     def actors(self) -> tuple[int, int]:
@@ -440,7 +440,7 @@ def build_processor(
             f"build_processor: builder_kwargs {unknown} are not taken by this processor (it takes chat_template_kwargs)"
         )
     settings = StageSettings(
-        **config.chat_template((builder_kwargs or {}).get("chat_template_kwargs")),
+        **config.chat_template_settings((builder_kwargs or {}).get("chat_template_kwargs")),
         continue_on_error=config.should_continue_on_error,
         seed=config.engine_kwargs.get("seed"),
         id_column=config.id_column,

@@ -64,9 +64,9 @@ class StageSettings:
     """How the stage reads and writes rows (the processor's, from vLLMEngineProcessorConfig; the
     job's, pipeline/job/rows.py)."""
 
-    chat_template: bool = True  # template `messages` (False: a row needs prompt or tokenized_prompt)
-    template: str | None = None  # a Jinja template instead of the tokenizer's
-    template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # apply_chat_template's keywords
+    chat_template_enabled: bool = True  # template `messages` (False: a row needs prompt or tokenized_prompt)
+    chat_template: str | None = None  # a Jinja template instead of the tokenizer's
+    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # apply_chat_template's keywords
     text_as_user_message: bool = False  # a text prompt is one user message of a chat (templated)
     continue_on_error: bool = False  # a bad row is an error row (False: it raises)
     seed: int | None = None  # rows without a seed sample with one derived from it and their id
@@ -156,17 +156,17 @@ class GenerationStage:
         name, seed = self.identify(row, number)
         if row.get(BAD_INPUT):  # input that could not be read (its message names the file and line)
             raise RequestError(f"{name}: {row[BAD_INPUT]}")
-        settings = sampling_of(row.get("sampling_params"), name, seed, self.sampling)
+        wanted = sampling_of(row.get("sampling_params"), name, seed, self.sampling)
         with self.tokenizer_lock:
             prompt, ids = prompt_of(self.tokenizer, row, self.settings, name)
         first = Request(
             request_id=str(number),
             prompt_ids=ids,
-            max_new_tokens=settings.max_tokens,
-            stop=settings.stop,
-            sampling=settings.sampling,
-            structured_outputs=settings.structured_outputs,
-            engine_sampling=settings.engine_sampling,
+            max_new_tokens=wanted.max_tokens,
+            stop=wanted.stop,
+            sampling=wanted.sampling,
+            structured_outputs=wanted.structured_outputs,
+            engine_sampling=wanted.engine_sampling,
             adapter=self.adapter(row, name),
             prediction=self.prediction(row, name),
         )
@@ -176,7 +176,7 @@ class GenerationStage:
                 request_id=str(next(self.request_ids)),
                 sampling=dataclasses.replace(first.sampling, seed=sample_seed(first.sampling.seed, i)),
             )
-            for i in range(1, settings.n)
+            for i in range(1, wanted.n)
         ]
         return [first, *others], prompt, name
 
@@ -383,7 +383,7 @@ def messages_of(tokenizer, row: dict, settings: StageSettings, name: str) -> lis
     messages, prompt = row.get("messages"), row.get("prompt")
     if messages is None and settings.text_as_user_message and isinstance(prompt, str) and tokenizer.chat_template:
         messages = [{"role": "user", "content": prompt}]
-    if messages is None or not settings.chat_template:
+    if messages is None or not settings.chat_template_enabled:
         return None
     if not (isinstance(messages, list) and messages):
         raise RequestError(f"{name}: messages must be a non-empty list of chat messages")
@@ -414,8 +414,8 @@ def prompt_of(tokenizer, row: dict, settings: StageSettings, name: str) -> tuple
                 tokenize=False,
                 add_generation_prompt=last_is_user,
                 continue_final_message=not last_is_user,
-                chat_template=settings.template,
-                **settings.template_kwargs,
+                chat_template=settings.chat_template,
+                **settings.chat_template_kwargs,
             )
         except Exception as error:  # a template's own errors are of any type
             raise RequestError(f"{name}: messages cannot be chat-templated: {error}") from error
@@ -424,7 +424,9 @@ def prompt_of(tokenizer, row: dict, settings: StageSettings, name: str) -> tuple
     elif given is not None:
         raise RequestError(f"{name}: prompt must be text, got {type(given).__name__}")
     else:
-        need = "messages, prompt or tokenized_prompt" if settings.chat_template else "prompt or tokenized_prompt"
+        need = (
+            "messages, prompt or tokenized_prompt" if settings.chat_template_enabled else "prompt or tokenized_prompt"
+        )
         raise RequestError(f"{name}: the row has no {need}")
     try:
         ids = list(tokenizer(prompt)["input_ids"])

@@ -88,7 +88,7 @@ def test_a_request_gets_its_own_context_drafts_and_a_failing_one_only_loses_its_
         drafter.start(key, 2, 20)
     out = drafter.step(["a", "b"], tokens, np.array([0, 1]), np.array([8, 8]))
     assert (
-        out.tokens[0, : out.lengths[0]].tolist() == [3, 1, 2] and drafter.strategies[out.sources[0]] == "context_ngram"
+        out.tokens[0, : out.lengths[0]].tolist() == [3, 1, 2] and drafter.strategies[out.strategy[0]] == "context_ngram"
     )
     assert out.lengths[1] == 0 and isinstance(out.failures[1], RuntimeError) and 0 not in out.failures
     drafter.finish("a", [3, 1, 2, 3])

@@ -58,10 +58,10 @@ def test_a_prediction_that_holds_earns_longer_drafts_than_one_that_leaves():
     # [rejoining, on track]: its first draft was on track, every later one rejoining after it left
     assert (leaving.judged, leaving.diverged, leaving.on_track) == ([18, 2], [9, 1], False)
     assert rates.rate(holding) < rates.rate(leaving)
-    gains = rates.gains(holding, 5)
-    assert np.all(np.diff(gains) < 0) and gains[0] < 1
+    confidence = rates.confidence(holding, 5)
+    assert np.all(np.diff(confidence) < 0) and confidence[0] < 1
     cost = LinearStepCost(1.0, 0.05)
-    kept = cut_to_budget([rates.gains(holding, 64), rates.gains(leaving, 64)], cost, fed_before=2)
+    kept = cut_to_budget([rates.confidence(holding, 64), rates.confidence(leaving, 64)], cost, fed_before=2)
     assert kept[0] > kept[1] >= 0
     assert kept[0] <= 64
 
@@ -74,9 +74,9 @@ def test_a_draft_cut_short_by_the_engine_is_judged_as_far_as_it_went():
 
 def test_a_free_token_is_always_kept_and_a_costly_one_only_when_likely():
     rates, hold = HoldRates(), Hold()
-    gains = rates.gains(hold, 200)
-    assert cut_to_budget([gains], LinearStepCost(1.0, 0.0), fed_before=1)[0] == 200  # a GPU-like step: all of it
-    assert cut_to_budget([gains], LinearStepCost(1.0, 1.0), fed_before=1)[0] < 10  # each token a whole step
+    confidence = rates.confidence(hold, 200)
+    assert cut_to_budget([confidence], LinearStepCost(1.0, 0.0), fed_before=1)[0] == 200  # a GPU-like step: all of it
+    assert cut_to_budget([confidence], LinearStepCost(1.0, 1.0), fed_before=1)[0] < 10  # each token a whole step
 
 
 def test_a_step_takes_a_predictions_draft_where_it_matches_and_is_expected_to_gain_more_than_the_drafters():
@@ -171,7 +171,7 @@ def test_a_draft_that_rejoins_is_judged_apart_from_one_that_continues():
         hold.on_track = False
         rates.judge(hold, [1, 2, 3, 4], [9])
     hold.on_track = True
-    continuing = rates.gains(hold, 32)
+    continuing = rates.confidence(hold, 32)
     hold.on_track = False
-    rejoining = rates.gains(hold, 32)
+    rejoining = rates.confidence(hold, 32)
     assert continuing[7] > 0.5 > rejoining[1]

@@ -164,7 +164,7 @@ def run_both(streams, prompts, store=None, batch=3, drafter=None):
                 theirs, source = reference.draft(i, list(streams[i][: lengths[i]]), prompts[i], int(limits[b]))
                 seen.append((ours, theirs))
                 assert ours == theirs, f"request {i} at {lengths[i]} tokens: compiled {ours}, reference {theirs}"
-                assert (source is None) == (out.sources[b] < 0)
+                assert (source is None) == (out.strategy[b] < 0)
                 drafted_any += bool(ours)
             for i in list(group):
                 lengths[i] += int(rng.integers(1, 4))
@@ -183,7 +183,7 @@ def drafted(drafter, tokens: list[int], key="r", prompt: int = 1) -> tuple[list[
     if key not in drafter.slot_of:
         drafter.start(key, prompt, 1 << 20)
     out = drafter.step([key], np.array([tokens], np.int64), np.zeros(1, np.int64), np.array([len(tokens)]))
-    source = drafter.strategies[out.sources[0]] if out.lengths[0] else None
+    source = drafter.strategies[out.strategy[0]] if out.lengths[0] else None
     return out.tokens[0, : out.lengths[0]].tolist(), source
 
 
@@ -376,7 +376,7 @@ def test_answers_in_flight_are_drafted_from():
     out = stepped(drafter, [1], tokens, np.array([1]), np.array([6]), np.array([3]), np.array([60]))
     length = int(out.lengths[0])
     assert length >= 1 and out.tokens[0, :length].tolist() == answer[3 : 3 + length]
-    assert drafter.strategies[out.sources[0]] == "suffix_outputs"
+    assert drafter.strategies[out.strategy[0]] == "suffix_outputs"
 
 
 def test_one_compiled_call_drafts_for_256_requests():

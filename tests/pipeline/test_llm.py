@@ -413,7 +413,7 @@ def test_the_chat_template_stage_takes_rays_forms_and_its_template_and_kwargs(ti
         return {key: value for key, value in vars(processor.settings).items() if key != "run_id"}  # each its own
 
     template = "{% for m in messages %}[{{ m.role }}] {{ m.content }}{% if shout %}!{% endif %}\n{% endfor %}"
-    assert settings(chat_template_stage=False)["chat_template"] is False
+    assert settings(chat_template_stage=False)["chat_template_enabled"] is False
     ray_form = settings(
         chat_template_stage=ChatTemplateStageConfig(
             enabled=True, chat_template=template, chat_template_kwargs={"shout": True}, batch_size=4
@@ -423,11 +423,16 @@ def test_the_chat_template_stage_takes_rays_forms_and_its_template_and_kwargs(ti
     assert (
         ray_form
         == dict_form
-        == {**dict_form, "chat_template": True, "template": template, "template_kwargs": {"shout": True}}
+        == {
+            **dict_form,
+            "chat_template_enabled": True,
+            "chat_template": template,
+            "chat_template_kwargs": {"shout": True},
+        }
     )
     stage = GenerationStage(
         vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers").pipeline_config(),
-        StageSettings(template=template, template_kwargs={"shout": True}),
+        StageSettings(chat_template=template, chat_template_kwargs={"shout": True}),
     )
     prompt, _ = prompt_of(
         stage.engine.tokenizer, {"messages": [{"role": "user", "content": "hi"}]}, stage.settings, "row 0"
@@ -438,7 +443,7 @@ def test_the_chat_template_stage_takes_rays_forms_and_its_template_and_kwargs(ti
 def test_build_processor_takes_chat_template_kwargs_as_ray_data_llms_builder_does(tiny_model_dir):
     config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers")
     processor = build_processor(config, builder_kwargs={"chat_template_kwargs": {"enable_thinking": False}})
-    assert processor.settings.template_kwargs == {"enable_thinking": False}
+    assert processor.settings.chat_template_kwargs == {"enable_thinking": False}
     with pytest.raises(TypeError, match="builder_kwargs \\['telemetry_agent'\\]"):
         build_processor(config, builder_kwargs={"telemetry_agent": None})
 

@@ -73,7 +73,7 @@ class Tracked:
 
 
 PREDICTION = "prediction"  # the strategy of a draft taken from the request's prediction
-NO_GAINS = np.zeros(0)  # the confidence of no draft
+NO_CONFIDENCE = np.zeros(0)  # the confidence of no draft
 
 
 class NgrammysProposer:
@@ -132,9 +132,11 @@ class NgrammysProposer:
         """sampled_token_ids: [B] the tokens each running request emitted this step (empty: still in
         prefill); num_tokens_no_spec: [>=B] its tokens so far; token_ids_cpu: [>=B, max_model_len].
         Returns each request's draft (empty: none)."""
-        started = time.perf_counter()
+        began = time.perf_counter()
         drafts = [[] for _ in sampled_token_ids]
-        gains = [NO_GAINS] * len(drafts)  # each draft's probabilities that its first 1, 2, ... tokens are accepted
+        confidence = [NO_CONFIDENCE] * len(
+            drafts
+        )  # each draft's probabilities that its first 1, 2, ... tokens are accepted
         if self.drafter is None:
             return drafts
         rows = [row for row, sampled in enumerate(sampled_token_ids) if sampled]
@@ -143,28 +145,28 @@ class NgrammysProposer:
         fresh = len(rows) < len(sampled_token_ids) or any(key not in self.tracked for key in keys)
         self.finish_ended()
         tracked = [self.track(key, length) for key, length in zip(keys, prompt_lengths(self.runner, rows))]
-        self.observe_step(started, measurable=not fresh)
+        self.observe_step(began, measurable=not fresh)
         if rows and not self.paused():
-            self.draft(started, keys, rows, tracked, num_tokens_no_spec, token_ids_cpu, drafts, gains)
+            self.draft(began, keys, rows, tracked, num_tokens_no_spec, token_ids_cpu, drafts, confidence)
             self.predict(
-                rows, tracked, np.asarray(num_tokens_no_spec, dtype=np.int64)[rows], token_ids_cpu, drafts, gains
+                rows, tracked, np.asarray(num_tokens_no_spec, dtype=np.int64)[rows], token_ids_cpu, drafts, confidence
             )
         self.last_step = (time.perf_counter(), len(sampled_token_ids) + sum(map(len, drafts)))
         return drafts
 
     def draft(
         self,
-        started: float,
+        began: float,
         keys: list[str],
         rows: list[int],
         tracked: list[Tracked],
         num_tokens_no_spec,
         token_ids_cpu: np.ndarray,
         drafts: list[list[int]],
-        gains: list[np.ndarray],
+        confidence: list[np.ndarray],
     ) -> None:
         """The drafter's step for the decoding requests it has started, into `drafts` (vLLM's rows)
-        and `gains` (the drafter's confidence in them)."""
+        and `confidence` (the drafter's confidence in them)."""
         if not self.started.issuperset(keys):  # a start that failed: that request drafts nothing
             runnable = [i for i, key in enumerate(keys) if key in self.started]
             keys, rows, tracked = (
@@ -183,8 +185,8 @@ class NgrammysProposer:
                 t.failed_steps += 1
             self.report_failure(keys[0], error)
             return
-        self.record(out, rows, keys, tracked, lengths, drafts, gains)
-        elapsed = time.perf_counter() - started
+        self.record(out, rows, keys, tracked, lengths, drafts, confidence)
+        elapsed = time.perf_counter() - began
         for t in tracked:
             t.draft_seconds += elapsed / len(tracked)
 
@@ -196,9 +198,9 @@ class NgrammysProposer:
         tracked: list[Tracked],
         lengths: np.ndarray,
         drafts: list[list[int]],
-        gains: list[np.ndarray],
+        confidence: list[np.ndarray],
     ) -> None:
-        """The step's drafts into vLLM's rows (and their confidence into `gains`) and each request's
+        """The step's drafts into vLLM's rows (and their confidence into `confidence`) and each request's
         proposals; its failures counted."""
         strategies = self.drafter.strategies
         for i, (row, t) in enumerate(zip(rows, tracked)):
@@ -209,8 +211,8 @@ class NgrammysProposer:
             if length:
                 tokens = tuple(out.tokens[i, :length].tolist())
                 drafts[row] = list(tokens)
-                gains[row] = out.confidence[i, :length].copy()
-                t.proposals.append(Proposal(int(lengths[i]) - t.prompt_length, tokens, strategies[out.sources[i]]))
+                confidence[row] = out.confidence[i, :length].copy()
+                t.proposals.append(Proposal(int(lengths[i]) - t.prompt_length, tokens, strategies[out.strategy[i]]))
 
     def predict(
         self,
@@ -219,7 +221,7 @@ class NgrammysProposer:
         lengths: np.ndarray,
         token_ids_cpu: np.ndarray,
         drafts: list[list[int]],
-        gains: list[np.ndarray],
+        confidence: list[np.ndarray],
     ) -> None:
         """A request with a prediction drafts from it (drafters/prediction.py step_drafts): up to
         prediction_w tokens, cut with `w: auto` to what the step's budget keeps by how often the
@@ -235,7 +237,11 @@ class NgrammysProposer:
             predictions.append((t.prediction, t.hold, generated, min(self.prediction_w, t.limit - length - 1)))
         fed = len(drafts) + sum(map(len, drafts))
         found = step_drafts(
-            predictions, [gains[rows[i]] for i in chosen], fed, self.holds, self.costs.cost() if self.adaptive else None
+            predictions,
+            [confidence[rows[i]] for i in chosen],
+            fed,
+            self.holds,
+            self.costs.cost() if self.adaptive else None,
         )
         for i, guess in zip(chosen, found):
             if guess is None:
