@@ -348,6 +348,9 @@ def rows_postprocess(postprocess: Callable, continue_on_error: bool) -> Callable
     return apply
 
 
+# Ray Data's execution_no_progress_timeout_s for the processor's Dataset: off.
+NO_PROGRESS_TIMEOUT = -1
+
 # engine_kwargs that are ours (pipeline/config/settings.py, EngineConfig): an engine's restarts after a
 # failure (pipeline/llm/stage.py), and whether it drafts (pipeline/engines/speculation.py).
 OUR_ENGINE_KWARGS = ("hang_timeout_s", "max_restarts", "restart_window_s", "speculation", "speculation_window_s")
@@ -388,6 +391,10 @@ class Processor:
                 )
             dataset.context.checkpoint_config = checkpoint  # shared by ds's pipeline, its read included
         dataset.context.wait_for_min_actors_s = int(math.ceil(config.ray.wait_for_actors_s))
+        # Ray Data fails a Dataset that moves no block for 30 minutes; the stage emits its output
+        # block when a task's input block is generated, which at a corpus job's pace takes longer.
+        # A stuck engine is the engine's to catch (engine.hang_timeout_s), not this clock's.
+        dataset.context.execution_no_progress_timeout_s = NO_PROGRESS_TIMEOUT
         tables = prepared_tables(config, dict(self.runtime_env))
         if self.preprocess is not None:
             dataset = dataset.map(merged(self.preprocess), **self.preprocess_map_kwargs)

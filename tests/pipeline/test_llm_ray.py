@@ -109,6 +109,7 @@ def test_ray_data_llms_example_runs_on_ours_with_the_import_changed_and_the_same
         monkeypatch.setenv(name, value)  # the driver resolves the hub id too (ours at construction)
     theirs = docs_example(ray.data.llm, model_id, env)
     ours = docs_example(pipeline.llm, model_id, env)
+    assert ours.context.execution_no_progress_timeout_s == -1  # a long block is no stall (the engine's hang check is)
     their_rows = {row["item"]: row for row in theirs.take_all()}
     our_rows = {row["item"]: row for row in ours.take_all()}
     assert set(our_rows) == set(their_rows) == set(ITEMS + BAD_ITEMS)
