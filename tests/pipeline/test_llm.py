@@ -300,10 +300,12 @@ def test_stop_strings_cut_the_text_with_or_without_themselves():
 
 @pytest.fixture(scope="module")
 def stage(tiny_model_dir):
-    # A fixed w: under `w: auto` whether a draft pays depends on the step costs this machine measures.
+    # A fixed w and speculation on: under `w: auto` whether a draft pays depends on the step costs
+    # this machine measures, and under `speculation: auto` whether drafting does.
     config = vLLMEngineProcessorConfig(
         model_source=str(tiny_model_dir),
         engine="transformers",
+        engine_kwargs={"speculation": "on"},
         decoder={"drafter": "batch_suffix", "w": 4},
         transformers={"max_batch_requests": 4},
     )
@@ -380,6 +382,7 @@ def test_statistics_columns_choose_which_of_ours_a_row_gets(tiny_model_dir):
         "item",
         "sampling_params",
         *RAY_LLM_COLUMNS.names,
+        "sample_index",  # which of the row's n samples (always: it names the row, it is no statistic)
         "finish_reason",
         "tokens_per_call",
         INFERENCE_ERROR,
@@ -523,11 +526,12 @@ def test_log_engine_metrics_reports_each_batch_to_the_live_metrics(tiny_model_di
     recorded, tags = [], []
 
     class Recording:
-        def __init__(self, engine, drafter, run_id):
-            tags.append((engine, drafter, run_id))
+        def __init__(self, engine, run_id):
+            tags.append((engine, run_id))
 
-        def record(self, counts, steps=None, previous=None):
+        def record(self, counts, steps=None, previous=None, drafter="", switches=0):
             recorded.append(counts)
+            tags.append((drafter, switches))
 
     monkeypatch.setattr(pipeline.llm.stage, "RunMetrics", Recording)
     monkeypatch.setattr(ray, "is_initialized", lambda: True)  # as in a Ray Data actor
@@ -541,26 +545,30 @@ def test_log_engine_metrics_reports_each_batch_to_the_live_metrics(tiny_model_di
 
     monkeypatch.setattr(ray, "get_runtime_context", Context)
     config = vLLMEngineProcessorConfig(
-        model_source=str(tiny_model_dir), engine="transformers", should_continue_on_error=True
+        model_source=str(tiny_model_dir),
+        engine="transformers",
+        engine_kwargs={"speculation": "on"},  # (auto's rule at this concurrency on a CPU: plain)
+        should_continue_on_error=True,
     )
     processor = build_processor(config)
     settings = processor.settings
     assert settings.live_metrics and settings.run_id.startswith("processor-")
     stage = GenerationStage(processor.config, settings)
-    assert tags == [("transformers", "batch_suffix", settings.run_id)]
+    assert tags == [("transformers", settings.run_id)]
     rows = [
         {"prompt": "Count: 1 2 3 4 1 2 3 4", "sampling_params": {"temperature": 0, "max_tokens": 8}},
         {"prompt": "x", "sampling_params": {"max_tokens": 0}},
     ]
     out = stage(rows_table(rows)).to_pylist()
     (counts,) = recorded
+    assert tags[1:] == [("batch_suffix", 0)]  # the drafter that generated the batch, no switch
     assert (counts["rows"], counts["errored_rows"]) == (2, 1)
     assert counts["generated_tokens"] == out[0]["num_generated_tokens"] > 0
     assert counts["target_calls"] == out[0]["num_target_calls"]
     assert counts["accepted_draft_tokens"] == counts["generated_tokens"] - counts["target_calls"]
     quiet = GenerationStage(processor.config, dataclasses.replace(settings, live_metrics=False))
     quiet(rows_table(rows[:1]))
-    assert len(recorded) == 1 and len(tags) == 1
+    assert len(recorded) == 1 and len(tags) == 2  # no metrics made, none recorded
 
 
 def test_a_rows_model_names_its_lora_adapter_as_ray_data_llm_reads_it(stage, tiny_model_dir, tmp_path):

@@ -6,16 +6,8 @@ import pytest
 
 from jobs.benchmark.datasets import Prompt
 from jobs.benchmark.edits import edit
-from jobs.benchmark.series_edits import (
-    cell_rows,
-    cells,
-    corpus_rows,
-    goals,
-    job_command,
-    series_directory,
-    summary_path,
-    variant,
-)
+from jobs.benchmark.job_runs import job_command, summary_path
+from jobs.benchmark.series_edits import cell_rows, cells, corpus_rows, goals, series_directory, variant
 
 DOCUMENT = "Rewrite this.\n\n" + "".join(f"line {i} = {i}\n" for i in range(9))
 
