@@ -81,17 +81,8 @@ class Datastore:
         end and padded with SEPARATOR from there (an occurrence at a document's end gives none)."""
         count = max(0, min(hi - lo, max_occurrences))
         rows = np.full((count, length), SEPARATOR, dtype=np.int64)
-        kept = gather_continuations(
-            np.asarray(self.tokens),
-            np.asarray(self.suffix_array),
-            lo,
-            hi,
-            match_len,
-            length,
-            max_occurrences,
-            rows,
-            np.zeros(count, dtype=np.int64),
-        )
+        tokens, suffix_array = np.asarray(self.tokens), np.asarray(self.suffix_array)
+        kept = gather_continuations(tokens, suffix_array, lo, hi, match_len, length, rows, np.zeros(count, np.int64))
         return rows[:kept].astype(np.uint32)
 
 

@@ -14,7 +14,7 @@ import torch
 from pipeline.loading.drafters import build_tables, load_draft_model, make_drafter
 from jobs.benchmark.hf import hf_generate
 from pipeline.config import DecoderConfig, ModelConfig, TransformersConfig
-from pipeline.engines.transformers.decoder import SpeculativeDecoder
+from pipeline.engines.transformers.decoder import SpeculativeDecoder, Verifying
 from pipeline.loading.model import cache_root
 from jobs.benchmark.datasets import encode_prompt, load_prompts
 
@@ -135,7 +135,7 @@ def test_tree_mode_is_batch_mode_with_fewer_tokens_for_retrieval(smollm2, prompt
     fed, wins = {}, {}
     for verify in ("batch", "tree"):
         decoder = SpeculativeDecoder(
-            smollm2.model, smollm2.tokenizer, make_drafter(config, tables, 0), 4, 4, verify_mode=verify
+            smollm2.model, smollm2.tokenizer, make_drafter(config, tables, 0), 4, 4, Verifying(verify_mode=verify)
         )
         fed[verify] = 0
         for request_id, ids in prompts[:2]:

@@ -4,5 +4,6 @@ the step that runs them for a batch (step.py). Compiled functions call each othe
 modules at no cost (numba compiles a callee into its caller)."""
 
 from drafters.suffix.drafter import STRATEGIES, BatchSuffixDrafter
+from drafters.suffix.state import Settings
 
-__all__ = ["STRATEGIES", "BatchSuffixDrafter"]
+__all__ = ["STRATEGIES", "BatchSuffixDrafter", "Settings"]

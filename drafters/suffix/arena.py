@@ -36,24 +36,34 @@ def newest_occurrence(arena, heads, qi, q, values, end):
 
 
 @nb.njit(cache=True)
-def append_token(arena, heads, prev, slots, s, token, min_q, max_q):
+def append_token(state, s, token):
     """One generated token of slot s into its segment and the index; a full segment takes no more."""
+    slots, min_q = state.slots, state.min_q
     start, reserved, written = slots[s, START], slots[s, RESERVED], slots[s, WRITTEN]
     if written >= reserved - 1:  # the last reserved place stays -1
         return
     end = start + written + 1
-    arena[end - 1] = token
+    state.arena[end - 1] = token
     slots[s, WRITTEN] = written + 1
-    for q in range(min_q, max_q + 1):
+    for q in range(min_q, state.max_q + 1):
         if q > written + 1:
             break
-        index_gram(arena, heads, prev, q - min_q, q, end)
+        index_gram(state.arena, state.heads, state.prev, q - min_q, q, end)
 
 
 @nb.njit(cache=True)
-def compact(arena, heads, prev, slots, docs, counters, min_q, max_q):
+def compact(state):
     """Compaction: the newest finished segments up to half the arena, then every segment in use,
     copied to the front and indexed again (older outputs are forgotten)."""
+    arena, heads, prev, slots, docs, counters = (
+        state.arena,
+        state.heads,
+        state.prev,
+        state.slots,
+        state.docs,
+        state.counters,
+    )
+    min_q, max_q = state.min_q, state.max_q
     capacity = arena.shape[0] - 1
     old = arena.copy()
     in_flight = 0
@@ -93,48 +103,39 @@ def compact(arena, heads, prev, slots, docs, counters, min_q, max_q):
 
 
 @nb.njit(cache=True)
-def reserve_segment(arena, heads, prev, slots, docs, counters, s, size, min_q, max_q):
-    capacity = arena.shape[0] - 1
+def reserve_segment(state, s, size):
+    """Slot s's segment of `size` places at the arena's end (compacted first when it is full)."""
+    capacity, counters = state.arena.shape[0] - 1, state.counters
     if counters[USED] + size > capacity:
-        compact(arena, heads, prev, slots, docs, counters, min_q, max_q)
+        compact(state)
     if counters[USED] + size > capacity:  # the requests in flight hold it all: this one is not indexed
         size = 0
-    slots[s, START], slots[s, RESERVED], slots[s, WRITTEN] = counters[USED], size, 0
+    state.slots[s, START], state.slots[s, RESERVED], state.slots[s, WRITTEN] = counters[USED], size, 0
     counters[USED] += size
 
 
 @nb.njit(cache=True)
-def finish_segment(slots, docs, counters, pending_count, s):
+def finish_segment(state, s):
+    """Slot s's segment becomes a finished output (if it holds a token); the slot is free."""
+    slots, docs, counters = state.slots, state.docs, state.counters
     if slots[s, ACTIVE] and slots[s, WRITTEN] > 0:
         docs[counters[DOCS], 0], docs[counters[DOCS], 1] = slots[s, START], slots[s, WRITTEN]
         counters[DOCS] += 1
     slots[s, ACTIVE] = 0
-    pending_count[s] = 0
+    state.pending_count[s] = 0
 
 
 @nb.njit(cache=True)
-def output_rows(
-    arena,
-    heads,
-    prev,
-    values,
-    n,
-    w,
-    own_start,
-    own_end,
-    min_q,
-    max_q,
-    max_match,
-    max_occurrences,
-    rows,
-    row_lengths,
-    ends,
-):
-    """Other requests' generated tokens (finished or in flight): for the longest q (max_q down to
-    min_q) whose last-q-token suffix occurs outside the request's own segment, its newest
-    max_occurrences occurrences, each extended backwards up to max_match; the tokens after those
-    that match the longest (cut at a segment's end). Returns (match length, rows)."""
-    for q in range(min(max_q, n), min_q - 1, -1):
+def output_rows(state, values, n, w, own_start, own_end):
+    """Other requests' generated tokens (finished or in flight) for a request's values[:n] (its
+    own segment [own_start, own_end) left out): for the longest q (max_q down to min_q) whose
+    last-q-token suffix occurs, its newest max_occurrences occurrences, each extended backwards up
+    to max_match; the w tokens after those that match the longest (cut at a segment's end), into
+    state.scratch_rows. Returns (match length, rows)."""
+    arena, heads, prev, min_q = state.arena, state.heads, state.prev, state.min_q
+    max_match, max_occurrences = state.max_match, state.max_occurrences
+    rows, row_lengths, ends = state.scratch_rows, state.scratch_row_lengths, state.scratch_ends
+    for q in range(min(state.max_q, n), min_q - 1, -1):
         found = 0
         position = newest_occurrence(arena, heads, q - min_q, q, values, n)
         while position >= 0 and found < max_occurrences:

@@ -40,6 +40,7 @@ is bounded and reported (`memory_bytes`); state.py says their layout.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import weakref
 from typing import TYPE_CHECKING
@@ -96,39 +97,29 @@ class BatchSuffixDrafter:
     def __init__(
         self,
         w: int,
-        max_q: int,
-        min_q: int,
-        max_match: int = 24,
-        max_occurrences: int = 16,
-        min_probability: float = 0.1,
+        settings: Settings,
+        *,
         capacity: int = 1 << 18,
         store: Datastore | None = None,
         prior: np.ndarray = PRIOR,
-        prior_strength: float = 200.0,
-        refit_every: int = 1024,
-        newton_steps: int = 1,
         ring: int = 4096,
-        segment_cap: int = 4096,
         pad_token: int = 0,
-        store_min_match: int = 0,
     ):
+        """Drafts of up to w tokens under `settings` (state.py), from an arena of `capacity` output
+        tokens and `store` (earlier runs' outputs); the acceptance model starts at `prior` and learns
+        from the last `ring` judged tokens."""
+        min_q, max_q, max_match = settings.min_q, settings.max_q, settings.max_match
         assert 1 <= min_q <= max_q <= max_match, (
             f"need 1 <= min_q ({min_q}) <= max_q ({max_q}) <= max_match ({max_match})"
         )
         assert w >= 1 and capacity >= 16, f"need w >= 1 and capacity >= 16, got {w}, {capacity}"
         self.w, self.pad_token = w, pad_token
-        self.settings = Settings(
-            min_q,
-            max_q,
-            max_match,
-            max_occurrences,
-            refit_every,
-            newton_steps,
-            min(segment_cap, capacity // 4),
-            store_min_match or max_q,
-            min_probability,
-            prior_strength,
+        self.settings = dataclasses.replace(
+            settings,
+            segment_cap=min(settings.segment_cap, capacity // 4),
+            store_min_match=settings.store_min_match or max_q,
         )
+        max_occurrences = settings.max_occurrences
         self.logs = log_table(max_match + w + max_occurrences + 2)
         self._allocate(capacity, max_q - min_q + 1, ring)
         self.prior = np.asarray(prior, dtype=np.float64).copy()
@@ -170,7 +161,7 @@ class BatchSuffixDrafter:
         """Compiles the step for vLLM's rows of int32 tokens (or loads it from numba's cache) now, at
         the engine's start, not in its first batch (seconds when nothing is cached): a call for no
         request, which changes nothing but the count of calls."""
-        step(self._state, _NONE, _NONE, _ZERO_OFFSETS, _NONE, np.zeros((1, 1), np.int32), _NONE, _NONE, 0, _NO_COST)
+        step(self._state, (_NONE, _NONE, _ZERO_OFFSETS), _NONE, np.zeros((1, 1), np.int32), _NONE, _NONE, 0, _NO_COST)
 
     def __getstate__(self) -> dict:
         """Pickled (the vLLM engine sends the drafter to each tensor-parallel rank's worker): its
@@ -279,12 +270,10 @@ class BatchSuffixDrafter:
             tokens = tokens.astype(np.int32)
         drafting = step_cost is None or self.pays.drafting()  # not drafting: only take in the new tokens
         started = time.perf_counter() if step_cost is not None else 0.0
-        finished, flat, offsets = self._take_finished() if self.finished else (_NONE, _NONE, _ZERO_OFFSETS)
+        retired = self._take_finished() if self.finished else (_NONE, _NONE, _ZERO_OFFSETS)
         step(
             self._state,
-            finished,
-            flat,
-            offsets,
+            retired,
             request_slots,
             tokens,
             rows,

@@ -44,14 +44,14 @@ class Settings:
 
     min_q: int  # shortest match drafted from (context and outputs)
     max_q: int  # longest q-gram the outputs index holds
-    max_match: int  # longest match looked for
-    max_occurrences: int  # occurrences of a match read per source
-    refit_every: int  # judged tokens between two refits of the acceptance model
-    newton_steps: int  # Newton steps per refit
-    segment_cap: int  # most arena tokens a request reserves
-    store_min_match: int  # shortest match drafted from the store
-    min_probability: float  # a draft stops where the probability that all its tokens are accepted falls below
-    prior_strength: float  # the acceptance model's pull towards its prior weights
+    max_match: int = 24  # longest match looked for
+    max_occurrences: int = 16  # occurrences of a match read per source
+    refit_every: int = 1024  # judged tokens between two refits of the acceptance model
+    newton_steps: int = 1  # Newton steps per refit
+    segment_cap: int = 4096  # most arena tokens a request reserves (at most a quarter of the arena)
+    store_min_match: int = 0  # shortest match drafted from the store (0: max_q)
+    min_probability: float = 0.1  # a draft stops where the probability that all its tokens are accepted falls below
+    prior_strength: float = 200.0  # the acceptance model's pull towards its prior weights
 
 
 # The State's fields, in order, written here once: the arrays (the layout above), the settings, a

@@ -36,10 +36,12 @@ CONTEXT, OUTPUTS, STORE = range(len(SOURCES))
 
 
 @nb.njit(cache=True)
-def context_rows(values, n, w, min_q, max_match, max_occurrences, rows, row_lengths):
-    """The request's own tokens: the longest earlier match of its suffix (min_q..max_match tokens)
-    and the w tokens after each of its newest max_occurrences occurrences (past the context's end
-    the match repeats periodically). Returns (match length, rows)."""
+def context_rows(state, values, n, w):
+    """The request's own tokens values[:n]: the longest earlier match of its suffix (min_q..max_match
+    tokens) and the w tokens after each of its newest max_occurrences occurrences (past the
+    context's end the match repeats periodically), into state.scratch_rows. Returns (match length, rows)."""
+    min_q, max_match, max_occurrences = state.min_q, state.max_match, state.max_occurrences
+    rows, row_lengths = state.scratch_rows, state.scratch_row_lengths
     best, found, last = 0, 0, values[n - 1]
     end = n - 1
     while end > 0:
@@ -69,12 +71,14 @@ def context_rows(values, n, w, min_q, max_match, max_occurrences, rows, row_leng
 
 
 @nb.njit(cache=True)
-def majority_path(rows, row_lengths, count, w, path, shares, counts, scratch, alive):
-    """The majority path of rows[:count] (tests/drafters/reference.py's majority_path): at each depth the most
-    frequent next
-    token (ties: the smallest id) of the rows that follow the path so far, how many have it
-    (counts) and of how many (shares: the share's denominator; the first depth counts one unseen
-    row too). Returns the path's length. alive[:members]: the rows that follow the path so far."""
+def majority_path(state, count, w, path):
+    """The majority path of the scratch rows[:count] into `path` (tests/drafters/reference.py's
+    majority_path): at each depth the most frequent next token (ties: the smallest id) of the rows
+    that follow the path so far, how many have it (scratch_counts) and of how many (scratch_members:
+    the share's denominator; the first depth counts one unseen row too). Returns the path's length.
+    alive[:members]: the rows that follow the path so far."""
+    rows, row_lengths, scratch = state.scratch_rows, state.scratch_row_lengths, state.scratch_tally
+    shares, counts, alive = state.scratch_members, state.scratch_counts, state.scratch_alive
     members = count
     for i in range(count):
         alive[i] = i
@@ -153,13 +157,13 @@ def _judge(state, s, values, n):
 
 
 @nb.njit(cache=True)
-def step(state, finished, finished_tokens, finished_offsets, request_slots, tokens, rows, lengths, width, step_cost):
+def step(state, retired, request_slots, tokens, rows, lengths, width, step_cost):
     """One engine step for a batch of requests. Request b is tokens[rows[b], :lengths[b]], in slot
     request_slots[b] (its prompt's length and limit set there when it started); it drafts at most
-    `width` tokens (0: it only takes in its tokens) and never past its limit. finished[i]: the
-    slots of requests that ended since the last step, their generated tokens
-    finished_tokens[finished_offsets[i]:finished_offsets[i + 1]]. step_cost[n]: the step's seconds
-    when it feeds n tokens (empty: no budget).
+    `width` tokens (0: it only takes in its tokens) and never past its limit. `retired`: the
+    requests that ended since the last step, (finished, finished_tokens, finished_offsets): their
+    slots finished[i], their generated tokens finished_tokens[finished_offsets[i]:finished_offsets[i + 1]].
+    step_cost[n]: the step's seconds when it feeds n tokens (empty: no budget).
 
     Phases: retire the finished requests; then per request, in order: start its slot (or start it
     again when its tokens were rewound), take in its new tokens, judge its earlier candidates (and
@@ -168,7 +172,7 @@ def step(state, finished, finished_tokens, finished_offsets, request_slots, toke
     to the step's budget. Writes request b's draft into state.out_*[b] (out_lengths[b] tokens,
     out_strategy[b] its source, -1: none) and returns the number of draft tokens kept."""
     state.counters[CALLS] += 1
-    _retire(state, finished, finished_tokens, finished_offsets)
+    _retire(state, retired[0], retired[1], retired[2])
     batch, max_w = request_slots.shape[0], min(width, state.out_tokens.shape[1])
     for b in range(batch):
         s, n, values = request_slots[b], lengths[b], tokens[rows[b]]
@@ -211,10 +215,8 @@ def _retire(state, finished, finished_tokens, finished_offsets):
         if slots[s, ACTIVE]:
             taken = slots[s, SEEN] - slots[s, PROMPT]
             for j in range(finished_offsets[i] + max(taken, 0), finished_offsets[i + 1]):
-                append_token(
-                    state.arena, state.heads, state.prev, slots, s, finished_tokens[j], state.min_q, state.max_q
-                )
-        finish_segment(slots, state.docs, state.counters, state.pending_count, s)
+                append_token(state, s, finished_tokens[j])
+        finish_segment(state, s)
 
 
 @nb.njit(cache=True, inline="always")  # (a phase of step: compiled into it)
@@ -225,14 +227,12 @@ def _start(state, s, n):
     match known."""
     slots = state.slots
     if slots[s, ACTIVE] and n < slots[s, SEEN]:
-        finish_segment(slots, state.docs, state.counters, state.pending_count, s)
+        finish_segment(state, s)
     if not slots[s, ACTIVE]:
         slots[s, ACTIVE], slots[s, SEEN] = 1, 0
         slots[s, STORE_MATCH], slots[s, STORE_LO] = state.max_match, -1  # no earlier match known: no bound
         size = min(max(slots[s, LIMIT] - slots[s, PROMPT], 0) + 1, state.segment_cap)
-        reserve_segment(
-            state.arena, state.heads, state.prev, slots, state.docs, state.counters, s, size, state.min_q, state.max_q
-        )
+        reserve_segment(state, s, size)
 
 
 @nb.njit(cache=True, inline="always")  # (a phase of step: compiled into it)
@@ -243,7 +243,7 @@ def _take_in(state, s, values, n):
     slots = state.slots
     store_bound = max(slots[s, STORE_MATCH], state.store_min_match - 1) + n - slots[s, SEEN]
     for position in range(max(slots[s, SEEN], slots[s, PROMPT]), n):
-        append_token(state.arena, state.heads, state.prev, slots, s, values[position], state.min_q, state.max_q)
+        append_token(state, s, values[position])
     slots[s, SEEN] = n
     return store_bound
 
@@ -253,43 +253,12 @@ def _draft_from_sources(state, s, values, n, w, store_bound):
     """Each source's candidate for the request in slot s (values[:n]): the majority path of the
     rows the source finds (scratch_paths[source], scratch_path_lengths[source] tokens, 0: none) and
     its tokens' features (scratch_features[source])."""
-    rows, row_lengths = state.scratch_rows, state.scratch_row_lengths
-    match, found = context_rows(values, n, w, state.min_q, state.max_match, state.max_occurrences, rows, row_lengths)
+    match, found = context_rows(state, values, n, w)
     _take_path(state, CONTEXT, match, found, w)
     own_start = state.slots[s, START]  # the request's own segment: its own tokens are the context's
-    match, found = output_rows(
-        state.arena,
-        state.heads,
-        state.prev,
-        values,
-        n,
-        w,
-        own_start,
-        own_start + state.slots[s, RESERVED],
-        state.min_q,
-        state.max_q,
-        state.max_match,
-        state.max_occurrences,
-        rows,
-        row_lengths,
-        state.scratch_ends,
-    )
+    match, found = output_rows(state, values, n, w, own_start, own_start + state.slots[s, RESERVED])
     _take_path(state, OUTPUTS, match, found, w)
-    match, found = store_rows(
-        state.store,
-        state.suffix_array,
-        state.store_ranges,
-        values,
-        n,
-        w,
-        state.store_min_match,
-        state.max_match,
-        state.max_occurrences,
-        rows,
-        row_lengths,
-        store_bound,
-        state.slots[s],
-    )
+    match, found = store_rows(state, s, values, n, w, store_bound)
     state.slots[s, STORE_MATCH] = match
     _take_path(state, STORE, match, found, w)
 
@@ -297,21 +266,7 @@ def _draft_from_sources(state, s, values, n, w, store_bound):
 @nb.njit(cache=True, inline="always")  # (a phase of step: compiled into it)
 def _take_path(state, source, match, found, w):
     """The majority path of a source's `found` rows (a `match`-token match) and its features."""
-    size = (
-        majority_path(
-            state.scratch_rows,
-            state.scratch_row_lengths,
-            found,
-            w,
-            state.scratch_paths[source],
-            state.scratch_members,
-            state.scratch_counts,
-            state.scratch_tally,
-            state.scratch_alive,
-        )
-        if found
-        else 0
-    )
+    size = majority_path(state, found, w, state.scratch_paths[source]) if found else 0
     state.scratch_path_lengths[source] = size
     if size:
         token_features(

@@ -127,20 +127,21 @@ def end_of_range(store, suffix_array, values, lo, hi, first):
 
 
 @nb.njit(cache=True)
-def store_rows(
-    store, suffix_array, ranges, values, n, w, min_q, max_match, max_occurrences, rows, row_lengths, bound, slot
-):
-    """Earlier runs' outputs (drafters/datastore.py): the longest suffix (min_q..max_match tokens)
-    that occurs, and the w tokens after max_occurrences of its occurrences spread evenly over its
-    suffix-array range (cut at a document's end). `bound`: a length the match cannot pass (if the
+def store_rows(state, s, values, n, w, bound):
+    """Earlier runs' outputs (drafters/datastore.py) for slot s's request values[:n]: the longest
+    suffix (store_min_match..max_match tokens) that occurs, and the w tokens after max_occurrences
+    of its occurrences spread evenly over its suffix-array range (cut at a document's end), into
+    state.scratch_rows. `bound`: a length the match cannot pass (if the
     last L tokens occur, the L - k before the k newest did: the last step's match plus the tokens
     since bounds this one). Every search runs in a range known to hold its matches: the
     suffix-array range of the pattern's first min_q tokens (`ranges`: store_ranges(store,
     suffix_array, min_q); a context whose last min_q tokens the store lacks needs no search), or,
-    for a match that goes on, the last match's range (which `slot` keeps), when the bound is that
+    for a match that goes on, the last match's range (which the slot keeps), when the bound is that
     match plus the new tokens. The bound itself is tried first, then a binary search over the
-    lengths below it (if the last L tokens occur, so do the last L - 1). Sets slot's STORE_LO and
+    lengths below it (if the last L tokens occur, so do the last L - 1). Sets the slot's STORE_LO and
     STORE_HI (the caller its STORE_MATCH)."""
+    store, suffix_array, ranges = state.store, state.suffix_array, state.store_ranges
+    min_q, max_match, slot = state.store_min_match, state.max_match, state.slots[s]
     last_lo, last_hi = slot[STORE_LO], slot[STORE_HI]
     slot[STORE_LO] = -1
     if store.shape[0] == 0:
@@ -171,16 +172,17 @@ def store_rows(
         if shortest > min_q:
             hi = end_of_range(store, suffix_array, values, n - shortest, n, lo)
     slot[STORE_LO], slot[STORE_HI] = lo, hi
-    return shortest, gather_continuations(store, suffix_array, lo, hi, shortest, w, max_occurrences, rows, row_lengths)
+    rows = state.scratch_rows[: state.max_occurrences]
+    return shortest, gather_continuations(store, suffix_array, lo, hi, shortest, w, rows, state.scratch_row_lengths)
 
 
 @nb.njit(cache=True)
-def gather_continuations(store, suffix_array, lo, hi, match, w, max_occurrences, rows, row_lengths):
-    """The w tokens after min(hi - lo, max_occurrences) occurrences of a `match`-token pattern,
-    spread evenly over its suffix-array range [lo, hi) (the first ones in suffix-array order would
-    be the alphabetically smallest continuations), each cut at a document's end: rows[:kept]
+def gather_continuations(store, suffix_array, lo, hi, match, w, rows, row_lengths):
+    """The w tokens after min(hi - lo, len(rows)) occurrences of a `match`-token pattern, spread
+    evenly over its suffix-array range [lo, hi) (the first ones in suffix-array order would be the
+    alphabetically smallest continuations), each cut at a document's end: rows[:kept]
     (row_lengths[:kept] tokens each; an empty one is left out). Returns kept."""
-    count = min(hi - lo, max_occurrences)
+    count = min(hi - lo, rows.shape[0])
     kept = 0
     for i in range(count):
         start = suffix_array[lo + (i * (hi - lo)) // count] + match

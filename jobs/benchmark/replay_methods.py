@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import gc
+from typing import NamedTuple
 
 import numpy as np
 
@@ -75,7 +76,8 @@ class Ours(Method):
         self.out = out = self.drafter.step(batch, tokens, rows, lengths, table)
         drafts = [out.tokens[i, : out.lengths[i]] for i in range(len(batch))]
         if self.predictions is not None:
-            self.predictions.step(batch, rows, lengths, prompts, limits, tokens, out.confidence, drafts, step_cost)
+            step_rows = StepRows(tokens, rows, lengths, prompts, limits)
+            self.predictions.step(batch, step_rows, out.confidence, drafts, step_cost)
         return drafts
 
     def predict(self, batch: list[int]) -> None:
@@ -100,6 +102,17 @@ class Ours(Method):
         self.drafter.finish(key, output.tolist())
 
 
+class StepRows(NamedTuple):
+    """A step's running rows as the replay holds them: row b is tokens[rows[b], :lengths[b]], its
+    prompt the first prompts[b] tokens, and it may reach limits[b] tokens."""
+
+    tokens: np.ndarray
+    rows: np.ndarray
+    lengths: np.ndarray
+    prompts: np.ndarray
+    limits: np.ndarray
+
+
 class Predictions:
     """The rows' predictions as vLLM's proposer drafts from them (pipeline/engines/vllm/proposer.py
     `predict`, `judge`): each step after the drafter's, drafters/prediction.py's `step_drafts` over
@@ -120,18 +133,10 @@ class Predictions:
             self.drafters[key] = (PredictionDrafter(prediction.tolist()), Hold())
 
     def step(
-        self,
-        batch: list[int],
-        rows: np.ndarray,
-        lengths: np.ndarray,
-        prompts: np.ndarray,
-        limits: np.ndarray,
-        tokens: np.ndarray,
-        confidence: np.ndarray,
-        drafts: list[np.ndarray],
-        cost,
+        self, batch: list[int], step_rows: StepRows, confidence: np.ndarray, drafts: list[np.ndarray], cost
     ) -> None:
         """Replaces, in `drafts`, the drafter's drafts that step_drafts prefers a prediction's to."""
+        tokens, rows, lengths, prompts, limits = step_rows
         chosen = [i for i, key in enumerate(batch) if key in self.drafters]
         if not chosen:
             return

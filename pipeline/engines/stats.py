@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import statistics
 from dataclasses import dataclass, field
-from collections.abc import Sequence
 
 FINISH_REASONS = ("eos", "length", "stop")
 
@@ -82,22 +81,15 @@ class RequestStats:
         return statistics.median(self.draft_step_seconds) if self.draft_step_seconds else None
 
     def observe(
-        self,
-        *,
-        strategies: Sequence[str],
-        num_accepted: int,
-        winning_row: int,
-        acceptance_probabilities: Sequence[float],
-        num_fed_tokens: int,
-        num_draft_model_calls: int = 0,
-        draft_seconds: float = 0.0,
-        verify_seconds: float = 0.0,
-        share: float = 1.0,
+        self, drafts, verdict, num_fed_tokens: int, draft_seconds: float, verify_seconds: float, share: float = 1.0
     ) -> None:
-        """Records one verification step: draft rows of `strategies` were verified in a forward
-        call that fed the target `num_fed_tokens` tokens, of which this request had `share`
-        (1 / the requests the call served); `num_accepted` draft tokens of row `winning_row` were
-        accepted, and each checked draft token had its acceptance probability."""
+        """Records one verification step: the rows of `drafts` (drafters/base.py Drafts) were verified
+        in a forward call that fed the target `num_fed_tokens` tokens, of which this request had
+        `share` (1 / the requests the call served); `verdict` (the transformers engine's Verdict):
+        how many draft tokens of which row were accepted, and each checked draft token's acceptance
+        probability."""
+        strategies, num_accepted, winning_row = drafts.strategies, verdict.num_accepted, verdict.row
+        acceptance_probabilities, num_draft_model_calls = verdict.acceptance_probabilities, drafts.num_model_calls
         self.num_target_calls += 1
         self.forward_call_share = (self.forward_call_share or 0.0) + share
         self.num_verified_tokens += num_fed_tokens

@@ -25,6 +25,7 @@ from drafters.per_request import PerRequestBatchDrafter
 from drafters.mixed import MixedDrafter
 from drafters.retrieval import RetrievalDrafter, check_vocabulary
 from drafters.suffix import BatchSuffixDrafter
+from drafters.suffix import Settings as SuffixSettings
 from drafters.unigram import UnigramDrafter
 from pipeline.config import Config, DecoderConfig, ModelConfig, TransformersConfig
 from pipeline.config.drafter_kinds import DRAFTER_KINDS, DRAFTER_NAMES
@@ -107,12 +108,15 @@ def _retrieval(parts: DrafterParts) -> RetrievalDrafter:
 
 def _batch_suffix(parts: DrafterParts) -> Drafter:
     config = parts.config
+    settings = SuffixSettings(
+        min_q=config.suffix_min_match,
+        max_q=config.ngram_max_q,
+        max_match=config.suffix_max_match,
+        min_probability=config.suffix_min_probability,
+    )
     return BatchSuffixDrafter(
         config.w,
-        config.ngram_max_q,
-        config.suffix_min_match,
-        config.suffix_max_match,
-        min_probability=config.suffix_min_probability,
+        settings,
         capacity=max(config.suffix_max_tokens, 16),
         store=_datastore(parts) if config.datastore else None,
         pad_token=parts.pad_token,

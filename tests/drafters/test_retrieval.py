@@ -6,7 +6,7 @@ from drafters.base import PADDING, DraftContext
 from drafters.datastore import SEPARATOR, build_datastore
 from drafters.retrieval import RetrievalDrafter, prefix_counts, select_rows
 from pipeline.engines.base import Request
-from pipeline.engines.transformers.decoder import SpeculativeDecoder
+from pipeline.engines.transformers.decoder import SpeculativeDecoder, Verifying
 from pipeline.engines.transformers.request_state import RequestState
 from drafters.primitives.sampling import SamplingParams
 
@@ -70,7 +70,9 @@ def test_rest_decoding_is_plain_decoding(tiny_model, tmp_path, verify):
     # A datastore of the model's own outputs (and noise) so retrieved drafts are often right.
     noise = np.random.default_rng(0).integers(2, 90, size=(20, 30)).tolist()
     store = build_datastore([reference[:25], prompt + reference[:10]] + noise, tmp_path / "s", {})
-    decoder = SpeculativeDecoder(tiny_model, None, RetrievalDrafter(store, 0, max_nodes=16), 4, 4, verify_mode=verify)
+    decoder = SpeculativeDecoder(
+        tiny_model, None, RetrievalDrafter(store, 0, max_nodes=16), 4, 4, Verifying(verify_mode=verify)
+    )
     for sampling in (SamplingParams(), SamplingParams(0.8, seed=4)):
         result = decoder.generate(prompt, 40, sampling=sampling)
         assert result.token_ids == plain.generate(prompt, 40, sampling=sampling).token_ids

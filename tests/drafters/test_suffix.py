@@ -16,7 +16,7 @@ from drafters.budget import (
     empty_calibration,
 )
 from drafters.datastore import Datastore, build_datastore
-from drafters.suffix import BatchSuffixDrafter, state
+from drafters.suffix import BatchSuffixDrafter, Settings, state
 from drafters.suffix.acceptance import FEATURES, PRIOR, fit
 from drafters.suffix.step import _budget
 from tests.drafters.reference import (
@@ -137,9 +137,8 @@ def stepped(drafter, keys, tokens, rows, lengths, prompts, limits, **kwargs):
 
 
 def compiled(store=None):
-    return BatchSuffixDrafter(
-        W, MAX_Q, MIN_Q, MAX_MATCH, OCCURRENCES, MIN_PROBABILITY, capacity=1 << 14, store=store, refit_every=1 << 40
-    )
+    settings = Settings(MIN_Q, MAX_Q, MAX_MATCH, OCCURRENCES, refit_every=1 << 40, min_probability=MIN_PROBABILITY)
+    return BatchSuffixDrafter(W, settings, capacity=1 << 14, store=store)
 
 
 def run_both(streams, prompts, store=None, batch=3, drafter=None):
@@ -194,12 +193,12 @@ def finished_output(drafter, key, generated: list[int]) -> None:
 
 
 def test_each_source_is_named_on_the_draft_it_makes(tmp_path):
-    drafter = BatchSuffixDrafter(3, 3, 2, prior=SURE, capacity=1 << 10)
+    drafter = BatchSuffixDrafter(3, Settings(2, 3), prior=SURE, capacity=1 << 10)
     assert drafted(drafter, [5, 6, 7, 1, 5, 6]) == ([7, 1, 5], "suffix_context")
     finished_output(drafter, "done", [40, 41, 42, 43, 44])
     assert drafted(drafter, [9, 40, 41], "new") == ([42, 43, 44], "suffix_outputs")
     store = build_datastore([[70, 71, 72, 73, 74]] * 3, tmp_path / "store", {})
-    with_store = BatchSuffixDrafter(2, 3, 2, prior=SURE, capacity=1 << 10, store=store, store_min_match=2)
+    with_store = BatchSuffixDrafter(2, Settings(2, 3, store_min_match=2), prior=SURE, capacity=1 << 10, store=store)
     assert drafted(with_store, [9, 71, 72]) == ([73, 74], "suffix_store")
 
 
@@ -214,17 +213,17 @@ def test_the_majority_path_follows_the_most_frequent_continuation_with_its_share
 
 def test_a_draft_is_cut_where_the_model_gives_it_too_little_chance():
     context = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3]  # one earlier occurrence of (1, 2, 3)
-    drafter = BatchSuffixDrafter(6, 2, 1, min_probability=0.3, capacity=1 << 10)
+    drafter = BatchSuffixDrafter(6, Settings(1, 2, min_probability=0.3), capacity=1 << 10)
     draft, _ = drafted(drafter, context)
     assert 1 <= len(draft) < 6 and draft == [4, 5, 6, 7, 8, 9][: len(draft)]  # one occurrence does not vouch for 6
-    assert drafted(BatchSuffixDrafter(6, 2, 1, min_probability=0.99, capacity=1 << 10), context) == ([], None)
+    assert drafted(BatchSuffixDrafter(6, Settings(1, 2, min_probability=0.99), capacity=1 << 10), context) == ([], None)
 
 
 def test_the_occurrences_that_repeat_the_most_context_decide_not_the_most_frequent():
     # (1, 2) was followed by 4 twice and by 3 once, but only the 3 came after the same 5 as now.
     context = [5, 1, 2, 3, 6, 1, 2, 4, 6, 1, 2, 4, 5, 1, 2]
-    assert drafted(BatchSuffixDrafter(2, 2, 2, prior=SURE, capacity=1 << 10), context)[0] == [3, 6]
-    assert drafted(BatchSuffixDrafter(1, 2, 2, max_match=2, prior=SURE, capacity=1 << 10), context)[0] == [4]
+    assert drafted(BatchSuffixDrafter(2, Settings(2, 2), prior=SURE, capacity=1 << 10), context)[0] == [3, 6]
+    assert drafted(BatchSuffixDrafter(1, Settings(2, 2, max_match=2), prior=SURE, capacity=1 << 10), context)[0] == [4]
 
 
 def test_the_source_the_model_trusts_drafts():
@@ -232,7 +231,7 @@ def test_the_source_the_model_trusts_drafts():
     context = [5, 8, 4, 1, 2, 3, 6, 5, 8, 4, 1, 2]
 
     def trained(prior):
-        drafter = BatchSuffixDrafter(2, 2, 2, prior=prior, capacity=1 << 10, refit_every=1 << 40)
+        drafter = BatchSuffixDrafter(2, Settings(2, 2, refit_every=1 << 40), prior=prior, capacity=1 << 10)
         for i in range(5):
             finished_output(drafter, f"old{i}", [9, 9, 1, 2, 7, 8])
         return drafter
@@ -252,7 +251,7 @@ def test_decoding_with_the_suffix_drafter_is_plain_greedy_and_learns_from_finish
     prompts = [[1, 5, 9, 2, 5, 9], [1, 40, 41, 42], [1, 5, 9, 2, 5, 9], [1, 40, 41, 42]]
     plain = SpeculativeDecoder(tiny_model, None, None, 1, 0)
     reference = [plain.generate(prompt, 24).token_ids for prompt in prompts]
-    decoder = SpeculativeDecoder(tiny_model, None, BatchSuffixDrafter(6, 3, 2, capacity=1 << 12), 1, 6)
+    decoder = SpeculativeDecoder(tiny_model, None, BatchSuffixDrafter(6, Settings(2, 3), capacity=1 << 12), 1, 6)
     if batched:
         requests = [Request(f"r{i}", prompt, 24) for i, prompt in enumerate(prompts)]
         results = {request.request_id: result for request, result in BatchedDecoder(decoder, 2).generate_many(requests)}
@@ -391,7 +390,7 @@ def test_one_compiled_call_drafts_for_256_requests():
 
 
 def test_memory_is_bounded_past_the_capacity():
-    drafter = BatchSuffixDrafter(W, MAX_Q, MIN_Q, capacity=4096)
+    drafter = BatchSuffixDrafter(W, Settings(MIN_Q, MAX_Q), capacity=4096)
     size = drafter.memory_bytes()
     rng = np.random.default_rng(4)
     for key in range(200):  # 200 x 100 generated tokens: five times the arena

@@ -12,6 +12,7 @@ With no drafter (or w = 0) each step is one plain token: the reference for every
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -54,6 +55,23 @@ def select_rows(drafts: Drafts, rows, w: int, max_nodes: int | None = None) -> D
     return Drafts(tokens=torch.tensor(kept, dtype=torch.long), strategies=tuple(strategies))
 
 
+@dataclass(frozen=True)
+class Verifying:
+    """How a SpeculativeDecoder verifies: the longest n-gram its rules match on (ngram_max_q), the
+    lenience of speculative sampling (accept x with probability min(1, p(x) / (lenience q(x))): 1 is
+    exact), the rows' layout ("batch": k rows of w + 1 tokens; "tree": the rows merged by shared
+    prefixes, tree.py), and whether k and w are chosen per step (auto_k, auto_w) or fixed."""
+
+    ngram_max_q: int = 3
+    lenience: float = 1.0
+    verify_mode: str = "batch"
+    auto_k: bool = True
+    auto_w: bool = True
+
+    def __post_init__(self):
+        assert self.verify_mode in ("batch", "tree"), f"verify_mode must be 'batch' or 'tree', got {self.verify_mode!r}"
+
+
 class SpeculativeDecoder:
     def __init__(
         self,
@@ -62,12 +80,8 @@ class SpeculativeDecoder:
         drafter: Drafter | None,
         k: int,
         w: int,
-        ngram_max_q: int = 3,
-        lenience: float = 1.0,
-        verify_mode: str = "batch",
+        verifying: Verifying = Verifying(),
         costs: StepCostFit | None = None,
-        auto_k: bool = True,
-        auto_w: bool = True,
     ):
         self.model, self.tokenizer = model, tokenizer
         self.drafter = drafter
@@ -81,16 +95,11 @@ class SpeculativeDecoder:
             getattr(model.config, "max_position_embeddings", None),
             k,
             w,
-            ngram_max_q,
+            verifying.ngram_max_q,
             costs,
         )
-        self.auto_k, self.auto_w = auto_k, auto_w
-        # "batch": k rows of w+1 tokens; "tree": the rows merged by shared prefixes
-        # (pipeline/engines/transformers/tree.py).
-        assert verify_mode in ("batch", "tree"), f"verify_mode must be 'batch' or 'tree', got {verify_mode!r}"
-        self.verify_mode = verify_mode
-        # Speculative sampling accepts x with probability min(1, p(x) / (lenience q(x))): 1 is exact.
-        self.lenience = lenience
+        self.auto_k, self.auto_w = verifying.auto_k, verifying.auto_w
+        self.verify_mode, self.lenience = verifying.verify_mode, verifying.lenience
 
     @property
     def k(self) -> int:

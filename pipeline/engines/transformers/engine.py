@@ -16,7 +16,7 @@ from pipeline.engines.base import EngineSampling, Failed, Request, Result
 from pipeline.engines.errors import RequestError
 from pipeline.engines.transformers.attention import use_gqa_attention
 from pipeline.engines.transformers.batched_decoder import BatchedDecoder
-from pipeline.engines.transformers.decoder import SpeculativeDecoder
+from pipeline.engines.transformers.decoder import SpeculativeDecoder, Verifying
 from pipeline.loading.model import LoadedModel
 
 
@@ -34,19 +34,8 @@ def build_decoder(config: Config, loaded: LoadedModel, tables: DrafterTables) ->
         use_gqa_attention(draft_model)
     drafter = make_drafter(decoder, tables, pad, draft_model, len(tokenizer))
     costs = StepCostFit() if own.auto_k or decoder.auto_w else None
-    return SpeculativeDecoder(
-        loaded.model,
-        tokenizer,
-        drafter,
-        own.k,
-        decoder.w,
-        decoder.ngram_max_q,
-        own.lenience,
-        own.verify,
-        costs,
-        own.auto_k,
-        decoder.auto_w,
-    )
+    verifying = Verifying(decoder.ngram_max_q, own.lenience, own.verify, own.auto_k, decoder.auto_w)
+    return SpeculativeDecoder(loaded.model, tokenizer, drafter, own.k, decoder.w, verifying, costs)
 
 
 class TransformersEngine:

@@ -116,17 +116,7 @@ class RequestState:
     ) -> None:
         """Records a verified step (`drafts`: the rows verified; `share` of a forward call) and
         emits its tokens; sets finish_reason when the request is done."""
-        self.stats.observe(
-            strategies=drafts.strategies,
-            num_accepted=verdict.num_accepted,
-            winning_row=verdict.row,
-            acceptance_probabilities=verdict.acceptance_probabilities,
-            num_fed_tokens=num_fed_tokens,
-            num_draft_model_calls=drafts.num_model_calls,
-            draft_seconds=draft_seconds,
-            verify_seconds=verify_seconds,
-            share=share,
-        )
+        self.stats.observe(drafts, verdict, num_fed_tokens, draft_seconds, verify_seconds, share)
         emitted, finish = cut_at_eos(verdict.tokens, self.rules.eos_ids)
         self.generated += emitted
         self.context.append(emitted)

@@ -125,9 +125,9 @@ def fake_proposer(drafter, w: int, requests: int, adaptive: bool):
 
 
 def test_a_proposer_call_for_256_requests_is_one_compiled_call():
-    from drafters.suffix import BatchSuffixDrafter
+    from drafters.suffix import BatchSuffixDrafter, Settings
 
-    drafter = BatchSuffixDrafter(4, 3, 1)
+    drafter = BatchSuffixDrafter(4, Settings(min_q=1, max_q=3))
     proposer = fake_proposer(drafter, 4, 256, adaptive=True)
     rng = np.random.default_rng(0)
     tokens = np.tile(rng.integers(0, 8, 30), (256, 4)).astype(np.int32)  # [256, 120] repeating: drafts

@@ -5,7 +5,7 @@ from drafters import model_tables
 from pipeline.loading.drafters import DrafterTables, make_drafter
 from pipeline.config import DecoderConfig
 from pipeline.engines.errors import RequestError
-from pipeline.engines.transformers.decoder import SpeculativeDecoder
+from pipeline.engines.transformers.decoder import SpeculativeDecoder, Verifying
 from pipeline.engines.transformers.request_state import stop_cut
 from drafters.primitives.sampling import SamplingParams
 from tests.conftest import TINY_EOS
@@ -25,7 +25,7 @@ def decoder_for(model, tables, drafter, k, w, tokenizer=None, min_q=2):
             chained=model_tables.chain_extension(tables.bigram, k, w),
             extended=extended,
         )
-    return SpeculativeDecoder(model, tokenizer, make_drafter(config, tables, 0), k, w, config.ngram_max_q)
+    return SpeculativeDecoder(model, tokenizer, make_drafter(config, tables, 0), k, w, Verifying(config.ngram_max_q))
 
 
 def plain(model, prompt, n):
