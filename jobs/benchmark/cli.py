@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "sampling": "jobs.benchmark.sampling",
     "edits": "jobs.benchmark.edits",
     "series-edits": "jobs.benchmark.series_edits",
+    "scale": "jobs.benchmark.scale",
     "speculation": "jobs.benchmark.speculation",
     "restarts": "jobs.benchmark.restarts",
     "pipeline": "jobs.benchmark.pipeline_overhead",

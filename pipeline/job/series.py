@@ -8,29 +8,33 @@ written; a run reads its input through Ray Data's checkpoint filter with the fin
 input rows, so it generates the ids that are new and the ids whose input (or settings) changed,
 and a killed run resumes writing every fingerprint once.
 
-A changed row is drafted from its last output, its prediction (drafters/prediction.py): the rows to
-generate and the series' earlier outputs are shuffled together by id (a Ray Data groupby, so no
-table of the corpus is held on the driver), and each row takes the text of the latest output of its
-id, by the time its file was written.
+A changed row is drafted from its last output, its prediction (drafters/prediction.py): the latest
+output of its id, by the time its file was written. An index of every id's latest output (its file
+and row, from the outputs' id and error columns alone) is built in one task, and each block of rows
+to generate reads the texts of its own ids from it: a run costs what it generates, not the history.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from dataclasses import asdict
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 import ray
 
 from pipeline import storage
 from pipeline.llm.checkpoint import InputIdCheckpointFilter
 from pipeline.config import Config
 from pipeline.job.output_files import SET_ASIDE, readable_columns
-from pipeline.llm.row_values import python_value, request_key, rows_table
+from pipeline.llm.row_values import python_value, request_key
+
+logger = logging.getLogger(__name__)
 
 # A job row's optional setting columns, and the sampling_params key each is.
 ROW_SETTINGS = {
@@ -46,7 +50,6 @@ ROW_SETTINGS = {
 LATER_SETTINGS = {"n": 1}
 LAST_OUTPUT = "last_output"  # the column that carries a changed row's last output to the preprocess
 REQUEST = "openai_request"  # an OpenAI Batch line's request, as JSON text (pipeline/job/openai_batch.py)
-TAGGED = pa.schema([("__key", pa.string()), ("__row", pa.string()), ("__last", pa.string()), ("__written", pa.int64())])
 
 
 def settings_fingerprint(config: Config) -> str:
@@ -138,74 +141,84 @@ def output_files(runs_root: str) -> dict[str, int]:
 def with_last_outputs(
     dataset: ray.data.Dataset, config: Config, runs_root: str, written: dict[str, int], cpus: float
 ) -> ray.data.Dataset:
-    """`dataset`'s rows, each with LAST_OUTPUT: the generated text of its id's latest output among
-    the files `written` (output_files of `runs_root`), None where it has none."""
-    rows = dataset.map_batches(
-        tag_rows, fn_kwargs={"id_column": config.input.id_column}, batch_format="pyarrow", num_cpus=cpus
-    )
-    # The files are read by tasks of ours, not by a Read of Ray Data's: Ray gives every Read of a
-    # checkpointed pipeline a checkpoint filter of its own (an actor pool taking a CPU).
-    files = ray.data.from_items([{"path": path, "written": when} for path, when in sorted(written.items())])
-    outputs = files.map_batches(
-        read_outputs, fn_kwargs={"runs_root": runs_root}, batch_size=1, batch_format="pyarrow", num_cpus=cpus
-    )
-    grouped = rows.union(outputs).groupby("__key").map_groups(attach_last, batch_format="pyarrow", num_cpus=cpus)
-    return grouped.map_batches(untag, batch_format="pyarrow", num_cpus=cpus)
+    """`dataset`'s rows (those the run generates), each with LAST_OUTPUT: the generated text of its
+    id's latest output among the files `written` (output_files of `runs_root`), None where it has none.
 
-
-def tag_rows(table: pa.Table, id_column: str) -> pa.Table:
-    rows = table.to_pylist()
-    return pa.table(
-        [
-            [request_key(row.get(id_column)) for row in rows],
-            [json.dumps({name: python_value(value) for name, value in row.items()}, default=str) for row in rows],
-            pa.nulls(len(rows), pa.string()),
-            pa.array(np.full(len(rows), -1)),
-        ],
-        schema=TAGGED,
+    One task reads the history's narrow columns (id, error) into an index of each id's latest
+    output, its file and row (`latest_outputs`); each block of rows to generate then looks its ids
+    up in it and reads only their texts, from the row groups that hold them (`attach_last`). Nothing
+    costs Python per unchanged row, and no text of an unchanged row is read."""
+    index = ray.remote(latest_outputs).options(num_cpus=cpus).remote(runs_root, written)
+    return dataset.map_batches(
+        attach_last,
+        fn_kwargs={"id_column": config.input.id_column, "index": [index], "runs_root": runs_root},
+        batch_format="pyarrow",
+        num_cpus=cpus,
     )
 
 
-def read_outputs(files: pa.Table, runs_root: str) -> pa.Table:
-    """Earlier outputs of the files in `files` (path, written): their id, text (None for an error
-    row) and when their file was written. A file that cannot be read (damaged after the run's
-    check: pipeline/job/output_files.py) is left out, with a warning: its ids draft from no last output."""
+INDEX = pa.schema([("key", pa.string()), ("file", pa.string()), ("row", pa.int64()), ("written", pa.int64())])
+
+
+def latest_outputs(runs_root: str, written: dict[str, int]) -> pa.Table:
+    """Per id among the files `written` ({path: when written}), its latest output that is no error
+    row: (key, file, row), sorted by key. A file that cannot be read (damaged after the run's check:
+    pipeline/job/output_files.py) is left out, with a warning: its ids draft from no last output."""
     filesystem, _ = storage.resolve(runs_root)
-    tables = []
-    for path, when in zip(files["path"].to_pylist(), files["written"].to_pylist()):
-        table = readable_columns(filesystem, path, ["id", "generated_text", "error"])
-        if table is None:
-            continue
-        text = pc.if_else(pc.is_null(table["error"]), table["generated_text"], pa.scalar(None, pa.string()))
-        tables.append(
-            pa.table(
-                [
-                    table["id"].cast(pa.string()),
-                    pa.nulls(len(table), pa.string()),
-                    text.cast(pa.string()),
-                    pa.array([when] * len(table), pa.int64()),
-                ],
-                schema=TAGGED,
+    tables = [INDEX.empty_table()]
+    for path, when in written.items():
+        table = readable_columns(filesystem, path, ["id", "error"])
+        if table is not None:
+            kept = np.flatnonzero(pc.is_null(table["error"]).to_numpy(zero_copy_only=False))
+            ids = table["id"].cast(pa.string()).take(pa.array(kept))
+            tables.append(
+                pa.table([ids, pa.repeat(path, len(kept)), kept, np.full(len(kept), when, np.int64)], schema=INDEX)
             )
-        )
-    return pa.concat_tables(tables) if tables else TAGGED.empty_table()
+    ordered = pa.concat_tables(tables).sort_by([("key", "ascending"), ("written", "descending"), ("row", "descending")])
+    keys = ordered["key"].combine_chunks()
+    if len(keys) == 0:
+        return ordered.select(["key", "file", "row"])
+    firsts = pa.concat_arrays([pa.array([True]), pc.fill_null(pc.not_equal(keys[1:], keys[:-1]), True)])
+    return ordered.filter(firsts).select(["key", "file", "row"])  # each id's newest
 
 
-def attach_last(group: pa.Table) -> pa.Table:
-    """One id's rows to generate, each with the text of the id's latest earlier output."""
-    rows, written, texts = group["__row"].to_pylist(), group["__written"].to_pylist(), group["__last"].to_pylist()
-    outputs = [
-        (when, index)
-        for index, (row, when, text) in enumerate(zip(rows, written, texts))
-        if row is None and text is not None
-    ]
-    last = texts[max(outputs)[1]] if outputs else None
-    kept = [row for row in rows if row is not None]
-    return pa.table({"__row": pa.array(kept, pa.string()), "__last": pa.array([last] * len(kept), pa.string())})
+def attach_last(table: pa.Table, id_column: str, index: list, runs_root: str) -> pa.Table:
+    """A block of rows to generate with LAST_OUTPUT (`index`: [the ObjectRef of latest_outputs])."""
+    keys = [request_key(value) for value in table[id_column].to_pylist()]
+    return table.append_column(LAST_OUTPUT, pa.array(last_texts(keys, ray.get(index[0]), runs_root), pa.string()))
 
 
-def untag(table: pa.Table) -> pa.Table:
-    rows = [json.loads(row) for row in table["__row"].to_pylist()]
-    for row, last in zip(rows, table["__last"].to_pylist()):
-        row[LAST_OUTPUT] = last
-    return rows_table(rows)  # every column any row has, as Ray Data converts mixed types
+def last_texts(keys: list[str], latest: pa.Table, runs_root: str) -> list:
+    """Each key's latest output text by `latest` (latest_outputs), read from the row groups of its
+    file that hold it; None where it has none."""
+    found = pc.index_in(pa.array(keys, pa.string()), value_set=latest["key"]).to_numpy(zero_copy_only=False)
+    texts = [None] * len(keys)
+    matched = np.flatnonzero(~np.isnan(found))
+    if len(matched):
+        at = latest.take(pa.array(found[matched].astype(np.int64)))
+        files, rows = np.array(at["file"].to_pylist(), dtype=object), at["row"].to_numpy()
+        filesystem, _ = storage.resolve(runs_root)
+        for path in set(files):
+            wanted = np.flatnonzero(files == path)
+            for i, text in zip(matched[wanted], texts_at(filesystem, path, rows[wanted])):
+                texts[i] = text
+    return texts
+
+
+def texts_at(filesystem: pafs.FileSystem, path: str, rows: np.ndarray) -> list:
+    """The generated_text of the rows `rows` of the output file `path`, reading only the row groups
+    that hold them; Nones where the file cannot be read (with a warning)."""
+    try:
+        with filesystem.open_input_file(path) as source:
+            parquet = pq.ParquetFile(source)
+            sizes = np.array([parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)])
+            starts = np.concatenate([[0], np.cumsum(sizes)])
+            group_of = np.searchsorted(starts, rows, side="right") - 1
+            groups = np.unique(group_of)
+            column = parquet.read_row_groups(groups.tolist(), columns=["generated_text"])["generated_text"]
+    except (OSError, ValueError) as error:  # damaged since the index was read
+        logger.warning("%s cannot be read (%s): its rows draft from no last output", path, error)
+        return [None] * len(rows)
+    first_read = np.concatenate([[0], np.cumsum(sizes[groups])])  # where each group read begins in `column`
+    positions = first_read[np.searchsorted(groups, group_of)] + rows - starts[group_of]
+    return column.take(pa.array(positions, pa.int64())).to_pylist()

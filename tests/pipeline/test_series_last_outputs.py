@@ -1,0 +1,61 @@
+"""A series run's last outputs: the index of each id's latest output (from the narrow columns), and
+the texts read for the ids a run generates, from the row groups that hold them."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipeline.job.series import last_texts, latest_outputs
+
+
+def write_run(root, name: str, rows: list[tuple[str, str | None, str | None]], row_group_size: int = 2) -> str:
+    path = root / f"run={name}" / "part.parquet"
+    path.parent.mkdir(parents=True)
+    ids, texts, errors = zip(*rows)
+    table = pa.table(
+        {
+            "id": pa.array(ids, pa.string()),
+            "generated_text": pa.array(texts, pa.string()),
+            "error": pa.array(errors, pa.string()),
+            "prompt": pa.array(["long prompt " * 50] * len(rows)),  # never read
+        }
+    )
+    pq.write_table(table, path, row_group_size=row_group_size)
+    return str(path)
+
+
+def test_each_id_takes_its_latest_text_that_is_no_error_and_ids_without_one_take_none(tmp_path):
+    first = write_run(tmp_path, "r1", [(str(i), f"first {i}", None) for i in range(7)])
+    second = write_run(tmp_path, "r2", [("3", "second 3", None), ("5", None, "engine failed"), ("9", "second 9", None)])
+    damaged = tmp_path / "run=r3" / "part.parquet"
+    damaged.parent.mkdir()
+    damaged.write_bytes(b"PAR1 torn")
+    written = {first: 100, second: 200, str(damaged): 300}
+    latest = latest_outputs(str(tmp_path), written)
+    assert latest["key"].to_pylist() == sorted(["0", "1", "2", "3", "4", "5", "6", "9"])  # the torn file left out
+    keys = ["3", "5", "6", "9", "new", "0"]
+    assert last_texts(keys, latest, str(tmp_path)) == ["second 3", "first 5", "first 6", "second 9", None, "first 0"]
+    # The later run's file written earlier: the first run's text is the latest.
+    swapped = latest_outputs(str(tmp_path), {first: 300, second: 200})
+    assert last_texts(["3", "9"], swapped, str(tmp_path)) == ["first 3", "second 9"]
+
+
+def test_an_empty_history_finds_nothing(tmp_path):
+    latest = latest_outputs(str(tmp_path), {})
+    assert latest.num_rows == 0 and last_texts(["a"], latest, str(tmp_path)) == [None]
+
+
+def test_only_the_row_groups_of_the_ids_looked_up_are_read(tmp_path, monkeypatch):
+    path = write_run(tmp_path, "r1", [(str(i), f"text {i}", None) for i in range(10)], row_group_size=3)
+    latest = latest_outputs(str(tmp_path), {path: 1})
+    read = []
+    original = pq.ParquetFile.read_row_groups
+
+    def recording(self, groups, *args, **kwargs):
+        read.append(list(groups))
+        return original(self, groups, *args, **kwargs)
+
+    monkeypatch.setattr(pq.ParquetFile, "read_row_groups", recording)
+    assert last_texts(["7", "1", "8"], latest, str(tmp_path)) == ["text 7", "text 1", "text 8"]
+    assert read == [[0, 2]]  # rows 1, 7 and 8 of groups [0-2], [3-5], [6-8], [9]
