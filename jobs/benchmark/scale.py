@@ -20,10 +20,11 @@ from pathlib import Path
 from jobs.benchmark.arguments import integers
 from jobs.benchmark.job_runs import job_command, run_job, write_jsonl
 from jobs.benchmark.report import markdown_table
+from pipeline.config import ModelConfig
 
 
 def add_cli_args(parser) -> None:
-    parser.add_argument("--model", required=True, help="the model (a tiny one shows the job's own cost)")
+    parser.add_argument("--model", default=ModelConfig().name, help="the model (a tiny one shows the job's own cost)")
     parser.add_argument("--documents", type=integers, default=[2000, 20000], help="corpus sizes, comma-separated")
     parser.add_argument("--edited", type=int, default=20, help="documents edited before the rerun")
     parser.add_argument("--max-new-tokens", type=int, default=4)
