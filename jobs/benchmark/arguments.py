@@ -19,6 +19,18 @@ def add_prompt_args(parser: argparse.ArgumentParser, limit: int = 40, max_new_to
     parser.add_argument("--model", default=ModelConfig().name)
 
 
+def add_job_settings(parser: argparse.ArgumentParser) -> None:
+    """--set SECTION.KEY=VALUE (repeated): a job setting for every run, as `python -m jobs.generate --set`."""
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="a job setting for every run (as python -m jobs.generate --set)",
+    )
+
+
 def add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 is greedy")
     parser.add_argument("--top-p", type=float, default=1.0)

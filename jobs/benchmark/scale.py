@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from jobs.benchmark.arguments import integers
+from jobs.benchmark.arguments import add_job_settings, integers
 from jobs.benchmark.job_runs import job_command, run_job, write_jsonl
 from jobs.benchmark.report import markdown_table
 from pipeline.config import ModelConfig
@@ -29,9 +29,7 @@ def add_cli_args(parser) -> None:
     parser.add_argument("--edited", type=int, default=20, help="documents edited before the rerun")
     parser.add_argument("--max-new-tokens", type=int, default=4)
     parser.add_argument("--engine", default="transformers")
-    parser.add_argument(
-        "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE", help="a job setting"
-    )
+    add_job_settings(parser)
     parser.add_argument(
         "--workdir", default="", help="where corpora, outputs and logs go (default: a new temporary one)"
     )

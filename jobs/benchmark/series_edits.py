@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from jobs.benchmark.arguments import add_prompt_args
+from jobs.benchmark.arguments import add_job_settings, add_prompt_args
 from jobs.benchmark.job_runs import generated_by_id, job_command, run_job, write_jsonl
 from jobs.benchmark.report import markdown_table
 
@@ -85,14 +85,7 @@ def add_cli_args(parser) -> None:
         help="EDIT:B pairs, comma-separated: the edit kind (line, field, paragraph) and "
         "engine.max_num_seqs of each measurement",
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="a job setting for every run (as python -m jobs.generate --set)",
-    )
+    add_job_settings(parser)
     parser.add_argument(
         "--ours",
         dest="variants",

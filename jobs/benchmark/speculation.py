@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from jobs.benchmark.arguments import add_prompt_args
+from jobs.benchmark.arguments import add_job_settings, add_prompt_args
 from jobs.benchmark.job_runs import generated_by_id, job_command, run_job, write_jsonl
 from jobs.benchmark.report import markdown_table
 
@@ -56,14 +56,7 @@ def add_cli_args(parser) -> None:
         default=["auto", "on", "off"],
         help=f"comma-separated, the first compared with each other: {', '.join(METHODS)}",
     )
-    parser.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="a job setting for every run (as python -m jobs.generate --set)",
-    )
+    add_job_settings(parser)
     parser.add_argument(
         "--workdir", default="", help="where the input, outputs and logs go (default: a new temporary directory)"
     )
