@@ -65,7 +65,8 @@ def test_vllms_gpu_ngram_is_refused_on_cpu_actors_when_the_job_starts():
 def test_the_rule_reads_the_platform_the_engines_concurrency_and_the_rows_predictions():
     rule = speculation.platform_rule
     assert rule("cpu", 1).choice == speculation.DRAFTING and not rule("cpu", 1).measure
-    assert rule("cpu", 16).measure and rule("cpu", 64).choice == PLAIN
+    assert rule("cpu", 16).measure and rule("cpu", 16).choice == speculation.DRAFTING
+    assert rule("cpu", 32).measure and rule("cpu", 32).choice == PLAIN and rule("cpu", 64).choice == PLAIN
     assert rule("gpu", 16).choice == NGRAM_GPU and rule("gpu", 16, predictions=True).choice == speculation.DRAFTING
     assert rule("gpu", 64).choice == NGRAM_GPU and not rule("gpu", 64).measure and rule("gpu", 64, True).measure
     assert rule("gpu", 256).choice == PLAIN
