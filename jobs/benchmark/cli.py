@@ -17,6 +17,7 @@ SUBCOMMANDS = {
     "edits": "jobs.benchmark.edits",
     "series-edits": "jobs.benchmark.series_edits",
     "scale": "jobs.benchmark.scale",
+    "rows": "jobs.benchmark.row_path",
     "speculation": "jobs.benchmark.speculation",
     "restarts": "jobs.benchmark.restarts",
     "pipeline": "jobs.benchmark.pipeline_overhead",

@@ -23,15 +23,38 @@ class InputIdCheckpointFilter(NumpyArrayBasedCheckpointFilter):
 
         if self.checkpointed_ids.shape[0] == 0 or len(block) == 0:
             return block
-        if not hasattr(self, "checkpointed_keys"):
-            self.checkpointed_keys = np.array([request_key(value) for value in self.checkpointed_ids], dtype=object)
+        if not hasattr(self, "written"):
+            self.written = written_keys(self.checkpointed_ids)
         table = BlockAccessor.for_block(block).to_arrow()  # Ray's line-JSON reader makes pandas blocks
-        keys = np.array(self.keys(table), dtype=object)
-        return table.filter(pa.array(~np.isin(keys, self.checkpointed_keys)))
+        return table.filter(pa.array(~found_in(self.written, self.keys(table))))
 
     def keys(self, table: pa.Table) -> list[str]:
         """The key each input row is recorded by: its id (a series: pipeline/job/series.py's fingerprint)."""
         return [request_key(value) for value in table[self.input_id_column].to_pylist()]
+
+
+def written_keys(ids: np.ndarray) -> np.ndarray:
+    """The checkpointed ids as keys (request_key, UTF-8), in a sorted array of fixed-width bytes: a
+    binary search looks a block up in it in C, and the object store hands it to each task without a
+    copy (an array of Python strings is unpickled whole by every task that reads it)."""
+    if ids.dtype.kind == "S":  # keys already (written_keys' own output)
+        return ids
+    texts = ids  # Ray's, of one Arrow column: all text, or none
+    if not (ids.dtype == object and len(ids) and isinstance(ids[0], str)):
+        texts = [request_key(value) for value in ids]
+    return np.sort(np.char.encode(np.asarray(texts, dtype=str), "utf-8"))
+
+
+def found_in(written: np.ndarray, keys: list[str]) -> np.ndarray:
+    """Which of `keys` the sorted keys `written` (written_keys) hold: a binary search each (numpy's
+    isin compares every pair where the arrays hold objects: a block times the whole history)."""
+    if not keys or not len(written):
+        return np.zeros(len(keys), dtype=bool)
+    probes = np.char.encode(np.asarray(keys, dtype=str), "utf-8")
+    fits = np.char.str_len(probes) <= written.itemsize  # a longer key is no written one (not cut to fit)
+    probes = probes.astype(written.dtype)
+    at = np.minimum(np.searchsorted(written, probes), len(written) - 1)
+    return fits & (written[at] == probes)
 
 
 def checkpoint_config(

@@ -1,7 +1,7 @@
 import numpy as np
 import pyarrow as pa
 
-from pipeline.llm.checkpoint import checkpoint_config
+from pipeline.llm.checkpoint import checkpoint_config, found_in, written_keys
 
 
 def test_ids_are_compared_as_text_on_both_sides():
@@ -16,3 +16,15 @@ def test_ids_are_compared_as_text_on_both_sides():
     checkpoint_filter = object.__new__(config.checkpoint_filter_cls)
     checkpoint_filter.checkpointed_ids = np.array(["1"], dtype=object)
     assert checkpoint_filter.filter_rows_for_block(pa.table({"key": [1, 4]})).column("key").to_pylist() == [4]
+
+
+def test_a_block_is_looked_up_in_a_long_history_by_binary_search():
+    """Text ids (a series' fingerprints) as Ray loads them, sorted: each key of a block found or not
+    found exactly, at the ends of the history too, a key longer than every written one included."""
+    written = written_keys(np.array(sorted(f"k{i:06d}" for i in range(0, 200_000, 2)), dtype=object))
+    assert written_keys(written) is written
+    keys = ["k000000", "k000001", "k199998", "k199999", "a", "z", "k100000", "k1000000", "k10000"]
+    assert found_in(written, keys).tolist() == [True, False, True, False, False, False, True, False, False]
+    assert found_in(written, []).tolist() == []
+    assert found_in(written_keys(np.array(["é", "b"], dtype=object)), ["é", "e", "b"]).tolist() == [True, False, True]
+    assert found_in(written_keys(np.array([10, 9, 100])), ["9", "10", "1", "100"]).tolist() == [True, True, False, True]
