@@ -33,7 +33,6 @@ from pathlib import Path
 import ray
 from ray.data.checkpoint import CheckpointConfig
 from ray.data.context import ShuffleStrategy
-from ray.data.checkpoint.checkpoint_filter import IdColumnCheckpointManager
 
 from drafters.datastore import Datastore
 from pipeline import storage
@@ -41,7 +40,7 @@ from pipeline.llm.actor_pool import unplaceable
 from pipeline.llm.errors import JobFailed
 from pipeline.config import Config
 from pipeline.job import rows as job_rows, series, series_store
-from pipeline.llm.checkpoint import checkpoint_config as ids_checkpoint, written_keys
+from pipeline.llm.checkpoint import checkpoint_config as ids_checkpoint
 from pipeline.llm import Processor
 from pipeline.job.inputs import check_columns, read_input, with_columns
 from pipeline.job import openai_batch
@@ -112,10 +111,8 @@ def count_input(plan: RunPlan, dataset: ray.data.Dataset) -> tuple[int, int]:
     input.on_bad_line fail, a bad line stops the run here, before any actor starts."""
     checkpoint, output, ids = plan.checkpoint, plan.paths.run_dir, None
     if storage.info(checkpoint.checkpoint_path, "job.output").type.name != "NotFound":
-        manager = IdColumnCheckpointManager(checkpoint, ray.data.DataContext.get_current())
+        manager = checkpoint.checkpoint_manager_cls(checkpoint, ray.data.DataContext.get_current())
         ids, _ = manager.load_checkpoint(output, storage.resolve(output)[0])
-        if ids is not None:  # as keys, once: each task then reads them without a copy
-            ids = ray.remote(written_keys).options(num_cpus=IO_CPUS).remote(ids)
     given = (
         {"checkpoint": checkpoint, "ids": [ids]} if ids else {"checkpoint": None, "ids": None}
     )  # the ref, not the array

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 from ray.data.checkpoint import CheckpointConfig
-from ray.data.checkpoint.checkpoint_filter import NumpyArrayBasedCheckpointFilter
+from ray.data.checkpoint.checkpoint_filter import IdColumnCheckpointManager, NumpyArrayBasedCheckpointFilter
 
 from pipeline.llm.row_values import request_key
 
@@ -31,6 +31,22 @@ class InputIdCheckpointFilter(NumpyArrayBasedCheckpointFilter):
     def keys(self, table: pa.Table) -> list[str]:
         """The key each input row is recorded by: its id (a series: pipeline/job/series.py's fingerprint)."""
         return [request_key(value) for value in table[self.input_id_column].to_pylist()]
+
+
+class WrittenKeysManager(IdColumnCheckpointManager):
+    """Loads the checkpointed ids as Ray does, then hands out their keys (written_keys), made once in
+    a task: each filter actor and counting task reads that array without a copy or a conversion."""
+
+    def load_checkpoint(self, data_file_dir=None, data_file_filesystem=None):
+        import ray
+
+        ids, size = super().load_checkpoint(data_file_dir, data_file_filesystem)
+        if ids is None:
+            return ids, size
+        return ray.remote(written_keys).options(num_cpus=KEYS_CPUS).remote(ids), size
+
+
+KEYS_CPUS = 0.25  # the task that makes them (a share, beside the job's actors on a small node)
 
 
 def written_keys(ids: np.ndarray) -> np.ndarray:
@@ -69,4 +85,5 @@ def checkpoint_config(
         checkpoint_path=path,
         delete_checkpoint_on_success=False,
         checkpoint_filter_cls=filter_cls,
+        checkpoint_manager_cls=WrittenKeysManager,
     )
