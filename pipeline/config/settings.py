@@ -437,10 +437,11 @@ class RayConfig:
     # actor, which takes a whole CPU; with reads and writes at 0.25 each, 0.5 still fits 2 CPUs.
     num_cpus_per_actor: float = 0.5
     num_gpus_per_actor: float = 0.0
-    # Rows per map_batches call: the blocks Ray moves to an actor and writes back. The vLLM engine
-    # runs several at once (max_concurrent_batches), so its slots never wait for a batch to drain;
-    # small batches keep outputs streaming to disk (and resumable).
-    batch_size: int = 8
+    # Rows per map_batches call: the blocks Ray moves to an actor and writes back. 0 (auto): the
+    # vLLM engine's slots (it runs several batches at once, max_concurrent_batches, so they never wait
+    # for one to drain; a batch costs Ray's scheduling whatever its rows: at 8 rows a batch, short
+    # rows left the engine two-thirds idle), 8 with the transformers engine.
+    batch_size: int = 0
     # Batches an actor works on at once. 0 (auto): one with the transformers engine; with vLLM
     # enough to hold 3x the engine's slots, plus one (concurrent_batches below).
     max_concurrent_batches: int = 0
@@ -458,7 +459,7 @@ class RayConfig:
         )
         _require(self.num_cpus_per_actor > 0, "ray.num_cpus_per_actor", "a number > 0")
         _require(self.num_gpus_per_actor >= 0, "ray.num_gpus_per_actor", "a number >= 0")
-        _require(self.batch_size >= 1, "ray.batch_size", "an integer >= 1")
+        _require(self.batch_size >= 0, "ray.batch_size", "an integer >= 0 (0: auto)")
         _require(self.max_concurrent_batches >= 0, "ray.max_concurrent_batches", "an integer >= 0 (0: auto)")
         _require(self.wait_for_actors_s > 0, "ray.wait_for_actors_s", "a number of seconds > 0")
         if self.accelerator_type:

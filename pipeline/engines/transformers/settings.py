@@ -4,6 +4,7 @@ starts (pipeline/engines/build.py reads KIND). Its own section is `transformers:
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from pipeline.config import Config, ConfigError
@@ -12,11 +13,14 @@ from pipeline.engines.base import EngineKind
 from pipeline.engines.errors import ModelRefused
 
 NAME = "transformers"
+BATCH_SIZE = 8  # ray.batch_size auto: rows per call (the decoder runs one batch at a time, a few rows together)
 
 
 def checked(config: Config) -> Config:
-    """`config` as this engine runs it (it resolves nothing of its own), or a ConfigError naming
+    """`config` as this engine runs it (ray.batch_size auto: BATCH_SIZE), or a ConfigError naming
     the first setting it cannot honour."""
+    if not config.ray.batch_size:
+        config = dataclasses.replace(config, ray=dataclasses.replace(config.ray, batch_size=BATCH_SIZE))
     engine, ray, decoder, own = config.engine, config.ray, config.decoder, config.transformers
     kind = DRAFTER_KINDS[decoder.drafter]
     require(

@@ -51,6 +51,8 @@ def checked(config: Config) -> Config:
         f"0 (a CPU engine) or engine.tensor_parallel_size ({ranks}) with engine.name {NAME}: one engine "
         "per actor, one GPU per rank",
     )
+    if not config.ray.batch_size:  # auto: a batch per engine slot
+        config = dataclasses.replace(config, ray=dataclasses.replace(config.ray, batch_size=slots(config)))
     decoder = config.decoder
     if decoder.auto_w and decoder.w == AUTO_MAX["w"]:
         return dataclasses.replace(config, decoder=dataclasses.replace(decoder, w=AUTO_MAX_VLLM_W))

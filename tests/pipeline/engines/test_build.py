@@ -112,6 +112,11 @@ def test_engine_slots_are_apart_from_the_ray_batch():
     assert concurrent_batches(started("engine.name=vllm", "ray.batch_size=8")) == 3 * CPU_MAX_NUM_SEQS // 8 + 1
     assert concurrent_batches(started("engine.name=vllm", "ray.max_concurrent_batches=3")) == 3
     assert concurrent_batches(started("engine.name=transformers")) == 1
+    # ray.batch_size auto: a batch per vLLM slot (4 in flight), 8 rows for the transformers engine
+    assert started("engine.name=vllm").ray.batch_size == CPU_MAX_NUM_SEQS
+    assert concurrent_batches(started("engine.name=vllm")) == 4
+    assert started("engine.name=vllm", "engine.max_num_seqs=16").ray.batch_size == 16
+    assert started("engine.name=transformers").ray.batch_size == 8
     with pytest.raises(
         ConfigError, match="ray.max_concurrent_batches: must be 0 \\(auto\\) or 1 with engine.name transformers"
     ):
