@@ -48,6 +48,8 @@ class EngineKind:
     checked: Callable[[Config], Config]
     # Refuses, from the model's files alone (no weights loaded), a model it cannot run (ModelRefused).
     check_model: Callable[[Config, Path], None]
+    # Rows per Ray batch: ray.batch_size, or for 0 (auto) the engine's own size.
+    batch_size: Callable[[Config], int]
     # Batches one actor works on at once (the stage runs them on as many threads).
     concurrent_batches: Callable[[Config], int]
     # Whether a row's `prediction` is drafted from (drafters/prediction.py).

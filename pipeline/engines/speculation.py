@@ -172,7 +172,8 @@ def concurrency(config: Config, expected_rows: int | None) -> int:
     and, where known, by the rows it will see."""
     from pipeline.engines.build import concurrent_batches, engine_kind
 
-    running = min(engine_kind(config.engine.name).slots(config), config.ray.batch_size * concurrent_batches(config))
+    kind = engine_kind(config.engine.name)
+    running = min(kind.slots(config), kind.batch_size(config) * concurrent_batches(config))
     return max(1, min(running, expected_rows)) if expected_rows is not None else running
 
 

@@ -19,8 +19,7 @@ BATCH_SIZE = 8  # ray.batch_size auto: rows per call (the decoder runs one batch
 def checked(config: Config) -> Config:
     """`config` as this engine runs it (ray.batch_size auto: BATCH_SIZE), or a ConfigError naming
     the first setting it cannot honour."""
-    if not config.ray.batch_size:
-        config = dataclasses.replace(config, ray=dataclasses.replace(config.ray, batch_size=BATCH_SIZE))
+    config = dataclasses.replace(config, ray=dataclasses.replace(config.ray, batch_size=batch_size(config)))
     engine, ray, decoder, own = config.engine, config.ray, config.decoder, config.transformers
     kind = DRAFTER_KINDS[decoder.drafter]
     require(
@@ -50,6 +49,10 @@ def checked(config: Config) -> Config:
     )
     check_drafter(config)
     return config
+
+
+def batch_size(config: Config) -> int:
+    return config.ray.batch_size or BATCH_SIZE
 
 
 def check_drafter(config: Config) -> None:
@@ -113,6 +116,7 @@ KIND = EngineKind(
     sections=("model", "decoder", "transformers"),
     checked=checked,
     check_model=check_model,
+    batch_size=batch_size,
     concurrent_batches=lambda config: 1,
     drafts_from_predictions=lambda config: False,
     slots=lambda config: config.transformers.max_batch_requests,

@@ -51,8 +51,7 @@ def checked(config: Config) -> Config:
         f"0 (a CPU engine) or engine.tensor_parallel_size ({ranks}) with engine.name {NAME}: one engine "
         "per actor, one GPU per rank",
     )
-    if not config.ray.batch_size:  # auto: a batch per engine slot
-        config = dataclasses.replace(config, ray=dataclasses.replace(config.ray, batch_size=slots(config)))
+    config = dataclasses.replace(config, ray=dataclasses.replace(config.ray, batch_size=batch_size(config)))
     decoder = config.decoder
     if decoder.auto_w and decoder.w == AUTO_MAX["w"]:
         return dataclasses.replace(config, decoder=dataclasses.replace(decoder, w=AUTO_MAX_VLLM_W))
@@ -128,7 +127,13 @@ def concurrent_batches(config: Config) -> int:
     slots = config.engine.max_num_seqs or (
         GPU_MAX_NUM_SEQS_AT_MOST if config.ray.num_gpus_per_actor > 0 else CPU_MAX_NUM_SEQS
     )
-    return math.ceil(ROWS_PER_SLOT * slots / config.ray.batch_size) + 1
+    return math.ceil(ROWS_PER_SLOT * slots / batch_size(config)) + 1
+
+
+def batch_size(config: Config) -> int:
+    """ray.batch_size, or for 0 (auto) a batch per engine slot: a batch costs Ray's scheduling, a
+    preprocess and a write whatever its rows, and the engine holds several at once."""
+    return config.ray.batch_size or slots(config)
 
 
 def drafts_from_predictions(config: Config) -> bool:
@@ -214,6 +219,7 @@ KIND = EngineKind(
     sections=("model", "engine", "decoder"),
     checked=checked,
     check_model=check_model,
+    batch_size=batch_size,
     concurrent_batches=concurrent_batches,
     drafts_from_predictions=drafts_from_predictions,
     slots=slots,
