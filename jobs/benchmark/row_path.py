@@ -72,7 +72,7 @@ def llm_generate(args, texts: list[str]) -> dict:
     return {"rows_per_second": round(len(texts) / seconds, 1), "seconds": round(seconds, 1)}
 
 
-def job_row(args, count: int, work: Path, summary: dict) -> dict:
+def job_row(count: int, summary: dict) -> dict:
     run_dir = Path(summary["run_dir"])
     return {
         "rows": count,
@@ -94,7 +94,7 @@ def run(args) -> dict:
         texts = prompts(count)
         source = write_jsonl(work / f"{count}.jsonl", [{"id": i, "prompt": text} for i, text in enumerate(texts)])
         command = job_command(source, work / f"out-{count}", "rows", settings(args))
-        row = job_row(args, count, work, run_job(command, work / "logs" / f"{count}", args.timeout))
+        row = job_row(count, run_job(command, work / "logs" / f"{count}", args.timeout))
         baseline = llm_generate(args, texts)
         row.update(
             llm_generate_rows_per_second=baseline["rows_per_second"],
