@@ -6,20 +6,30 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from pipeline.job.inputs import with_columns
 from pipeline.llm.schema import BAD_INPUT
 
 if TYPE_CHECKING:
     from ray.data.checkpoint import CheckpointConfig
 
 
-def count_block(table, checkpoint: CheckpointConfig | None, ids: list | None) -> dict:
-    """One input block's rows, those whose id is not checkpointed, and its bad lines with the first
+def unwritten(block, checkpoint: CheckpointConfig | None, keys: list):
+    """The rows of an input block (pandas or Arrow) whose key is not among the written keys
+    (keys[0]: their ObjectRef), by the checkpoint's filter; the block as it is without a checkpoint."""
+    if checkpoint is None:
+        return block
+    return checkpoint.checkpoint_filter_cls(checkpoint, keys[0]).filter_rows_for_block(block)
+
+
+def unwritten_columns(block, names: list[str], checkpoint: CheckpointConfig | None, keys: list):
+    """The block's unwritten rows, with exactly the columns `names` (inputs.with_columns)."""
+    return with_columns(unwritten(block, checkpoint, keys), names)
+
+
+def count_block(table, checkpoint: CheckpointConfig | None, keys: list) -> dict:
+    """One input block's rows, those not written (unwritten), and its bad lines with the first
     one's message (a one-row batch)."""
-    kept = (
-        len(table)
-        if checkpoint is None
-        else len(checkpoint.checkpoint_filter_cls(checkpoint, ids[0]).filter_rows_for_block(table))
-    )
+    kept = len(unwritten(table, checkpoint, keys))
     bad = [message for message in table[BAD_INPUT].to_pylist() if message] if BAD_INPUT in table.column_names else []
     return {"rows": [len(table)], "new": [kept], "bad": [len(bad)], "first_bad": [bad[0] if bad else None]}
 

@@ -31,6 +31,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import ray
+from ray import ObjectRef
 from ray.data.checkpoint import CheckpointConfig
 from ray.data.context import ShuffleStrategy
 
@@ -40,14 +41,14 @@ from pipeline.llm.actor_pool import unplaceable
 from pipeline.llm.errors import JobFailed
 from pipeline.config import Config
 from pipeline.job import rows as job_rows, series, series_store
-from pipeline.llm.checkpoint import checkpoint_config as ids_checkpoint
+from pipeline.llm.checkpoint import FilteredUpstream, WrittenKeysManager, checkpoint_config as ids_checkpoint
 from pipeline.llm import Processor
-from pipeline.job.inputs import check_columns, read_input, with_columns
+from pipeline.job.inputs import check_columns, read_input
 from pipeline.job import openai_batch
 from pipeline.job.output_files import parquet_files, readable_columns, set_aside_unreadable, whole_files
 from pipeline.llm.progress import RunProgress, empty_totals
 from pipeline.job.run import Reading, RunPaths, RunPlan, RunSummary
-from pipeline.job.block_counts import SUMS, block_totals, count_block
+from pipeline.job.block_counts import SUMS, block_totals, count_block, unwritten_columns
 
 # Small and fractional on purpose, for every operator beside the actors (a column selection too):
 # Ray Data's default is a whole CPU, which a node whose actors hold part of its CPUs never has
@@ -96,28 +97,37 @@ def run_checkpoint(config: Config, paths: RunPaths, fingerprint: str) -> Checkpo
     """Checkpoints of a run live beside the runs, not in the run's directory of outputs. A lone run
     records the ids it wrote (the output's `id` is the input's id column as the job names it:
     request_key); a series the fingerprints of its rows (pipeline/job/series.py), in one checkpoint
-    shared by its runs, so each skips the rows written unchanged."""
+    shared by its runs, so each skips the rows written unchanged. The job filters its input itself
+    (read_plan), so Ray's read filter is given no keys (FilteredUpstream)."""
     if config.job.series:
         return ids_checkpoint(
-            "fingerprint", paths.checkpoints, config.input.id_column, series.fingerprint_filter(config, fingerprint)
+            "fingerprint",
+            paths.checkpoints,
+            config.input.id_column,
+            series.fingerprint_filter(config, fingerprint),
+            FilteredUpstream,
         )
-    return ids_checkpoint("id", paths.checkpoints, config.input.id_column)
+    return ids_checkpoint("id", paths.checkpoints, config.input.id_column, manager_cls=FilteredUpstream)
 
 
-def count_input(plan: RunPlan, dataset: ray.data.Dataset) -> tuple[int, int]:
+def written_keys(plan: RunPlan) -> ObjectRef | None:
+    """The keys this run (or its series) has written, loaded once, after the pending records of a
+    write that was killed are cleaned up: in the object store, for the tasks that count and filter
+    the input (None: nothing written yet)."""
+    checkpoint, output = plan.checkpoint, plan.paths.run_dir
+    if storage.info(checkpoint.checkpoint_path, "job.output").type.name == "NotFound":
+        return None
+    manager = WrittenKeysManager(checkpoint, ray.data.DataContext.get_current())
+    return manager.load_checkpoint(output, storage.resolve(output)[0])[0]
+
+
+def count_input(plan: RunPlan, dataset: ray.data.Dataset, unwritten: dict) -> tuple[int, int]:
     """(the input's rows, those no finished write of this run, or of its series' fingerprint,
-    holds), in one pass: Ray Data tasks count each block against the checkpointed ids in the object
-    store, as Ray's own checkpoint filter reads them, so no set of ids is built on the driver. With
+    holds), in one pass: Ray Data tasks count each block against the written keys in the object
+    store (`unwritten`: block_counts' keywords), so no set of ids is built on the driver. With
     input.on_bad_line fail, a bad line stops the run here, before any actor starts."""
-    checkpoint, output, ids = plan.checkpoint, plan.paths.run_dir, None
-    if storage.info(checkpoint.checkpoint_path, "job.output").type.name != "NotFound":
-        manager = checkpoint.checkpoint_manager_cls(checkpoint, ray.data.DataContext.get_current())
-        ids, _ = manager.load_checkpoint(output, storage.resolve(output)[0])
-    given = (
-        {"checkpoint": checkpoint, "ids": [ids]} if ids else {"checkpoint": None, "ids": None}
-    )  # the ref, not the array
     counts = dataset.map_batches(
-        count_block, fn_kwargs=given, batch_format="pyarrow", batch_size=None, num_cpus=IO_CPUS
+        count_block, fn_kwargs=unwritten, batch_format="pyarrow", batch_size=None, num_cpus=IO_CPUS
     )
     rows = new = bad = 0
     first_bad = None
@@ -180,12 +190,19 @@ def read_plan(plan: RunPlan) -> tuple[ray.data.Dataset, Reading]:
     dataset = read_input(config.input, IO_CPUS)
     check_columns(dataset, config.input)
     columns = job_rows.input_columns(config, dataset.schema().names)  # the rest stay unread
+    keys = written_keys(plan)
+    unwritten = {"checkpoint": plan.checkpoint if keys else None, "keys": [keys]}  # the ref, not the array
     # Counted so that a run that read part of its input never looks complete.
-    input_rows, new_rows = count_input(plan, dataset)
+    input_rows, new_rows = count_input(plan, dataset, unwritten)
     rows_read = min(input_rows, config.input.limit) if config.input.limit else input_rows
-    # The columns read (a null one where a block has none): the native block, as read.
+    # The rows not written yet, only the columns read (a null one where a block has none), in the
+    # read's own tasks (no filter actor beside the engines').
     dataset = dataset.map_batches(
-        with_columns, fn_kwargs={"names": columns}, batch_format=None, batch_size=None, num_cpus=IO_CPUS
+        unwritten_columns,
+        fn_kwargs={"names": columns, **unwritten},
+        batch_format=None,
+        batch_size=None,
+        num_cpus=IO_CPUS,
     )
     if config.input.limit:
         dataset = dataset.limit(config.input.limit)

@@ -46,6 +46,16 @@ class WrittenKeysManager(IdColumnCheckpointManager):
         return ray.remote(written_keys).options(num_cpus=KEYS_CPUS).remote(ids), size
 
 
+class FilteredUpstream(WrittenKeysManager):
+    """The checkpoint of a pipeline that filters its input itself, before the processor (the job:
+    pipeline/job/ray_job.py loads the keys once, then counts and filters in its read's own tasks).
+    Ray's read filter is handed no keys, so it starts no filter actor; the writes still record
+    their ids."""
+
+    def load_checkpoint(self, data_file_dir=None, data_file_filesystem=None):
+        return None, 0
+
+
 KEYS_CPUS = 0.25  # the task that makes them (a share, beside the job's actors on a small node)
 
 
@@ -74,16 +84,20 @@ def found_in(written: np.ndarray, keys: list[str]) -> np.ndarray:
 
 
 def checkpoint_config(
-    output_id_column: str, path: str, input_id_column: str | None = None, filter_cls: type = InputIdCheckpointFilter
+    output_id_column: str,
+    path: str,
+    input_id_column: str | None = None,
+    filter_cls: type = InputIdCheckpointFilter,
+    manager_cls: type = WrittenKeysManager,
 ) -> CheckpointConfig:
     """Ray Data's checkpointing: the written rows' `output_id_column` recorded under `path` (kept after
     success), the input's `input_id_column` (the same name by default) looked up on read (by
-    `filter_cls`'s keys)."""
+    `filter_cls`'s keys, the written keys loaded by `manager_cls`)."""
     filter_cls = type("InputIdFilter", (filter_cls,), {"input_id_column": input_id_column or output_id_column})
     return CheckpointConfig(
         id_column=output_id_column,
         checkpoint_path=path,
         delete_checkpoint_on_success=False,
         checkpoint_filter_cls=filter_cls,
-        checkpoint_manager_cls=WrittenKeysManager,
+        checkpoint_manager_cls=manager_cls,
     )

@@ -1,7 +1,8 @@
 import numpy as np
 import pyarrow as pa
 
-from pipeline.llm.checkpoint import checkpoint_config, found_in, written_keys
+from pipeline.job.block_counts import unwritten_columns
+from pipeline.llm.checkpoint import FilteredUpstream, checkpoint_config, found_in, written_keys
 
 
 def test_ids_are_compared_as_text_on_both_sides():
@@ -28,3 +29,20 @@ def test_a_block_is_looked_up_in_a_long_history_by_binary_search():
     assert found_in(written, []).tolist() == []
     assert found_in(written_keys(np.array(["é", "b"], dtype=object)), ["é", "e", "b"]).tolist() == [True, False, True]
     assert found_in(written_keys(np.array([10, 9, 100])), ["9", "10", "1", "100"]).tolist() == [True, True, False, True]
+
+
+def test_the_job_filters_its_read_and_ray_starts_no_filter_of_its_own(monkeypatch):
+    """The job's checkpoint hands Ray's read filter no keys (FilteredUpstream), and the job's own
+    read task keeps the unwritten rows of a block (pandas, as the JSON reader makes them) with
+    exactly the columns it reads; without a checkpoint it keeps every row."""
+    import pandas as pd
+    import ray
+
+    monkeypatch.setattr(ray, "get", lambda ref: ref)  # the keys themselves stand for their ref
+    config = checkpoint_config("id", "/tmp/unused", "key", manager_cls=FilteredUpstream)
+    assert config.checkpoint_manager_cls(config, None).load_checkpoint("/tmp/unused") == (None, 0)
+    block = pd.DataFrame({"key": [1, 2, 3], "prompt": ["a", "b", "c"], "unread": [0, 0, 0]})
+    keys = written_keys(np.array(["2"], dtype=object))
+    kept = unwritten_columns(block, ["key", "prompt", "seed"], config, [keys])
+    assert kept.to_pylist() == [{"key": 1, "prompt": "a", "seed": None}, {"key": 3, "prompt": "c", "seed": None}]
+    assert len(unwritten_columns(block, ["key"], None, [None])) == 3
