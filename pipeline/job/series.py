@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 from dataclasses import asdict
+from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -58,7 +59,7 @@ def settings_fingerprint(config: Config) -> str:
     change the speed, never the text); every decoder setting counts when sampling."""
     decoder = config.decoder
     settings = {
-        "model": config.model.name,
+        "model": model_identity(config.model.name),
         "dtype": config.model.dtype,
         "engine": config.engine.name,
         "max_model_len": config.engine.max_model_len,
@@ -77,6 +78,13 @@ def settings_fingerprint(config: Config) -> str:
         if getattr(decoder, name) != default:
             settings[name] = getattr(decoder, name)
     return digest(json.dumps(settings, sort_keys=True, default=list))
+
+
+def model_identity(name: str) -> str:
+    """model.name as the fingerprint reads it: a local path as its absolute path (a run from another
+    directory, or given the path another way, names the same model), anything else as written."""
+    path = Path(name).expanduser()
+    return str(path.resolve()) if path.exists() else name
 
 
 def digest(text: str) -> str:

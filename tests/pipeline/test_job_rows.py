@@ -258,3 +258,19 @@ def test_a_series_written_before_the_later_settings_keeps_its_fingerprints():
         assert row_fingerprint(config, settings, {"id": "a", "prompt": "hi", "temperature": 0.5}) == row
         assert row_fingerprint(config, settings, {"id": "a", "prompt": "hi", "temperature": 0.5, "n": 2}) != row
         assert settings_fingerprint(load_config(overrides=[*overrides, "decoder.n=4"])) != settings
+
+
+def test_a_model_directory_fingerprints_alike_by_any_path_to_it(tmp_path, monkeypatch):
+    """A nightly run started from another directory, or given the model's path another way, is the
+    same series: a local model's path counts as its absolute path; a name that is no path as written."""
+    from pipeline.job.series import settings_fingerprint
+
+    (tmp_path / "models" / "m").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    relative, absolute = (
+        load_config(overrides=[f"model.name={name}"]) for name in ("models/m", tmp_path / "models" / "m")
+    )
+    assert settings_fingerprint(relative) == settings_fingerprint(absolute)
+    monkeypatch.chdir(tmp_path / "models")
+    assert settings_fingerprint(load_config(overrides=["model.name=m"])) == settings_fingerprint(absolute)
+    assert settings_fingerprint(load_config(overrides=["model.name=org/other"])) != settings_fingerprint(absolute)
