@@ -252,6 +252,7 @@ def tables_in_an_actor_process(config, refs):
     return {"writeable": chained.flags.writeable, "where": [shared_memory_location(chained)], "pid": os.getpid()}
 
 
+@pytest.mark.slow  # two actor processes that each load torch and build an engine (about 50 s): make test-slow
 def test_drafter_tables_reach_actors_as_read_only_shared_memory(local_ray, tiny_model_dir, tmp_path):
     config = job_config(tiny_model_dir, tmp_path, "decoder.drafter=mixed", "transformers.k=2", "decoder.w=3")
     loaded = load_model(config.model)
