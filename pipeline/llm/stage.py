@@ -148,17 +148,20 @@ class GenerationStage:
             raise RequestError(f"row (request_id {number}) has no {settings.id_column!r}")
         return f"row {key!r}", None if settings.seed is None else request_seed(settings.seed, key)
 
-    def requests(self, row: dict) -> tuple[list[Request], str, str]:
+    def requests(self, row: dict, encoded: tuple[str, list[int]] | None = None) -> tuple[list[Request], str, str]:
         """(the row's requests, one per sample of sampling_params.n, its text prompt, the row's name
         for errors); a RequestError names the row. Sample 0 samples with the row's seed, sample i
-        with one derived from it and i: a seed is a text, with n = 1 or more."""
+        with one derived from it and i: a seed is a text, with n = 1 or more. `encoded`: the row's
+        text prompt and ids where its batch made them (encode_batch), else they are made here."""
         number = next(self.request_ids)
         name, seed = self.identify(row, number)
         if row.get(BAD_INPUT):  # input that could not be read (its message names the file and line)
             raise RequestError(f"{name}: {row[BAD_INPUT]}")
         wanted = sampling_of(row.get("sampling_params"), name, seed, self.sampling)
-        with self.tokenizer_lock:
-            prompt, ids = prompt_of(self.tokenizer, row, self.settings, name)
+        if encoded is None:
+            with self.tokenizer_lock:
+                encoded = prompt_of(self.tokenizer, row, self.settings, name)
+        prompt, ids = encoded
         first = Request(
             request_id=str(number),
             prompt_ids=ids,
@@ -179,6 +182,27 @@ class GenerationStage:
             for i in range(1, wanted.n)
         ]
         return [first, *others], prompt, name
+
+    def encode_batch(self, rows: list[dict]) -> list[tuple[str, list[int]] | None]:
+        """Each row's text prompt and ids (prompt_of's), its text tokenized in one call for the batch
+        (a call per row cost 0.3 ms of the tokenizer's own); None for a row whose prompt is made
+        on its own: given as ids, or one that fails and is named by requests()."""
+        texts: list[str | None] = []
+        with self.tokenizer_lock:
+            for row in rows:
+                try:
+                    texts.append(None if row.get(BAD_INPUT) else templated(self.tokenizer, row, self.settings, ""))
+                except RequestError:
+                    texts.append(None)
+            wanted = [i for i, text in enumerate(texts) if text is not None]
+            try:
+                ids = self.tokenizer([texts[i] for i in wanted])["input_ids"] if wanted else []
+            except Exception:  # (a tokenizer's own errors are of any type) each row on its own, its error named
+                return [None] * len(rows)
+        encoded: list[tuple[str, list[int]] | None] = [None] * len(rows)
+        for i, row_ids in zip(wanted, ids):
+            encoded[i] = (texts[i], list(row_ids)) if len(row_ids) else None
+        return encoded
 
     def prediction(self, row: dict, name: str) -> tuple[int, ...]:
         """The row's `prediction` (text its answer is expected to resemble, or OpenAI's form of it) as
@@ -229,9 +253,10 @@ class GenerationStage:
         batch_uuid = uuid.uuid4().hex
         outputs: list[list[dict]] = [[] for _ in rows]
         made: list[tuple[int, int, Request, str, str]] = []  # (row, sample, request, prompt, name)
+        encoded = self.encode_batch(rows)
         for index, row in enumerate(rows):
             try:
-                requests, prompt, name = self.requests(row)
+                requests, prompt, name = self.requests(row, encoded[index])
             except RequestError as error:  # the message names the row already
                 outputs[index].append(self.failed(str(error), row.get("prompt"), batch_uuid))
                 continue
@@ -400,9 +425,23 @@ def messages_of(tokenizer, row: dict, settings: StageSettings, name: str) -> lis
 def prompt_of(tokenizer, row: dict, settings: StageSettings, name: str) -> tuple[str, list[int]]:
     """The row's text prompt and its ids, by the one prompt rule (the module's docstring), as
     ray.data.llm's chat-template and tokenize stages make them; a RequestError names the row."""
+    prompt = templated(tokenizer, row, settings, name)
+    if prompt is None:
+        return row.get("prompt") or "", [int(t) for t in row["tokenized_prompt"]]
+    try:
+        ids = list(tokenizer(prompt)["input_ids"])
+    except (UnicodeError, ValueError, TypeError) as error:
+        raise RequestError(f"{name}: the prompt cannot be encoded: {error}") from error
+    if not ids:
+        raise RequestError(f"{name}: the prompt is empty")
+    return prompt, ids
+
+
+def templated(tokenizer, row: dict, settings: StageSettings, name: str) -> str | None:
+    """The row's text prompt, before tokenizing (prompt_of); None where the row gives its ids."""
     given = row.get("prompt")
     if row.get("tokenized_prompt") is not None:
-        return given or "", [int(t) for t in row["tokenized_prompt"]]
+        return None
     if row.get("messages") is None and isinstance(given, str) and not given.strip():
         raise RequestError(f"{name}: the prompt is empty")
     messages = messages_of(tokenizer, row, settings, name)
@@ -428,13 +467,7 @@ def prompt_of(tokenizer, row: dict, settings: StageSettings, name: str) -> tuple
             "messages, prompt or tokenized_prompt" if settings.chat_template_enabled else "prompt or tokenized_prompt"
         )
         raise RequestError(f"{name}: the row has no {need}")
-    try:
-        ids = list(tokenizer(prompt)["input_ids"])
-    except (UnicodeError, ValueError, TypeError) as error:
-        raise RequestError(f"{name}: the prompt cannot be encoded: {error}") from error
-    if not ids:
-        raise RequestError(f"{name}: the prompt is empty")
-    return prompt, ids
+    return prompt
 
 
 def with_generated_columns(batch: pa.Table, rows: list[dict], dropped: list[str]) -> pa.Table:

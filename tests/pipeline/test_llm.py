@@ -312,6 +312,26 @@ def stage(tiny_model_dir):
     return GenerationStage(config.pipeline_config(), StageSettings(continue_on_error=True))
 
 
+def test_a_batch_is_tokenized_at_once_as_each_row_alone(stage):
+    """The batch's text prompts are tokenized in one call: each row's prompt and ids are the ones
+    prompt_of makes for it alone; a row given as ids, or whose prompt fails, is left to its own
+    (None), and its error still names it."""
+    rows = [
+        {"messages": [{"role": "user", "content": "Count to three"}]},
+        {"prompt": "été: 日本語\tand tabs"},
+        {"tokenized_prompt": [5, 6, 7]},
+        {"prompt": "   "},
+        {"messages": "not a list"},
+    ]
+    encoded = stage.encode_batch(rows)
+    assert encoded[:2] == [prompt_of(stage.tokenizer, row, stage.settings, "row") for row in rows[:2]]
+    assert encoded[2:] == [None, None, None]
+    out = stage.generate([{**row, "sampling_params": {"temperature": 0, "max_tokens": 2}} for row in rows])
+    errors = [row["__inference_error__"] for row in out]
+    assert [bool(e) for e in errors] == [False, False, False, True, True]
+    assert "the prompt is empty" in errors[3] and "messages must be a non-empty list" in errors[4], errors
+
+
 def test_rows_come_back_with_their_columns_ray_data_llms_and_ours(stage):
     greedy = {"temperature": 0, "max_tokens": 12}
     rows = [
