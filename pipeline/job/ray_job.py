@@ -37,7 +37,8 @@ from ray.data.context import ShuffleStrategy
 
 from drafters.datastore import Datastore
 from pipeline import storage
-from pipeline.llm.actor_pool import unplaceable
+from pipeline.engines.build import checked_config
+from pipeline.llm.actor_pool import start_preparing, unplaceable
 from pipeline.llm.errors import JobFailed
 from pipeline.config import Config
 from pipeline.job import rows as job_rows, series, series_store
@@ -214,8 +215,11 @@ def read_plan(plan: RunPlan) -> tuple[ray.data.Dataset, Reading]:
 def generate_and_write(config: Config, run_id: str) -> dict:
     started, started_at = time.perf_counter(), time.time()
     plan = make_plan(config, run_id)
+    # The model is prepared where the actors run while the input is read and counted.
+    preparing = start_preparing(checked_config(plan.drafting))
     dataset, reading = read_plan(plan)
     if reading.new_rows == 0:  # nothing new (a finished run, or a series run over a corpus that did not grow)
+        ray.cancel(preparing.report)
         return summary_of(plan, reading, empty_totals(), time.perf_counter() - started, None, None)
     config, paths = plan.config, plan.paths
     engine = config.engine
@@ -239,6 +243,7 @@ def generate_and_write(config: Config, run_id: str) -> dict:
         preprocess_map_kwargs={"num_cpus": IO_CPUS},
         postprocess_map_kwargs={"num_cpus": IO_CPUS},
         progress=progress,
+        preparing=preparing,
     )
     try:
         if written:  # a changed row is drafted from its last output

@@ -83,13 +83,31 @@ def unplaceable(config: Config) -> JobFailed:
     )
 
 
-def prepared_tables(config: Config, runtime_env: dict | None = None):
-    """Prepares the model on a worker like the actors (their resources, and the user's runtime_env: a
-    hub cache named in its env_vars is found there too; without one, any idle worker, as a worker
-    with its own environment is a process started for it); the tables stay there (an ObjectRef). A
-    cluster that cannot place it within ray.wait_for_actors_s fails the job, naming what it asked for."""
+@dataclasses.dataclass(frozen=True)
+class Preparation:
+    """The model's preparation (prepare_model) under way for `config`: its report and tables, ObjectRefs."""
+
+    config: Config
+    report: ray.ObjectRef
+    tables: ray.ObjectRef
+
+
+def start_preparing(config: Config, runtime_env: dict | None = None) -> Preparation:
+    """Starts preparing the model on a worker like the actors (their resources, and the user's
+    runtime_env: a hub cache named in its env_vars is found there too; without one, any idle worker,
+    as a worker with its own environment is a process started for it); the tables stay there. A
+    caller with other work before its Dataset runs (the job counts its input) starts it first."""
     task = prepare_model.options(**actor_resources(config), runtime_env=runtime_env or None)
-    report, tables = task.remote(config)
+    return Preparation(config, *task.remote(config))
+
+
+def prepared_tables(config: Config, runtime_env: dict | None = None, started: Preparation | None = None):
+    """The tables (an ObjectRef) of the model's preparation for `config`: `started` if it is for
+    that config, else one started now. A cluster that cannot place it within ray.wait_for_actors_s
+    fails the job, naming what it asked for; a model the engine cannot run fails it too."""
+    if started is None or started.config != config:
+        started = start_preparing(config, runtime_env)
+    report, tables = started.report, started.tables
     try:
         ray.get(report, timeout=config.ray.wait_for_actors_s)
     except ModelRefused as error:

@@ -372,6 +372,9 @@ class Processor:
     preprocess_map_kwargs: Mapping[str, Any] = field(default_factory=dict)
     postprocess_map_kwargs: Mapping[str, Any] = field(default_factory=dict)
     progress: Any = None  # a RunProgress actor told of each batch (the job's), or None
+    # The model's preparation, started by the caller while it reads its input (actor_pool's
+    # start_preparing; used where it is for this config), or None: started when the Dataset is made.
+    preparing: Any = None
 
     def __call__(self, dataset):
         """The lazy Dataset. The model is checked (and drafter tables built) here, once: a model or
@@ -395,7 +398,7 @@ class Processor:
         # block when a task's input block is generated, which at a corpus job's pace takes longer.
         # A stuck engine is the engine's to catch (engine.hang_timeout_s), not this clock's.
         dataset.context.execution_no_progress_timeout_s = NO_PROGRESS_TIMEOUT
-        tables = prepared_tables(config, dict(self.runtime_env))
+        tables = prepared_tables(config, dict(self.runtime_env), self.preparing)
         if self.preprocess is not None:
             dataset = dataset.map(merged(self.preprocess), **self.preprocess_map_kwargs)
         dataset = generation_stage(

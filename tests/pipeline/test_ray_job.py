@@ -252,6 +252,22 @@ def tables_in_an_actor_process(config, refs):
     return {"writeable": chained.flags.writeable, "where": [shared_memory_location(chained)], "pid": os.getpid()}
 
 
+def test_the_processor_takes_the_preparation_started_for_its_config_and_no_other(local_ray, tmp_path, monkeypatch):
+    """The job starts preparing the model before it counts its input; the processor waits on that
+    preparation where it was started for the config it runs, and starts its own otherwise."""
+    from pipeline.llm import actor_pool
+
+    config = load_config(None, [f"job.output={tmp_path}"])
+    other = dataclasses.replace(config, ray=dataclasses.replace(config.ray, max_actors=2))
+    started = actor_pool.Preparation(config, ray.put({}), "the started tables")
+    monkeypatch.setattr(
+        actor_pool, "start_preparing", lambda c, env=None: actor_pool.Preparation(c, ray.put({}), "new")
+    )
+    assert actor_pool.prepared_tables(config, None, started) == "the started tables"
+    assert actor_pool.prepared_tables(other, None, started) == "new"
+    assert actor_pool.prepared_tables(config) == "new"
+
+
 @pytest.mark.slow  # two actor processes that each load torch and build an engine (about 50 s): make test-slow
 def test_drafter_tables_reach_actors_as_read_only_shared_memory(local_ray, tiny_model_dir, tmp_path):
     config = job_config(tiny_model_dir, tmp_path, "decoder.drafter=mixed", "transformers.k=2", "decoder.w=3")
