@@ -280,21 +280,32 @@ class Plain(Method):
 
 class CopyCeiling(Method):
     """Not a drafter: a bound. Each step it drafts the longest run of the row's recorded output,
-    from where the row is, that occurs in the row's prediction, its prompt or its output so far
-    (copies may overlap the text they copy, as a repeated line does), up to --prediction-w tokens.
-    No drafter that copies text from those three sources can take fewer steps; an edit whose
-    ceiling is below a goal cannot reach it by drafting from them."""
+    from where the row is, that occurs in the row's prediction, its prompt, its output so far
+    (copies may overlap the text they copy, as a repeated line does) or its siblings' outputs so
+    far (the other samples of its prompt), up to --prediction-w tokens.
+    No drafter that copies text from those sources can take fewer steps; a run whose ceiling is
+    below a goal cannot reach it by drafting from them."""
 
     def __init__(self, args, store, answers, cost=None):
         self.answers, self.w = answers, args.prediction_w
+        by_prompt: dict[bytes, list[int]] = {}
+        for key, answer in enumerate(answers):
+            by_prompt.setdefault(answer.prompt.tobytes(), []).append(key)
+        self.siblings = {key: [k for k in keys if k != key] for keys in by_prompt.values() for key in keys}
+        self.emitted: dict[int, int] = {}  # how much of each started request's output is out
+
+    def finish(self, key, output):
+        self.emitted[key] = len(self.answers[key].output)
 
     def draft(self, batch, rows, lengths, prompts, limits, tokens):
         drafts = []
+        self.emitted.update((key, int(n - prompt)) for key, n, prompt in zip(batch, lengths, prompts))
         for key, n, prompt, limit in zip(batch, lengths, prompts, limits):
             answer = self.answers[key]
             at, room = int(n - prompt), int(min(self.w, limit - n - 1))
             ahead = answer.output[at : at + room]
             sizes = [longest_run(answer.prompt, ahead), longest_run(answer.output, ahead, before=at)]
+            sizes += [longest_run(self.answers[k].output[: self.emitted.get(k, 0)], ahead) for k in self.siblings[key]]
             if answer.prediction is not None:
                 sizes.append(longest_run(answer.prediction, ahead))
             drafts.append(ahead[: max(sizes)].astype(np.int64))

@@ -407,3 +407,22 @@ def test_the_copy_ceiling_takes_one_step_per_stretch_no_source_holds():
     # prediction or the answer's own start): 10 steps.
     assert row["request_steps"] == 10, row
     assert row["tokens_per_step"] == round(len(output) / 10, 4)
+
+
+def test_the_copy_ceiling_copies_a_sibling_only_as_far_as_it_has_emitted():
+    """Two samples of one prompt: the second repeats the first's first 20 tokens, then 5 new ones.
+    One at a time, the second copies those 20 from its finished sibling; side by side, the sibling
+    has not yet emitted what the second needs when it needs it, so every token takes a step."""
+    from types import SimpleNamespace
+
+    from jobs.benchmark.replay import Answer, replay
+
+    rng = np.random.default_rng(5)
+    prompt, first, fresh = (rng.integers(1000 * k, 1000 * k + 999, n) for k, n in ((1, 40), (2, 30), (3, 5)))
+    second = np.concatenate([first[:20], fresh])
+    answers = [Answer(prompt, first, len(first)), Answer(prompt.copy(), second, len(second))]
+    args = SimpleNamespace(max_draft=8, project="", prediction_w=128)
+    # The first: a step a token (30). The second, alone: its prefill's token, the 19 more copied
+    # with the first new token, then the other 4 new tokens: 6 steps.
+    assert replay(args, "copy_ceiling", 1, answers, None)["request_steps"] == 30 + 6
+    assert replay(args, "copy_ceiling", 2, answers, None)["request_steps"] == 30 + 25
