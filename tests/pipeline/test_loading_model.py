@@ -1,5 +1,7 @@
 import shutil
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -74,3 +76,25 @@ def test_a_conversion_that_another_process_published_first_is_used(monkeypatch, 
     target, second_digest = model_loading.resolve_model_dir(ModelConfig(cache_dir=str(tmp_path)))
     assert second_digest == digest and (target / "config.json").exists()
     assert [path.name for path in (tmp_path / "models").iterdir()] == [target.name]  # no staging left
+
+
+def test_within_a_conversion_a_gguf_file_is_parsed_once_and_gguf_is_restored_after(tmp_path):
+    import gguf
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(2)
+    writer.add_tensor("token_embd.weight", np.arange(8, dtype=np.float32).reshape(2, 4))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    reader_class, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with model_loading.gguf_parsed_once():
+        first = gguf.GGUFReader(path)
+        assert gguf.GGUFReader(str(path)) is first
+        assert first.tensors[0].name == "token_embd.weight"
+        arch = gguf.MODEL_ARCH.LLAMA
+        assert gguf.get_tensor_name_map(arch, 2) is gguf.get_tensor_name_map(arch, 2)
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader_class, name_map)
+    assert gguf.GGUFReader(path) is not first
