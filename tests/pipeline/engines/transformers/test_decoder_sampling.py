@@ -85,9 +85,9 @@ def chi_square(counts: dict, exact: dict, n: int) -> tuple[float, int]:
     return statistic, cells - 1
 
 
-def joint_counts(decoder: SpeculativeDecoder) -> dict[tuple[int, int], int]:
+def joint_counts(decoder: SpeculativeDecoder, seeds: int = SEEDS) -> dict[tuple[int, int], int]:
     counts: dict[tuple[int, int], int] = {}
-    for seed in range(SEEDS):
+    for seed in range(seeds):
         tokens = decoder.generate(PROMPT, 3, sampling=SamplingParams(**{**SAMPLING.__dict__, "seed": seed})).token_ids
         counts[(tokens[1], tokens[2])] = counts.get((tokens[1], tokens[2]), 0) + 1
     return counts
@@ -117,21 +117,24 @@ def residual_free_speculative_sample(tree, draft, p, sample_uniforms) -> Verdict
     return Verdict(drafts + [sample(p[-1], float(sample_uniforms[-1]))], len(drafts), 0, path=tuple(range(len(drafts))))
 
 
+# The root-probs walk lands far above the threshold (chi2 5,906 against 51 at 1,000 seeds; 134
+# against 30 at 150), so 150 seeds find it; the residual-free sample lands at about twice the
+# threshold at 1,000 seeds (113 against 51), so it keeps them all.
 @pytest.mark.parametrize(
-    "make_decoder,broken",
+    "make_decoder,broken,seeds",
     [
-        (bigram_decoder, None),
-        (bigram_decoder, ("walk_sampled", root_probs_verify)),
-        (self_draft_decoder, None),
-        (self_draft_decoder, ("speculative_sample", residual_free_speculative_sample)),
+        (bigram_decoder, None, SEEDS),
+        (bigram_decoder, ("walk_sampled", root_probs_verify), 150),
+        (self_draft_decoder, None, SEEDS),
+        (self_draft_decoder, ("speculative_sample", residual_free_speculative_sample), SEEDS),
     ],
 )
-def test_tokens_2_and_3_follow_the_target_distribution(model, make_decoder, broken, monkeypatch):
+def test_tokens_2_and_3_follow_the_target_distribution(model, make_decoder, broken, seeds, monkeypatch):
     if broken:
         monkeypatch.setattr(pipeline.engines.transformers.verification, *broken)
     decoder = make_decoder(model)
-    counts = joint_counts(decoder)
-    statistic, dof = chi_square(counts, exact_joint(model), SEEDS)
+    counts = joint_counts(decoder, seeds)
+    statistic, dof = chi_square(counts, exact_joint(model), seeds)
     threshold = chi_square_quantile(dof, P_VALUE)
     if broken:
         assert statistic > threshold, f"{broken[0]} broken went unnoticed: chi2 {statistic:.1f} <= {threshold:.1f}"
