@@ -26,7 +26,9 @@ from pipeline.config import ModelConfig
 def add_cli_args(parser) -> None:
     parser.add_argument("--model", default=ModelConfig().name, help="the model (a tiny one shows the job's own cost)")
     parser.add_argument("--documents", type=integers, default=[2000, 20000], help="corpus sizes, comma-separated")
-    parser.add_argument("--edited", type=int, default=20, help="documents edited before the rerun")
+    parser.add_argument(
+        "--edited", type=edited_count, default=20, help="documents edited before the rerun: a count, or a share (1%%)"
+    )
     parser.add_argument("--max-new-tokens", type=int, default=4)
     parser.add_argument("--engine", default="transformers")
     add_job_settings(parser)
@@ -34,6 +36,23 @@ def add_cli_args(parser) -> None:
         "--workdir", default="", help="where corpora, outputs and logs go (default: a new temporary one)"
     )
     parser.add_argument("--timeout", type=float, default=3600, help="seconds one job run may take")
+
+
+def edited_count(text: str):
+    """`--edited`: a count of documents (20), or a share of each corpus (1%)."""
+    if text.endswith("%"):
+        share = float(text[:-1]) / 100
+        if not 0 < share <= 1:
+            raise ValueError(f"--edited {text}: a share between 0 and 100 %")
+        return share
+    return int(text)
+
+
+def edited_documents(documents: int, edited: int | float) -> set[int]:
+    """Which documents the rerun edits: `edited` of them (a count, or a share of the corpus), spread
+    evenly over it."""
+    count = round(documents * edited) if isinstance(edited, float) else edited
+    return set(sorted(range(0, documents, max(1, documents // max(count, 1))))[:count])
 
 
 def corpus(documents: int, edited: set[int]) -> list[dict]:
@@ -67,8 +86,7 @@ def run(args) -> dict:
     ]
     rows, started = [], time.time()
     for documents in args.documents:
-        edited = set(range(0, documents, max(1, documents // args.edited)))
-        edited = set(sorted(edited)[: args.edited])
+        edited = edited_documents(documents, args.edited)
         for run_id, changed in (("first", set()), ("rerun", edited)):
             source = write_jsonl(work / f"{documents}" / f"{run_id}.jsonl", corpus(documents, changed))
             output = work / f"{documents}" / "out"
@@ -87,12 +105,14 @@ def run(args) -> dict:
         "minutes": round((time.time() - started) / 60, 1),
         "runs": rows,
         "rerun_wall_ratio_largest_to_smallest": round(reruns[-1]["wall_seconds"] / reruns[0]["wall_seconds"], 3),
-        "reruns_generated_exactly_the_edited": all(row["rows_generated"] == args.edited for row in reruns),
+        "reruns_generated_exactly_the_edited": all(
+            row["rows_generated"] == len(edited_documents(row["documents"], args.edited)) for row in reruns
+        ),
     }
 
 
 def markdown(report: dict) -> str:
     return markdown_table(report["runs"]) + (
         f"\n\nRerun wall time, largest corpus over smallest: {report['rerun_wall_ratio_largest_to_smallest']}x; "
-        f"reruns generated exactly the {report['edited']} edited: {report['reruns_generated_exactly_the_edited']}\n"
+        f"reruns generated exactly the edited documents: {report['reruns_generated_exactly_the_edited']}\n"
     )
