@@ -40,7 +40,7 @@ from pipeline import storage
 from pipeline.engines.build import checked_config
 from pipeline.llm.actor_pool import start_preparing, unplaceable
 from pipeline.llm.errors import JobFailed
-from pipeline.config import Config
+from pipeline.config import Config, DecoderConfig
 from pipeline.job import rows as job_rows, series, series_store
 from pipeline.llm.checkpoint import FilteredUpstream, WrittenKeysManager, checkpoint_config as ids_checkpoint
 from pipeline.llm import Processor
@@ -60,22 +60,19 @@ from pipeline.job.block_counts import SUMS, block_totals, count_block, unwritten
 IO_CPUS = 0.25
 
 
-def with_checked_datastore(config: Config) -> Config:
+def checked_datastore(decoder: DecoderConfig) -> DecoderConfig:
     """Opens the datastore once on the driver (a missing one fails now, not in every actor) and
     gives the job its absolute path; the task that prepares the model puts its arrays in the object
     store beside the tables, and the actors map that copy (none builds or reads its own)."""
-    if not config.decoder.datastore:
-        return config
-    if storage.is_uri(config.decoder.datastore):  # copied to each node that runs actors, not here
-        if (
-            storage.info(storage.join(config.decoder.datastore, "meta.json"), "decoder.datastore").type.name
-            == "NotFound"
-        ):
-            raise JobFailed(f"decoder.datastore: {config.decoder.datastore!r} holds no datastore (no meta.json)")
-        return config
-    directory = Path(config.decoder.datastore).expanduser().resolve()
+    if not decoder.datastore:
+        return decoder
+    if storage.is_uri(decoder.datastore):  # copied to each node that runs actors, not here
+        if storage.info(storage.join(decoder.datastore, "meta.json"), "decoder.datastore").type.name == "NotFound":
+            raise JobFailed(f"decoder.datastore: {decoder.datastore!r} holds no datastore (no meta.json)")
+        return decoder
+    directory = Path(decoder.datastore).expanduser().resolve()
     Datastore.open(directory)
-    return dataclasses.replace(config, decoder=dataclasses.replace(config.decoder, datastore=str(directory)))
+    return dataclasses.replace(decoder, datastore=str(directory))
 
 
 # --- The plan: what the run does, decided once at its start ----------------------------------
@@ -85,30 +82,26 @@ def make_plan(config: Config, run_id: str) -> RunPlan:
     """The run's paths, the config its rows come from (its datastore checked), the one the actors
     draft with (a series drafts from its store of earlier outputs), the settings' fingerprint and
     the checkpoint."""
-    config = with_checked_datastore(config)
+    config = dataclasses.replace(config, decoder=checked_datastore(config.decoder))
     paths = RunPaths.of(config, run_id)
     drafting = series_store.with_series_store(config, paths.store)
     if drafting is not config:  # the series' store: checked like a datastore the config names
-        drafting = with_checked_datastore(drafting)
+        drafting = dataclasses.replace(drafting, decoder=checked_datastore(drafting.decoder))
     fingerprint = series.settings_fingerprint(config)
-    return RunPlan(config, drafting, paths, fingerprint, run_checkpoint(config, paths, fingerprint))
+    keys = series.fingerprint_filter(config, fingerprint) if config.job.series else None
+    return RunPlan(config, drafting, paths, fingerprint, run_checkpoint(paths, config.input.id_column, keys))
 
 
-def run_checkpoint(config: Config, paths: RunPaths, fingerprint: str) -> CheckpointConfig:
+def run_checkpoint(paths: RunPaths, id_column: str, fingerprints: type | None) -> CheckpointConfig:
     """Checkpoints of a run live beside the runs, not in the run's directory of outputs. A lone run
     records the ids it wrote (the output's `id` is the input's id column as the job names it:
-    request_key); a series the fingerprints of its rows (pipeline/job/series.py), in one checkpoint
-    shared by its runs, so each skips the rows written unchanged. The job filters its input itself
-    (read_plan), so Ray's read filter is given no keys (FilteredUpstream)."""
-    if config.job.series:
-        return ids_checkpoint(
-            "fingerprint",
-            paths.checkpoints,
-            config.input.id_column,
-            series.fingerprint_filter(config, fingerprint),
-            FilteredUpstream,
-        )
-    return ids_checkpoint("id", paths.checkpoints, config.input.id_column, manager_cls=FilteredUpstream)
+    request_key); a series the fingerprints of its rows (`fingerprints`, its filter:
+    pipeline/job/series.py), in one checkpoint shared by its runs, so each skips the rows written
+    unchanged. The job filters its input itself (read_plan), so Ray's read filter is given no keys
+    (FilteredUpstream)."""
+    if fingerprints is not None:
+        return ids_checkpoint("fingerprint", paths.checkpoints, id_column, fingerprints, FilteredUpstream)
+    return ids_checkpoint("id", paths.checkpoints, id_column, manager_cls=FilteredUpstream)
 
 
 def written_keys(plan: RunPlan) -> ObjectRef | None:
@@ -190,7 +183,7 @@ def read_plan(plan: RunPlan) -> tuple[ray.data.Dataset, Reading]:
     config = plan.config
     dataset = read_input(config.input, IO_CPUS)
     check_columns(dataset, config.input)
-    columns = job_rows.input_columns(config, dataset.schema().names)  # the rest stay unread
+    columns = job_rows.input_columns(config.input, dataset.schema().names)  # the rest stay unread
     keys = written_keys(plan)
     unwritten = {"checkpoint": plan.checkpoint if keys else None, "keys": [keys]}  # the ref, not the array
     # Counted so that a run that read part of its input never looks complete.
@@ -256,7 +249,7 @@ def generate_and_write(config: Config, run_id: str) -> dict:
         if stopped:
             raise JobFailed(stopped) from error
         if "Timed out while starting actors" in str(error):
-            raise unplaceable(config) from error
+            raise unplaceable(config.ray) from error
         raise
     this_time = ray.get(progress.totals.remote())
     first_batch = round(this_time["first_start"] - started_at, 2) if this_time["batches"] else None

@@ -19,7 +19,7 @@ from collections.abc import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.config import Config
+from pipeline.config import Config, InputConfig
 from pipeline.config.drafter_kinds import DRAFTER_KINDS
 from pipeline.engines.errors import RequestError
 from pipeline.job import openai_batch
@@ -63,10 +63,9 @@ def stage_settings(
     )
 
 
-def input_columns(config: Config, names: list[str]) -> list[str]:
+def input_columns(source: InputConfig, names: list[str]) -> list[str]:
     """The input's columns the job reads (of `names`, the input's): the id, the prompt, the row
     settings, and the message of a row that stands for a bad line."""
-    source = config.input
     return list(
         dict.fromkeys(
             [

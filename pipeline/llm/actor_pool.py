@@ -12,7 +12,7 @@ import ray
 
 from drafters.datastore import Datastore
 from pipeline.loading.drafters import drafter_tables, needs_datastore
-from pipeline.config import Config
+from pipeline.config import Config, RayConfig
 from pipeline.engines.build import ModelRefused, check_engine_can_run, concurrent_batches
 from pipeline import storage
 from pipeline.llm.errors import JobFailed
@@ -53,32 +53,31 @@ def prepare_model(config: Config):
     return report, None if tables is None else tables.as_plain_arrays()
 
 
-def actor_pool(config: Config) -> ray.data.ActorPoolStrategy:
-    """The stage's actors; each runs several batches at once where its engine takes them (the
-    vLLM engine runs their requests together and never waits for one batch to drain). Ray Data
-    runs a class's __call__ on one thread unless told it may run it on several."""
-    batches = concurrent_batches(config)
+def actor_pool(settings: RayConfig, batches: int) -> ray.data.ActorPoolStrategy:
+    """The stage's actors; each runs `batches` at once where its engine takes several (the vLLM
+    engine runs their requests together and never waits for one batch to drain). Ray Data runs a
+    class's __call__ on one thread unless told it may run it on several."""
     return ray.data.ActorPoolStrategy(
-        min_size=config.ray.min_actors,
-        max_size=config.ray.max_actors,
+        min_size=settings.min_actors,
+        max_size=settings.max_actors,
         max_tasks_in_flight_per_actor=batches,
         max_concurrent_calls_per_actor=batches,
         enable_true_multi_threading=batches > 1,
     )
 
 
-def actor_resources(config: Config) -> dict:
+def actor_resources(settings: RayConfig) -> dict:
     """What each actor (and the task that prepares the model) asks Ray for."""
-    resources = {"num_cpus": config.ray.num_cpus_per_actor, "num_gpus": config.ray.num_gpus_per_actor}
-    if config.ray.accelerator_type:
-        resources["accelerator_type"] = config.ray.accelerator_type
+    resources = {"num_cpus": settings.num_cpus_per_actor, "num_gpus": settings.num_gpus_per_actor}
+    if settings.accelerator_type:
+        resources["accelerator_type"] = settings.accelerator_type
     return resources
 
 
-def unplaceable(config: Config) -> JobFailed:
+def unplaceable(settings: RayConfig) -> JobFailed:
     return JobFailed(
-        f"ray: no node could take an actor asking for {actor_resources(config)} within "
-        f"ray.wait_for_actors_s ({config.ray.wait_for_actors_s:g} s); the cluster has "
+        f"ray: no node could take an actor asking for {actor_resources(settings)} within "
+        f"ray.wait_for_actors_s ({settings.wait_for_actors_s:g} s); the cluster has "
         f"{ray.cluster_resources()} (an autoscaler may not offer such a node)"
     )
 
@@ -97,7 +96,7 @@ def start_preparing(config: Config, runtime_env: dict | None = None) -> Preparat
     runtime_env: a hub cache named in its env_vars is found there too; without one, any idle worker,
     as a worker with its own environment is a process started for it); the tables stay there. A
     caller with other work before its Dataset runs (the job counts its input) starts it first."""
-    task = prepare_model.options(**actor_resources(config), runtime_env=runtime_env or None)
+    task = prepare_model.options(**actor_resources(config.ray), runtime_env=runtime_env or None)
     return Preparation(config, *task.remote(config))
 
 
@@ -114,27 +113,27 @@ def prepared_tables(config: Config, runtime_env: dict | None = None, started: Pr
         raise JobFailed(str(error)) from error
     except ray.exceptions.GetTimeoutError as error:
         ray.cancel(report, force=True)
-        raise unplaceable(config) from error
+        raise unplaceable(config.ray) from error
     return tables
 
 
-def stage_environment(config: Config, runtime_env: dict | None) -> dict | None:
+def stage_environment(num_threads: int, runtime_env: dict | None) -> dict | None:
     """The user's runtime_env with the actors' own variables (actor_environment) added; None if empty."""
     environment = dict(runtime_env or {})
-    variables = {**environment.get("env_vars", {}), **actor_environment(config).get("env_vars", {})}
+    variables = {**environment.get("env_vars", {}), **actor_environment(num_threads).get("env_vars", {})}
     if variables:
         environment["env_vars"] = variables
     return environment or None
 
 
-def actor_environment(config: Config) -> dict:
+def actor_environment(num_threads: int) -> dict:
     """Ray starts a worker with num_cpus < 2 with OMP_NUM_THREADS=1, and OpenMP reads it once, when
     the process starts: vLLM's CPU kernels then ran on one thread (half the tokens/s of the same
     engine in the driver) or failed on a thread-count mismatch. The actors start with
     model.num_threads instead."""
-    if not config.model.num_threads:
+    if not num_threads:
         return {}
-    return {"env_vars": {"OMP_NUM_THREADS": str(config.model.num_threads)}}
+    return {"env_vars": {"OMP_NUM_THREADS": str(num_threads)}}
 
 
 def generation_stage(
@@ -149,9 +148,9 @@ def generation_stage(
     return dataset.map_batches(
         GenerationStage,
         fn_constructor_kwargs=constructor_kwargs,
-        compute=actor_pool(config),
-        **actor_resources(config),
+        compute=actor_pool(config.ray, concurrent_batches(config)),
+        **actor_resources(config.ray),
         batch_size=config.ray.batch_size,
         batch_format="pyarrow",
-        runtime_env=stage_environment(config, runtime_env),
+        runtime_env=stage_environment(config.model.num_threads, runtime_env),
     )

@@ -22,6 +22,7 @@ from pipeline.job.inputs import check_columns, read_input
 from pipeline.job.ray_job import JobFailed, run_job
 from pipeline.llm.stage import GenerationStage
 from tests import outputs
+from tests.config_follow import ConfigFollower
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -56,7 +57,11 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def test_every_input_row_yields_one_output_row(local_ray, tiny_model_dir, tmp_path):
+@pytest.fixture(scope="module")
+def mixed_rows(local_ray, tiny_model_dir, tmp_path_factory):
+    """A job over good rows, bad ones and a torn line, run once for this module's tests, with the
+    functions its driver hands the whole config to followed (config_follow.py)."""
+    tmp_path = tmp_path_factory.mktemp("mixed")
     rows = [
         {"id": "ok", "prompt": "def add(a, b):"},
         {"id": "empty", "prompt": ""},
@@ -71,7 +76,13 @@ def test_every_input_row_yields_one_output_row(local_ray, tiny_model_dir, tmp_pa
         corpus.write('{"id": "torn", "prompt": "an unterminated\n{"id": "after", "prompt": "Hi"}\n')
     rows.append({"id": "after"})
     config = job_config(tiny_model_dir, tmp_path, f"input.path={path}")
-    summary = run_job(config, "r1")
+    with ConfigFollower() as follower:
+        summary = run_job(config, "r1")
+    return tmp_path, path, rows, config, summary, follower
+
+
+def test_every_input_row_yields_one_output_row(mixed_rows):
+    tmp_path, path, rows, config, summary, _ = mixed_rows
     out = {row["id"]: row for row in read_run(tmp_path, "r1")}
     bad_line = f"{path}:8"  # the torn line: its id names its file and line
     assert sorted(out) == sorted([r["id"] for r in rows] + [bad_line])
@@ -108,6 +119,15 @@ def test_every_input_row_yields_one_output_row(local_ray, tiny_model_dir, tmp_pa
     assert sorted(row["id"] for row in read_run(tmp_path, "r1")) == sorted(out)
     assert (summary["rows_this_invocation"], again["rows_this_invocation"]) == (9, 0)
     assert again["rows_skipped_already_done"] == 9 and again["rows"] == 9 and again["errored_rows"] == 5
+
+
+def test_the_driver_hands_the_whole_config_to_few_functions(mixed_rows):
+    """A reader following the config from the job's entry meets at most 20 functions, no module
+    more than 3 times; the rest take the section or value they read."""
+    follower = mixed_rows[-1]
+    stops = [f"{module}:{name}" for module, name in follower.stops]
+    assert stops[:2] == ["pipeline/job/ray_job.py:run_job", "pipeline/job/ray_job.py:generate_and_write"], stops
+    assert len(stops) <= 20 and max(follower.per_module().values()) <= 3, stops
 
 
 def test_rest_actors_map_the_datastore_the_driver_checked(local_ray, tiny_model_dir, tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from pipeline.config import Config, ConfigError
+from pipeline.config import Config, ConfigError, DecoderConfig, TransformersConfig
 from pipeline.config.drafter_kinds import DRAFTER_KINDS
 from pipeline.engines.base import EngineKind
 from pipeline.engines.errors import ModelRefused
@@ -47,7 +47,7 @@ def checked(config: Config) -> Config:
         "ray.max_concurrent_batches",
         f"0 (auto) or 1 with engine.name {NAME} (its decoder runs one batch at a time)",
     )
-    check_drafter(config)
+    check_drafter(config.decoder, config.transformers)
     return config
 
 
@@ -55,9 +55,8 @@ def batch_size(config: Config) -> int:
     return config.ray.batch_size or BATCH_SIZE
 
 
-def check_drafter(config: Config) -> None:
-    """What the drafter asks of this engine's settings, and refuses."""
-    decoder, own = config.decoder, config.transformers
+def check_drafter(decoder: DecoderConfig, own: TransformersConfig) -> None:
+    """What the drafter asks of this engine's settings (`own`), and refuses."""
     if own.lenience < 1:
         require(
             decoder.drafter == "draft_model",
