@@ -19,6 +19,7 @@ unbiased estimate).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import threading
@@ -130,40 +131,63 @@ def eager(config: Config) -> bool:
 
 
 def vllm_params(request: Request, max_tokens: int):
-    """The request's settings as vLLM's SamplingParams; RequestError names what vLLM refuses."""
+    """The request's settings as vLLM's SamplingParams; RequestError names what vLLM refuses.
+    Requests with only the common settings share one object per distinct settings, as vLLM's
+    LLM.generate shares its one (vLLM copies it for each request it admits): building one costs
+    about as much as the rest of a short row's way through the stage."""
+    from vllm.exceptions import VLLMError
+
+    sampling = request.sampling
+    seed = None if sampling.greedy else sampling.seed
+    common = (max_tokens, sampling.temperature, sampling.top_k, sampling.top_p, seed, tuple(request.stop))
+    own = own_settings(request) if request.structured_outputs or request.engine_sampling or request.prediction else {}
+    try:
+        return sampling_params(*common, **own) if own else shared_params(*common)
+    except (TypeError, ValueError, VLLMError) as error:
+        raise RequestError(f"request {request.request_id!r}: sampling_params: {error}") from error
+
+
+def sampling_params(max_tokens, temperature, top_k, top_p, seed, stop: tuple, named_logprobs=False, **own):
+    """vLLM's SamplingParams. The text is decoded here from the tokens (result()): vLLM detokenizes
+    only to find stop strings and to name the tokens of log probabilities (unless the request says
+    detokenize False)."""
     from vllm import SamplingParams
+
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=temperature,
+        top_k=top_k,
+        top_p=top_p,
+        seed=seed,
+        stop=list(stop) or None,
+        detokenize=bool(stop) or named_logprobs,
+        **own,
+    )
+
+
+shared_params = functools.lru_cache(maxsize=4096)(sampling_params)
+
+
+def own_settings(request: Request) -> dict:
+    """A request's settings beyond the common ones: structured outputs, vLLM's other settings, its
+    prediction (for our proposer, proposer.py, which reads it from the runner's request)."""
     from vllm.exceptions import VLLMError
     from vllm.sampling_params import StructuredOutputsParams
 
-    sampling, structured = request.sampling, None
+    own = {}
     if request.structured_outputs:
         try:
-            structured = StructuredOutputsParams(**request.structured_outputs)
+            own["structured_outputs"] = StructuredOutputsParams(**request.structured_outputs)
         except (TypeError, ValueError, VLLMError) as error:
             raise RequestError(f"request {request.request_id!r}: structured_outputs: {error}") from error
-    # The text is decoded here from the tokens (result()): vLLM detokenizes only to find stop strings
-    # and to name the tokens of log probabilities (unless the request says detokenize False).
     settings = request.engine_sampling or {}
-    extra = {key: value for key, value in settings.items() if key not in TEXT_SETTINGS}
-    if request.prediction:  # for our proposer (proposer.py), which reads it from the runner's request
-        extra["extra_args"] = {"prediction": list(request.prediction)}
-    named_logprobs = settings.get("detokenize", True) and (
+    own.update((key, value) for key, value in settings.items() if key not in TEXT_SETTINGS)
+    if request.prediction:
+        own["extra_args"] = {"prediction": list(request.prediction)}
+    own["named_logprobs"] = settings.get("detokenize", True) and (
         settings.get("logprobs") is not None or settings.get("prompt_logprobs") is not None
     )
-    try:
-        return SamplingParams(
-            max_tokens=max_tokens,
-            temperature=sampling.temperature,
-            top_k=sampling.top_k,
-            top_p=sampling.top_p,
-            seed=None if sampling.greedy else sampling.seed,
-            stop=list(request.stop) or None,
-            detokenize=bool(request.stop) or named_logprobs,
-            structured_outputs=structured,
-            **extra,
-        )
-    except (TypeError, ValueError, VLLMError) as error:
-        raise RequestError(f"request {request.request_id!r}: sampling_params: {error}") from error
+    return own
 
 
 def vllm_sampling() -> EngineSampling:

@@ -461,3 +461,24 @@ def test_the_engine_reports_the_step_cost_its_proposer_measured(engines, request
     a, b = ours.steps().step_cost  # a step's seconds, and per token fed (drafters/budget.py StepCostFit)
     assert a > 0 and b > 0
     assert plain.steps().step_cost is None  # no proposer of ours: nothing measured
+
+
+def test_requests_with_the_same_common_settings_share_one_sampling_params():
+    """As LLM.generate shares its one; a request with settings of its own gets its own, and what
+    vLLM refuses is named with the request, cached or not."""
+    from pipeline.engines.errors import RequestError
+    from pipeline.engines.vllm.engine import vllm_params
+
+    greedy = [Request(str(i), [1, 2], 4) for i in range(3)]
+    assert vllm_params(greedy[0], 4) is vllm_params(greedy[1], 4) is vllm_params(greedy[2], 4)
+    assert vllm_params(greedy[0], 5).max_tokens == 5 and vllm_params(greedy[0], 5).detokenize is False
+    hot = SamplingParams(temperature=0.7, top_p=0.9, seed=11)
+    sampled = vllm_params(Request("s", [1], 4, stop=("\n",), sampling=hot), 4)
+    assert (sampled.seed, sampled.top_p, sampled.stop, sampled.detokenize) == (11, 0.9, ["\n"], True)
+    predicted = vllm_params(Request("p", [1], 4, prediction=(5, 6)), 4)
+    assert predicted is not vllm_params(greedy[0], 4) and predicted.extra_args == {"prediction": [5, 6]}
+    named = vllm_params(Request("n", [1], 4, engine_sampling={"logprobs": 2}), 4)
+    assert named.logprobs == 2 and named.detokenize is True
+    for request in (Request("bad", [1], 4, sampling=SamplingParams(top_p=0.0, temperature=1.0)),) * 2:
+        with pytest.raises(RequestError, match="request 'bad': sampling_params: .*top_p"):
+            vllm_params(request, 4)
