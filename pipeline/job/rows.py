@@ -157,17 +157,17 @@ def output_table(batch: pa.Table) -> pa.Table:
     the processor's __inference_error__ as `error` (null when the row was generated), and
     `predicted_from` null where the mode that ran the row drafts from no prediction (plain, with
     engine.speculation auto)."""
-    error = batch.column(INFERENCE_ERROR)
+    error, present = batch.column(INFERENCE_ERROR), set(batch.column_names)  # (a new list at each read)
     columns = {
-        name: batch.column(name) if name in batch.column_names else pa.nulls(len(batch))
+        name: batch.column(name) if name in present else pa.nulls(len(batch))
         for name in JOB_SCHEMA.names
         if name != "error"
     }
     columns["error"] = pc.if_else(pc.equal(error, ""), pa.scalar(None, pa.string()), error)
-    if "drafter" in batch.column_names and "predicted_from" in batch.column_names:
+    if "drafter" in present and "predicted_from" in present:
         drafted = pc.fill_null(pc.is_in(batch.column("drafter"), value_set=PREDICTION_DRAFTERS), False)
         columns["predicted_from"] = pc.if_else(drafted, batch.column("predicted_from"), pa.scalar(None, pa.string()))
-    asked = "logprobs" in batch.column_names and batch.column("logprobs").null_count < len(batch)
+    asked = "logprobs" in present and batch.column("logprobs").null_count < len(batch)
     columns["logprobs"] = (
         pa.array([logprob_entries(p) for p in batch.column("logprobs").to_pylist()], LOGPROBS)
         if asked

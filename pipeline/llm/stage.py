@@ -482,7 +482,8 @@ def with_generated_columns(batch: pa.Table, rows: list[dict], dropped: list[str]
         generated = generated.add_column(
             GENERATED.get_field_index(name), name, convert_to_pyarrow_array([row.get(name) for row in rows], name)
         )
-    kept = batch.drop_columns([name for name in GENERATED.names if name in batch.column_names])
+    present = set(batch.column_names)  # (a new list at each read)
+    kept = batch.drop_columns([name for name in GENERATED.names if name in present])
     for column in generated.drop_columns(dropped).schema:
         kept = kept.append_column(column, generated.column(column.name))
     return kept
