@@ -44,7 +44,7 @@ from pipeline.config import Config, DecoderConfig
 from pipeline.job import rows as job_rows, series, series_store
 from pipeline.llm.checkpoint import FilteredUpstream, WrittenKeysManager, checkpoint_config as ids_checkpoint
 from pipeline.llm import Processor
-from pipeline.job.inputs import check_columns, read_input
+from pipeline.job.inputs import check_columns, input_names, read_input
 from pipeline.job import openai_batch
 from pipeline.job.output_files import parquet_files, readable_columns, set_aside_unreadable, whole_files
 from pipeline.llm.progress import RunProgress, empty_totals
@@ -182,8 +182,9 @@ def read_plan(plan: RunPlan) -> tuple[ray.data.Dataset, Reading]:
     set_aside = prepare_output(plan)
     config = plan.config
     dataset = read_input(config.input, IO_CPUS)
-    check_columns(dataset, config.input)
-    columns = job_rows.input_columns(config.input, dataset.schema().names)  # the rest stay unread
+    names = input_names(dataset, config.input)
+    check_columns(names, config.input)
+    columns = job_rows.input_columns(config.input, names)  # the rest stay unread
     keys = written_keys(plan)
     unwritten = {"checkpoint": plan.checkpoint if keys else None, "keys": [keys]}  # the ref, not the array
     # Counted so that a run that read part of its input never looks complete.

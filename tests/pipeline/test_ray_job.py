@@ -18,7 +18,7 @@ import ray
 from pipeline.loading.drafters import build_tables
 from pipeline.config import load_config
 from pipeline.loading.model import load_model
-from pipeline.job.inputs import check_columns, read_input
+from pipeline.job.inputs import check_columns, input_names, read_input
 from pipeline.job.ray_job import JobFailed, run_job
 from pipeline.llm.stage import GenerationStage
 from tests import outputs
@@ -180,7 +180,9 @@ def test_input_formats(local_ray, tiny_model_dir, tmp_path, kind):
     # the rows as the job's actors receive them.
     source = job_config(tiny_model_dir, tmp_path, f"input.path={path}", *overrides).input
     dataset = read_input(source, cpus=0.25)
-    check_columns(dataset, source)
+    names = input_names(dataset, source)  # a JSON Lines file's first block read on the driver
+    assert names == dataset.schema().names
+    check_columns(names, source)
     rows = dataset.take_all()
     assert sorted(row["qid"] for row in rows) == ["a", "b", "c"]
     prompts = sorted(str(row["text"] if kind != "messages" else row["chat"][0]["content"]) for row in rows)
