@@ -100,12 +100,12 @@ def row_fingerprint(config: Config, settings: str, row: dict) -> str:
     values = {
         "id": request_key(row.get(source.id_column)),
         "prompt": canonical(python_value(row.get(source.prompt_column or source.messages_column))),
-        **{
-            name: canonical(python_value(row.get(name)))
-            for name in ROW_SETTINGS
-            if name not in LATER_SETTINGS or python_value(row.get(name)) is not None
-        },
     }
+    for name in ROW_SETTINGS:  # (most rows set none: an absent value costs no conversion)
+        value = row.get(name)
+        value = None if value is None else canonical(python_value(value))
+        if value is not None or name not in LATER_SETTINGS:
+            values[name] = value
     if row.get(REQUEST):  # an OpenAI Batch line's request: its messages and settings
         values[REQUEST] = row[REQUEST]
     return digest(settings + json.dumps(values, sort_keys=True, default=str))
