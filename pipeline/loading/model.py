@@ -1,6 +1,6 @@
 """Loads the target model and tokenizer from a model directory, a GGUF file, or the embedded default.
 
-A GGUF file is converted by transformers once (about 15 s for SmolLM2) and the result is saved as
+A GGUF file is converted by transformers once (about 20 s for SmolLM2) and the result is saved as
 safetensors under the cache directory, keyed by the file's SHA-256 (and the conversion's code and
 transformers' version), so later loads take seconds.
 """
