@@ -241,11 +241,11 @@ def input_names(dataset: ray.data.Dataset, source: InputConfig) -> list[str]:
         kind = format_of(source, files)
         if kind in ("jsonl", "openai_batch"):
             reader = line_reader(source, files, kind)
-            path = reader._paths()[0]
-            with reader._open_input_source(reader._filesystem, path) as stream:
-                block = next(iter(reader._read_stream(stream, path)), None)
-            if block is not None:
-                return [str(name) for name in block.columns]
+            for path in reader._paths()[:1]:
+                with reader._open_input_source(reader._filesystem, path) as stream:
+                    block = next(iter(reader._read_stream(stream, path)), None)
+                if block is not None:
+                    return [str(name) for name in block.columns]
     return dataset.schema().names
 
 

@@ -250,7 +250,7 @@ def test_bad_sampling_params_name_the_row_and_the_key(params, named):
 
 
 def test_vllms_other_sampling_params_pass_through_on_vllm_and_fail_by_name_elsewhere():
-    from pipeline.engines.vllm.engine import vllm_sampling
+    from pipeline.engines.vllm.request_params import vllm_sampling
 
     vllm = vllm_sampling()
     given = {

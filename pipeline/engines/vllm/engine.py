@@ -19,7 +19,6 @@ unbiased estimate).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import os
 import threading
@@ -31,10 +30,8 @@ from pipeline.loading.drafters import DrafterTables, make_batch_drafter
 from pipeline.config import CPU_MAX_NUM_SEQS, Config, ConfigError, DecoderConfig
 from pipeline.config.drafter_kinds import VLLM_METHODS
 from pipeline.engines.base import (
-    SAMPLING_KEYS,
     EngineFailed,
     EngineHung,
-    EngineSampling,
     EngineSteps,
     Failed,
     Request,
@@ -53,6 +50,7 @@ from pipeline.engines.vllm.compat import (
     uninstall_keyed_draws,
 )
 from pipeline.engines.vllm.feeder import EngineFeeder
+from pipeline.engines.vllm.request_params import vllm_params, vllm_sampling
 from pipeline.engines.vllm.proposer import (
     PREDICTION,
     Proposal,
@@ -67,18 +65,6 @@ from pipeline.engines.stats import RequestStats
 logger = logging.getLogger(__name__)
 
 PROPOSER = "pipeline.engines.vllm.proposer.NgrammysProposer"
-# vLLM SamplingParams keys refused here, each with why (any other goes to vLLM, which checks it).
-REFUSED_SAMPLING = {
-    "min_p": "vLLM does not run it with speculative decoding",
-    "logit_bias": "vLLM does not run it with speculative decoding",
-    "logits_processors": "vLLM does not run it with speculative decoding",
-    "spaces_between_special_tokens": "the actor decodes the text itself (skip_special_tokens is honoured)",
-    "output_kind": "the processor takes each request's final output",
-    "extra_args": "not run here",
-}
-# vLLM SamplingParams keys that shape the text, which the engine decodes itself (`detokenize`: the
-# text is decoded either way, as ray.data.llm's detokenize stage does).
-TEXT_SETTINGS = ("skip_special_tokens", "include_stop_str_in_output", "detokenize")
 
 
 def set_vllm_environment(config: Config) -> None:
@@ -128,74 +114,6 @@ def eager(config: Config) -> bool:
 
         return not torch.cuda.is_available()
     return config.engine.execution == "eager"
-
-
-def vllm_params(request: Request, max_tokens: int):
-    """The request's settings as vLLM's SamplingParams; RequestError names what vLLM refuses.
-    Requests with only the common settings share one object per distinct settings, as vLLM's
-    LLM.generate shares its one (vLLM copies it for each request it admits): building one costs
-    about as much as the rest of a short row's way through the stage."""
-    from vllm.exceptions import VLLMError
-
-    sampling = request.sampling
-    seed = None if sampling.greedy else sampling.seed
-    common = (max_tokens, sampling.temperature, sampling.top_k, sampling.top_p, seed, tuple(request.stop))
-    own = own_settings(request) if request.structured_outputs or request.engine_sampling or request.prediction else {}
-    try:
-        return sampling_params(*common, **own) if own else shared_params(*common)
-    except (TypeError, ValueError, VLLMError) as error:
-        raise RequestError(f"request {request.request_id!r}: sampling_params: {error}") from error
-
-
-def sampling_params(max_tokens, temperature, top_k, top_p, seed, stop: tuple, named_logprobs=False, **own):
-    """vLLM's SamplingParams. The text is decoded here from the tokens (result()): vLLM detokenizes
-    only to find stop strings and to name the tokens of log probabilities (unless the request says
-    detokenize False)."""
-    from vllm import SamplingParams
-
-    return SamplingParams(
-        max_tokens=max_tokens,
-        temperature=temperature,
-        top_k=top_k,
-        top_p=top_p,
-        seed=seed,
-        stop=list(stop) or None,
-        detokenize=bool(stop) or named_logprobs,
-        **own,
-    )
-
-
-shared_params = functools.lru_cache(maxsize=4096)(sampling_params)
-
-
-def own_settings(request: Request) -> dict:
-    """A request's settings beyond the common ones: structured outputs, vLLM's other settings, its
-    prediction (for our proposer, proposer.py, which reads it from the runner's request)."""
-    from vllm.exceptions import VLLMError
-    from vllm.sampling_params import StructuredOutputsParams
-
-    own = {}
-    if request.structured_outputs:
-        try:
-            own["structured_outputs"] = StructuredOutputsParams(**request.structured_outputs)
-        except (TypeError, ValueError, VLLMError) as error:
-            raise RequestError(f"request {request.request_id!r}: structured_outputs: {error}") from error
-    settings = request.engine_sampling or {}
-    own.update((key, value) for key, value in settings.items() if key not in TEXT_SETTINGS)
-    if request.prediction:
-        own["extra_args"] = {"prediction": list(request.prediction)}
-    own["named_logprobs"] = settings.get("detokenize", True) and (
-        settings.get("logprobs") is not None or settings.get("prompt_logprobs") is not None
-    )
-    return own
-
-
-def vllm_sampling() -> EngineSampling:
-    """The sampling_params keys vLLM runs here: its SamplingParams' fields, but REFUSED_SAMPLING's."""
-    from vllm import SamplingParams
-
-    keys = frozenset(SamplingParams.__struct_fields__) - set(REFUSED_SAMPLING) - set(SAMPLING_KEYS)
-    return EngineSampling("vllm", keys, "vLLM's SamplingParams", REFUSED_SAMPLING)
 
 
 class VllmEngine:

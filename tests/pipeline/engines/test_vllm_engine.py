@@ -467,7 +467,7 @@ def test_requests_with_the_same_common_settings_share_one_sampling_params():
     """As LLM.generate shares its one; a request with settings of its own gets its own, and what
     vLLM refuses is named with the request, cached or not."""
     from pipeline.engines.errors import RequestError
-    from pipeline.engines.vllm.engine import vllm_params
+    from pipeline.engines.vllm.request_params import vllm_params
 
     greedy = [Request(str(i), [1, 2], 4) for i in range(3)]
     assert vllm_params(greedy[0], 4) is vllm_params(greedy[1], 4) is vllm_params(greedy[2], 4)
