@@ -27,9 +27,9 @@ tokens plus one. Every method drafts at most --max-draft tokens per request-step
   vLLM's `ngram_gpu` (its Triton kernel finds the same n-grams on the GPU, asynchronously);
 - `plain`: no drafts (the projection's reference);
 - `copy_ceiling`: not a drafter but a bound: each step drafts, knowing the recorded output, the
-  longest run of it that occurs in the row's prediction, prompt, its output or its siblings'
-  outputs so far (the other samples of its prompt), up to --prediction-w tokens: no drafter copying
-  from those sources takes fewer steps.
+  longest run of it that occurs in the row's prediction, its prompt, its output so far or its
+  siblings' outputs so far (the other samples of its prompt), up to --prediction-w tokens: no
+  drafter copying from those sources takes fewer steps.
 With --project, `auto` says what engine.speculation auto would run at each batch size and its tokens/s
 (`auto_projection`: the actor's own chooser over --actor-hours, each switch --restart-seconds), and
 every row also has its projected tokens/s on that GPU (see `projection`), or with
