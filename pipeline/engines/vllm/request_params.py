@@ -23,17 +23,19 @@ TEXT_SETTINGS = ("skip_special_tokens", "include_stop_str_in_output", "detokeniz
 
 def vllm_params(request: Request, max_tokens: int):
     """The request's settings as vLLM's SamplingParams; RequestError names what vLLM refuses.
-    Requests with only the common settings share one object per distinct settings, as vLLM's
-    LLM.generate shares its one (vLLM copies it for each request it admits): building one costs
-    about as much as the rest of a short row's way through the stage."""
+    Greedy requests with only the common settings share one object per distinct settings, as
+    vLLM's LLM.generate shares its one (vLLM copies it for each request it admits): building one
+    costs about as much as the rest of a short row's way through the stage. A sampled request has
+    a seed of its own, so it would never share one."""
     from vllm.exceptions import VLLMError
 
     sampling = request.sampling
     seed = None if sampling.greedy else sampling.seed
     common = (max_tokens, sampling.temperature, sampling.top_k, sampling.top_p, seed, tuple(request.stop))
-    own = own_settings(request) if request.structured_outputs or request.engine_sampling or request.prediction else {}
+    plain = not (request.structured_outputs or request.engine_sampling or request.prediction)
+    own = {} if plain else own_settings(request)  # (its RequestError names the setting)
     try:
-        return sampling_params(*common, **own) if own else shared_params(*common)
+        return shared_params(*common) if plain and seed is None else sampling_params(*common, **own)
     except (TypeError, ValueError, VLLMError) as error:
         raise RequestError(f"request {request.request_id!r}: sampling_params: {error}") from error
 
