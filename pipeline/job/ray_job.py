@@ -200,6 +200,9 @@ def read_plan(plan: RunPlan) -> tuple[ray.data.Dataset, Reading]:
         num_cpus=IO_CPUS,
     )
     if config.input.limit:
+        # The input's first rows: Ray splits a small read into blocks whose tasks may finish in
+        # any order, and a limit takes the rows that reach it first (this dataset's context only).
+        dataset.context.execution_options.preserve_order = True
         dataset = dataset.limit(config.input.limit)
     return dataset, Reading(
         input_rows, rows_read, new_rows, set_aside, "prediction" in columns, openai_batch.REQUEST in columns

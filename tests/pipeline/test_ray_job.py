@@ -19,7 +19,7 @@ from pipeline.loading.drafters import build_tables
 from pipeline.config import load_config
 from pipeline.loading.model import load_model
 from pipeline.job.inputs import check_columns, input_names, read_input
-from pipeline.job.ray_job import JobFailed, run_job
+from pipeline.job.ray_job import JobFailed, make_plan, read_plan, run_job
 from pipeline.llm.stage import GenerationStage
 from tests import outputs
 from tests.config_follow import ConfigFollower
@@ -187,6 +187,19 @@ def test_input_formats(local_ray, tiny_model_dir, tmp_path, kind):
     assert sorted(row["qid"] for row in rows) == ["a", "b", "c"]
     prompts = sorted(str(row["text"] if kind != "messages" else row["chat"][0]["content"]) for row in rows)
     assert prompts == (["one", "three", "two"] if kind != "messages" else ["x", "y", "z"])
+
+
+def test_input_limit_takes_the_inputs_first_rows(local_ray, tiny_model_dir, tmp_path):
+    """Ray splits a small read into blocks whose tasks finish in any order: input.limit still takes
+    the input's first rows, every time."""
+    path = write_jsonl(tmp_path / "in.jsonl", [{"id": f"p{i:03d}", "prompt": "x"} for i in range(200)])
+    config = job_config(tiny_model_dir, tmp_path, f"input.path={path}", "input.limit=100")
+    for attempt in range(8):
+        dataset, reading = read_plan(make_plan(config, f"r{attempt}"))
+        assert (reading.input_rows, reading.rows_read) == (200, 100)
+        assert dataset.context.execution_options.preserve_order  # the stages after it keep the order too
+        assert not ray.data.DataContext.get_current().execution_options.preserve_order  # the job's own only
+        assert sorted(row["id"] for row in dataset.take_all()) == [f"p{i:03d}" for i in range(100)], attempt
 
 
 def test_unreadable_input_is_named_by_file_and_line(local_ray, tiny_model_dir, tmp_path):
