@@ -11,7 +11,8 @@ from collections.abc import Iterator
 
 from jobs.benchmark.corpus_tasks import corpus_texts
 from pipeline.config.package_data import BUILTIN_DATASETS, builtin_prompts, json_list_records, sharegpt_path
-from pipeline.llm.stage import StageSettings, prompt_of
+from pipeline.llm.prompts import prompt_of
+from pipeline.llm.stage import StageSettings
 
 AS_THE_JOB = StageSettings(text_as_user_message=True)
 

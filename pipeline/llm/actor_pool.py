@@ -16,7 +16,7 @@ from pipeline.config import Config, RayConfig
 from pipeline.engines.build import ModelRefused, check_engine_can_run, concurrent_batches
 from pipeline import storage
 from pipeline.llm.errors import JobFailed
-from pipeline.loading.model import cache_root, resolve_model_dir
+from pipeline.loading.model import cache_root, load_tokenizer, resolve_model_dir
 
 
 def local_datastore(config: Config, path: str) -> str:
@@ -25,13 +25,18 @@ def local_datastore(config: Config, path: str) -> str:
     return storage.local_copy(path, cache_root(config.model) / "datastores")
 
 
+# Each tokenize-stage actor's CPUs: templating and tokenizing cost a fraction of what generating does.
+TOKENIZE_CPUS = 0.25
+
+
 # --- The model, prepared where it runs --------------------------------------------------------
 
 
-@ray.remote(num_returns=2)
+@ray.remote(num_returns=3)
 def prepare_model(config: Config):
     """Runs with the actors' resources: resolves (or converts) the model, checks that the engine
-    can run it, and builds the drafter tables. Returns (a small report, the tables or None)."""
+    can run it, and builds the drafter tables. Returns (a small report, the tables or None, the
+    engine's tokenizer for the tokenize stage)."""
     started = time.perf_counter()
     model_dir = resolve_model_dir(config.model)[0]
     check_engine_can_run(config, model_dir)
@@ -49,8 +54,9 @@ def prepare_model(config: Config):
     tables = drafter_tables(config)
     if needs_datastore(config.decoder):  # shared like the tables: one copy per node, not one per actor
         tables = dataclasses.replace(tables, datastore=datastore)
+    tokenizer = load_tokenizer(model_dir, config.model)
     report = {"node": ray.get_runtime_context().get_node_id(), "seconds": round(time.perf_counter() - started, 2)}
-    return report, None if tables is None else tables.as_plain_arrays()
+    return report, None if tables is None else tables.as_plain_arrays(), tokenizer
 
 
 def actor_pool(settings: RayConfig, batches: int) -> ray.data.ActorPoolStrategy:
@@ -84,11 +90,13 @@ def unplaceable(settings: RayConfig) -> JobFailed:
 
 @dataclasses.dataclass(frozen=True)
 class Preparation:
-    """The model's preparation (prepare_model) under way for `config`: its report and tables, ObjectRefs."""
+    """The model's preparation (prepare_model) under way for `config`: its report, tables and
+    tokenizer, ObjectRefs."""
 
     config: Config
     report: ray.ObjectRef
     tables: ray.ObjectRef
+    tokenizer: ray.ObjectRef
 
 
 def start_preparing(config: Config, runtime_env: dict | None = None) -> Preparation:
@@ -100,21 +108,20 @@ def start_preparing(config: Config, runtime_env: dict | None = None) -> Preparat
     return Preparation(config, *task.remote(config))
 
 
-def prepared_tables(config: Config, runtime_env: dict | None = None, started: Preparation | None = None):
-    """The tables (an ObjectRef) of the model's preparation for `config`: `started` if it is for
-    that config, else one started now. A cluster that cannot place it within ray.wait_for_actors_s
+def prepared(config: Config, runtime_env: dict | None = None, started: Preparation | None = None) -> Preparation:
+    """The model's preparation for `config`, finished: `started` if it is for that config, else one
+    started now. A cluster that cannot place it within ray.wait_for_actors_s
     fails the job, naming what it asked for; a model the engine cannot run fails it too."""
     if started is None or started.config != config:
         started = start_preparing(config, runtime_env)
-    report, tables = started.report, started.tables
     try:
-        ray.get(report, timeout=config.ray.wait_for_actors_s)
+        ray.get(started.report, timeout=config.ray.wait_for_actors_s)
     except ModelRefused as error:
         raise JobFailed(str(error)) from error
     except ray.exceptions.GetTimeoutError as error:
-        ray.cancel(report, force=True)
+        ray.cancel(started.report, force=True)
         raise unplaceable(config.ray) from error
-    return tables
+    return started
 
 
 def stage_environment(num_threads: int, runtime_env: dict | None) -> dict | None:
@@ -153,4 +160,19 @@ def generation_stage(
         batch_size=config.ray.batch_size,
         batch_format="pyarrow",
         runtime_env=stage_environment(config.model.num_threads, runtime_env),
+    )
+
+
+def tokenize_stage(dataset: ray.data.Dataset, settings: RayConfig, tokenizer: ray.ObjectRef, stage) -> ray.data.Dataset:
+    """The processor's tokenize stage (prompts.py's TokenizeStage, with the generation stage's
+    settings `stage`) joined to a Dataset: one actor up to one per engine actor, a block at a time."""
+    from pipeline.llm.prompts import TokenizeStage
+
+    return dataset.map_batches(
+        TokenizeStage,
+        fn_constructor_kwargs={"tokenizer": tokenizer, "settings": stage},
+        compute=ray.data.ActorPoolStrategy(min_size=1, max_size=max(1, settings.max_actors)),
+        num_cpus=TOKENIZE_CPUS,
+        batch_size=None,
+        batch_format="pyarrow",
     )

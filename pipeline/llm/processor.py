@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import pyarrow as pa
 
-from pipeline.llm.actor_pool import generation_stage, prepared_tables
+from pipeline.llm.actor_pool import generation_stage, prepared, tokenize_stage
 from pipeline.llm.checkpoint import checkpoint_config
 from pipeline.config import ENGINES, Config, ConfigError, build
 from pipeline.engines.build import checked_config, concurrent_batches
@@ -81,10 +81,12 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
     # instead of the tokenizer's), chat_template_kwargs (for apply_chat_template). Its actor pool's
     # keys (batch_size, concurrency, num_cpus, ...) are accepted: our actor templates in its process.
     chat_template_stage: Any = True
-    # Accepted, and the same either way: our actor tokenizes and detokenizes in the engine's
-    # process, with no stage of its own (ray.data.llm runs each as an actor pool).
-    tokenize_stage: bool = True
-    detokenize_stage: bool = True
+    # True (or Ray's TokenizerStageConfig, or a dict of its fields, enabled): the prompts are
+    # templated and tokenized by an actor pool of their own before the engine's, as ray.data.llm
+    # runs one (its pool's keys are accepted); False: in the engine's actor. The outputs are the same.
+    tokenize_stage: Any = True
+    # Accepted, and the same either way: our actor detokenizes in the engine's process.
+    detokenize_stage: Any = True
     placement_group_config: Mapping[str, Any] | None = None
     # Live metrics from every actor, through Ray's metrics (Ray's dashboard, Prometheus): the job's
     # counters (pipeline/llm/metrics.py: rows, tokens, target calls, accepted drafts, engine steps and
@@ -375,6 +377,9 @@ class Processor:
     # The model's preparation, started by the caller while it reads its input (actor_pool's
     # start_preparing; used where it is for this config), or None: started when the Dataset is made.
     preparing: Any = None
+    # Prompts templated and tokenized in a stage of their own before the engine's (prompts.py), or
+    # (False) in the engine's actor.
+    tokenize: bool = True
 
     def __call__(self, dataset):
         """The lazy Dataset. The model is checked (and drafter tables built) here, once: a model or
@@ -398,13 +403,15 @@ class Processor:
         # block when a task's input block is generated, which at a corpus job's pace takes longer.
         # A stuck engine is the engine's to catch (engine.hang_timeout_s), not this clock's.
         dataset.context.execution_no_progress_timeout_s = NO_PROGRESS_TIMEOUT
-        tables = prepared_tables(config, dict(self.runtime_env), self.preparing)
+        preparation = prepared(config, dict(self.runtime_env), self.preparing)
         if self.preprocess is not None:
             dataset = dataset.map(merged(self.preprocess), **self.preprocess_map_kwargs)
+        if self.tokenize:
+            dataset = tokenize_stage(dataset, config.ray, preparation.tokenizer, self.settings)
         dataset = generation_stage(
             dataset,
             config,
-            {"config": config, "settings": self.settings, "tables": tables, "progress": self.progress},
+            {"config": config, "settings": self.settings, "tables": preparation.tables, "progress": self.progress},
             dict(self.runtime_env),
         )
         if self.postprocess is not None:
@@ -414,8 +421,8 @@ class Processor:
         return dataset
 
     def list_stage_names(self) -> list[str]:
-        """The stages between the preprocess and the postprocess, as ray.data.llm names its own: one."""
-        return [GenerationStage.__name__]
+        """The stages between the preprocess and the postprocess, as ray.data.llm names its own."""
+        return ["TokenizeStage"] * self.tokenize + [GenerationStage.__name__]
 
     def get_stage_by_name(self, name: str) -> StageSettings:
         """The stage's settings."""
@@ -469,7 +476,15 @@ def build_processor(
         postprocess,
         dict(preprocess_map_kwargs or {}),
         dict(postprocess_map_kwargs or {}),
+        tokenize=stage_enabled(config.tokenize_stage),
     )
+
+
+def stage_enabled(stage) -> bool:
+    """Whether a stage setting of ray.data.llm's (a bool, its stage config, or a dict of its fields) is on."""
+    if isinstance(stage, Mapping):
+        return bool(stage.get("enabled", True))
+    return bool(getattr(stage, "enabled", stage))
 
 
 __all__ = ["Processor", "build_processor", "vLLMEngineProcessorConfig"]

@@ -4,11 +4,8 @@ and drafter, built once) and turns a batch of rows in ray.data.llm's form (`mess
 `tokenized_prompt`, `sampling_params`) into the same rows with the generated columns of
 pipeline/llm/schema.py. It does not know which engine it holds (pipeline/engines).
 
-One prompt rule: `messages` are chat-templated (the generation prompt after a user's last message,
-the last message continued otherwise), a text `prompt` is tokenized as it is, `tokenized_prompt`
-is taken as given; with `text_as_user_message`, a text prompt is one user message of a chat (where
-the tokenizer has a chat template). A text prompt that is empty, or only whitespace, is the row's
-error.
+One prompt rule (pipeline/llm/prompts.py): `messages` chat-templated, a text `prompt` tokenized as it
+is, `tokenized_prompt` taken as given; rows the processor's tokenize stage encoded come as ids.
 
 One seed rule: a row's own `sampling_params.seed`; else, where a seed is configured, one derived
 from it and the row's id (`id_column`: the same id and seed sample the same text, whichever path
@@ -36,10 +33,8 @@ import resource
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from collections.abc import Mapping
 
 import pyarrow as pa
 
@@ -51,35 +46,14 @@ from pipeline.engines import speculation
 from pipeline.llm.engine_slot import EngineSlot
 from pipeline.llm.metrics import RunMetrics
 from pipeline.llm.progress import BatchReport, JobStopped, RestartWindow
+from pipeline.llm.prompts import encode_rows, prompt_of, take_encoded
+from pipeline.llm.stage_settings import StageSettings
 from pipeline.llm.row_values import prediction_text, python_value, request_key
 from drafters.primitives.sampling import request_seed, sample_seed
 from pipeline.llm.sampling_params import sampling_of
 from pipeline.llm.schema import BAD_INPUT, GENERATED, INFERENCE_ERROR, STATISTICS, TYPED_BY_THE_DATA
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StageSettings:
-    """How the stage reads and writes rows (the processor's, from vLLMEngineProcessorConfig; the
-    job's, pipeline/job/rows.py)."""
-
-    chat_template_enabled: bool = True  # template `messages` (False: a row needs prompt or tokenized_prompt)
-    chat_template: str | None = None  # a Jinja template instead of the tokenizer's
-    chat_template_kwargs: Mapping[str, Any] = field(default_factory=dict)  # apply_chat_template's keywords
-    text_as_user_message: bool = False  # a text prompt is one user message of a chat (templated)
-    continue_on_error: bool = False  # a bad row is an error row (False: it raises)
-    seed: int | None = None  # rows without a seed sample with one derived from it and their id
-    id_column: str | None = None  # names rows in errors and seeds them; a row without one is an error
-    statistics: tuple[str, ...] | None = None  # which of STATISTICS a row gets (None: all)
-    live_metrics: bool = False  # Ray metrics from each actor (pipeline/llm/metrics.py), tagged run_id
-    run_id: str = ""
-    # The requests (rows, and their samples) the run will generate, where it knows them: each
-    # actor's share decides whether its work pays for measuring the speculation modes.
-    expected_rows: int | None = None
-    # Whether the rows carry predictions, as far as the run knows at its start (a series rerun, an
-    # input with a prediction column): the speculation rule's first choice reads it.
-    predictions: bool = False
 
 
 class GenerationStage:
@@ -184,25 +158,9 @@ class GenerationStage:
         return [first, *others], prompt, name
 
     def encode_batch(self, rows: list[dict]) -> list[tuple[str, list[int]] | None]:
-        """Each row's text prompt and ids (prompt_of's), its text tokenized in one call for the batch
-        (a call per row cost 0.3 ms of the tokenizer's own); None for a row whose prompt is made
-        on its own: given as ids, or one that fails and is named by requests()."""
-        texts: list[str | None] = []
+        """encode_rows with this actor's tokenizer (not to be shared between threads)."""
         with self.tokenizer_lock:
-            for row in rows:
-                try:
-                    texts.append(None if row.get(BAD_INPUT) else templated(self.tokenizer, row, self.settings, ""))
-                except RequestError:
-                    texts.append(None)
-            wanted = [i for i, text in enumerate(texts) if text is not None]
-            try:
-                ids = self.tokenizer([texts[i] for i in wanted])["input_ids"] if wanted else []
-            except Exception:  # (a tokenizer's own errors are of any type) each row on its own, its error named
-                return [None] * len(rows)
-        encoded: list[tuple[str, list[int]] | None] = [None] * len(rows)
-        for i, row_ids in zip(wanted, ids):
-            encoded[i] = (texts[i], list(row_ids)) if len(row_ids) else None
-        return encoded
+            return encode_rows(self.tokenizer, rows, self.settings)
 
     def prediction(self, row: dict, name: str) -> tuple[int, ...]:
         """The row's `prediction` (text its answer is expected to resemble, or OpenAI's form of it) as
@@ -237,7 +195,8 @@ class GenerationStage:
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         started = time.time()
-        out, of_row = self.generate_samples(batch.to_pylist())
+        batch, encoded = take_encoded(batch)
+        out, of_row = self.generate_samples(batch.to_pylist(), encoded)
         self.report(out, [bool(row.get(INFERENCE_ERROR)) for row in out], started, len(batch))
         return with_generated_columns(batch.take(of_row), out, self.dropped)
 
@@ -245,15 +204,16 @@ class GenerationStage:
         """generate_samples' rows (one per row where each asks for one sample)."""
         return self.generate_samples(rows)[0]
 
-    def generate_samples(self, rows: list[dict]) -> tuple[list[dict], list[int]]:
+    def generate_samples(self, rows: list[dict], encoded: list | None = None) -> tuple[list[dict], list[int]]:
         """A generated row per sample of each row (sampling_params.n, one by default) in order, and
         the row each came from. The engine runs the good rows' requests together, a row's samples
         side by side (drafting from each other as they go); a bad row gets one error row (or raises),
-        the rest go on. The batch then counts towards the actor's choice of speculation mode."""
+        the rest go on. The batch then counts towards the actor's choice of speculation mode.
+        `encoded`: the rows' prompts as the tokenize stage encoded them (prompts.take_encoded)."""
         batch_uuid = uuid.uuid4().hex
         outputs: list[list[dict]] = [[] for _ in rows]
         made: list[tuple[int, int, Request, str, str]] = []  # (row, sample, request, prompt, name)
-        encoded = self.encode_batch(rows)
+        encoded = self.encode_batch(rows) if encoded is None else encoded
         for index, row in enumerate(rows):
             try:
                 requests, prompt, name = self.requests(row, encoded[index])
@@ -400,74 +360,6 @@ class GenerationStage:
             stop = ray.get(self.progress.report.remote(batch))
             if stop:
                 raise JobStopped(stop)
-
-
-def messages_of(tokenizer, row: dict, settings: StageSettings, name: str) -> list | None:
-    """The row's chat messages, to be templated (None: none, or not templated); a text prompt as
-    one user message with text_as_user_message."""
-    messages, prompt = row.get("messages"), row.get("prompt")
-    if messages is None and settings.text_as_user_message and isinstance(prompt, str) and tokenizer.chat_template:
-        messages = [{"role": "user", "content": prompt}]
-    if messages is None or not settings.chat_template_enabled:
-        return None
-    if not (isinstance(messages, list) and messages):
-        raise RequestError(f"{name}: messages must be a non-empty list of chat messages")
-    for i, message in enumerate(messages):
-        if not (
-            isinstance(message, dict)
-            and isinstance(message.get("role"), str)
-            and isinstance(message.get("content"), (str, list))
-        ):
-            raise RequestError(f"{name}: message {i} needs a string 'role' and 'content'")
-    return messages
-
-
-def prompt_of(tokenizer, row: dict, settings: StageSettings, name: str) -> tuple[str, list[int]]:
-    """The row's text prompt and its ids, by the one prompt rule (the module's docstring), as
-    ray.data.llm's chat-template and tokenize stages make them; a RequestError names the row."""
-    prompt = templated(tokenizer, row, settings, name)
-    if prompt is None:
-        return row.get("prompt") or "", [int(t) for t in row["tokenized_prompt"]]
-    try:
-        ids = list(tokenizer(prompt)["input_ids"])
-    except (UnicodeError, ValueError, TypeError) as error:
-        raise RequestError(f"{name}: the prompt cannot be encoded: {error}") from error
-    if not ids:
-        raise RequestError(f"{name}: the prompt is empty")
-    return prompt, ids
-
-
-def templated(tokenizer, row: dict, settings: StageSettings, name: str) -> str | None:
-    """The row's text prompt, before tokenizing (prompt_of); None where the row gives its ids."""
-    given = row.get("prompt")
-    if row.get("tokenized_prompt") is not None:
-        return None
-    if row.get("messages") is None and isinstance(given, str) and not given.strip():
-        raise RequestError(f"{name}: the prompt is empty")
-    messages = messages_of(tokenizer, row, settings, name)
-    if messages is not None:
-        last_is_user = messages[-1]["role"] == "user"
-        try:
-            prompt = tokenizer.apply_chat_template(
-                messages,
-                tokenize=False,
-                add_generation_prompt=last_is_user,
-                continue_final_message=not last_is_user,
-                chat_template=settings.chat_template,
-                **settings.chat_template_kwargs,
-            )
-        except Exception as error:  # a template's own errors are of any type
-            raise RequestError(f"{name}: messages cannot be chat-templated: {error}") from error
-    elif isinstance(given, str):
-        prompt = given
-    elif given is not None:
-        raise RequestError(f"{name}: prompt must be text, got {type(given).__name__}")
-    else:
-        need = (
-            "messages, prompt or tokenized_prompt" if settings.chat_template_enabled else "prompt or tokenized_prompt"
-        )
-        raise RequestError(f"{name}: the row has no {need}")
-    return prompt
 
 
 def with_generated_columns(batch: pa.Table, rows: list[dict], dropped: list[str]) -> pa.Table:

@@ -17,7 +17,8 @@ from pipeline.llm import build_processor, vLLMEngineProcessorConfig
 from pipeline.llm.row_values import rows_table
 from pipeline.llm.sampling_params import sampling_of
 from pipeline.llm.schema import GENERATED, INFERENCE_ERROR, RAY_LLM_COLUMNS
-from pipeline.llm.stage import GenerationStage, StageSettings, prompt_of
+from pipeline.llm.prompts import TokenizeStage, prompt_of
+from pipeline.llm.stage import GenerationStage, StageSettings
 
 
 def test_the_config_maps_ray_data_llm_keywords_onto_ours():
@@ -332,6 +333,30 @@ def test_a_batch_is_tokenized_at_once_as_each_row_alone(stage):
     assert "the prompt is empty" in errors[3] and "messages must be a non-empty list" in errors[4], errors
 
 
+def test_rows_the_tokenize_stage_encoded_come_back_as_the_stage_alone_makes_them(stage):
+    """The tokenize stage's batch (its two columns added) gives the generation stage's rows
+    exactly, its columns taken off; a row it could not encode is made, and named, by the stage."""
+    greedy = {"temperature": 0, "max_tokens": 3}
+    rows = [
+        {"item": "a", "messages": [{"role": "user", "content": "Count to three"}], "prompt": None},
+        {"item": "b", "messages": None, "prompt": "def add(a, b):"},
+        {"item": "c", "messages": None, "prompt": "   "},
+        {"item": "d", "messages": None, "prompt": None},
+    ]
+    batch = rows_table([{**row, "sampling_params": greedy} for row in rows])
+    tokenized = TokenizeStage(stage.tokenizer, stage.settings)(batch)
+    assert tokenized.column("__prompt_ids__").null_count == 2 and tokenized.num_rows == 4
+    via, alone = stage(tokenized), stage(batch)
+    assert via.column_names == alone.column_names and "__prompt_ids__" not in via.column_names
+    same = ("item", "prompt", "generated_tokens", "num_input_tokens")
+    assert via.select(same).to_pylist() == alone.select(same).to_pylist()
+    errors = [
+        [error.partition("): ")[2] for error in table.column("__inference_error__").to_pylist()]
+        for table in (via, alone)
+    ]
+    assert errors[0] == errors[1] and [bool(e) for e in errors[0]] == [False, False, True, True]  # (request ids differ)
+
+
 def test_rows_come_back_with_their_columns_ray_data_llms_and_ours(stage):
     greedy = {"temperature": 0, "max_tokens": 12}
     rows = [
@@ -499,8 +524,10 @@ def test_the_processor_lists_its_stage_and_logs_its_input_columns_as_ray_data_ll
 
     config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers")
     processor = build_processor(config)
-    assert processor.list_stage_names() == ["GenerationStage"]
+    assert processor.list_stage_names() == ["TokenizeStage", "GenerationStage"]
     assert processor.get_stage_by_name("GenerationStage") is processor.settings
+    alone = build_processor(dataclasses.replace(config, tokenize_stage={"enabled": False, "concurrency": 2}))
+    assert alone.list_stage_names() == ["GenerationStage"]  # the engine's actor tokenizes
     with pytest.raises(ValueError, match="Stage vLLMEngineStage not found"):
         processor.get_stage_by_name("vLLMEngineStage")
     with caplog.at_level(logging.INFO, logger="pipeline.llm.processor"):

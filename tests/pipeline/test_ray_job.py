@@ -294,13 +294,13 @@ def test_the_processor_takes_the_preparation_started_for_its_config_and_no_other
 
     config = load_config(None, [f"job.output={tmp_path}"])
     other = dataclasses.replace(config, ray=dataclasses.replace(config.ray, max_actors=2))
-    started = actor_pool.Preparation(config, ray.put({}), "the started tables")
+    started = actor_pool.Preparation(config, ray.put({}), "the started tables", "its tokenizer")
     monkeypatch.setattr(
-        actor_pool, "start_preparing", lambda c, env=None: actor_pool.Preparation(c, ray.put({}), "new")
+        actor_pool, "start_preparing", lambda c, env=None: actor_pool.Preparation(c, ray.put({}), "new", "its own")
     )
-    assert actor_pool.prepared_tables(config, None, started) == "the started tables"
-    assert actor_pool.prepared_tables(other, None, started) == "new"
-    assert actor_pool.prepared_tables(config) == "new"
+    assert actor_pool.prepared(config, None, started).tables == "the started tables"
+    assert actor_pool.prepared(other, None, started).tables == "new"
+    assert actor_pool.prepared(config).tables == "new"
 
 
 @pytest.mark.slow  # two actor processes that each load torch and build an engine (about 50 s): make test-slow
@@ -339,7 +339,7 @@ def test_actors_draft_from_one_copy_of_the_datastore_in_the_object_store(local_r
     import shutil
 
     from drafters.datastore import Datastore, build_datastore
-    from pipeline.llm.actor_pool import prepared_tables
+    from pipeline.llm.actor_pool import prepared
 
     # Past Ray's 100 KiB for objects it inlines in the owner's memory instead of the object store.
     build_datastore([list(range(5, 105))] * 400, tmp_path / "ds", {})
@@ -347,7 +347,7 @@ def test_actors_draft_from_one_copy_of_the_datastore_in_the_object_store(local_r
     config = job_config(
         tiny_model_dir, tmp_path, "decoder.drafter=batch_suffix", "decoder.w=3", f"decoder.datastore={tmp_path / 'ds'}"
     )
-    ref = prepared_tables(config)
+    ref = prepared(config).tables
     shutil.rmtree(tmp_path / "ds")
     seen = ray.get([datastore_in_an_actor_process.remote(config, [ref]) for _ in range(2)])
     assert all(actor["tokens"] == expected and actor["writeable"] is False for actor in seen)
@@ -418,7 +418,7 @@ def test_a_series_generates_only_what_no_earlier_run_generated(local_ray, tiny_m
     def no_actors(*args):
         raise AssertionError("a run with nothing new prepared the model for actors")
 
-    monkeypatch.setattr(llm, "prepared_tables", no_actors)
+    monkeypatch.setattr(llm, "prepared", no_actors)
     third = run_job(job_config(tiny_model_dir, tmp_path, f"input.path={grown}", *settings), "r3")
     assert third["rows_this_invocation"] == 0 and third["rows_skipped_already_done"] == 33
     monkeypatch.undo()
