@@ -241,6 +241,7 @@ def generate_and_write(config: Config, run_id: str) -> dict:
         postprocess_map_kwargs={"num_cpus": IO_CPUS},
         progress=progress,
         preparing=preparing,
+        tokenize=True,
     )
     try:
         if written:  # a changed row is drafted from its last output

@@ -81,12 +81,10 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
     # instead of the tokenizer's), chat_template_kwargs (for apply_chat_template). Its actor pool's
     # keys (batch_size, concurrency, num_cpus, ...) are accepted: our actor templates in its process.
     chat_template_stage: Any = True
-    # True (or Ray's TokenizerStageConfig, or a dict of its fields, enabled): the prompts are
-    # templated and tokenized by an actor pool of their own before the engine's, as ray.data.llm
-    # runs one (its pool's keys are accepted); False: in the engine's actor. The outputs are the same.
-    tokenize_stage: Any = True
-    # Accepted, and the same either way: our actor detokenizes in the engine's process.
-    detokenize_stage: Any = True
+    # Accepted, and the same either way: our actor tokenizes and detokenizes in the engine's
+    # process, with no stage of its own (ray.data.llm runs each as an actor pool).
+    tokenize_stage: bool = True
+    detokenize_stage: bool = True
     placement_group_config: Mapping[str, Any] | None = None
     # Live metrics from every actor, through Ray's metrics (Ray's dashboard, Prometheus): the job's
     # counters (pipeline/llm/metrics.py: rows, tokens, target calls, accepted drafts, engine steps and
@@ -377,9 +375,10 @@ class Processor:
     # The model's preparation, started by the caller while it reads its input (actor_pool's
     # start_preparing; used where it is for this config), or None: started when the Dataset is made.
     preparing: Any = None
-    # Prompts templated and tokenized in a stage of their own before the engine's (prompts.py), or
-    # (False) in the engine's actor.
-    tokenize: bool = True
+    # Prompts templated and tokenized by an actor pool of their own before the engine's (prompts.py;
+    # the job's, whose tasks all take a fraction of a CPU), or (False) in the engine's actor: a
+    # program's preprocess asks a whole CPU by default, which the pool's share could leave no node.
+    tokenize: bool = False
 
     def __call__(self, dataset):
         """The lazy Dataset. The model is checked (and drafter tables built) here, once: a model or
@@ -476,15 +475,7 @@ def build_processor(
         postprocess,
         dict(preprocess_map_kwargs or {}),
         dict(postprocess_map_kwargs or {}),
-        tokenize=stage_enabled(config.tokenize_stage),
     )
-
-
-def stage_enabled(stage) -> bool:
-    """Whether a stage setting of ray.data.llm's (a bool, its stage config, or a dict of its fields) is on."""
-    if isinstance(stage, Mapping):
-        return bool(stage.get("enabled", True))
-    return bool(getattr(stage, "enabled", stage))
 
 
 __all__ = ["Processor", "build_processor", "vLLMEngineProcessorConfig"]

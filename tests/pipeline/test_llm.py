@@ -524,10 +524,9 @@ def test_the_processor_lists_its_stage_and_logs_its_input_columns_as_ray_data_ll
 
     config = vLLMEngineProcessorConfig(model_source=str(tiny_model_dir), engine="transformers")
     processor = build_processor(config)
-    assert processor.list_stage_names() == ["TokenizeStage", "GenerationStage"]
+    assert processor.list_stage_names() == ["GenerationStage"]  # the engine's actor tokenizes
     assert processor.get_stage_by_name("GenerationStage") is processor.settings
-    alone = build_processor(dataclasses.replace(config, tokenize_stage={"enabled": False, "concurrency": 2}))
-    assert alone.list_stage_names() == ["GenerationStage"]  # the engine's actor tokenizes
+    assert dataclasses.replace(processor, tokenize=True).list_stage_names() == ["TokenizeStage", "GenerationStage"]
     with pytest.raises(ValueError, match="Stage vLLMEngineStage not found"):
         processor.get_stage_by_name("vLLMEngineStage")
     with caplog.at_level(logging.INFO, logger="pipeline.llm.processor"):
