@@ -97,7 +97,7 @@ def test_the_job_on_vllm_returns_every_row_once_with_statistics_and_keeps_the_en
 def map_worker_pids() -> list[int]:
     import psutil
 
-    return [p.pid for p in psutil.process_iter(["cmdline"]) if "MapWorker" in " ".join(p.info["cmdline"] or [])]
+    return [p.pid for p in psutil.process_iter(["cmdline"]) if "GenerationStage" in " ".join(p.info["cmdline"] or [])]
 
 
 @pytest.mark.slow  # vLLM in a Ray actor, started twice: make test-slow

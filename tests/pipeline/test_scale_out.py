@@ -65,7 +65,7 @@ def map_worker_pids() -> list[int]:
     return [
         actor.pid
         for actor in list_actors(filters=[("state", "=", "ALIVE")], detail=True)
-        if "MapWorker" in actor.class_name and actor.pid
+        if "GenerationStage" in actor.class_name and actor.pid  # the engine's actors, not the tokenize stage's
     ]
 
 
