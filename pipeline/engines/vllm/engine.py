@@ -81,14 +81,6 @@ def set_vllm_environment(config: Config) -> None:
     # an equal share to each tensor-parallel rank ("0,1|2,3").
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(config)
     os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
-    if eager(config):
-        # Eager means no torch.compile at all: vLLM compiles two sampler helpers (the ranks of log
-        # probabilities, a random sample) on their first use even when eager, an inductor C++
-        # build of ~10 s each on a CPU (docs/measurements/vllm-engine.md). Its processes and ours.
-        os.environ["TORCHDYNAMO_DISABLE"] = "1"
-        import torch._dynamo
-
-        torch._dynamo.config.disable = True
     prepare_environment()  # the V1 model runner, and the environment read anew (compat.py)
 
 

@@ -6,7 +6,6 @@ import dataclasses
 import os
 
 import pytest
-import torch._dynamo
 
 from drafters.datastore import build_datastore
 from pipeline.config import load_config
@@ -208,10 +207,7 @@ def test_log_probabilities_come_with_the_drafts_as_without_them(engines, request
     plain, ours = engines
     swap(ours, tiny_model_dir, "unigram")
     asked = [dataclasses.replace(r, engine_sampling={"logprobs": 2, "prompt_logprobs": 1}) for r in requests]
-    compiled = sum(torch._dynamo.utils.counters["frames"].values())
     expected, results = plain.generate(asked), ours.generate(asked)
-    # Eager engines: vLLM's log-probability helper runs uncompiled (its inductor build took ~10 s).
-    assert torch._dynamo.config.disable and sum(torch._dynamo.utils.counters["frames"].values()) == compiled
     assert sum(r.stats.num_verified_tokens - r.stats.num_target_calls for r in results) > 0
     for want, got, request in zip(expected, results, asked):
         assert got.token_ids == want.token_ids and len(got.logprobs) == len(got.token_ids)
