@@ -4,9 +4,10 @@ otherwise), a text `prompt` is tokenized as it is, `tokenized_prompt` is taken a
 `text_as_user_message`, a text prompt is one user message of a chat (where the tokenizer has a chat
 template). A text prompt that is empty, or only whitespace, is the row's error.
 
-The processor applies it in a tokenize stage of its own (`TokenizeStage`, an actor pool before the
-engine's, as ray.data.llm runs one), so the engine's actor spends its time generating; the
-generation stage applies it to any row that stage did not encode, and names the row's error.
+The job's processor applies it in a tokenize stage of its own (`TokenizeStage`, an actor pool before
+the engine's, as ray.data.llm runs one), so the engine's actor spends its time generating; the
+generation stage applies it to every other row (a program's processor: all of them) and names the
+row's error.
 """
 
 from __future__ import annotations
