@@ -81,7 +81,20 @@ def set_vllm_environment(config: Config) -> None:
     # an equal share to each tensor-parallel rank ("0,1|2,3").
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = cpu_binding(config)
     os.environ["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    compile_nothing_when_eager(config)
     prepare_environment()  # the V1 model runner, and the environment read anew (compat.py)
+
+
+def compile_nothing_when_eager(config: Config) -> None:
+    """An eager engine's process runs every torch.compile'd function eagerly; a compiled one's as compiled.
+
+    vLLM 0.32 compiles two sampler helpers (log-probability ranks, a random sample) whatever
+    enforce_eager says: on a CPU each costs an inductor C++ build of ~10 s on its first use in a
+    process (docs/measurements/vllm-engine.md). The stance is the process's, as the environment is.
+    """
+    import torch
+
+    torch.compiler.set_stance("force_eager" if eager(config) else "default")
 
 
 def cpu_binding(config: Config) -> str:

@@ -203,11 +203,17 @@ def test_vllms_other_sampling_settings_run_exactly_with_drafts(engines, requests
 def test_log_probabilities_come_with_the_drafts_as_without_them(engines, requests, tiny_model_dir):
     """logprobs / prompt_logprobs asked: every generated position carries its token's log
     probability and the top ones', as vLLM plain gives them (with drafts: from the verifying
-    forward), the prompt's positions theirs; the row's params are vLLM's own."""
+    forward), the prompt's positions theirs; the row's params are vLLM's own. The eager engines
+    compile none of vLLM's sampler helpers on the way (an unseeded sample reaches the other)."""
+    from torch._dynamo.utils import counters
+
     plain, ours = engines
     swap(ours, tiny_model_dir, "unigram")
+    compiled_before = counters["frames"]["total"]
     asked = [dataclasses.replace(r, engine_sampling={"logprobs": 2, "prompt_logprobs": 1}) for r in requests]
     expected, results = plain.generate(asked), ours.generate(asked)
+    plain.generate([dataclasses.replace(requests[0], sampling=SamplingParams(temperature=1.0))])
+    assert counters["frames"]["total"] == compiled_before
     assert sum(r.stats.num_verified_tokens - r.stats.num_target_calls for r in results) > 0
     for want, got, request in zip(expected, results, asked):
         assert got.token_ids == want.token_ids and len(got.logprobs) == len(got.token_ids)
