@@ -52,10 +52,9 @@ class EngineConfig:
     cpu_kv_cache_gib: int = 2
     # vLLM on a GPU: the fraction of the GPU's memory vLLM may take.
     gpu_memory_utilization: float = 0.9
-    # vLLM: "compiled" (torch.compile, and CUDA graphs on a GPU) or "eager". Compiled runs faster
-    # but a CPU takes minutes per actor start to compile (docs/measurements/defaults.md, "Figures behind the
-    # defaults"). "eager" compiles nothing, vLLM's sampler helpers included. "auto": compiled on a
-    # GPU, eager on a CPU.
+    # vLLM: "compiled" (torch.compile, and CUDA graphs on a GPU) or "eager" (nothing compiled, vLLM's
+    # sampler helpers included). Compiled runs faster but a CPU takes minutes per actor start to compile
+    # (docs/measurements/defaults.md, "Figures behind the defaults"). "auto": compiled on a GPU, eager on a CPU.
     execution: Literal["auto", "eager", "compiled"] = "auto"
     # vLLM: the requests the engine runs at once (its slots), as vLLM names it. 0: vLLM's own
     # default on a GPU (it depends on the GPU: 256 on an A100, 1024 on an H100), CPU_MAX_NUM_SEQS
