@@ -121,8 +121,8 @@ class AdaptiveController:
         k_max, w_max = drafts.tokens.shape
         order, tokens = self.expected_tokens(drafts)  # [k_max], [k_max, w_max]
         shape = choose_shape([tokens], self.cost, k_max, w_max, auto_k, auto_w)
-        rows = [int(i) for i in order[: shape.rows]] if shape.width else []
-        return AdaptiveChoice(max(shape.rows, 1), shape.width, shape.expected_tokens, shape.relative_cost, rows)
+        rows = [int(i) for i in order[: shape.k]] if shape.w else []
+        return AdaptiveChoice(max(shape.k, 1), shape.w, shape.expected_tokens, shape.relative_cost, rows)
 
     def observe(self, drafts: Drafts, row_accepted: list[int]) -> None:
         w = drafts.tokens.shape[1]

@@ -142,9 +142,12 @@ class BatchDrafter(Protocol):
         lengths: np.ndarray,
         step_cost: np.ndarray | None = None,
     ) -> BatchDrafts:
-        """Request i (keys[i]) is tokens[rows[i], :lengths[i]]; step_cost[n], the step's seconds when it
-        feeds n tokens, cuts the drafts to what pays (None: no budget). The arrays returned may be
-        the drafter's buffers: read them before the next step."""
+        """One engine step's drafts for every request in `keys`, in one call.
+
+        Request i (keys[i]) is tokens[rows[i], :lengths[i]]; step_cost[n], the step's seconds when it
+        feeds n tokens, cuts the drafts to what pays (None: no budget). Returns BatchDrafts: request
+        i's draft is tokens[i, :lengths[i]]. The arrays may be the drafter's buffers: read them
+        before the next step."""
 
     def finish(self, key: Hashable, generated: Sequence[int] = ()) -> None:
         """A request ended (or left the engine); `generated`: its generated tokens, all of them."""

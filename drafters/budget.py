@@ -182,8 +182,8 @@ def relative_cost(cost: LinearStepCost, fed: float, plain: float) -> float:
 
 @dataclass(frozen=True)
 class Shape:
-    rows: int  # draft rows each request verifies (0 with width 0: a plain step)
-    width: int  # tokens per row
+    k: int  # draft rows each request verifies (0 with w 0: a plain step)
+    w: int  # tokens per row
     expected_tokens: float  # per call, summed over the requests
     relative_cost: float  # of the call, against a plain one
 
@@ -191,31 +191,31 @@ class Shape:
 def choose_shape(
     tables: list[np.ndarray | None],
     call_cost,
-    max_rows: int,
-    max_width: int,
-    auto_rows: bool = True,
-    auto_width: bool = True,
+    max_k: int,
+    max_w: int,
+    auto_k: bool = True,
+    auto_w: bool = True,
     max_fed: int | None = None,
 ) -> Shape:
-    """The one draft shape every request of a call verifies (rows x width each) that maximises
+    """The one draft shape every request of a call verifies (k rows of w tokens each) that maximises
     expected tokens per unit cost: the budget of an engine that verifies one shape per call (the
     transformers engine's decoders: one request alone, or the requests of a batched call), where
     `allocate` is the budget of one that verifies each request's own length (vLLM).
     tables: per request, [k_b, w_b] expected tokens per call of verifying its first k rows cut to
     w tokens (expected_tokens), or None when it proposed nothing (one token);
-    call_cost(rows, width): the call's cost relative to a plain one (width 0: no drafts; relative_cost);
-    max_fed: a cap on rows x width per request. A dimension that is not auto stays at its maximum;
+    call_cost(k, w): the call's cost relative to a plain one (w 0: no drafts; relative_cost);
+    max_fed: a cap on k x w per request. A dimension that is not auto stays at its maximum;
     a plain step is always a candidate."""
     best = Shape(0, 0, float(len(tables)), call_cost(1, 0))
-    for rows in range(1 if auto_rows else max_rows, max_rows + 1):
-        for width in range(1 if auto_width else max_width, max_width + 1):
-            if max_fed is not None and rows * width > max_fed:
+    for k in range(1 if auto_k else max_k, max_k + 1):
+        for w in range(1 if auto_w else max_w, max_w + 1):
+            if max_fed is not None and k * w > max_fed:
                 continue
             tokens = sum(
-                1.0 if table is None else float(table[min(rows, table.shape[0]) - 1, min(width, table.shape[1]) - 1])
+                1.0 if table is None else float(table[min(k, table.shape[0]) - 1, min(w, table.shape[1]) - 1])
                 for table in tables
             )
-            cost = call_cost(rows, width)
+            cost = call_cost(k, w)
             if tokens / cost > best.expected_tokens / best.relative_cost:
-                best = Shape(rows, width, tokens, cost)
+                best = Shape(k, w, tokens, cost)
     return best

@@ -172,7 +172,7 @@ def step_drafts(
     cost=None,
 ) -> list[list[int] | None]:
     """One step's drafts from the requests' predictions: for each (its prediction, how it has held,
-    the tokens generated so far, the most draft tokens it may take), the draft that replaces the
+    the tokens generated so far, its w: the most draft tokens it may take), the draft that replaces the
     drafter's own, or None. `own[i]`: the drafter's own draft's probabilities (that its first 1, 2,
     ... tokens are accepted; its length is the draft's). A prediction drafts where the answer's last
     PREDICTION_EVIDENCE tokens (or its start) match in it; with a `cost` (w: auto: the step's
@@ -180,8 +180,8 @@ def step_drafts(
     the tokens the step feeds with the drafter's drafts. The draft expected to gain more tokens wins:
     a prediction that holds outruns any n-gram guess, one that keeps failing yields to the drafter's."""
     guesses: dict[int, list[int]] = {}
-    for i, (prediction, _, generated, room) in enumerate(predictions):
-        guess, matched = prediction.draft(generated, room)
+    for i, (prediction, _, generated, w) in enumerate(predictions):
+        guess, matched = prediction.draft(generated, w)
         if guess and matched >= PREDICTION_EVIDENCE:
             guesses[i] = guess
     confidence = {i: holds.confidence(predictions[i][1], len(g)) for i, g in guesses.items()}

@@ -14,12 +14,12 @@ import torch
 from pipeline.loading.drafters import build_tables, load_draft_model, make_drafter
 from jobs.benchmark.hf import hf_generate
 from pipeline.config import DecoderConfig, ModelConfig, TransformersConfig
-from pipeline.engines.transformers.decoder import SpeculativeDecoder, Verifying
+from pipeline.engines.transformers.speculative_decoder import SpeculativeDecoder, Verifying
 from pipeline.loading.model import cache_root
 from jobs.benchmark.datasets import encode_prompt, load_prompts
 
 # The transformers engine on SmolLM2 (about 3 minutes): make test-slow. make test checks every
-# drafter's identity on tiny models (tests/pipeline/engines/transformers/test_decoder.py) and
+# drafter's identity on tiny models (tests/pipeline/engines/transformers/test_speculative_decoder.py) and
 # SmolLM2's on the vLLM engine (tests/test_smollm2_vllm.py). The drafters that need SmolLM2's bigram
 # table (one forward pass per vocabulary token: 2.5 to 3.5 minutes here, then cached in the clone;
 # CI's new clone builds it every time) run in make test-nightly.

@@ -254,9 +254,9 @@ class BatchSuffixDrafter:
         rows: np.ndarray,
         lengths: np.ndarray,
         step_cost: np.ndarray | None = None,
-        width: int | None = None,
+        max_w: int | None = None,
     ) -> BatchDrafts:
-        """Drafts for one engine step (drafters/base.py BatchDrafter), of at most `width` tokens
+        """Drafts for one engine step (drafters/base.py BatchDrafter), of at most `max_w` tokens
         (default: the drafter's w). step_cost None: no budget, only the confidence cut."""
         batch = len(keys)
         out, request_slots = self._views.get(batch) or self._buffers(batch)
@@ -278,7 +278,7 @@ class BatchSuffixDrafter:
             tokens,
             rows,
             lengths,
-            (self.w if width is None else width) if drafting else 0,
+            (self.w if max_w is None else max_w) if drafting else 0,
             _NO_COST if step_cost is None else np.asarray(step_cost, dtype=np.float64),
         )
         if step_cost is not None and drafting:  # (the step compiled when the drafter was made: this is its time)
@@ -352,7 +352,7 @@ class BatchSuffixDrafter:
             self.start(key, n, NO_LIMIT)  # its segment as long as any, its drafts bounded by w alone
             weakref.finalize(context, self._forget, key)
         drafts = self.step(
-            [key], np.asarray(context.tokens, dtype=np.int32)[None, :], np.zeros(1), np.array([n]), width=min(w, self.w)
+            [key], np.asarray(context.tokens, dtype=np.int32)[None, :], np.zeros(1), np.array([n]), max_w=min(w, self.w)
         )
         length = int(drafts.lengths[0])
         rows = [drafts.tokens[0, :length].tolist() + [self.pad_token] * (w - length)] + [[self.pad_token] * w] * (k - 1)

@@ -157,10 +157,10 @@ def _judge(state, s, values, n):
 
 
 @nb.njit(cache=True)
-def step(state, retired, request_slots, tokens, rows, lengths, width, step_cost):
+def step(state, retired, request_slots, tokens, rows, lengths, max_w, step_cost):
     """One engine step for a batch of requests. Request b is tokens[rows[b], :lengths[b]], in slot
     request_slots[b] (its prompt's length and limit set there when it started); it drafts at most
-    `width` tokens (0: it only takes in its tokens) and never past its limit. `retired`: the
+    `max_w` tokens (0: it only takes in its tokens) and never past its limit. `retired`: the
     requests that ended since the last step, (finished, finished_tokens, finished_offsets): their
     slots finished[i], their generated tokens finished_tokens[finished_offsets[i]:finished_offsets[i + 1]].
     step_cost[n]: the step's seconds when it feeds n tokens (empty: no budget).
@@ -173,7 +173,7 @@ def step(state, retired, request_slots, tokens, rows, lengths, width, step_cost)
     out_strategy[b] its source, -1: none) and returns the number of draft tokens kept."""
     state.counters[CALLS] += 1
     _retire(state, retired[0], retired[1], retired[2])
-    batch, max_w = request_slots.shape[0], min(width, state.out_tokens.shape[1])
+    batch, max_w = request_slots.shape[0], min(max_w, state.out_tokens.shape[1])
     for b in range(batch):
         s, n, values = request_slots[b], lengths[b], tokens[rows[b]]
         state.out_lengths[b], state.out_strategy[b] = 0, -1

@@ -253,8 +253,10 @@ class VllmNgram(Method):
         self.propose(
             list(rows), numbers, tokens, args.ngram_min, args.ngram_max, tokens.shape[1], self.w, drafts, counts
         )
-        room = limits - lengths - 1
-        return [drafts[row, : max(min(counts[row], limit), 0)].astype(np.int64) for row, limit in zip(rows, room)]
+        positions_left = limits - lengths - 1
+        return [
+            drafts[row, : max(min(counts[row], left), 0)].astype(np.int64) for row, left in zip(rows, positions_left)
+        ]
 
 
 class VllmNgramGpu(VllmNgram):

@@ -8,7 +8,7 @@ implement the same three members below.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 from collections.abc import Callable, Mapping, Sequence
@@ -101,6 +101,7 @@ class Request:
     request_id: str
     prompt_ids: list[int]
     max_new_tokens: int
+    _: KW_ONLY  # the rest by name
     stop: tuple[str, ...] = ()
     sampling: SamplingParams = GREEDY
     # vLLM's StructuredOutputsParams fields ({"json": schema}, {"regex": ...}, ...): output held to

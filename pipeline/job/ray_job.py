@@ -232,9 +232,9 @@ def generate_and_write(config: Config, run_id: str) -> dict:
     written = series.output_files(paths.runs_root) if config.job.series else {}
     settings = job_rows.stage_settings(config, run_id, True, expected, reading.predicted or bool(written))
     processor = Processor(
-        plan.drafting,
-        settings,
-        plan.checkpoint,
+        config=plan.drafting,
+        settings=settings,
+        checkpoint=plan.checkpoint,
         preprocess=job_rows.request_row(config, plan.fingerprint),
         postprocess=job_rows.output_table,
         preprocess_map_kwargs={"num_cpus": IO_CPUS},

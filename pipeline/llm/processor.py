@@ -261,7 +261,7 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         for key, value in self.engine_kwargs.items():
             argument = VLLM_ARGUMENTS.get(key)
             if key == "speculative_config":
-                sections["decoder"].update(self.speculative_decoder(value))
+                sections["decoder"].update(self.decoder_settings(value))
             elif key in OUR_ENGINE_KWARGS:  # ours, not vLLM's: a failed engine's restarts, the speculation mode
                 sections["engine"][key] = value
             elif argument is None:
@@ -294,7 +294,7 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
             dataclasses.replace(config, ray=dataclasses.replace(config.ray, max_concurrent_batches=batches))
         )
 
-    def speculative_decoder(self, spec: Any) -> dict:
+    def decoder_settings(self, spec: Any) -> dict:
         """A user's engine_kwargs.speculative_config as our decoder settings: vLLM's own method runs."""
         name = "engine_kwargs.speculative_config"
         check(isinstance(spec, Mapping), name, "a mapping such as {'method': 'suffix', 'num_speculative_tokens': 16}")
@@ -446,6 +446,16 @@ def build_processor(
     postprocess_map_kwargs: dict | None = None,
     builder_kwargs: dict | None = None,
 ) -> Processor:
+    """A processor of ray.data.llm's shape that runs our speculative engine: call it on a Dataset.
+
+    config: the engine, model and Ray settings, by ray.data.llm's names plus ours.
+    preprocess / postprocess: a row's function before the stage (its output merged into the row)
+    and after it (the generated row in, the caller's row out), as ray.data.llm takes them;
+    *_map_kwargs: Ray Data's map_batches arguments for them.
+    builder_kwargs: only `chat_template_kwargs` (the template's keyword arguments).
+    Returns a Processor; `processor(ds)` is the lazy Dataset of generated rows. A config the
+    engine cannot run fails when it is called, before any actor starts.
+    """
     if not isinstance(config, vLLMEngineProcessorConfig):
         raise TypeError(
             f"build_processor: config must be pipeline.llm.vLLMEngineProcessorConfig, got {type(config).__name__}"
@@ -467,14 +477,14 @@ def build_processor(
     if postprocess is not None:
         postprocess = rows_postprocess(postprocess, config.should_continue_on_error)
     return Processor(
-        config.pipeline_config(),
-        settings,
-        config.checkpoint(),
-        dict(config.runtime_env or {}),
-        preprocess,
-        postprocess,
-        dict(preprocess_map_kwargs or {}),
-        dict(postprocess_map_kwargs or {}),
+        config=config.pipeline_config(),
+        settings=settings,
+        checkpoint=config.checkpoint(),
+        runtime_env=dict(config.runtime_env or {}),
+        preprocess=preprocess,
+        postprocess=postprocess,
+        preprocess_map_kwargs=dict(preprocess_map_kwargs or {}),
+        postprocess_map_kwargs=dict(postprocess_map_kwargs or {}),
     )
 
 

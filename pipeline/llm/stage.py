@@ -57,8 +57,12 @@ logger = logging.getLogger(__name__)
 
 
 class GenerationStage:
-    """The actor's callable: the engine (built once), rows in, rows out with ray.data.llm's columns
-    and ours appended to their own. `progress`: a run's RunProgress actor, told of each batch."""
+    """The engine's actor: a batch of rows in, one generated row per sample out.
+
+    In: an Arrow batch of ray.data.llm's rows (`prompt` or `messages`, `sampling_params`, ...).
+    Out: the rows with ray.data.llm's columns (`generated_text`, `num_generated_tokens`, ...) and
+    ours (the statistics) appended; a bad row becomes an error row that names it. The engine is
+    built once per actor. `progress`: a run's RunProgress actor, told of each batch."""
 
     def __init__(
         self,
@@ -113,14 +117,13 @@ class GenerationStage:
 
     def identify(self, row: dict, number: int) -> tuple[str, int | None]:
         """(how errors name the row, the seed it samples with when it gives none)."""
-        settings = self.settings
-        if settings.id_column is None:
-            seed = None if settings.seed is None else request_seed(settings.seed, f"request {number}")
-            return f"row (request_id {number})", seed
-        key = request_key(row.get(settings.id_column))
+        id_column, seed = self.settings.id_column, self.settings.seed
+        if id_column is None:
+            return f"row (request_id {number})", None if seed is None else request_seed(seed, f"request {number}")
+        key = request_key(row.get(id_column))
         if not key:
-            raise RequestError(f"row (request_id {number}) has no {settings.id_column!r}")
-        return f"row {key!r}", None if settings.seed is None else request_seed(settings.seed, key)
+            raise RequestError(f"row (request_id {number}) has no {id_column!r}")
+        return f"row {key!r}", None if seed is None else request_seed(seed, key)
 
     def requests(self, row: dict, encoded: tuple[str, list[int]] | None = None) -> tuple[list[Request], str, str]:
         """(the row's requests, one per sample of sampling_params.n, its text prompt, the row's name

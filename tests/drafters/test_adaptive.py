@@ -6,7 +6,7 @@ from drafters.adaptive import AcceptanceEstimate, AdaptiveController
 from drafters.base import Drafts
 from drafters.context_ngram import ContextNgramDrafter
 from drafters.budget import LinearStepCost
-from pipeline.engines.transformers.decoder import SpeculativeDecoder
+from pipeline.engines.transformers.speculative_decoder import SpeculativeDecoder
 
 PROMPT = [1, 5, 9, 2, 5, 9, 2, 7]
 
@@ -143,12 +143,12 @@ def test_one_shape_chooser_weighs_the_requests_a_call_serves():
     from drafters.budget import choose_shape
 
     table = np.array([[1.9, 2.7], [2.2, 3.1]])  # expected tokens of (rows, width) for one request
-    alone = choose_shape([table], lambda rows, width: 1 + 0.1 * rows * width, 2, 2)
+    alone = choose_shape([table], lambda k, w: 1 + 0.1 * k * w, 2, 2)
     # 2.7 / 1.2 beats 3.1 / 1.4 (both rows), 2.2 / 1.2, 1.9 / 1.1 and a plain step's 1 / 1.
-    assert (alone.rows, alone.width) == (1, 2) and alone.expected_tokens == pytest.approx(2.7)
+    assert (alone.k, alone.w) == (1, 2) and alone.expected_tokens == pytest.approx(2.7)
     # Eight requests in one call whose cost grows with every token fed: drafting no longer pays.
-    batch = choose_shape([table] * 8, lambda rows, width: 1 + 8 * 0.6 * rows * width, 2, 2)
-    assert (batch.rows, batch.width) == (0, 0) and batch.expected_tokens == 8
+    batch = choose_shape([table] * 8, lambda k, w: 1 + 8 * 0.6 * k * w, 2, 2)
+    assert (batch.k, batch.w) == (0, 0) and batch.expected_tokens == 8
     # A request that proposed nothing counts one token; the cap on tokens fed per request holds.
-    capped = choose_shape([table, None], lambda rows, width: 1 + 0.1 * rows * width, 2, 2, max_fed=2)
-    assert capped.rows * capped.width <= 2 and capped.expected_tokens == pytest.approx(1 + table[0, 1])
+    capped = choose_shape([table, None], lambda k, w: 1 + 0.1 * k * w, 2, 2, max_fed=2)
+    assert capped.k * capped.w <= 2 and capped.expected_tokens == pytest.approx(1 + table[0, 1])

@@ -5,7 +5,7 @@ from drafters.base import DraftContext
 from drafters.draft_model import DraftModelDrafter, self_draft_model
 from pipeline.loading.drafters import load_draft_model
 from pipeline.config import ModelConfig, TransformersConfig
-from pipeline.engines.transformers.decoder import SpeculativeDecoder
+from pipeline.engines.transformers.speculative_decoder import SpeculativeDecoder
 from pipeline.loading.model import load_model
 from drafters.primitives.sampling import RandomState, SamplingParams
 from tests.conftest import make_tiny_model

@@ -6,7 +6,7 @@ from drafters.base import PADDING, DraftContext
 from drafters.datastore import SEPARATOR, build_datastore
 from drafters.retrieval import RetrievalDrafter, prefix_counts, select_rows
 from pipeline.engines.base import Request
-from pipeline.engines.transformers.decoder import SpeculativeDecoder, Verifying
+from pipeline.engines.transformers.speculative_decoder import SpeculativeDecoder, Verifying
 from pipeline.engines.transformers.request_state import RequestState
 from drafters.primitives.sampling import SamplingParams
 

@@ -246,7 +246,7 @@ def test_the_source_the_model_trusts_drafts():
 def test_decoding_with_the_suffix_drafter_is_plain_greedy_and_learns_from_finished_outputs(tiny_model, batched):
     from pipeline.engines.base import Request
     from pipeline.engines.transformers.batched_decoder import BatchedDecoder
-    from pipeline.engines.transformers.decoder import SpeculativeDecoder
+    from pipeline.engines.transformers.speculative_decoder import SpeculativeDecoder
 
     prompts = [[1, 5, 9, 2, 5, 9], [1, 40, 41, 42], [1, 5, 9, 2, 5, 9], [1, 40, 41, 42]]
     plain = SpeculativeDecoder(tiny_model, None, None, 1, 0)

@@ -24,7 +24,7 @@ from drafters.budget import choose_shape, relative_cost
 from drafters.base import Drafts
 from pipeline.engines.base import Failed, Request, Result
 from pipeline.engines.errors import RequestError
-from pipeline.engines.transformers.decoder import (
+from pipeline.engines.transformers.speculative_decoder import (
     SpeculativeDecoder,
     no_drafts,
     select_rows,
@@ -127,9 +127,7 @@ class BatchedDecoder:
         kept = []
         share = 1 / len(slots)  # the call (and its time) is shared by the requests it served
         for row, (state, drafts, tree) in enumerate(zip(slots, chosen, trees)):
-            verdict = verify(
-                tree, logits[row, : len(tree.tokens) + 1], state.request.sampling, state.uniforms(tree.width)
-            )
+            verdict = verify(tree, logits[row, : len(tree.tokens) + 1], state.request.sampling, state.uniforms(tree.w))
             kept.append([0] + [node + 1 for node in verdict.path])
             state.accept(
                 verdict,
@@ -168,7 +166,7 @@ class BatchedDecoder:
 
     def allocate(self, slots: list[RequestState], proposals: list[Drafts]) -> list[Drafts]:
         """The rows each request verifies this step: its best rows cut to w tokens, for the one
-        shape (rows x width per request) choose_shape finds fastest for the [B, 1 + rows*width]
+        shape (k rows of w tokens per request) choose_shape finds fastest for the [B, 1 + k*w]
         call (k/w auto), or its proposal as is; either way within max_batch_tokens."""
         max_fed = self.max_batch_tokens // len(slots) - 1 if self.max_batch_tokens else None  # nodes per request
         if self.rules.costs is None:
@@ -185,7 +183,7 @@ class BatchedDecoder:
         step, requests = self.rules.costs.cost(), len(slots)
         shape = choose_shape(
             [None if r is None else r[1] for r in ranked],
-            lambda rows, width: relative_cost(step, requests * (1 + rows * width), requests),
+            lambda k, w: relative_cost(step, requests * (1 + k * w), requests),
             self.rules.k,
             self.rules.w,
             self.decoder.auto_k,
@@ -194,7 +192,7 @@ class BatchedDecoder:
         )
         return [
             no_drafts()
-            if r is None or shape.width == 0
-            else select_rows(drafts, r[0][: shape.rows], shape.width, shape.rows * shape.width)
+            if r is None or shape.w == 0
+            else select_rows(drafts, r[0][: shape.k], shape.w, shape.k * shape.w)
             for drafts, r in zip(proposals, ranked)
         ]

@@ -16,7 +16,7 @@ from pipeline.engines.base import EngineSampling, Failed, Request, Result
 from pipeline.engines.errors import RequestError
 from pipeline.engines.transformers.attention import use_gqa_attention
 from pipeline.engines.transformers.batched_decoder import BatchedDecoder
-from pipeline.engines.transformers.decoder import SpeculativeDecoder, Verifying
+from pipeline.engines.transformers.speculative_decoder import SpeculativeDecoder, Verifying
 from pipeline.loading.model import LoadedModel
 
 

@@ -89,7 +89,7 @@ class RequestState:
             state.finish_reason = "length"
         return state
 
-    def draft_width(self) -> int:
+    def draft_w(self) -> int:
         """The longest draft worth proposing: a step emits at most w + 1 tokens, within the budget."""
         return min(self.rules.w, self.budget - len(self.generated) - 1)
 

@@ -22,7 +22,7 @@ class DraftTree:
     row_nodes: list[list[int]]  # [k][w] row r's node at each of its positions
 
     @property
-    def width(self) -> int:
+    def w(self) -> int:
         """w: the tokens of a row (every row of a step has the same)."""
         return len(self.row_nodes[0]) if self.row_nodes else 0
 

@@ -77,7 +77,7 @@ def walk_greedy(tree: DraftTree, logits: torch.Tensor) -> Verdict:
         path.append(child)
         node = child
     tokens = [tree.tokens[p] for p in path] + [choices[node + 1]]
-    checked = (1.0,) * len(path) + ((0.0,) if len(path) < tree.width else ())
+    checked = (1.0,) * len(path) + ((0.0,) if len(path) < tree.w else ())
     return Verdict(tokens, len(path), winning_row(tree, path), checked, tuple(path))
 
 

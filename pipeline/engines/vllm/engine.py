@@ -142,7 +142,7 @@ class VllmEngine:
         self.ours = self.drafts and decoder.drafter not in VLLM_METHODS
         # vLLM's num_speculative_tokens, fixed from the start: ours draft from the rows' predictions
         # too, up to engine.prediction_w tokens (pipeline/engines/build.py drafts_from_predictions).
-        self.max_w = max(decoder.w, config.engine.prediction_w) if self.ours else decoder.w
+        self.num_speculative_tokens = max(decoder.w, config.engine.prediction_w) if self.ours else decoder.w
         self.tokenizer = load_tokenizer(model_dir, config.model)
         self.sampling = vllm_sampling()
         self.adapters: dict = {}  # LoRA adapter -> its LoRARequest (vLLM's ids count from 1)
@@ -175,7 +175,7 @@ class VllmEngine:
         if self.drafts:
             speculative = {
                 "method": VLLM_METHODS.get(decoder.drafter, "custom_class"),
-                "num_speculative_tokens": self.max_w,
+                "num_speculative_tokens": self.num_speculative_tokens,
             }
             if self.ours:
                 speculative["model"] = PROPOSER
@@ -210,8 +210,8 @@ class VllmEngine:
     def set_decoder(self, decoder: DecoderConfig, tables: DrafterTables | None = None) -> None:
         """Hands the proposer the drafter `decoder` describes. vLLM fixes the longest draft when it
         starts: another drafter can be swapped in with drafts of at most that many tokens."""
-        assert self.ours and decoder.drafter not in VLLM_METHODS and 1 <= decoder.w <= self.max_w, (
-            f"the engine was started for drafts of up to {self.max_w} tokens, not {decoder.w}"
+        assert self.ours and decoder.drafter not in VLLM_METHODS and 1 <= decoder.w <= self.num_speculative_tokens, (
+            f"the engine was started for drafts of up to {self.num_speculative_tokens} tokens, not {decoder.w}"
         )
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
         drafter = make_batch_drafter(
@@ -221,7 +221,7 @@ class VllmEngine:
             len(self.tokenizer),
             self.feeder.llm.llm_engine.model_config.get_vocab_size(),
         )
-        longest = min(max(decoder.w, self.config.engine.prediction_w), self.max_w)
+        longest = min(max(decoder.w, self.config.engine.prediction_w), self.num_speculative_tokens)
         self.collective_rpc(attach_drafter, (drafter, decoder.w, decoder.auto_w, self.exact_sampling, longest))
         self.config = dataclasses.replace(self.config, decoder=decoder)
 

@@ -77,9 +77,16 @@ NO_CONFIDENCE = np.zeros(0)  # the confidence of no draft
 
 
 class NgrammysProposer:
+    """vLLM's `custom_class` proposer: one draft per running request at every engine step.
+
+    Built by vLLM from its VllmConfig; drafts nothing until `configure` hands it a BatchDrafter.
+    In: each step's emitted tokens and vLLM's token array (`propose`). Out: the drafts, and per
+    request what it proposed (`take`, read back for the per-request statistics).
+    """
+
     def __init__(self, vllm_config):
         spec = vllm_config.speculative_config
-        self.max_w = spec.num_speculative_tokens
+        self.num_speculative_tokens = spec.num_speculative_tokens
         self.max_model_len = vllm_config.model_config.max_model_len
         self.drafter: BatchDrafter | None = None
         self.w = 0
@@ -108,8 +115,8 @@ class NgrammysProposer:
         `adaptive`. With `draft_sampled` False (the engine's rejection sampler
         is not exact for sampled requests, and in a step with one it scales every draft position
         wrongly, greedy ones too) no request drafts in a step that runs a sampled request."""
-        assert max(w, prediction_w) <= self.max_w, (
-            f"vLLM was started for drafts of up to {self.max_w} tokens, not {max(w, prediction_w)}"
+        assert max(w, prediction_w) <= self.num_speculative_tokens, (
+            f"vLLM was started for drafts of up to {self.num_speculative_tokens} tokens, not {max(w, prediction_w)}"
         )
         self.runner, self.drafter, self.w, self.adaptive = runner, drafter, w, adaptive
         self.prediction_w = max(w, prediction_w)
@@ -129,7 +136,9 @@ class NgrammysProposer:
         token_ids_cpu: np.ndarray,
         slot_mappings=None,
     ) -> list[list[int]]:
-        """sampled_token_ids: [B] the tokens each running request emitted this step (empty: still in
+        """One step's drafts, one per running request, as vLLM's proposer contract asks.
+
+        sampled_token_ids: [B] the tokens each running request emitted this step (empty: still in
         prefill); num_tokens_no_spec: [>=B] its tokens so far; token_ids_cpu: [>=B, max_model_len].
         Returns each request's draft (empty: none)."""
         began = time.perf_counter()

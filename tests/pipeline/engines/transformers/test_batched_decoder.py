@@ -10,11 +10,11 @@ from pipeline.engines.transformers.batched_decoder import (
     Failed,
     Request,
 )
-from pipeline.engines.transformers.decoder import SpeculativeDecoder
+from pipeline.engines.transformers.speculative_decoder import SpeculativeDecoder
 from pipeline.engines.transformers.ragged_cache import RaggedCache
 from drafters.primitives.sampling import SamplingParams
 from tests.drafters.test_adaptive import flat_costs
-from tests.pipeline.engines.transformers.test_decoder import decoder_for
+from tests.pipeline.engines.transformers.test_speculative_decoder import decoder_for
 
 # Different lengths and budgets, so requests finish at different steps and rows are refilled.
 REQUESTS = [

@@ -16,7 +16,7 @@ import pipeline.engines.transformers.verification
 from drafters.bigram import BigramDrafter
 from drafters.draft_model import DraftModelDrafter, self_draft_model
 from drafters.model_tables import chain_extension, compute_bigram_table
-from pipeline.engines.transformers.decoder import SpeculativeDecoder
+from pipeline.engines.transformers.speculative_decoder import SpeculativeDecoder
 from pipeline.engines.transformers.verification import Verdict, walk_sampled
 from drafters.primitives.sampling import SamplingParams, sample, target_probs
 

@@ -112,19 +112,19 @@ class SpeculativeDecoder:
     def draft(self, state: RequestState) -> Drafts:
         """The step's proposal with padding rows dropped (they carry no guess but cost compute);
         kept by the request for adaptive scoring."""
-        w = state.draft_width()
+        w = state.draft_w()
         if self.drafter is None or w <= 0:
             return no_drafts()
         drafts = self.drafter.propose(state.context, self.k, w)
         keep = [i for i, s in enumerate(drafts.strategies) if s != PADDING]
         if not keep:  # nothing to guess: a plain one-token step is cheaper than verifying padding
             return no_drafts()
-        width = max(drafts.lengths[i] for i in keep) if drafts.lengths is not None else w
-        if len(keep) < len(drafts.strategies) or width < w:  # rows as long as the drafter's evidence
+        longest = max(drafts.lengths[i] for i in keep) if drafts.lengths is not None else w
+        if len(keep) < len(drafts.strategies) or longest < w:  # rows as long as the drafter's evidence
             drafts = Drafts(
-                tokens=drafts.tokens[keep, :width],
+                tokens=drafts.tokens[keep, :longest],
                 strategies=tuple(drafts.strategies[i] for i in keep),
-                probs=None if drafts.probs is None else drafts.probs[keep, :width],
+                probs=None if drafts.probs is None else drafts.probs[keep, :longest],
                 num_model_calls=drafts.num_model_calls,
             )
         state.proposed(drafts)
@@ -139,7 +139,9 @@ class SpeculativeDecoder:
         request_id: str = "",
         sampling: SamplingParams = GREEDY,
     ) -> Result:
-        state = RequestState.start(Request(request_id, prompt_ids, max_new_tokens, stop, sampling), self.rules)
+        state = RequestState.start(
+            Request(request_id, prompt_ids, max_new_tokens, stop=stop, sampling=sampling), self.rules
+        )
         # The cache holds every token but the last emitted one, which opens the next block.
         cache = prefill(self.model, prompt_ids[:-1])
         while state.finish_reason is None:

@@ -5,7 +5,7 @@ from drafters import model_tables
 from pipeline.loading.drafters import DrafterTables, make_drafter
 from pipeline.config import DecoderConfig
 from pipeline.engines.errors import RequestError
-from pipeline.engines.transformers.decoder import SpeculativeDecoder, Verifying
+from pipeline.engines.transformers.speculative_decoder import SpeculativeDecoder, Verifying
 from pipeline.engines.transformers.request_state import stop_cut
 from drafters.primitives.sampling import SamplingParams
 from tests.conftest import TINY_EOS
