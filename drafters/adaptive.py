@@ -1,7 +1,7 @@
 """Adaptive (k, w): each step verifies the (k, w) that maximises expected tokens per second.
 
 expected tokens per second ∝ expected tokens per call / relative call cost: the engine's step cost
-c(n), learned from its own calls (drafters/budget.py StepCostFit, the one step-cost model of both
+c(n), learned from its own calls (StepCostFit, the one step-cost model of both
 engines), a call over k rows of w draft tokens feeding n = k (w + 1) tokens.
 
 Expected tokens per call comes from the request's own acceptance history. Row r of a step is

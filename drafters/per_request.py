@@ -1,4 +1,4 @@
-"""A per-request drafter (drafters/base.py `Drafter`, which drafts for one DraftContext at a time)
+"""A per-request drafter (`Drafter`, which drafts for one DraftContext at a time)
 as a `BatchDrafter`: what vLLM's proposer holds for every drafter but the batched suffix drafter.
 
 Per request it keeps the context's n-gram index (grown by the tokens each step emitted, never
@@ -92,7 +92,7 @@ class RequestState:
 
 
 def allocate(gains: list[list[float]], cost) -> list[int]:
-    """Draft tokens per request for one step (drafters/budget.py `allocate`): gains[r][j] the
+    """Draft tokens per request for one step (`allocate`): gains[r][j] the
     probability that request r's first j + 1 draft tokens are all accepted; `cost` a step cost
     (`seconds(n)`) or its table of seconds by tokens fed."""
     lengths = np.array([len(row) for row in gains], dtype=np.int64)

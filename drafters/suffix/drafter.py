@@ -230,7 +230,7 @@ class BatchSuffixDrafter:
         )
 
     def start(self, key, prompt_length: int, limit: int) -> None:
-        """A request begins (drafters/base.py BatchDrafter): a slot for it; its arena segment is
+        """A request begins (BatchDrafter.start): a slot for it; its arena segment is
         reserved at its first step, as long as it may generate (limit - prompt_length)."""
         if key in self.slot_of:
             raise started_twice(key)
@@ -256,7 +256,7 @@ class BatchSuffixDrafter:
         step_cost: np.ndarray | None = None,
         max_w: int | None = None,
     ) -> BatchDrafts:
-        """Drafts for one engine step (drafters/base.py BatchDrafter), of at most `max_w` tokens
+        """Drafts for one engine step (BatchDrafter.step), of at most `max_w` tokens
         (default: the drafter's w). step_cost None: no budget, only the confidence cut."""
         batch = len(keys)
         out, request_slots = self._views.get(batch) or self._buffers(batch)

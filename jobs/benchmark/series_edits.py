@@ -6,7 +6,7 @@
 Measured as users run it: every run is `python -m jobs.generate` in a process of its own, which
 starts its own Ray (a new temporary directory each, so it never joins another Ray on the machine),
 reads a JSONL input (id + prompt) and writes Parquet and summary.json. For each cell (an edit kind
-of jobs/benchmark/edits.py's `edit`, and B):
+of `edit`, and B):
 
 1. the corpus is written and a series (`job.series`, the default drafter) generates it: its first
    run, at the largest B of the cells (B changes no greedy text; these are the rows' last outputs);

@@ -12,9 +12,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class DrafterKind:
-    tables: tuple[
-        str, ...
-    ] = ()  # pipeline/loading/drafters.py's DrafterTables fields it drafts from, built once per model
+    tables: tuple[str, ...] = ()  # DrafterTables fields it drafts from, built once per model
     # Its drafts carry the draft model's probabilities, verified by speculative sampling (an engine
     # that verifies point drafts only refuses it).
     draft_probabilities: bool = False

@@ -156,7 +156,7 @@ class EngineSteps:
     drain_running: int = 0
     drain_seconds: float = 0.0  # from the last admission to the last request's end
     # What the draft budget measured a step to cost: (a, b), a step feeding n tokens taking a + b n
-    # seconds (drafters/budget.py StepCostFit); None where no budget measured one.
+    # seconds (StepCostFit); None where no budget measured one.
     step_cost: tuple[float, float] | None = None
 
 

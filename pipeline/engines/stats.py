@@ -83,7 +83,7 @@ class RequestStats:
     def observe(
         self, drafts, verdict, num_fed_tokens: int, draft_seconds: float, verify_seconds: float, share: float = 1.0
     ) -> None:
-        """Records one verification step: the rows of `drafts` (drafters/base.py Drafts) were verified
+        """Records one verification step: the rows of `drafts` were verified
         in a forward call that fed the target `num_fed_tokens` tokens, of which this request had
         `share` (1 / the requests the call served); `verdict` (the transformers engine's Verdict):
         how many draft tokens of which row were accepted, and each checked draft token's acceptance

@@ -1,6 +1,6 @@
 """The CLI job as a pipeline.llm processor program: its preprocess turns a job row (an id, a text
 prompt or chat messages, per-row settings) into the processor's row, its postprocess turns every
-generated row into the job's (pipeline/llm/schema.py JOB_SCHEMA: the processor's columns, the id, the
+generated row into the job's (JOB_SCHEMA: the processor's columns, the id, the
 error), and the stage is the processor's (pipeline/llm/stage.py), with the job's settings.
 
 A job row's settings are the config's decoder.* where the row's column is null or absent:

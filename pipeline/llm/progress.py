@@ -30,7 +30,7 @@ class BatchReport:
     engine_steps: EngineSteps | None = None  # that actor's engine's step accounting so far (None: not kept)
     peak_rss_mb: float = 0.0  # the actor process's peak resident memory so far
     input_rows: int = 0  # the rows the batch was given
-    speculation: dict | None = None  # the actor's speculation mode (pipeline/engines/speculation.py Chooser.report)
+    speculation: dict | None = None  # the actor's speculation mode (Chooser.report)
 
 
 COUNTED = ("rows", "input_rows", "errored_rows", "generated_tokens", "target_calls")  # summed over the batches

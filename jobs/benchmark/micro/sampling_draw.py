@@ -4,7 +4,7 @@ transformers engine's rule and by the vLLM engine's, against the model's step, o
     python -m jobs.benchmark sampling-draw --batch 1,16 --positions 1,8,32 --out sampling_draw.json
 
 The two rules (docs/how-it-works.md, "Two keyed samplers, and why"):
-- *inverse CDF* (the transformers engine: drafters/primitives/sampling.py `sample`): the token at
+- *inverse CDF* (the transformers engine: `sample`): the token at
   generated position t is where the request's t-th uniform falls in the cumulative probabilities;
 - *keyed Gumbel* (the vLLM engine: drafters/primitives/keyed_noise.py): argmax_v (l_v + G_v), the
   noise G over the whole vocabulary drawn from the key (seed, t); as torch integer arithmetic (what

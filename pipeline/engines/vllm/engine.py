@@ -141,7 +141,7 @@ class VllmEngine:
         # Ours run as vLLM's proposer; vLLM's own methods (vllm_ngram, vllm_suffix) run as vLLM has them.
         self.ours = self.drafts and decoder.drafter not in VLLM_METHODS
         # vLLM's num_speculative_tokens, fixed from the start: ours draft from the rows' predictions
-        # too, up to engine.prediction_w tokens (pipeline/engines/build.py drafts_from_predictions).
+        # too, up to engine.prediction_w tokens (drafts_from_predictions).
         self.num_speculative_tokens = max(decoder.w, config.engine.prediction_w) if self.ours else decoder.w
         self.tokenizer = load_tokenizer(model_dir, config.model)
         self.sampling = vllm_sampling()

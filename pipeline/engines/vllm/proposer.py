@@ -9,7 +9,7 @@ the worker with `LLM.collective_rpc`). Until then it proposes nothing. It reache
 not hand it (the rows' request ids, prompt lengths and sampling settings), compat.py's reads of
 the model runner.
 
-The drafter is a BatchDrafter (drafters/base.py; pipeline/loading/drafters.py `make_batch_drafter`): each
+The drafter is a BatchDrafter (made by `make_batch_drafter`): each
 step, one call drafts for every decoding request, reading their tokens from vLLM's own token
 array. A request starts with the drafter when the proposer first sees it, and finishes when it
 ends (with its generated tokens) or vLLM lets it go (aborted); a request preempted or not
@@ -17,7 +17,7 @@ scheduled for a step stays started. Errors of the drafter's start, step or finis
 requests concerned their drafts, never the engine. With `w: auto` the drafter cuts its drafts to the step's budget:
 what a
 step costs by the tokens it feeds is learned online from the engine's own steps
-(drafters/budget.py StepCostFit; a token fed costs at least `prior_slope` of a step, so a noisy
+(StepCostFit; a token fed costs at least `prior_slope` of a step, so a noisy
 fit never makes drafts free). The proposer keeps, per request, the drafts it proposed, which the
 engine reads back after generation for the per-request statistics.
 """
@@ -232,7 +232,7 @@ class NgrammysProposer:
         drafts: list[list[int]],
         confidence: list[np.ndarray],
     ) -> None:
-        """A request with a prediction drafts from it (drafters/prediction.py step_drafts): up to
+        """A request with a prediction drafts from it (step_drafts): up to
         prediction_w tokens, cut with `w: auto` to what the step's budget keeps by how often the
         request's prediction has held, where it is expected to gain more than the drafter's own draft."""
         chosen = [i for i, t in enumerate(tracked) if t.prediction is not None]
