@@ -100,9 +100,9 @@ class DraftingPays:
         self.net = self.decay * self.net + (1 - self.decay) * gained
 
 
-def cost_table(cost, batch: int, max_draft: int) -> np.ndarray:
-    """[batch (max_draft + 1) + 1]: cost.seconds(n) for every n a step of `batch` requests can feed."""
-    return cost.seconds(np.arange(batch * (max_draft + 1) + 1))
+def cost_table(cost, batch: int, max_w: int) -> np.ndarray:
+    """[batch (max_w + 1) + 1]: cost.seconds(n) for every n a step of `batch` requests can feed."""
+    return cost.seconds(np.arange(batch * (max_w + 1) + 1))
 
 
 def empty_calibration() -> np.ndarray:

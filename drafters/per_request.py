@@ -92,15 +92,15 @@ class RequestState:
 
 
 def allocate(gains: list[list[float]], cost) -> list[int]:
-    """Draft tokens per request for one step (`allocate`): gains[r][j] the
+    """Draft tokens per request for one step (`budget.allocate`): gains[r][j] the
     probability that request r's first j + 1 draft tokens are all accepted; `cost` a step cost
     (`seconds(n)`) or its table of seconds by tokens fed."""
     lengths = np.array([len(row) for row in gains], dtype=np.int64)
-    width = max(1, int(lengths.max(initial=0)))
-    table = np.zeros((len(gains), width))
+    max_w = max(1, int(lengths.max(initial=0)))
+    table = np.zeros((len(gains), max_w))
     for r, row in enumerate(gains):
         table[r, : len(row)] = row
-    step_cost = cost if isinstance(cost, np.ndarray) else budget.cost_table(cost, len(gains), width)
+    step_cost = cost if isinstance(cost, np.ndarray) else budget.cost_table(cost, len(gains), max_w)
     taken = np.zeros(len(gains), dtype=np.int64)
     budget.allocate(table, lengths, step_cost, taken)
     return taken.tolist()

@@ -114,8 +114,8 @@ class StepRows(NamedTuple):
 
 
 class Predictions:
-    """The rows' predictions as vLLM's proposer drafts from them (pipeline/engines/vllm/proposer.py
-    `predict`, `judge`): each step after the drafter's, `step_drafts` over
+    """The rows' predictions as vLLM's proposer drafts from them (`NgrammysProposer.predict`,
+    `judge`): each step after the drafter's, `step_drafts` over
     the running rows with a prediction (a draft of up to prediction_w tokens, and never past the
     row's limit), with the step's cost when the method has a budget; each draft it gave judged
     against what the row emitted from there (its output, the accepted tokens and one more)."""

@@ -99,7 +99,7 @@ def uniformity_p_value(us: list[float], bins: int = 10) -> float:
 
 def gather(model, requests: list[Request], token_ids: list[list[int]], proposals: dict | None = None) -> Evidence:
     """The evidence of `token_ids` (one list per request). `proposals`, by request id, are the drafts
-    our proposer made (its Proposal): the token that replaced a
+    our proposer made (the proposer's `Proposal`): the token that replaced a
     rejected draft token is checked against the target with that token removed."""
     rng = np.random.default_rng(0)
     evidence = Evidence()

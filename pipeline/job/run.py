@@ -147,7 +147,7 @@ class RunSummary:
     engine_idle_seconds: float | None
     engine_drain_seconds: float | None
     # The step cost our proposer's draft budget measured, averaged over the engines: a step's
-    # seconds, the seconds per token it feeds and their ratio (step_cost).
+    # seconds, the seconds per token it feeds and their ratio (`EngineSteps.step_cost`).
     engine_step_cost: dict | None
     engine_series: list
     actor_peak_rss_mb: float | None  # the largest actor process's peak resident memory

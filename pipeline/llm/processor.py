@@ -451,7 +451,7 @@ def build_processor(
     config: the engine, model and Ray settings, by ray.data.llm's names plus ours.
     preprocess / postprocess: a row's function before the stage (its output merged into the row)
     and after it (the generated row in, the caller's row out), as ray.data.llm takes them;
-    *_map_kwargs: Ray Data's map_batches arguments for them.
+    preprocess_map_kwargs: `Dataset.map`'s arguments; postprocess_map_kwargs: `map_batches`'.
     builder_kwargs: only `chat_template_kwargs` (the template's keyword arguments).
     Returns a Processor; `processor(ds)` is the lazy Dataset of generated rows. A config the
     engine cannot run fails when it is called, before any actor starts.

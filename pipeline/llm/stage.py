@@ -59,10 +59,11 @@ logger = logging.getLogger(__name__)
 class GenerationStage:
     """The engine's actor: a batch of rows in, one generated row per sample out.
 
-    In: an Arrow batch of ray.data.llm's rows (`prompt` or `messages`, `sampling_params`, ...).
-    Out: the rows with ray.data.llm's columns (`generated_text`, `num_generated_tokens`, ...) and
-    ours (the statistics) appended; a bad row becomes an error row that names it. The engine is
-    built once per actor. `progress`: a run's RunProgress actor, told of each batch."""
+    In: an Arrow batch of ray.data.llm's rows (`prompt`, `messages` or `tokenized_prompt`,
+    `sampling_params`, ...). Out: the rows with ray.data.llm's columns (`generated_text`,
+    `num_generated_tokens`, ...) and ours (the statistics) appended; with continue_on_error a bad
+    row becomes an error row that names it, else it raises. The engine is built once per actor.
+    `progress`: a run's RunProgress actor, told of each batch."""
 
     def __init__(
         self,

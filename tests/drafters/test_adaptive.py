@@ -142,7 +142,7 @@ def test_auto_w_is_refused_for_a_draft_model():
 def test_one_shape_chooser_weighs_the_requests_a_call_serves():
     from drafters.budget import choose_shape
 
-    table = np.array([[1.9, 2.7], [2.2, 3.1]])  # expected tokens of (rows, width) for one request
+    table = np.array([[1.9, 2.7], [2.2, 3.1]])  # expected tokens of (k, w) for one request
     alone = choose_shape([table], lambda k, w: 1 + 0.1 * k * w, 2, 2)
     # 2.7 / 1.2 beats 3.1 / 1.4 (both rows), 2.2 / 1.2, 1.9 / 1.1 and a plain step's 1 / 1.
     assert (alone.k, alone.w) == (1, 2) and alone.expected_tokens == pytest.approx(2.7)

@@ -72,7 +72,7 @@ def swap(ours, tiny_model_dir, drafter, *overrides):
 DRAFTERS = ["context_ngram", "unigram", "bigram", "extended_bigram", "mixed", "batch_suffix"]
 
 
-# Every drafter at a fixed w, and at w: auto all but extended_bigram, whose table at auto's width (16)
+# Every drafter at a fixed w, and at w: auto all but extended_bigram, whose table at auto's w (16)
 # takes two minutes to build here; auto's path through the proposer is the same for every drafter.
 # extended_bigram's table at w = 4 (the model over every token of the vocabulary, 20-30 s) is built
 # in the slow tier.
@@ -464,7 +464,7 @@ def test_vllm_generates_with_a_model_the_transformers_engine_refuses(tiny_gemma3
 def test_the_engine_reports_the_step_cost_its_proposer_measured(engines, requests, reference):
     plain, ours = engines
     ours.generate(requests[:2])
-    a, b = ours.steps().step_cost  # a step's seconds, and per token fed (drafters/budget.py StepCostFit)
+    a, b = ours.steps().step_cost  # a step's seconds, and per token fed (StepCostFit)
     assert a > 0 and b > 0
     assert plain.steps().step_cost is None  # no proposer of ours: nothing measured
 
