@@ -223,11 +223,21 @@ def test_a_circle_is_found():
 
 MAX_MODULE_LINES = 500  # drafters/ and pipeline/: a module past it holds more than one thing
 MAX_FUNCTION_LINES = 60  # everywhere: a function fits on a screen
+MAX_PARAMETERS = 8  # everywhere: past it, a function takes a bundle (a config section, a State)
+# Functions that replace a vLLM function take its signature, whatever its length.
+VLLM_SIGNATURES = {"pipeline/engines/vllm/seeded_sampling.py:rejection_sample"}
+
+
+def parameters(node: ast.FunctionDef | ast.AsyncFunctionDef) -> int:
+    """The function's parameters, a method's self or cls left out (*args and **kwargs not counted)."""
+    arguments = node.args
+    names = [a.arg for a in (*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs)]
+    return len(names) - (names[:1] in (["self"], ["cls"]))
 
 
 def oversized(paths: list[Path]) -> list[str]:
     """Each module of drafters/ or pipeline/ over MAX_MODULE_LINES, and each function anywhere over
-    MAX_FUNCTION_LINES, said in a line."""
+    MAX_FUNCTION_LINES or MAX_PARAMETERS, said in a line."""
     found = []
     for path in paths:
         source = path.read_text()
@@ -240,6 +250,9 @@ def oversized(paths: list[Path]) -> list[str]:
                 length = node.end_lineno - node.lineno + 1
                 if length > MAX_FUNCTION_LINES:
                     found.append(f"{name}:{node.lineno} {node.name}: {length} lines (at most {MAX_FUNCTION_LINES})")
+                count = parameters(node)
+                if count > MAX_PARAMETERS and f"{name}:{node.name}" not in VLLM_SIGNATURES:
+                    found.append(f"{name}:{node.lineno} {node.name}: {count} parameters (at most {MAX_PARAMETERS})")
     return found
 
 
@@ -252,6 +265,15 @@ def test_an_oversized_function_is_named(tmp_path):
     path = tmp_path / "long.py"
     path.write_text("def long():\n" + "    x = 1\n" * MAX_FUNCTION_LINES)
     assert oversized([path]) == [f"{path}:1 long: {MAX_FUNCTION_LINES + 1} lines (at most {MAX_FUNCTION_LINES})"]
+
+
+def test_a_function_with_too_many_parameters_is_named(tmp_path):
+    path = tmp_path / "wide.py"
+    names = ", ".join(f"a{i}" for i in range(MAX_PARAMETERS + 1))
+    path.write_text(
+        f"class C:\n    def wide(self, {names}):\n        pass\n    def fits(self, {names[4:]}):\n        pass\n"
+    )
+    assert oversized([path]) == [f"{path}:2 wide: {MAX_PARAMETERS + 1} parameters (at most {MAX_PARAMETERS})"]
 
 
 def test_every_file_the_code_and_readme_name_exists():
