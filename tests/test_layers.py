@@ -269,10 +269,8 @@ def test_an_oversized_function_is_named(tmp_path):
 
 def test_a_function_with_too_many_parameters_is_named(tmp_path):
     path = tmp_path / "wide.py"
-    names = ", ".join(f"a{i}" for i in range(MAX_PARAMETERS + 1))
-    path.write_text(
-        f"class C:\n    def wide(self, {names}):\n        pass\n    def fits(self, {names[4:]}):\n        pass\n"
-    )
+    wide, fits = (", ".join(f"a{i}" for i in range(count)) for count in (MAX_PARAMETERS + 1, MAX_PARAMETERS))
+    path.write_text(f"class C:\n    def wide(self, {wide}):\n        pass\n    def fits(self, {fits}):\n        pass\n")
     assert oversized([path]) == [f"{path}:2 wide: {MAX_PARAMETERS + 1} parameters (at most {MAX_PARAMETERS})"]
 
 

@@ -1,6 +1,8 @@
 """What every engine shares: the run's engine columns over its engines' step accounting."""
 
-from pipeline.engines.base import EngineSteps, engine_summary
+import pytest
+
+from pipeline.engines.base import EngineSteps, Request, engine_summary
 
 
 def test_occupancy_averages_the_steps_while_input_remained_and_is_none_when_every_step_drained():
@@ -28,3 +30,12 @@ def test_the_step_cost_is_the_engines_measured_fits_averaged_and_none_where_none
         "seconds_per_fed_token": 0.003,
         "fed_token_share": 0.02,
     }
+
+
+def test_a_requests_settings_after_its_length_go_by_name():
+    """Past request_id, prompt_ids and max_new_tokens a Request takes its settings by name: a call
+    by position cannot put a stop where a sampling goes."""
+    request = Request("r", [1, 2], 4, stop=("\n",), prediction=(3,))
+    assert (request.stop, request.prediction) == (("\n",), (3,))
+    with pytest.raises(TypeError, match="positional"):
+        Request("r", [1, 2], 4, ("\n",))
