@@ -315,7 +315,7 @@ def drafter_columns(drafter, steps: int, clock, seconds: float) -> dict:
         found["projected_seconds"] = {
             "gpu": round(clock.seconds, 6),
             "host": round(clock.host_seconds, 6),
-            "drafter": round(seconds, 6),
+            "drafter": round(seconds, 6) if drafter.proposes else 0.0,
         }
         if clock.prefill:  # (within "gpu": the steps' seconds)
             found["projected_seconds"]["prefill"] = round(clock.prefill_seconds, 6)
@@ -594,7 +594,8 @@ def projection(rows: list[dict], name: str, measured: dict | None = None, host: 
     of mean context ctx_t takes c(n_t, ctx_t) on the GPU (jobs/benchmark/step_costs.py's roofline, or with
     `measured` (--step-costs) the step cost measured on that GPU), h(B_t) on the host (scheduling,
     inputs, outputs: `host`, --host-step, measured by jobs.benchmark.host_step; 0 without it) and
-    d_t for the drafter on the CPU (vLLM runs a `custom_class` or `suffix` proposer between steps):
+    d_t for the drafter on the CPU (vLLM runs a `custom_class` or `suffix` proposer between steps;
+    plain runs none, d_t = 0):
 
         synchronous (how vLLM 0.32 runs ours and its `suffix`):  tokens / Σ_t (c_t + h(B_t) + d_t)
         asynchronous (plain vLLM's default on a GPU; `ngram_gpu`): tokens / Σ_t c_t

@@ -20,6 +20,9 @@ class Method:
     """A drafting method as the replay drives it: `start` a request, `draft` for the running ones,
     `finish` one; `predict` and `judged` feed the calibration (ours only)."""
 
+    # Whether vLLM would run a proposer for it between steps: the projection charges its time.
+    proposes = True
+
     def start(self, key: int, prompt: np.ndarray, limit: int) -> None:
         pass
 
@@ -272,6 +275,8 @@ class VllmNgramGpu(VllmNgram):
 
 class Plain(Method):
     """No drafts: every request-step emits one token (the projection's reference)."""
+
+    proposes = False  # plain vLLM runs no proposer: the replay's own bookkeeping is not its time
 
     def __init__(self, args, store, answers, cost=None):
         pass
