@@ -5,6 +5,7 @@ as it runs it, the models it refuses, its batches at once) is read here for ever
 from __future__ import annotations
 
 import importlib
+import math
 import time
 from pathlib import Path
 from collections.abc import Sequence
@@ -25,7 +26,14 @@ __all__ = [
     "concurrent_batches",
     "drafts_from_predictions",
     "engine_kind",
+    "run_batch_size",
 ]
+
+# Ray Data keeps about 25 KB on the driver for each block a run makes, until the run ends
+# (docs/measurements/corpus-scale.md, "What grows on the driver"): a long run's auto batches grow
+# so that it makes at most RUN_BATCHES of them, and its driver stays flat as the corpus grows.
+RUN_BATCHES = 1_000
+MAX_AUTO_BATCH = 4_096  # rows: what one batch may hold in an actor when it grows
 
 
 def engine_kind(name: str) -> EngineKind:
@@ -56,6 +64,15 @@ def concurrent_batches(config: Config) -> int:
     """Batches one actor works on at once: 1 for an engine that runs one at a time; the vLLM
     engine's is ray.max_concurrent_batches, or auto (pipeline/engines/vllm/settings.py)."""
     return engine_kind(config.engine.name).concurrent_batches(config)
+
+
+def run_batch_size(batch: int, rows: int) -> int:
+    """Rows per Ray batch for a run of `rows` whose ray.batch_size is auto: the engine's `batch`
+    (its checked ray.batch_size), times what keeps the run within RUN_BATCHES batches (a whole
+    multiple of it, so the engine's slots still fill evenly), up to MAX_AUTO_BATCH rows. A batch's
+    size never changes a row's text."""
+    most = max(1, MAX_AUTO_BATCH // batch)
+    return batch * min(most, max(1, math.ceil(rows / (batch * RUN_BATCHES))))
 
 
 def drafts_from_predictions(config: Config) -> bool:

@@ -37,7 +37,7 @@ from ray.data.context import ShuffleStrategy
 
 from drafters.datastore import Datastore
 from pipeline import storage
-from pipeline.engines.build import checked_config
+from pipeline.engines.build import checked_config, run_batch_size
 from pipeline.llm.actor_pool import start_preparing, unplaceable
 from pipeline.llm.errors import JobFailed
 from pipeline.config import Config, DecoderConfig
@@ -177,9 +177,9 @@ def prepare_output(plan: RunPlan) -> list[dict]:
     return set_aside_unreadable(paths.output, paths.earlier_outputs, paths.checkpoints, plan.checkpoint.id_column)
 
 
-def read_plan(plan: RunPlan) -> tuple[ray.data.Dataset, Reading]:
-    """The input, only the columns the job reads, and what the run found before generating."""
-    set_aside = prepare_output(plan)
+def read_plan(plan: RunPlan, set_aside: list[dict]) -> tuple[ray.data.Dataset, Reading]:
+    """The input, only the columns the job reads, and what the run found before generating
+    (`set_aside`: prepare_output's)."""
     config = plan.config
     dataset = read_input(config.input, IO_CPUS)
     names = input_names(dataset, config.input)
@@ -214,9 +214,14 @@ def generate_and_write(config: Config, run_id: str) -> dict:
     plan = make_plan(config, run_id)
     # The model is prepared where the actors run while the input is read and counted.
     preparing = start_preparing(checked_config(plan.drafting))
-    dataset, reading = read_plan(plan)
+    set_aside = prepare_output(plan)
+    # So is a series' index of its last outputs (after the unreadable ones are set aside).
+    last = series.last_outputs(plan.paths.runs_root, IO_CPUS) if config.job.series else None
+    dataset, reading = read_plan(plan, set_aside)
     if reading.new_rows == 0:  # nothing new (a finished run, or a series run over a corpus that did not grow)
         ray.cancel(preparing.report)
+        if last:
+            ray.cancel(last.index)
         return summary_of(plan, reading, empty_totals(), time.perf_counter() - started, None, None)
     config, paths = plan.config, plan.paths
     engine = config.engine
@@ -228,9 +233,11 @@ def generate_and_write(config: Config, run_id: str) -> dict:
     # checkpoint makes the read skip the rows this run (or its series) already wrote.
     # The stage's speculation mode reads how many rows it will generate, and whether they carry
     # predictions (their own, or a series' last outputs).
-    expected = min(reading.new_rows, config.input.limit or reading.new_rows) * config.decoder.n  # requests
-    written = series.output_files(paths.runs_root) if config.job.series else {}
-    settings = job_rows.stage_settings(config, run_id, True, expected, reading.predicted or bool(written))
+    rows = min(reading.new_rows, config.input.limit or reading.new_rows)
+    expected = rows * config.decoder.n  # requests
+    if not plan.drafting.ray.batch_size:  # auto: the engine's batch, grown for a long run
+        plan = with_batch_size(plan, run_batch_size(checked_config(plan.drafting).ray.batch_size, rows))
+    settings = job_rows.stage_settings(config, run_id, True, expected, reading.predicted or last is not None)
     processor = Processor(
         config=plan.drafting,
         settings=settings,
@@ -244,8 +251,8 @@ def generate_and_write(config: Config, run_id: str) -> dict:
         tokenize=True,
     )
     try:
-        if written:  # a changed row is drafted from its last output
-            dataset = series.with_last_outputs(dataset, config, paths.runs_root, written, IO_CPUS)
+        if last:  # a changed row is drafted from its last output
+            dataset = series.with_last_outputs(dataset, config, last, IO_CPUS)
         processor(dataset).write_parquet(
             paths.run_dir, filesystem=whole_files(paths.run_dir), ray_remote_args={"num_cpus": IO_CPUS}
         )
@@ -262,6 +269,14 @@ def generate_and_write(config: Config, run_id: str) -> dict:
     if config.job.series:  # the next run drafts from this one's outputs too
         store = ray.get(series_store.extend_store.options(num_cpus=IO_CPUS).remote(config, paths))
     return summary_of(plan, reading, this_time, time.perf_counter() - started, first_batch, store)
+
+
+def with_batch_size(plan: RunPlan, batch_size: int) -> RunPlan:
+    """The plan whose actors take batches of `batch_size` rows (what the summary then records as run)."""
+    drafting = plan.drafting
+    return dataclasses.replace(
+        plan, drafting=dataclasses.replace(drafting, ray=dataclasses.replace(drafting.ray, batch_size=batch_size))
+    )
 
 
 def write_openai_outputs(paths: RunPaths) -> dict:

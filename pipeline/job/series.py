@@ -19,7 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +28,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import ray
+from ray import ObjectRef
 
 from pipeline import storage
 from pipeline.llm.checkpoint import InputIdCheckpointFilter
@@ -146,20 +147,35 @@ def output_files(runs_root: str) -> dict[str, int]:
     }
 
 
-def with_last_outputs(
-    dataset: ray.data.Dataset, config: Config, runs_root: str, written: dict[str, int], cpus: float
-) -> ray.data.Dataset:
+@dataclass(frozen=True)
+class LastOutputs:
+    """A series' earlier outputs as a run drafts from them: where they are, and the index of each
+    id's latest one (`latest_outputs`), made by a task the run starts before it reads its input."""
+
+    runs_root: str
+    index: ObjectRef
+
+
+def last_outputs(runs_root: str, cpus: float) -> LastOutputs | None:
+    """The series' earlier outputs under `runs_root`, their index started now in a task of `cpus`
+    (the blocks that generate wait for it): None where the series has none."""
+    written = output_files(runs_root)
+    if not written:
+        return None
+    return LastOutputs(runs_root, ray.remote(latest_outputs).options(num_cpus=cpus).remote(runs_root, written))
+
+
+def with_last_outputs(dataset: ray.data.Dataset, config: Config, last: LastOutputs, cpus: float) -> ray.data.Dataset:
     """`dataset`'s rows (those the run generates), each with LAST_OUTPUT: the generated text of its
-    id's latest output among the files `written` (output_files of `runs_root`), None where it has none.
+    id's latest output among the series' earlier outputs (`last`), None where it has none.
 
     One task reads the history's narrow columns (id, error) into an index of each id's latest
     output, its file and row (`latest_outputs`); each block of rows to generate then looks its ids
     up in it and reads only their texts, from the row groups that hold them (`attach_last`). Nothing
     costs Python per unchanged row, and no text of an unchanged row is read."""
-    index = ray.remote(latest_outputs).options(num_cpus=cpus).remote(runs_root, written)
     return dataset.map_batches(
         attach_last,
-        fn_kwargs={"id_column": config.input.id_column, "index": [index], "runs_root": runs_root},
+        fn_kwargs={"id_column": config.input.id_column, "index": [last.index], "runs_root": last.runs_root},
         batch_format="pyarrow",
         num_cpus=cpus,
     )

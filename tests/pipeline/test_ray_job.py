@@ -19,7 +19,7 @@ from pipeline.loading.drafters import build_tables
 from pipeline.config import load_config
 from pipeline.loading.model import load_model
 from pipeline.job.inputs import check_columns, input_names, read_input
-from pipeline.job.ray_job import JobFailed, make_plan, read_plan, run_job
+from pipeline.job.ray_job import JobFailed, make_plan, prepare_output, read_plan, run_job
 from pipeline.llm.stage import GenerationStage
 from tests import outputs
 from tests.config_follow import ConfigFollower
@@ -195,7 +195,8 @@ def test_input_limit_takes_the_inputs_first_rows(local_ray, tiny_model_dir, tmp_
     path = write_jsonl(tmp_path / "in.jsonl", [{"id": f"p{i:03d}", "prompt": "x"} for i in range(200)])
     config = job_config(tiny_model_dir, tmp_path, f"input.path={path}", "input.limit=100")
     for attempt in range(8):
-        dataset, reading = read_plan(make_plan(config, f"r{attempt}"))
+        plan = make_plan(config, f"r{attempt}")
+        dataset, reading = read_plan(plan, prepare_output(plan))
         assert (reading.input_rows, reading.rows_read) == (200, 100)
         assert dataset.context.execution_options.preserve_order  # the stages after it keep the order too
         assert not ray.data.DataContext.get_current().execution_options.preserve_order  # the job's own only

@@ -127,6 +127,19 @@ def test_engine_slots_are_apart_from_the_ray_batch():
         started("engine.name=transformers", "transformers.max_batch_requests=8", "ray.batch_size=2")
 
 
+def test_a_long_runs_auto_batches_grow_so_the_run_makes_at_most_a_thousand():
+    from pipeline.engines.build import MAX_AUTO_BATCH, RUN_BATCHES, run_batch_size
+
+    for batch in (started("engine.name=vllm").ray.batch_size, started("engine.name=transformers").ray.batch_size):
+        assert run_batch_size(batch, 20) == batch  # a short run keeps the engine's batch
+        for rows in (batch * RUN_BATCHES, batch * RUN_BATCHES + 1, 200_000, 1_000_000):
+            grown = run_batch_size(batch, rows)
+            assert grown % batch == 0 and -(-rows // grown) <= RUN_BATCHES, (batch, rows)
+            assert grown == batch or -(-rows // (grown - batch)) > RUN_BATCHES, (batch, rows)  # no larger than needed
+        assert run_batch_size(batch, 10**9) == MAX_AUTO_BATCH // batch * batch
+    assert run_batch_size(64, 1_000_000) == 1_024 and run_batch_size(8, 1_000_000) == 1_000
+
+
 def test_predictions_are_drafted_from_by_our_proposer_on_vllm_only():
     assert drafts_from_predictions(started("engine.name=vllm", "decoder.drafter=batch_suffix"))
     assert not drafts_from_predictions(started("engine.name=vllm", "decoder.drafter=vllm_ngram"))
