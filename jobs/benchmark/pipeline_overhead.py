@@ -16,7 +16,7 @@ from jobs.benchmark.arguments import add_prompt_args
 from jobs.benchmark.datasets import load_prompts
 from jobs.benchmark.report import markdown_table
 from pipeline.config import load_config
-from pipeline.engines.build import checked_config
+from pipeline.engines.build import checked_config, engine_kind
 
 
 def add_cli_args(parser) -> None:
@@ -56,7 +56,7 @@ def run(args) -> dict:
     prompts = load_prompts(args.dataset, args.limit)
     stage = GenerationStage(config, job_rows.stage_settings(config))
     preprocess = job_rows.request_row(config)
-    size = config.ray.batch_size  # the same batches as the job's actor gets
+    size = engine_kind(config.engine.name).batch_size(config)  # the same batches as the job's actor gets
     started = time.perf_counter()
     tables = []
     for i in range(0, len(prompts), size):  # the job's three steps, in this process

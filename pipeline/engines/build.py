@@ -68,7 +68,7 @@ def concurrent_batches(config: Config) -> int:
 
 def run_batch_size(batch: int, rows: int) -> int:
     """Rows per Ray batch for a run of `rows` whose ray.batch_size is auto: the engine's `batch`
-    (its checked ray.batch_size), times what keeps the run within RUN_BATCHES batches (a whole
+    (EngineKind.batch_size), times what keeps the run within RUN_BATCHES batches (a whole
     multiple of it, so the engine's slots still fill evenly), up to MAX_AUTO_BATCH rows. A batch's
     size never changes a row's text."""
     most = max(1, MAX_AUTO_BATCH // batch)

@@ -37,7 +37,7 @@ from ray.data.context import ShuffleStrategy
 
 from drafters.datastore import Datastore
 from pipeline import storage
-from pipeline.engines.build import checked_config, run_batch_size
+from pipeline.engines.build import checked_config, engine_kind, run_batch_size
 from pipeline.llm.actor_pool import start_preparing, unplaceable
 from pipeline.llm.errors import JobFailed
 from pipeline.config import Config, DecoderConfig
@@ -236,7 +236,7 @@ def generate_and_write(config: Config, run_id: str) -> dict:
     rows = min(reading.new_rows, config.input.limit or reading.new_rows)
     expected = rows * config.decoder.n  # requests
     if not plan.drafting.ray.batch_size:  # auto: the engine's batch, grown for a long run
-        plan = with_batch_size(plan, run_batch_size(checked_config(plan.drafting).ray.batch_size, rows))
+        plan = with_batch_size(plan, run_batch_size(engine_kind(config.engine.name).batch_size(plan.drafting), rows))
     settings = job_rows.stage_settings(config, run_id, True, expected, reading.predicted or last is not None)
     processor = Processor(
         config=plan.drafting,

@@ -13,7 +13,7 @@ import ray
 from drafters.datastore import Datastore
 from pipeline.loading.drafters import drafter_tables, needs_datastore
 from pipeline.config import Config, RayConfig
-from pipeline.engines.build import ModelRefused, check_engine_can_run, concurrent_batches
+from pipeline.engines.build import ModelRefused, check_engine_can_run, concurrent_batches, engine_kind
 from pipeline import storage
 from pipeline.llm.errors import JobFailed
 from pipeline.loading.model import cache_root, load_tokenizer, resolve_model_dir
@@ -157,7 +157,7 @@ def generation_stage(
         fn_constructor_kwargs=constructor_kwargs,
         compute=actor_pool(config.ray, concurrent_batches(config)),
         **actor_resources(config.ray),
-        batch_size=config.ray.batch_size,
+        batch_size=engine_kind(config.engine.name).batch_size(config),
         batch_format="pyarrow",
         runtime_env=stage_environment(config.model.num_threads, runtime_env),
     )

@@ -4,7 +4,6 @@ starts (pipeline/engines/build.py reads KIND). Its own section is `transformers:
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 from pipeline.config import Config, ConfigError, DecoderConfig, TransformersConfig
@@ -17,9 +16,7 @@ BATCH_SIZE = 8  # ray.batch_size auto: rows per call (the decoder runs one batch
 
 
 def checked(config: Config) -> Config:
-    """`config` as this engine runs it (ray.batch_size auto: BATCH_SIZE), or a ConfigError naming
-    the first setting it cannot honour."""
-    config = dataclasses.replace(config, ray=dataclasses.replace(config.ray, batch_size=batch_size(config)))
+    """`config` as this engine runs it, or a ConfigError naming the first setting it cannot honour."""
     engine, ray, decoder, own = config.engine, config.ray, config.decoder, config.transformers
     kind = DRAFTER_KINDS[decoder.drafter]
     require(
@@ -37,7 +34,7 @@ def checked(config: Config) -> Config:
     )
     # Its actor sees ray.batch_size rows per call; fewer than max_batch_requests leaves rows idle.
     require(
-        ray.batch_size >= own.max_batch_requests,
+        batch_size(config) >= own.max_batch_requests,
         "ray.batch_size",
         f"at least transformers.max_batch_requests ({own.max_batch_requests}) with engine.name {NAME}, so every "
         "request row of the decoder has a prompt to take (a multiple of it keeps rows refilled)",
@@ -52,6 +49,7 @@ def checked(config: Config) -> Config:
 
 
 def batch_size(config: Config) -> int:
+    """ray.batch_size, or for 0 (auto) BATCH_SIZE."""
     return config.ray.batch_size or BATCH_SIZE
 
 

@@ -51,7 +51,6 @@ def checked(config: Config) -> Config:
         f"0 (a CPU engine) or engine.tensor_parallel_size ({ranks}) with engine.name {NAME}: one engine "
         "per actor, one GPU per rank",
     )
-    config = dataclasses.replace(config, ray=dataclasses.replace(config.ray, batch_size=batch_size(config)))
     decoder = config.decoder
     if decoder.auto_w and decoder.w == AUTO_MAX["w"]:
         return dataclasses.replace(config, decoder=dataclasses.replace(decoder, w=AUTO_MAX_VLLM_W))

@@ -38,6 +38,10 @@ def test_vllm_takes_what_transformers_refuses(tiny_gemma3_dir):
 # --- The engine's own settings, checked when the job starts --------------------------------------
 
 
+def batch_size(config):
+    return engine_kind(config.engine.name).batch_size(config)
+
+
 def started(*overrides):
     """The config as a job starts it (jobs/generate.py, the processor): loaded, then its engine's checks."""
     return checked_config(load_config("configs/default.yaml", list(overrides)))
@@ -112,11 +116,13 @@ def test_engine_slots_are_apart_from_the_ray_batch():
     assert concurrent_batches(started("engine.name=vllm", "ray.batch_size=8")) == 3 * CPU_MAX_NUM_SEQS // 8 + 1
     assert concurrent_batches(started("engine.name=vllm", "ray.max_concurrent_batches=3")) == 3
     assert concurrent_batches(started("engine.name=transformers")) == 1
-    # ray.batch_size auto: a batch per vLLM slot (4 in flight), 8 rows for the transformers engine
-    assert started("engine.name=vllm").ray.batch_size == CPU_MAX_NUM_SEQS
+    # ray.batch_size auto (kept auto by the checks: a job grows it for a long run): a batch per vLLM
+    # slot (4 in flight), 8 rows for the transformers engine
+    assert started("engine.name=vllm").ray.batch_size == 0
+    assert batch_size(started("engine.name=vllm")) == CPU_MAX_NUM_SEQS
     assert concurrent_batches(started("engine.name=vllm")) == 4
-    assert started("engine.name=vllm", "engine.max_num_seqs=16").ray.batch_size == 16
-    assert started("engine.name=transformers").ray.batch_size == 8
+    assert batch_size(started("engine.name=vllm", "engine.max_num_seqs=16")) == 16
+    assert batch_size(started("engine.name=transformers")) == 8
     with pytest.raises(
         ConfigError, match="ray.max_concurrent_batches: must be 0 \\(auto\\) or 1 with engine.name transformers"
     ):
@@ -130,7 +136,7 @@ def test_engine_slots_are_apart_from_the_ray_batch():
 def test_a_long_runs_auto_batches_grow_so_the_run_makes_at_most_a_thousand():
     from pipeline.engines.build import MAX_AUTO_BATCH, RUN_BATCHES, run_batch_size
 
-    for batch in (started("engine.name=vllm").ray.batch_size, started("engine.name=transformers").ray.batch_size):
+    for batch in (batch_size(started("engine.name=vllm")), batch_size(started("engine.name=transformers"))):
         assert run_batch_size(batch, 20) == batch  # a short run keeps the engine's batch
         for rows in (batch * RUN_BATCHES, batch * RUN_BATCHES + 1, 200_000, 1_000_000):
             grown = run_batch_size(batch, rows)
