@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import resource
 from dataclasses import asdict, dataclass
 from datetime import datetime, timezone
 
@@ -23,6 +22,7 @@ from pipeline import storage
 from pipeline.config import Config
 from pipeline.job.output_files import SET_ASIDE
 from pipeline.job.series import digest
+from pipeline.llm.progress import peak_rss_mb
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,7 @@ class RunSummary:
             **run_counts(after),
             **invocation_counts(this_time, reading, wall),
             speculation={"setting": plan.drafting.engine.speculation, "actors": this_time["speculation"]},
-            driver_peak_rss_mb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            driver_peak_rss_mb=round(peak_rss_mb(), 1),
             settings={section: asdict(getattr(plan.drafting, section)) for section in SECTIONS},
             openai_batch=openai_batch,
         )

@@ -4,6 +4,7 @@ have failed, and gives the summary this invocation's counts without any row reac
 
 from __future__ import annotations
 
+import resource
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -11,6 +12,21 @@ from dataclasses import dataclass
 import ray
 
 from pipeline.engines.base import EngineSteps, engine_summary
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory so far, in MB: Linux's VmHWM, which starts afresh when a
+    program is executed. getrusage's ru_maxrss keeps the peak of the process it was forked from:
+    a job started by a benchmark that had run vLLM in its own process reported that process's
+    4.7 GB. ru_maxrss where there is no /proc."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 class JobStopped(RuntimeError):

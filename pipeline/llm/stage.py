@@ -29,7 +29,6 @@ import dataclasses
 import itertools
 import logging
 import os
-import resource
 import threading
 import time
 import uuid
@@ -45,7 +44,7 @@ from pipeline.engines.errors import RequestError
 from pipeline.engines import speculation
 from pipeline.llm.engine_slot import EngineSlot
 from pipeline.llm.metrics import RunMetrics
-from pipeline.llm.progress import BatchReport, JobStopped, RestartWindow
+from pipeline.llm.progress import BatchReport, JobStopped, RestartWindow, peak_rss_mb
 from pipeline.llm.prompts import encode_rows, prompt_of, take_encoded
 from pipeline.llm.stage_settings import StageSettings
 from pipeline.llm.row_values import prediction_text, python_value, request_key
@@ -343,7 +342,7 @@ class GenerationStage:
                 node=context.get_node_id(),
                 actor=f"{context.get_actor_id() or ''}/{os.getpid()}/{generation}",
                 engine_steps=steps,
-                peak_rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                peak_rss_mb=peak_rss_mb(),
                 speculation=chosen,
             )
             if self.metrics is not None:
