@@ -29,10 +29,12 @@ __all__ = [
     "run_batch_size",
 ]
 
-# Ray Data keeps about 25 KB on the driver for each block a run makes, until the run ends
-# (docs/measurements/corpus-scale.md, "What grows on the driver"): a long run's auto batches grow
-# so that it makes at most RUN_BATCHES of them, and its driver stays flat as the corpus grows.
+# A long run's auto batches grow. Ray Data keeps about 25 KB on the driver for each block a run
+# makes, until the run ends, and every batch costs its scheduling, a preprocess and a write
+# (docs/measurements/corpus-scale.md): a run makes at most RUN_BATCHES, and no more than
+# ACTOR_BATCHES for each of its actors (enough for the speculation mode's windows and an even end).
 RUN_BATCHES = 1_000
+ACTOR_BATCHES = 200
 MAX_AUTO_BATCH = 4_096  # rows: what one batch may hold in an actor when it grows
 
 
@@ -66,13 +68,14 @@ def concurrent_batches(config: Config) -> int:
     return engine_kind(config.engine.name).concurrent_batches(config)
 
 
-def run_batch_size(batch: int, rows: int) -> int:
-    """Rows per Ray batch for a run of `rows` whose ray.batch_size is auto: the engine's `batch`
-    (EngineKind.batch_size), times what keeps the run within RUN_BATCHES batches (a whole
-    multiple of it, so the engine's slots still fill evenly), up to MAX_AUTO_BATCH rows. A batch's
-    size never changes a row's text."""
+def run_batch_size(batch: int, rows: int, actors: int) -> int:
+    """Rows per Ray batch for a run of `rows` on up to `actors` actors whose ray.batch_size is auto:
+    the engine's `batch` (EngineKind.batch_size), times what keeps the run within RUN_BATCHES and
+    ACTOR_BATCHES per actor (a whole multiple of it, so the engine's slots still fill evenly), up to
+    MAX_AUTO_BATCH rows. A batch's size never changes a row's text."""
     most = max(1, MAX_AUTO_BATCH // batch)
-    return batch * min(most, max(1, math.ceil(rows / (batch * RUN_BATCHES))))
+    batches = min(RUN_BATCHES, ACTOR_BATCHES * actors)
+    return batch * min(most, max(1, math.ceil(rows / (batch * batches))))
 
 
 def drafts_from_predictions(config: Config) -> bool:

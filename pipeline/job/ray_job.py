@@ -236,7 +236,8 @@ def generate_and_write(config: Config, run_id: str) -> dict:
     rows = min(reading.new_rows, config.input.limit or reading.new_rows)
     expected = rows * config.decoder.n  # requests
     if not plan.drafting.ray.batch_size:  # auto: the engine's batch, grown for a long run
-        plan = with_batch_size(plan, run_batch_size(engine_kind(config.engine.name).batch_size(plan.drafting), rows))
+        batch = engine_kind(config.engine.name).batch_size(plan.drafting)
+        plan = with_batch_size(plan, run_batch_size(batch, rows, config.ray.max_actors))
     settings = job_rows.stage_settings(config, run_id, True, expected, reading.predicted or last is not None)
     processor = Processor(
         config=plan.drafting,

@@ -134,16 +134,20 @@ def test_engine_slots_are_apart_from_the_ray_batch():
 
 
 def test_a_long_runs_auto_batches_grow_so_the_run_makes_at_most_a_thousand():
-    from pipeline.engines.build import MAX_AUTO_BATCH, RUN_BATCHES, run_batch_size
+    from pipeline.engines.build import ACTOR_BATCHES, MAX_AUTO_BATCH, RUN_BATCHES, run_batch_size
 
     for batch in (batch_size(started("engine.name=vllm")), batch_size(started("engine.name=transformers"))):
-        assert run_batch_size(batch, 20) == batch  # a short run keeps the engine's batch
-        for rows in (batch * RUN_BATCHES, batch * RUN_BATCHES + 1, 200_000, 1_000_000):
-            grown = run_batch_size(batch, rows)
-            assert grown % batch == 0 and -(-rows // grown) <= RUN_BATCHES, (batch, rows)
-            assert grown == batch or -(-rows // (grown - batch)) > RUN_BATCHES, (batch, rows)  # no larger than needed
-        assert run_batch_size(batch, 10**9) == MAX_AUTO_BATCH // batch * batch
-    assert run_batch_size(64, 1_000_000) == 1_024 and run_batch_size(8, 1_000_000) == 1_000
+        for actors in (1, 4, 16):
+            most = min(RUN_BATCHES, ACTOR_BATCHES * actors)
+            assert run_batch_size(batch, 20, actors) == batch  # a short run keeps the engine's batch
+            for rows in (batch * most, batch * most + 1, 200_000, 1_000_000):
+                grown = run_batch_size(batch, rows, actors)
+                capped = grown == MAX_AUTO_BATCH // batch * batch
+                assert grown % batch == 0 and (-(-rows // grown) <= most or capped), (batch, rows, actors)
+                assert grown == batch or -(-rows // (grown - batch)) > most, (batch, rows, actors)  # no larger
+            assert run_batch_size(batch, 10**9, actors) == MAX_AUTO_BATCH // batch * batch
+    assert run_batch_size(64, 200_000, 1) == 1_024 and run_batch_size(64, 1_000_000, 16) == 1_024
+    assert run_batch_size(8, 1_000_000, 8) == 1_000
 
 
 def test_predictions_are_drafted_from_by_our_proposer_on_vllm_only():
