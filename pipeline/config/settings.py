@@ -440,7 +440,7 @@ class RayConfig:
     # Rows per map_batches call: the blocks Ray moves to an actor and writes back. 0 (auto): the
     # vLLM engine's slots (it runs several batches at once, max_concurrent_batches, so they never wait
     # for one to drain; a batch costs Ray's scheduling whatever its rows), 8 with the transformers
-    # engine; a job's long run takes a multiple of it, to make at most 1,000 (build.run_batch_size).
+    # engine; a job's long run takes a multiple of it, 200 batches an actor at most (run_batch_size).
     batch_size: int = 0
     # Batches an actor works on at once. 0 (auto): one with the transformers engine; with vLLM
     # enough to hold 3x the engine's slots, plus one (concurrent_batches below).
