@@ -235,9 +235,7 @@ def generate_and_write(config: Config, run_id: str) -> dict:
     # predictions (their own, or a series' last outputs).
     rows = min(reading.new_rows, config.input.limit or reading.new_rows)
     expected = rows * config.decoder.n  # requests
-    if not plan.drafting.ray.batch_size:  # auto: the engine's batch, grown for a long run
-        batch = engine_kind(config.engine.name).batch_size(plan.drafting)
-        plan = with_batch_size(plan, run_batch_size(batch, rows, config.ray.max_actors))
+    plan = with_run_batches(plan, rows)
     settings = job_rows.stage_settings(config, run_id, True, expected, reading.predicted or last is not None)
     processor = Processor(
         config=plan.drafting,
@@ -272,12 +270,15 @@ def generate_and_write(config: Config, run_id: str) -> dict:
     return summary_of(plan, reading, this_time, time.perf_counter() - started, first_batch, store)
 
 
-def with_batch_size(plan: RunPlan, batch_size: int) -> RunPlan:
-    """The plan whose actors take batches of `batch_size` rows (what the summary then records as run)."""
+def with_run_batches(plan: RunPlan, rows: int) -> RunPlan:
+    """The plan whose actors take batches of ray.batch_size rows: as set, or for auto the engine's
+    batch grown for a run of `rows` (run_batch_size). The summary records the size that ran."""
     drafting = plan.drafting
-    return dataclasses.replace(
-        plan, drafting=dataclasses.replace(drafting, ray=dataclasses.replace(drafting.ray, batch_size=batch_size))
-    )
+    if drafting.ray.batch_size:
+        return plan
+    batch = engine_kind(drafting.engine.name).batch_size(drafting)
+    ray_settings = dataclasses.replace(drafting.ray, batch_size=run_batch_size(batch, rows, drafting.ray.max_actors))
+    return dataclasses.replace(plan, drafting=dataclasses.replace(drafting, ray=ray_settings))
 
 
 def write_openai_outputs(paths: RunPaths) -> dict:
