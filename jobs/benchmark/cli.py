@@ -24,6 +24,8 @@ SUBCOMMANDS = {
     "feeding": "jobs.benchmark.feeding",
     "occupancy": "jobs.benchmark.occupancy",
     "replay": "jobs.benchmark.replay",
+    "speculators": "jobs.benchmark.speculators",
+    "gpu-check": "jobs.benchmark.gpu_check",
     "gpu-step": "jobs.benchmark.micro.gpu_step",
     "host-step": "jobs.benchmark.micro.host_step",
     "host-speed": "jobs.benchmark.micro.host_speed",

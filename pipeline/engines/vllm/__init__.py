@@ -5,7 +5,9 @@ versions it supports (SUPPORTED_VERSIONS, check_vllm_version: a job checks at it
 keyed draw's CPU kernel (fused_gumbel_argmax: the sampling-draw benchmark), and how
 it prepares a process to start vLLM (set_vllm_environment, llvmlite_set_aside: for a benchmark that
 starts vLLM itself); vLLM loads the proposer (proposer.py) by its dotted path. Every reach into vLLM
-past its public surface is in compat.py, with the versions each applies to."""
+past its public surface is in compat.py, with the versions each applies to. On vLLM >= 0.34 our drafter
+is a speculator of vLLM's plugin registry (v2/): `register_speculator` (vLLM's general plugin calls it)
+and `speculator_arguments` (the engine arguments that run it)."""
 
 from pipeline.engines.vllm.compat import (
     SUPPORTED_VERSIONS,
@@ -17,9 +19,13 @@ from pipeline.engines.vllm.compat import (
 from pipeline.engines.vllm.engine import VllmEngine, cpu_binding, set_vllm_environment
 from pipeline.engines.vllm.feeder import WAITING_SHARE
 from pipeline.engines.vllm.settings import KIND
+from pipeline.engines.vllm.v2.plugin import PREDICTION_KEY
+from pipeline.engines.vllm.v2.plugin import engine_arguments as speculator_arguments
+from pipeline.engines.vllm.v2.plugin import register as register_speculator
 
 __all__ = [
     "KIND",
+    "PREDICTION_KEY",
     "SUPPORTED_VERSIONS",
     "WAITING_SHARE",
     "UnsupportedVllm",
@@ -28,5 +34,7 @@ __all__ = [
     "cpu_binding",
     "fused_gumbel_argmax",
     "llvmlite_set_aside",
+    "register_speculator",
     "set_vllm_environment",
+    "speculator_arguments",
 ]

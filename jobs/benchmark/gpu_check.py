@@ -1,0 +1,92 @@
+"""gpu-check: our speculator end to end on a GPU with vLLM >= 0.34, against vLLM's `suffix` and plain
+decoding, in one process (it needs a CUDA GPU and vLLM 0.34; nothing here runs on a CPU).
+
+    VLLM_GPU_SYNC_CHECK=error python -m jobs.benchmark.gpu_check --model MODEL --dataset humaneval \
+        --limit 64 --max-new-tokens 128 --k 8 --out gpu_check.json
+
+Each method generates the same prompts greedily, twice (the first pass warms the engine and, for the
+corpus-keeping methods, fills their corpus as a long job would; the second is timed); methods take
+turns, each in a fresh engine. Reported: tokens/s of each method's timed pass, its ratio to plain's,
+and whether its rows are plain's token for token (they must be: greedy verification never changes a
+row). VLLM_GPU_SYNC_CHECK=error makes any host synchronization in a step an error.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+
+METHODS = ("plain", "suffix", "ngrammys")
+
+
+def add_cli_args(parser) -> None:
+    from jobs.benchmark.arguments import add_prompt_args
+
+    add_prompt_args(parser, limit=64, max_new_tokens=128)
+    parser.add_argument("--k", type=int, default=8, help="num_speculative_tokens of suffix and ours")
+    parser.add_argument("--max-num-seqs", type=int, default=64, help="the engine's running requests")
+    parser.add_argument("--bigram-table", default="", help="the model's bigram table (.npy), for ours")
+
+
+def speculative_arguments(method: str, k: int, bigram_table: str) -> dict:
+    """The engine arguments that run `method`."""
+    from pipeline.engines.vllm import speculator_arguments
+
+    if method == "plain":
+        return {}
+    if method == "suffix":
+        return {"speculative_config": {"method": "suffix", "num_speculative_tokens": k}}
+    return speculator_arguments(k, {"bigram_table": bigram_table} if bigram_table else {})
+
+
+def generate(args, method: str, prompts: list[list[int]]) -> tuple[list[list[int]], float]:
+    import torch
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(
+        model=args.model,
+        max_num_seqs=args.max_num_seqs,
+        seed=0,
+        **speculative_arguments(method, args.k, args.bigram_table),
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens, ignore_eos=False)
+    inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+    llm.generate(inputs, params, use_tqdm=False)  # warm-up, and the corpus a long job would have
+    started = time.perf_counter()
+    outputs = llm.generate(inputs, params, use_tqdm=False)
+    seconds = time.perf_counter() - started
+    del llm
+    gc.collect()
+    torch.cuda.empty_cache()
+    return [list(o.outputs[0].token_ids) for o in outputs], seconds
+
+
+def run(args) -> dict:
+    from transformers import AutoTokenizer
+
+    from jobs.benchmark.datasets import encode_prompt, load_prompts
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    prompts = [encode_prompt(tokenizer, p.prompt, p.request_id) for p in load_prompts(args.dataset, args.limit)]
+    rows, plain = [], None
+    for method in METHODS:
+        tokens, seconds = generate(args, method, prompts)
+        generated = sum(len(t) for t in tokens)
+        plain = plain or (tokens, generated / seconds)
+        same = sum(a == b for a, b in zip(tokens, plain[0]))
+        rows.append(
+            dict(
+                method=method,
+                tokens_per_second=round(generated / seconds, 1),
+                vs_plain=round(generated / seconds / plain[1], 3),
+                rows_identical_to_plain=f"{same}/{len(prompts)}",
+            )
+        )
+    return dict(model=args.model, dataset=args.dataset, k=args.k, rows=rows)
+
+
+def markdown(report: dict) -> str:
+    from jobs.benchmark.report import markdown_table
+
+    return markdown_table(report["rows"])

