@@ -46,6 +46,7 @@ def add_cli_args(parser) -> None:
     parser.add_argument("--predictions", nargs="*", default=[], help="earlier runs: each row's prediction")
     parser.add_argument("--store", default="", help="a datastore loaded into our corpus at start")
     parser.add_argument("--bigram-table", default="", help="the model's bigram table (.npy) for ours")
+    parser.add_argument("--corpus-tokens", type=int, default=1 << 20, help="our corpus ring (suffix's default size)")
     parser.add_argument("--check-reference", action="store_true", help="hold ours to the plain reference")
     parser.add_argument(
         "--step-costs",
@@ -334,7 +335,7 @@ def replay(args, answers, method: str, batch: int, reference=None) -> dict:
     max_len = max(len(a.prompt) + len(a.output) for a in answers) + args.k + 2
     max_len = 1 << (max_len - 1).bit_length()
     vocab = int(max(max(a.prompt.max(), a.output.max()) for a in answers)) + 1
-    options = {"max_depth": 24}
+    options = {"max_depth": 24, "corpus_tokens": args.corpus_tokens}
     if args.bigram_table:
         options["bigram_table"] = args.bigram_table
     if args.store:

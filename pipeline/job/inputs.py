@@ -53,8 +53,12 @@ def format_of(source: InputConfig, files) -> str:
         for marker in ("dataset_info.json", "state.json"):
             if filesystem.get_file_info(f"{inner}/{marker}").is_file:
                 return "hf_dataset"
-        names = sorted(Path(path).name for path in storage.list_files(first))
-        first = storage.join(first, next((n for n in names if not n.startswith((".", "_"))), ""))
+        names = [
+            n for n in sorted(Path(path).name for path in storage.list_files(first)) if not n.startswith((".", "_"))
+        ]
+        if not names:
+            raise JobFailed(f"input.path: the directory {source.path!r} holds no file to read")
+        first = storage.join(first, names[0])
     for suffix, kind in ((".jsonl", "jsonl"), (".json", "jsonl"), (".parquet", "parquet"), (".csv", "csv")):
         if first.endswith(suffix):
             return "openai_batch" if kind == "jsonl" and holds_batch_requests(first) else kind
@@ -233,7 +237,7 @@ LINE_READERS = {"jsonl": JsonLines, "csv": CsvRows, "openai_batch": OpenAIBatchL
 
 
 def input_names(dataset: ray.data.Dataset, source: InputConfig) -> list[str]:
-    """The input's columns, as its first block has them. A JSON Lines input's first block is read
+    """The input's columns, as its first block has them (none: it has no rows). A JSON Lines input's first block is read
     here, from its first file: Ray's schema() runs the first read task, which reads its whole file
     first (16 s for 200,000 lines)."""
     if source.path not in BUILTIN_DATASETS:
@@ -246,7 +250,8 @@ def input_names(dataset: ray.data.Dataset, source: InputConfig) -> list[str]:
                     block = next(iter(reader._read_stream(stream, path)), None)
                 if block is not None:
                     return [str(name) for name in block.columns]
-    return dataset.schema().names
+    schema = dataset.schema()
+    return schema.names if schema is not None else []  # an input with no rows (an empty file) has no columns
 
 
 def check_columns(names: list[str], source: InputConfig) -> None:

@@ -183,7 +183,8 @@ def read_plan(plan: RunPlan, set_aside: list[dict]) -> tuple[ray.data.Dataset, R
     config = plan.config
     dataset = read_input(config.input, IO_CPUS)
     names = input_names(dataset, config.input)
-    check_columns(names, config.input)
+    if names:  # an input with no rows has no columns to check: the run reads nothing and ends
+        check_columns(names, config.input)
     columns = job_rows.input_columns(config.input, names)  # the rest stay unread
     keys = written_keys(plan)
     unwritten = {"checkpoint": plan.checkpoint if keys else None, "keys": [keys]}  # the ref, not the array

@@ -235,6 +235,18 @@ def test_missing_column_fails_at_start_naming_it(local_ray, tiny_model_dir, tmp_
         run_job(job_config(tiny_model_dir, tmp_path, f"input.path={path}"), "r")
 
 
+def test_an_empty_input_ends_the_run_saying_it_read_nothing_and_an_empty_directory_is_named(
+    local_ray, tiny_model_dir, tmp_path
+):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    summary = run_job(job_config(tiny_model_dir, tmp_path, f"input.path={empty}"), "r")
+    assert (summary["input_rows"], summary["rows_read"], summary["rows_this_invocation"]) == (0, 0, 0), summary
+    (tmp_path / "shards").mkdir()
+    with pytest.raises(JobFailed, match=r"input.path: the directory '.*shards' holds no file to read"):
+        run_job(job_config(tiny_model_dir, tmp_path, f"input.path={tmp_path / 'shards'}"), "r2")
+
+
 def test_a_model_the_engine_cannot_run_fails_the_job_at_start(local_ray, tiny_gemma3_dir, tmp_path):
     # Two rows, not HumanEval's 164 (one block each: counting them took most of the test's time).
     path = write_jsonl(tmp_path / "in.jsonl", [{"id": str(i), "prompt": "Hi"} for i in range(2)])

@@ -21,7 +21,7 @@ def load_bigram(path: str) -> np.ndarray | None:
     if not path:
         return None
     table = np.load(path, mmap_mode="r", allow_pickle=False)
-    return np.ascontiguousarray(table if table.ndim == 1 else table[:, 0], dtype=np.int32)
+    return np.array(table if table.ndim == 1 else table[:, 0], dtype=np.int32)  # a copy: the map is read-only
 
 
 class NgrammysSpeculator(compat.speculator_base()):
