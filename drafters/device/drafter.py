@@ -21,7 +21,7 @@ import numpy as np
 import torch
 import triton
 
-from drafters.device.kernels import _finalize_kernel, _ingest_kernel, _observe_kernel, _scan_kernel
+from drafters.device.kernels import _finalize_kernel, _index_kernel, _ingest_kernel, _observe_kernel, _scan_kernel
 from drafters.device.settings import (
     BIGRAM,
     CONTEXT,
@@ -86,6 +86,11 @@ class DeviceDrafter:
         self.corpus = torch.full((self.capacity,), -1, dtype=torch.int32, device=self.device)
         self.table = torch.full((2, self.num_buckets), -1, dtype=torch.int64, device=self.device)
         self.head = zeros(1, dtype=torch.int64)
+        # running requests' tokens, indexed as they are emitted (answers in flight are drafted from)
+        self.running_buckets = min(_po2(max(16, 2 * max_slots * max_len)), 1 << 22)
+        self.running = torch.full((2, self.running_buckets), -1, dtype=torch.int64, device=self.device)
+        self.indexed = zeros(max_slots, dtype=torch.int64)
+        self.steps = 0  # host-side step count: a running entry's stamp (the newest wins)
         self.has_bigram = bigram is not None
         table = np.zeros(1, np.int32) if bigram is None else np.ascontiguousarray(bigram, dtype=np.int32)
         self.bigram = torch.from_numpy(table).to(self.device)
@@ -131,6 +136,7 @@ class DeviceDrafter:
         self.prediction_len[index] = self._to_device(lengths)
         self.reached[index] = 0
         self.last_valid[index] = 0
+        self.indexed[index] = 0
         self.staged.clear()
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
@@ -144,6 +150,8 @@ class DeviceDrafter:
         self.corpus.fill_(-1)
         self.table.fill_(-1)
         self.head.zero_()
+        self.running.fill_(-1)
+        self.steps = 0
         self.stats.copy_(self.prior)
         self.last_valid.zero_()
 
@@ -218,6 +226,20 @@ class DeviceDrafter:
         _observe_kernel[(batch,)](
             idx_mapping, num_sampled, num_rejected, self.stats, self.last_code, self.last_valid, K=k, K_PO2=k_po2
         )
+        if self.settings.corpus_tokens:
+            self.steps += 1
+            _index_kernel[(batch,)](
+                tokens,
+                tokens.stride(0),
+                idx_mapping,
+                total_len,
+                prompt_len,
+                self.indexed,
+                self.running,
+                self.steps,
+                NUM_BUCKETS=self.running_buckets,
+                BLOCK=max(16, _po2(2 * (k + 1))),
+            )
         self._scan(tokens, total_len, prompt_len, idx_mapping)
         self._finalize(tokens, total_len, prompt_len, idx_mapping, num_sampled)
         return self.drafts[:batch]
@@ -283,6 +305,7 @@ class DeviceDrafter:
             self.capacity,
             self.head,
             self.table,
+            self.running,
             self.bigram,
             self.bigram.shape[0],
             self.stats,
@@ -296,6 +319,7 @@ class DeviceDrafter:
             HAS_CORPUS=self.settings.corpus_tokens > 0,
             HAS_BIGRAM=self.has_bigram,
             NUM_BUCKETS=self.num_buckets,
+            RUNNING_BUCKETS=self.running_buckets,
             LEN_BUCKETS=NUM_LEN_BUCKETS,
             MAX_DEPTH=depth,
             K=k,

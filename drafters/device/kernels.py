@@ -179,6 +179,7 @@ def _finalize_kernel(
     capacity,
     head_ptr,  # *int64 [1]: ring tokens written so far (absolute)
     table_ptr,  # *int64 [2, NUM_BUCKETS]: newest absolute position after each 4- and 2-token key
+    running_ptr,  # *int64 [2, RUNNING_BUCKETS]: the index of running requests' tokens (_index_kernel's)
     bigram_ptr,  # *int32 [vocab]: the model's most likely next token after each token
     vocab,
     stats_ptr,  # *int64 [4 * NUM_LEN_BUCKETS, K, 2]: (accepted, observed) per source, bucket, position
@@ -192,6 +193,7 @@ def _finalize_kernel(
     HAS_CORPUS: tl.constexpr,
     HAS_BIGRAM: tl.constexpr,
     NUM_BUCKETS: tl.constexpr,
+    RUNNING_BUCKETS: tl.constexpr,
     LEN_BUCKETS: tl.constexpr,
     MAX_DEPTH: tl.constexpr,
     K: tl.constexpr,
@@ -217,7 +219,10 @@ def _finalize_kernel(
         prediction, p_size, prediction_scratch_ptr, b, prediction_blocks, j, in_k, LEN_BUCKETS, PREDICTION_NB_PO2
     )
     ring = (corpus_ptr, capacity, head_ptr, table_ptr)
-    corpus = _corpus_candidate(row, n, ring, j, in_k, HAS_CORPUS, NUM_BUCKETS, LEN_BUCKETS, MAX_DEPTH, K_PO2)
+    running = (tokens_ptr, tokens_stride, total_len_ptr, running_ptr, r)
+    corpus = _corpus_candidate(
+        row, n, ring, running, j, in_k, HAS_CORPUS, NUM_BUCKETS, RUNNING_BUCKETS, LEN_BUCKETS, MAX_DEPTH, K_PO2
+    )
     b_tokens, b_valid = _bigram_chain(bigram_ptr, vocab, last, j, in_k, HAS_BIGRAM, K, K_PO2)
     bigram = (b_tokens, b_valid, BIGRAM * LEN_BUCKETS)
     source, tokens, valid, rates, bucket = _choose(
@@ -305,15 +310,19 @@ def _corpus_candidate(
     row,
     n,
     ring,
+    running,
     j,
     in_k,
     HAS_CORPUS: tl.constexpr,
     NUM_BUCKETS: tl.constexpr,
+    RUNNING_BUCKETS: tl.constexpr,
     LEN_BUCKETS: tl.constexpr,
     MAX_DEPTH: tl.constexpr,
     K_PO2: tl.constexpr,
 ):
-    """The ring's tokens after the newest verified occurrence, up to the end of its document."""
+    """Other requests' outputs: the tokens after the newest verified occurrence in the ring of
+    finished ones (up to the end of its document), or in a running request's tokens where that
+    match is longer (up to where it has reached)."""
     length = tl.zeros((), tl.int64)
     valid = in_k & (j < 0)
     tokens = tl.zeros([K_PO2], tl.int64)
@@ -324,7 +333,84 @@ def _corpus_candidate(
         valid = in_k & (j * 0 + length > 0) & (position + j < head)
         tokens = tl.load(corpus_ptr + (position + j) % capacity, mask=valid, other=-1).to(tl.int64)
         valid = valid & _before(tokens < 0, j, K_PO2)
+        tokens_ptr, tokens_stride, total_len_ptr, running_ptr, r = running
+        r_len, other, r_pos = _running_match(
+            row, n, r, tokens_ptr, tokens_stride, total_len_ptr, running_ptr, RUNNING_BUCKETS, MAX_DEPTH
+        )
+        longer = r_len > length
+        r_valid = in_k & (j * 0 + r_len > 0) & (r_pos + j < tl.load(total_len_ptr + other))
+        r_tokens = tl.load(tokens_ptr + other * tokens_stride + r_pos + j, mask=r_valid, other=0).to(tl.int64)
+        tokens = tl.where(longer, r_tokens, tokens)
+        valid = tl.where(longer, r_valid, valid)
+        length = tl.maximum(length, r_len)
     return tokens, valid, CORPUS * LEN_BUCKETS + _len_bucket(tl.maximum(length, 1))
+
+
+@triton.jit
+def _running_match(
+    row, n, r, tokens_ptr, tokens_stride, total_len_ptr, table_ptr, NUM_BUCKETS: tl.constexpr, MAX_DEPTH: tl.constexpr
+):
+    """(match length, slot, position after it) of the request's suffix in another running request's
+    tokens: the newest indexed occurrence of its last 4 tokens, else of its last 2, verified and
+    extended against that request's row (0: none; the request's own slot is its context's)."""
+    hv = tl.zeros((), tl.int64)
+    best_len = tl.zeros((), tl.int64)
+    best_slot = tl.zeros((), tl.int64)
+    best_pos = tl.zeros((), tl.int64)
+    for d in tl.static_range(4):
+        hv = (hv ^ tl.load(row + n - 1 - d, mask=n - 1 - d >= 0, other=0).to(tl.int64)) * HASH_MUL
+        if d % 2 == 1:
+            entry = tl.load(table_ptr + (3 - d) // 2 * NUM_BUCKETS + _hash_bucket(hv, NUM_BUCKETS))
+            slot = (entry // POS_RADIX) % POS_RADIX
+            position = entry % POS_RADIX
+            live = (entry >= 0) & (slot != r) & (n >= d + 1)
+            live = live & (position < tl.load(total_len_ptr + slot, mask=live, other=0))
+            other = tokens_ptr + slot * tokens_stride
+            length = tl.zeros((), tl.int64)
+            going = live
+            for t in range(MAX_DEPTH):
+                pattern = tl.load(row + n - 1 - t, mask=going & (n - 1 - t >= 0), other=-2)
+                found = tl.load(other + position - 1 - t, mask=going & (position - 1 - t >= 0), other=-1)
+                going = going & (n - 1 - t >= 0) & (position - 1 - t >= 0) & (found == pattern)
+                length += going.to(tl.int64)
+            take = (length >= d + 1) & (length > best_len)
+            best_len = tl.where(take, length, best_len)
+            best_slot = tl.where(take, slot, best_slot)
+            best_pos = tl.where(take, position, best_pos)
+    return best_len, best_slot, best_pos
+
+
+@triton.jit(do_not_specialize=["stamp"])
+def _index_kernel(
+    tokens_ptr,  # *int32 [max_num_reqs, tokens_stride]
+    tokens_stride,
+    idx_mapping_ptr,  # *int32 [B]
+    total_len_ptr,  # *int32 [max_num_reqs]
+    prompt_len_ptr,  # *int32 [max_num_reqs]
+    indexed_ptr,  # *int64 [max_num_reqs] (in/out): each slot's tokens indexed so far
+    table_ptr,  # *int64 [2, NUM_BUCKETS]: newest (stamp, slot, position) after each 4- and 2-token key
+    stamp,  # this step's number: a later entry wins
+    NUM_BUCKETS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """Per request: its tokens since the last step (from its prompt's last 3 on) into the index of
+    running outputs, at most BLOCK a step (the rest at the next), each position under the 4 and 2
+    tokens before it; atomic_max keeps a bucket's newest entry whatever the order of programs."""
+    b = tl.program_id(0).to(tl.int64)
+    r = tl.load(idx_mapping_ptr + b).to(tl.int64)
+    n = tl.load(total_len_ptr + r).to(tl.int64)
+    start = tl.maximum(tl.load(indexed_ptr + r), tl.load(prompt_len_ptr + r).to(tl.int64) - 3)
+    p = start + tl.arange(0, BLOCK).to(tl.int64)
+    inside = p < n
+    row = tokens_ptr + r * tokens_stride
+    hv = tl.zeros([BLOCK], tl.int64)
+    for d in tl.static_range(4):
+        hv = (hv ^ tl.load(row + p - 1 - d, mask=inside & (p - 1 - d >= 0), other=0).to(tl.int64)) * HASH_MUL
+        if d % 2 == 1:
+            key = (3 - d) // 2 * NUM_BUCKETS + _hash_bucket(hv, NUM_BUCKETS)
+            entry = (stamp * POS_RADIX + r) * POS_RADIX + p
+            tl.atomic_max(table_ptr + key, entry, mask=inside & (p >= d + 1))
+    tl.store(indexed_ptr + r, tl.minimum(n, start + BLOCK))
 
 
 @triton.jit

@@ -40,6 +40,10 @@ class State:
     last_code: np.ndarray
     last_valid: np.ndarray
     has_corpus: bool
+    running: np.ndarray  # [2, buckets]: the index of running requests' tokens
+    indexed: np.ndarray
+    steps: int
+    index_block: int
 
     @classmethod
     def of(cls, drafter) -> State:
@@ -56,6 +60,10 @@ class State:
             drafter.last_code.numpy().copy(),
             drafter.last_valid.numpy().copy(),
             drafter.settings.corpus_tokens > 0,
+            drafter.running.numpy().copy(),
+            drafter.indexed.numpy().copy(),
+            drafter.steps,
+            max(16, 1 << (2 * (drafter.k + 1) - 1).bit_length()),
         )
 
 
@@ -108,6 +116,48 @@ def corpus_match(state: State, tokens, n: int, depth: int) -> tuple[int, int]:
     return best
 
 
+def index_running(state: State, tokens, total_len, prompt_len, slots) -> None:
+    """Each request's tokens since the last step into the index of running outputs (at most a block)."""
+    state.steps += 1
+    buckets = state.running.shape[1]
+    for r in slots:
+        r, n = int(r), int(total_len[r])
+        start = max(int(state.indexed[r]), int(prompt_len[r]) - 3)
+        for p in range(start, min(n, start + state.index_block)):
+            hv = 0
+            for d in range(4):
+                hv = signed((hv ^ (int(tokens[r, p - 1 - d]) if p - 1 - d >= 0 else 0)) * HASH_MUL)
+                if d % 2 == 1 and p >= d + 1:
+                    entry = ((state.steps << POS_BITS) + r << POS_BITS) + p
+                    key = hash_bucket(hv, buckets)
+                    state.running[(3 - d) // 2, key] = max(int(state.running[(3 - d) // 2, key]), entry)
+        state.indexed[r] = min(n, start + state.index_block)
+
+
+def running_match(state: State, tokens, total_len, r: int, depth: int) -> tuple[int, int, int]:
+    """(length, slot, position): the request's suffix in another running request's tokens."""
+    n, row = int(total_len[r]), tokens[r]
+    hv, best = 0, (0, 0, 0)
+    for d in range(4):
+        hv = signed((hv ^ (int(row[n - 1 - d]) if n - 1 - d >= 0 else 0)) * HASH_MUL)
+        if d % 2 == 0:
+            continue
+        entry = int(state.running[(3 - d) // 2, hash_bucket(hv, state.running.shape[1])])
+        if entry < 0:
+            continue
+        slot, position = (entry >> POS_BITS) % (1 << POS_BITS), entry % (1 << POS_BITS)
+        if slot == r or n < d + 1 or position >= total_len[slot]:
+            continue
+        length = 0
+        while length < depth and n - 1 - length >= 0 and position - 1 - length >= 0:
+            if tokens[slot, position - 1 - length] != row[n - 1 - length]:
+                break
+            length += 1
+        if length >= d + 1 and length > best[0]:
+            best = (length, slot, position)
+    return best
+
+
 def rates(state: State, bucket: int, positions, k: int) -> np.ndarray:
     out = np.zeros(k, np.float32)
     for j in positions:
@@ -134,8 +184,9 @@ def observe(state: State, r: int, num_sampled: int, num_rejected: int, k: int) -
     state.last_valid[r] = 0
 
 
-def draft(state: State, tokens, n: int, prompt: int, r: int, k: int, depth: int, min_confidence: float):
+def draft(state: State, all_tokens, total_len, prompt: int, r: int, k: int, depth: int, min_confidence: float):
     """(tokens [k], confidences [k], source, length): one request's draft; updates reached, last_code, last_valid."""
+    tokens, n = all_tokens[r], int(total_len[r])
     generated = n - prompt
     candidates = []  # (source, tokens, valid positions, bucket)
     length, end = context_match(tokens, n, depth)
@@ -159,6 +210,12 @@ def draft(state: State, tokens, n: int, prompt: int, r: int, k: int, depth: int,
             break
         positions.append(j)
         g_tokens.append(state.corpus[(g_pos + j) % len(state.corpus)])
+    if state.has_corpus:
+        r_len, other, r_pos = running_match(state, all_tokens, total_len, r, depth)
+        if r_len > g_len:
+            positions = [j for j in range(k) if r_pos + j < total_len[other]]
+            g_tokens = [all_tokens[other, r_pos + j] for j in positions]
+            g_len = r_len
     candidates.append((CORPUS, g_tokens, positions, CORPUS * 9 + len_bucket(max(g_len, 1))))
     chain, previous = [], int(tokens[n - 1])
     for _ in range(k):
@@ -199,11 +256,14 @@ def step(state: State, tokens, total_len, prompt_len, idx_mapping, num_sampled, 
     """The drafts [B, k], confidences [B, k], sources and lengths of one step, as the kernels make them."""
     for b, r in enumerate(idx_mapping):
         observe(state, int(r), int(num_sampled[b]), int(num_rejected[b]), k)
+    if state.has_corpus:
+        index_running(state, tokens, total_len, prompt_len, idx_mapping)
     drafts, confidences, sources, lengths = [], [], [], []
     for b, r in enumerate(idx_mapping):
         r = int(r)
-        n = int(total_len[r])
-        out, confidence, source, length = draft(state, tokens[r], n, int(prompt_len[r]), r, k, depth, min_confidence)
+        out, confidence, source, length = draft(
+            state, tokens, total_len, int(prompt_len[r]), r, k, depth, min_confidence
+        )
         if num_sampled[b] <= 0:
             confidence[:] = 0
             state.last_code[r] = -1

@@ -170,3 +170,17 @@ def test_settings_out_of_range_name_the_field():
         DeviceSettings(max_depth=0)
     with pytest.raises(ValueError, match="min_confidence"):
         DeviceSettings(min_confidence=2.0)
+
+
+def test_an_answer_in_flight_is_drafted_from_by_the_others():
+    """Nothing has finished yet: request 1 drafts from what request 0 has emitted so far."""
+    drafter = DeviceDrafter(2, 32, 3, DeviceSettings(max_depth=8, corpus_tokens=1024), None, "cpu")
+    tokens = torch.zeros((2, 32), dtype=torch.int32)
+    tokens[0, :9] = torch.tensor([1, 2, 3, 5, 6, 7, 8, 9, 10])
+    tokens[1, :6] = torch.tensor([4, 4, 4, 4, 5, 6])
+    total, prompt = torch.tensor([9, 6], dtype=torch.int32), torch.tensor([3, 4], dtype=torch.int32)
+    drafter.start(0)
+    drafter.start(1)
+    slots, one = torch.tensor([0, 1], dtype=torch.int32), torch.ones(2, dtype=torch.int32)
+    drafts = drafter.step(tokens, total, prompt, slots, one, one * 0)
+    assert drafts[1].tolist() == [7, 8, 9] and drafter.sources(2)[1] == "corpus"
