@@ -145,6 +145,7 @@ class DecodeLoop:
         self.admitted = 0
         self.drafts: dict[str, np.ndarray] = {}
         self.totals = dict(request_steps=0, accepted=0, emitted=0, draft_tokens=0, confident=0, steps=0, seconds=0.0)
+        self.histogram = [0] * (k + 1)  # request-steps by draft tokens accepted
         self.schedule: list[tuple[int, int, int]] = []  # per engine step: (running, tokens fed, of them confident)
 
     def admit(self) -> list[str]:
@@ -186,6 +187,7 @@ class DecodeLoop:
                     accepted += 1
                 self.totals["request_steps"] += 1
                 self.totals["accepted"] += accepted
+                self.histogram[accepted] += 1
                 self.totals["draft_tokens"] += k
                 num_rejected[b] = k - accepted
             sampled[b, : accepted + 1] = ahead[: accepted + 1]
@@ -273,6 +275,7 @@ class DecodeLoop:
             engine_steps=self.totals["steps"],
             propose_seconds=round(self.totals["seconds"], 2),
             emitted=self.totals["emitted"],
+            accepted_histogram=self.histogram,
             schedule=self.schedule,
         )
 
@@ -291,15 +294,30 @@ def plain_schedule(answers, batch: int) -> list[tuple[int, int, int]]:
 STEADY_BATCHES = (16, 64, 256)
 
 
-def steady_ratio(tokens_per_step: float, k: int, batch: int, step_costs: dict) -> float:
-    """A method's tokens/s over plain's at a steady `batch` on the measured step, asynchronous, from its
-    tokens per request-step: batch x tokens_per_step per step of batch x (1 + k) tokens fed, against
-    batch tokens per step of batch tokens fed (every slot verified)."""
+def steady_ratio(histogram: list[int], k: int, batch: int, step_costs: dict) -> float:
+    """A method's tokens/s over plain's at a steady `batch` on the measured step, asynchronous, drafting k
+    tokens a request-step (every slot verified): batch x tokens per request-step per step of
+    batch x (1 + k) tokens fed, against batch tokens per step of batch fed. Its tokens per request-step
+    at k from the loop's histogram of accepted tokens (at most k of them count: a draft's first k tokens
+    are the same whatever the longest draft)."""
     from jobs.benchmark.step_costs import MeasuredStepCost
 
+    steps = max(sum(histogram), 1)
+    tokens_per_step = 1 + sum(count * min(accepted, k) for accepted, count in enumerate(histogram)) / steps
     cost = MeasuredStepCost.from_report(step_costs, batch)
     drafted, plain = cost.seconds(np.array([batch * (1 + k), batch]))
     return round(float(tokens_per_step * plain / drafted), 3)
+
+
+def steady(histogram: list[int], k: int, step_costs: dict) -> dict:
+    """Per batch size: the ratio at k (every slot verified, as vLLM runs a fixed k) and at the best
+    k' <= k (0: plain), as a draft length by batch size (vLLM's num_speculative_tokens_per_batch_size) runs."""
+    rows = {}
+    for batch in STEADY_BATCHES:
+        ratios = [steady_ratio(histogram, length, batch, step_costs) for length in range(k + 1)]
+        best = int(np.argmax(ratios))
+        rows[batch] = {"at_k": ratios[k], "best_k": best, "at_best_k": ratios[best]}
+    return rows
 
 
 def project(rows: list[dict], plain: dict[int, list], step_costs: dict) -> None:
@@ -318,9 +336,7 @@ def project(rows: list[dict], plain: dict[int, list], step_costs: dict) -> None:
         return total
 
     for row in rows:
-        row["steady"] = {
-            batch: steady_ratio(row["tokens_per_step"], row["k"], batch, step_costs) for batch in STEADY_BATCHES
-        }
+        row["steady"] = steady(row["accepted_histogram"], row["k"], step_costs)
         emitted = row["emitted"]
         base = emitted / seconds(plain[row["batch"]], 1)
         row["plain_tokens_per_second"] = round(base, 1)
