@@ -17,18 +17,26 @@ def register() -> None:
         compat.register_speculator(METHOD, CONFIG)
 
 
-def engine_arguments(num_speculative_tokens: int, options: dict) -> dict:
+def engine_arguments(num_speculative_tokens: int, options: dict, draft_lengths=None) -> dict:
     """vLLM's engine arguments that run our speculator: drafts of num_speculative_tokens tokens
     (vLLM's fixed k) under `options` (options.py's names), and the processor that hands each
-    request's prediction (SamplingParams.extra_args[PREDICTION_KEY]) to it."""
-    return {
-        "speculative_config": {
-            "method": METHOD,
-            "num_speculative_tokens": num_speculative_tokens,
-            "speculator_options": dict(options),
-        },
-        "logits_processors": [PREDICTIONS],
+    request's prediction (SamplingParams.extra_args[PREDICTION_KEY]) to it. `draft_lengths`, a
+    draft length by running requests ((first, last, k), inclusive; k = 0: plain decoding), becomes
+    vLLM's in-engine schedule (num_speculative_tokens_per_batch_size)."""
+    speculative = {
+        "method": METHOD,
+        "num_speculative_tokens": num_speculative_tokens,
+        "speculator_options": dict(options),
     }
+    if draft_lengths:
+        for first, last, length in draft_lengths:
+            if not (1 <= first <= last and 0 <= length <= num_speculative_tokens):
+                raise ValueError(
+                    f"draft_lengths: ({first}, {last}, {length}) needs 1 <= first <= last and "
+                    f"0 <= k <= num_speculative_tokens ({num_speculative_tokens})"
+                )
+        speculative["num_speculative_tokens_per_batch_size"] = [tuple(entry) for entry in draft_lengths]
+    return {"speculative_config": speculative, "logits_processors": [PREDICTIONS]}
 
 
 __all__ = ["METHOD", "PREDICTION_KEY", "engine_arguments", "register"]

@@ -35,6 +35,24 @@ def test_the_plugin_registers_the_method_and_a_bad_option_fails_naming_it(model_
         vllm_config("ngrammys", 4, 4, 256, 128, {"depth": 8}, model_dir)
 
 
+def test_a_draft_length_by_batch_size_becomes_vllms_schedule(model_dir):
+    from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
+    from vllm.v1.core.sched.scheduler import build_dynamic_sd_schedule_lookup
+
+    plugin.register()
+    arguments = plugin.engine_arguments(8, {}, draft_lengths=[(1, 32, 8), (33, 128, 3), (129, 1024, 0)])
+    model = ModelConfig(model=model_dir, skip_tokenizer_init=True, max_model_len=256, dtype="float32")
+    spec = SpeculativeConfig(
+        **arguments["speculative_config"], target_model_config=model, target_parallel_config=ParallelConfig()
+    )
+    lookup = build_dynamic_sd_schedule_lookup(
+        spec.num_speculative_tokens_per_batch_size, vllm_max_batch_size=256, vllm_num_speculative_tokens=8
+    )
+    assert (lookup[16], lookup[64], lookup[256]) == (8, 3, 0)
+    with pytest.raises(ValueError, match="draft_lengths"):
+        plugin.engine_arguments(4, {}, draft_lengths=[(1, 8, 6)])
+
+
 def test_the_runners_calls_dummy_run_slots_recycled_and_reset(config):
     from vllm.v1.worker.gpu.spec_decode import init_speculator
     from vllm.v1.worker.gpu.states import RequestState
