@@ -21,7 +21,8 @@ import numpy as np
 import torch
 import triton
 
-from drafters.device.kernels import _finalize_kernel, _index_kernel, _ingest_kernel, _observe_kernel, _scan_kernel
+from drafters.device.index import _index_kernel, _ingest_kernel
+from drafters.device.kernels import _finalize_kernel, _observe_kernel, _scan_kernel
 from drafters.device.settings import (
     BIGRAM,
     CONTEXT,

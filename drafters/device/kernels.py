@@ -10,16 +10,15 @@ A step, per request b (its slot r = idx_mapping[b], its tokens tokens[r, :n], n 
   it, the occurrence nearest where the answer is expected wins ties, and a match within NEAR of it
   counts as a full one).
 - `_finalize_kernel`, one program per request: the best context and prediction matches from the
-  scans; the `corpus` candidate (earlier requests' outputs and a store loaded at start: a ring of
-  tokens indexed by hashes of the 2 and 4 tokens before each position, the newest occurrence per
-  bucket, verified and extended against the ring); the `bigram` candidate (the model's own table
+  scans; the `corpus` candidate (other requests' outputs, finished and running, and a store loaded
+  at start: index.py); the `bigram` candidate (the model's own table
   chained from the last token: N-Grammys' extended bigram). Each candidate's tokens are rated by
   acceptance rates learned online per (source, match-length bucket, position); the candidate with
   the most expected accepted tokens is the draft, and the slots past it are filled by chaining the
   bigram table from its last token (rated as bigram drafts) rather than repeating a token.
 - `_observe_kernel`: the target's verdict on each request's last draft, folded into the rates.
-- `_ingest_kernel`: documents (finished requests' outputs, a store's documents) appended to the
-  ring and indexed; integer atomics keep the newest occurrence whatever the order of programs.
+index.py's kernels keep the corpus: `_ingest_kernel` (finished outputs, a store) and `_index_kernel`
+(running requests' tokens as they are emitted).
 """
 
 from __future__ import annotations
@@ -28,26 +27,16 @@ import triton
 import triton.language as tl
 
 from drafters.device import settings
+from drafters.device.index import _before, _corpus_candidate, _len_bucket
 
 # The settings' constants, as the kernels must see globals (constexpr).
 PREDICTION = tl.constexpr(settings.PREDICTION)
 CONTEXT = tl.constexpr(settings.CONTEXT)
 CORPUS = tl.constexpr(settings.CORPUS)
 BIGRAM = tl.constexpr(settings.BIGRAM)
-HASH_MUL = tl.constexpr(settings.HASH_MUL)
 NEAR = tl.constexpr(settings.NEAR)
 POS_RADIX = tl.constexpr(1 << settings.POS_BITS)  # scores pack fields by radix (every score is >= 0)
 DEPTH_RADIX = tl.constexpr(1 << settings.DEPTH_BITS)
-
-
-@triton.jit
-def _len_bucket(length):
-    return tl.where(length <= 6, length - 1, tl.where(length <= 10, 6, tl.where(length <= 20, 7, 8)))
-
-
-@triton.jit
-def _hash_bucket(hv, NUM_BUCKETS: tl.constexpr):
-    return ((hv >> 29) ^ hv) & (NUM_BUCKETS - 1)
 
 
 @triton.jit
@@ -109,32 +98,6 @@ def _best(scratch_ptr, b, num_blocks, NB_PO2: tl.constexpr):
 
 
 @triton.jit
-def _corpus_match(row, n, corpus_ptr, capacity, head, table_ptr, NUM_BUCKETS: tl.constexpr, MAX_DEPTH: tl.constexpr):
-    """(match length, absolute ring position after it) of the request's suffix in the ring: the
-    newest occurrence of its last 4 tokens, else of its last 2, verified and extended (0: none)."""
-    hv = tl.zeros((), tl.int64)
-    best_len = tl.zeros((), tl.int64)
-    best_pos = tl.zeros((), tl.int64)
-    for d in tl.static_range(4):
-        hv = (hv ^ tl.load(row + n - 1 - d, mask=n - 1 - d >= 0, other=0).to(tl.int64)) * HASH_MUL
-        if d % 2 == 1:  # the keys of 2 and of 4 tokens
-            entry = tl.load(table_ptr + (3 - d) // 2 * NUM_BUCKETS + _hash_bucket(hv, NUM_BUCKETS))
-            # an entry is live while its position is still in the ring and has a token after it
-            live = (entry >= 0) & (entry >= head - capacity + MAX_DEPTH) & (entry < head) & (n >= d + 1)
-            length = tl.zeros((), tl.int64)
-            going = live
-            for t in range(MAX_DEPTH):
-                pattern = tl.load(row + n - 1 - t, mask=going & (n - 1 - t >= 0), other=-2)
-                found = tl.load(corpus_ptr + ((entry - 1 - t) % capacity + capacity) % capacity, mask=going, other=-1)
-                going = going & (n - 1 - t >= 0) & (found == pattern)
-                length += going.to(tl.int64)
-            take = (length >= d + 1) & (length > best_len)
-            best_len = tl.where(take, length, best_len)
-            best_pos = tl.where(take, entry, best_pos)
-    return best_len, best_pos
-
-
-@triton.jit
 def _rates(stats_ptr, bucket, positions, valid, K: tl.constexpr):
     """Per position: the rate at which such a draft token was accepted, given the ones before it
     were (Laplace-smoothed), 0 where not valid."""
@@ -142,12 +105,6 @@ def _rates(stats_ptr, bucket, positions, valid, K: tl.constexpr):
     accepted = tl.load(stat, mask=valid, other=0).to(tl.float32)
     observed = tl.load(stat + 1, mask=valid, other=0).to(tl.float32)
     return tl.where(valid, (accepted + 1.0) / (observed + 2.0), 0.0)
-
-
-@triton.jit
-def _before(bad, j, SIZE: tl.constexpr):
-    """Positions before the first `bad` one (a prefix: a draft holds until its first failure)."""
-    return j < tl.min(tl.where(bad, j, SIZE), axis=0)
 
 
 @triton.jit
@@ -306,114 +263,6 @@ def _prediction_candidate(
 
 
 @triton.jit
-def _corpus_candidate(
-    row,
-    n,
-    ring,
-    running,
-    j,
-    in_k,
-    HAS_CORPUS: tl.constexpr,
-    NUM_BUCKETS: tl.constexpr,
-    RUNNING_BUCKETS: tl.constexpr,
-    LEN_BUCKETS: tl.constexpr,
-    MAX_DEPTH: tl.constexpr,
-    K_PO2: tl.constexpr,
-):
-    """Other requests' outputs: the tokens after the newest verified occurrence in the ring of
-    finished ones (up to the end of its document), or in a running request's tokens where that
-    match is longer (up to where it has reached)."""
-    length = tl.zeros((), tl.int64)
-    valid = in_k & (j < 0)
-    tokens = tl.zeros([K_PO2], tl.int64)
-    if HAS_CORPUS:
-        corpus_ptr, capacity, head_ptr, table_ptr = ring
-        head = tl.load(head_ptr)
-        length, position = _corpus_match(row, n, corpus_ptr, capacity, head, table_ptr, NUM_BUCKETS, MAX_DEPTH)
-        valid = in_k & (j * 0 + length > 0) & (position + j < head)
-        tokens = tl.load(corpus_ptr + (position + j) % capacity, mask=valid, other=-1).to(tl.int64)
-        valid = valid & _before(tokens < 0, j, K_PO2)
-        tokens_ptr, tokens_stride, total_len_ptr, running_ptr, r = running
-        r_len, other, r_pos = _running_match(
-            row, n, r, tokens_ptr, tokens_stride, total_len_ptr, running_ptr, RUNNING_BUCKETS, MAX_DEPTH
-        )
-        longer = r_len > length
-        r_valid = in_k & (j * 0 + r_len > 0) & (r_pos + j < tl.load(total_len_ptr + other))
-        r_tokens = tl.load(tokens_ptr + other * tokens_stride + r_pos + j, mask=r_valid, other=0).to(tl.int64)
-        tokens = tl.where(longer, r_tokens, tokens)
-        valid = tl.where(longer, r_valid, valid)
-        length = tl.maximum(length, r_len)
-    return tokens, valid, CORPUS * LEN_BUCKETS + _len_bucket(tl.maximum(length, 1))
-
-
-@triton.jit
-def _running_match(
-    row, n, r, tokens_ptr, tokens_stride, total_len_ptr, table_ptr, NUM_BUCKETS: tl.constexpr, MAX_DEPTH: tl.constexpr
-):
-    """(match length, slot, position after it) of the request's suffix in another running request's
-    tokens: the newest indexed occurrence of its last 4 tokens, else of its last 2, verified and
-    extended against that request's row (0: none; the request's own slot is its context's)."""
-    hv = tl.zeros((), tl.int64)
-    best_len = tl.zeros((), tl.int64)
-    best_slot = tl.zeros((), tl.int64)
-    best_pos = tl.zeros((), tl.int64)
-    for d in tl.static_range(4):
-        hv = (hv ^ tl.load(row + n - 1 - d, mask=n - 1 - d >= 0, other=0).to(tl.int64)) * HASH_MUL
-        if d % 2 == 1:
-            entry = tl.load(table_ptr + (3 - d) // 2 * NUM_BUCKETS + _hash_bucket(hv, NUM_BUCKETS))
-            slot = (entry // POS_RADIX) % POS_RADIX
-            position = entry % POS_RADIX
-            live = (entry >= 0) & (slot != r) & (n >= d + 1)
-            live = live & (position < tl.load(total_len_ptr + slot, mask=live, other=0))
-            other = tokens_ptr + slot * tokens_stride
-            length = tl.zeros((), tl.int64)
-            going = live
-            for t in range(MAX_DEPTH):
-                pattern = tl.load(row + n - 1 - t, mask=going & (n - 1 - t >= 0), other=-2)
-                found = tl.load(other + position - 1 - t, mask=going & (position - 1 - t >= 0), other=-1)
-                going = going & (n - 1 - t >= 0) & (position - 1 - t >= 0) & (found == pattern)
-                length += going.to(tl.int64)
-            take = (length >= d + 1) & (length > best_len)
-            best_len = tl.where(take, length, best_len)
-            best_slot = tl.where(take, slot, best_slot)
-            best_pos = tl.where(take, position, best_pos)
-    return best_len, best_slot, best_pos
-
-
-@triton.jit(do_not_specialize=["stamp"])
-def _index_kernel(
-    tokens_ptr,  # *int32 [max_num_reqs, tokens_stride]
-    tokens_stride,
-    idx_mapping_ptr,  # *int32 [B]
-    total_len_ptr,  # *int32 [max_num_reqs]
-    prompt_len_ptr,  # *int32 [max_num_reqs]
-    indexed_ptr,  # *int64 [max_num_reqs] (in/out): each slot's tokens indexed so far
-    table_ptr,  # *int64 [2, NUM_BUCKETS]: newest (stamp, slot, position) after each 4- and 2-token key
-    stamp,  # this step's number: a later entry wins
-    NUM_BUCKETS: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """Per request: its tokens since the last step (from its prompt's last 3 on) into the index of
-    running outputs, at most BLOCK a step (the rest at the next), each position under the 4 and 2
-    tokens before it; atomic_max keeps a bucket's newest entry whatever the order of programs."""
-    b = tl.program_id(0).to(tl.int64)
-    r = tl.load(idx_mapping_ptr + b).to(tl.int64)
-    n = tl.load(total_len_ptr + r).to(tl.int64)
-    start = tl.maximum(tl.load(indexed_ptr + r), tl.load(prompt_len_ptr + r).to(tl.int64) - 3)
-    p = start + tl.arange(0, BLOCK).to(tl.int64)
-    inside = p < n
-    row = tokens_ptr + r * tokens_stride
-    hv = tl.zeros([BLOCK], tl.int64)
-    for d in tl.static_range(4):
-        hv = (hv ^ tl.load(row + p - 1 - d, mask=inside & (p - 1 - d >= 0), other=0).to(tl.int64)) * HASH_MUL
-        if d % 2 == 1:
-            key = (3 - d) // 2 * NUM_BUCKETS + _hash_bucket(hv, NUM_BUCKETS)
-            entry = (stamp * POS_RADIX + r) * POS_RADIX + p
-            tl.atomic_max(table_ptr + key, entry, mask=inside & (p >= d + 1))
-    tl.store(indexed_ptr + r, tl.minimum(n, start + BLOCK))
-
-
-@triton.jit
 def _bigram_chain(bigram_ptr, vocab, last, j, in_k, HAS_BIGRAM: tl.constexpr, K: tl.constexpr, K_PO2: tl.constexpr):
     """The model's bigram table chained from the last token (N-Grammys' extended bigram)."""
     tokens = tl.zeros([K_PO2], tl.int64)
@@ -479,38 +328,3 @@ def _observe_kernel(
     tl.atomic_add(stats_ptr + code * 2, (j < accepted).to(tl.int64), mask=observed)
     tl.atomic_add(stats_ptr + code * 2 + 1, tl.full([K_PO2], 1, tl.int64), mask=observed)
     tl.store(last_valid_ptr + r, 0, mask=num_sampled > 0)
-
-
-@triton.jit
-def _ingest_kernel(
-    source_ptr,  # *int32 [rows, source_stride]: where the documents' tokens are
-    source_stride,
-    documents_ptr,  # *int64 [F, 4]: (row, start, end, offset in the ring from head)
-    corpus_ptr,  # *int32 [capacity]
-    capacity,
-    head_ptr,  # *int64 [1]: ring tokens written before these documents
-    table_ptr,  # *int64 [2, NUM_BUCKETS]
-    NUM_BUCKETS: tl.constexpr,
-    BLOCK: tl.constexpr,
-):
-    """Per (document, block): its tokens source[row, start:end] into the ring at head + offset (and
-    -1 after them), each position indexed under the 4 and 2 tokens of the document before it.
-    atomic_max keeps a bucket's newest position whatever the order of programs."""
-    f = tl.program_id(0).to(tl.int64)
-    block = tl.program_id(1).to(tl.int64)
-    row = tl.load(documents_ptr + f * 4)
-    start = tl.load(documents_ptr + f * 4 + 1)
-    end = tl.load(documents_ptr + f * 4 + 2)
-    base = tl.load(head_ptr) + tl.load(documents_ptr + f * 4 + 3)
-    size = end - start
-    i = block * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
-    inside = i < size
-    text = source_ptr + row * source_stride + start
-    tl.store(corpus_ptr + (base + i) % capacity, tl.load(text + i, mask=inside, other=0), mask=inside)
-    tl.store(corpus_ptr + (base + size) % capacity, -1, mask=block == 0)
-    hv = tl.zeros([BLOCK], tl.int64)
-    for d in tl.static_range(4):
-        hv = (hv ^ tl.load(text + i - 1 - d, mask=inside & (i - 1 - d >= 0), other=0).to(tl.int64)) * HASH_MUL
-        if d % 2 == 1:
-            key = (3 - d) // 2 * NUM_BUCKETS + _hash_bucket(hv, NUM_BUCKETS)
-            tl.atomic_max(table_ptr + key, base + i, mask=inside & (i >= d + 1))

@@ -42,7 +42,6 @@ def speculative_arguments(method: str, k: int, bigram_table: str) -> dict:
 def generate(args, method: str, prompts: list[list[int]]) -> tuple[list[list[int]], float]:
     import torch
     from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
 
     llm = LLM(
         model=args.model,
@@ -51,7 +50,7 @@ def generate(args, method: str, prompts: list[list[int]]) -> tuple[list[list[int
         **speculative_arguments(method, args.k, args.bigram_table),
     )
     params = SamplingParams(temperature=0.0, max_tokens=args.max_new_tokens, ignore_eos=False)
-    inputs = [TokensPrompt(prompt_token_ids=p) for p in prompts]
+    inputs = [{"prompt_token_ids": p} for p in prompts]  # a TokensPrompt, by its public form
     llm.generate(inputs, params, use_tqdm=False)  # warm-up, and the corpus a long job would have
     started = time.perf_counter()
     outputs = llm.generate(inputs, params, use_tqdm=False)

@@ -438,6 +438,19 @@ def runs_speculator() -> bool:
     return release(installed_version()) in SPECULATOR_VERSIONS
 
 
+def check_speculator_version() -> str:
+    """The installed vLLM's version, if it runs our speculator; else UnsupportedVllm naming it and the
+    versions that do (the speculator's reaches are read against those only)."""
+    installed = installed_version()
+    if runs_speculator():
+        return installed
+    raise UnsupportedVllm(
+        f"speculative method ngrammys: vLLM {installed} is installed; our speculator runs on vLLM "
+        f"{', '.join(SPECULATOR_VERSIONS)} only (its reaches into vLLM's model runner V2 are read against "
+        "those: pipeline/engines/vllm/compat.py); vLLM 0.32 runs our drafter as its custom_class proposer"
+    )
+
+
 def register_speculator(name: str, config_qualname: str) -> None:
     """Registers our speculator's config under `name` in vLLM's plugin registry (REACHES: v2_registry)."""
     from vllm.v1.worker.gpu.spec_decode.speculator_config import register_speculative_method

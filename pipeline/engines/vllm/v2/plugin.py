@@ -13,6 +13,9 @@ PREDICTIONS = "pipeline.engines.vllm.v2.predictions:PredictionProcessor"  # vLLM
 
 
 def register() -> None:
+    """Registers method `ngrammys` on a vLLM that runs our speculator; on any other it registers
+    nothing (vLLM calls this in every process, whether or not a request uses our method): a vLLM
+    newer than the ones we read fails where our method is asked for (engine_arguments)."""
     if compat.runs_speculator():
         compat.register_speculator(METHOD, CONFIG)
 
@@ -22,7 +25,9 @@ def engine_arguments(num_speculative_tokens: int, options: dict, draft_lengths=N
     (vLLM's fixed k) under `options` (options.py's names), and the processor that hands each
     request's prediction (SamplingParams.extra_args[PREDICTION_KEY]) to it. `draft_lengths`, a
     draft length by running requests ((first, last, k), inclusive; k = 0: plain decoding), becomes
-    vLLM's in-engine schedule (num_speculative_tokens_per_batch_size)."""
+    vLLM's in-engine schedule (num_speculative_tokens_per_batch_size). Raises UnsupportedVllm on a
+    vLLM our speculator was not read against."""
+    compat.check_speculator_version()
     speculative = {
         "method": METHOD,
         "num_speculative_tokens": num_speculative_tokens,

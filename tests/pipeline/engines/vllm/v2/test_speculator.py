@@ -23,6 +23,14 @@ def test_the_installed_vllm_runs_our_speculator_and_every_v2_reach_names_it():
     assert not compat.applies("v1_model_runner") and not compat.applies("keyed_draws")
 
 
+def test_a_vllm_we_have_not_read_fails_where_our_method_is_asked_for(monkeypatch):
+    monkeypatch.setattr(compat, "installed_version", lambda: "0.35.0")
+    with pytest.raises(
+        compat.UnsupportedVllm, match=r"vLLM 0\.35\.0 is installed; our speculator runs on vLLM 0\.34\.0"
+    ):
+        plugin.engine_arguments(8, {})
+
+
 def test_the_plugin_registers_the_method_and_a_bad_option_fails_naming_it(model_dir):
     from vllm.v1.worker.gpu.spec_decode.speculator_config import registered_speculative_methods
 
