@@ -237,12 +237,15 @@ def _choose(prediction, context, corpus, bigram, stats_ptr, j, K: tl.constexpr):
 
 @triton.jit
 def _context_candidate(row, n, scratch_ptr, b, num_blocks, j, in_k, LEN_BUCKETS: tl.constexpr, NB_PO2: tl.constexpr):
-    """The tokens after the request's own best earlier match (the context scan's)."""
+    """The tokens after the request's own best earlier match (the context scan's). Past the end of
+    its tokens the match repeats with its period n - end, as the host drafter drafts it: a line
+    that repeats goes on repeating."""
     score = _best(scratch_ptr, b, num_blocks, NB_PO2)
     length = score // POS_RADIX
     end = score % POS_RADIX
-    valid = in_k & (j * 0 + length > 0) & (end + j < n)
-    tokens = tl.load(row + end + j, mask=valid, other=0).to(tl.int64)
+    valid = in_k & (j * 0 + length > 0)
+    period = tl.maximum(n - end, 1)
+    tokens = tl.load(row + end + j % period, mask=valid, other=0).to(tl.int64)
     return tokens, valid, CONTEXT * LEN_BUCKETS + _len_bucket(tl.maximum(length, 1))
 
 

@@ -190,9 +190,9 @@ def draft(state: State, all_tokens, total_len, prompt: int, r: int, k: int, dept
     generated = n - prompt
     candidates = []  # (source, tokens, valid positions, bucket)
     length, end = context_match(tokens, n, depth)
-    positions = [j for j in range(k) if length and end + j < n]
+    positions = list(range(k)) if length else []  # past the end, the match repeats with its period
     candidates.append(
-        (CONTEXT, [tokens[end + j] for j in positions], positions, CONTEXT * 9 + len_bucket(max(length, 1)))
+        (CONTEXT, [tokens[end + j % (n - end)] for j in positions], positions, CONTEXT * 9 + len_bucket(max(length, 1)))
     )
     expected = int(state.reached[r, 0]) + generated - int(state.reached[r, 1])
     prediction = state.predictions[r, : state.prediction_len[r]]
