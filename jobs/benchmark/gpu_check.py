@@ -4,6 +4,7 @@ decoding, in one process (it needs a CUDA GPU and vLLM 0.34; nothing here runs o
     VLLM_GPU_SYNC_CHECK=error python -m jobs.benchmark.gpu_check --model MODEL --dataset humaneval \
         --limit 64 --max-new-tokens 128 --k 8 --out gpu_check.json
 
+Ours runs with its draft length by running requests (H100_DRAFT_LENGTHS); suffix at its fixed k.
 Each method generates the same prompts greedily, twice (the first pass warms the engine and, for the
 corpus-keeping methods, fills their corpus as a long job would; the second is timed); methods take
 turns, each in a fresh engine. Reported: tokens/s of each method's timed pass, its ratio to plain's,
@@ -30,13 +31,14 @@ def add_cli_args(parser) -> None:
 
 def speculative_arguments(method: str, k: int, bigram_table: str) -> dict:
     """The engine arguments that run `method`."""
-    from pipeline.engines.vllm import speculator_arguments
+    from pipeline.engines.vllm import H100_DRAFT_LENGTHS, speculator_arguments
 
     if method == "plain":
         return {}
     if method == "suffix":
         return {"speculative_config": {"method": "suffix", "num_speculative_tokens": k}}
-    return speculator_arguments(k, {"bigram_table": bigram_table} if bigram_table else {})
+    options = {"bigram_table": bigram_table} if bigram_table else {}
+    return speculator_arguments(k, options, [(a, b, min(length, k)) for a, b, length in H100_DRAFT_LENGTHS])
 
 
 def generate(args, method: str, prompts: list[list[int]]) -> tuple[list[list[int]], float]:

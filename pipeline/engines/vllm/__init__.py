@@ -19,11 +19,12 @@ from pipeline.engines.vllm.compat import (
 from pipeline.engines.vllm.engine import VllmEngine, cpu_binding, set_vllm_environment
 from pipeline.engines.vllm.feeder import WAITING_SHARE
 from pipeline.engines.vllm.settings import KIND
-from pipeline.engines.vllm.v2.plugin import PREDICTION_KEY
+from pipeline.engines.vllm.v2.plugin import H100_DRAFT_LENGTHS, PREDICTION_KEY
 from pipeline.engines.vllm.v2.plugin import engine_arguments as speculator_arguments
 from pipeline.engines.vllm.v2.plugin import register as register_speculator
 
 __all__ = [
+    "H100_DRAFT_LENGTHS",
     "KIND",
     "PREDICTION_KEY",
     "SUPPORTED_VERSIONS",

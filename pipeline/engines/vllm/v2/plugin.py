@@ -10,6 +10,11 @@ from pipeline.engines.vllm.v2.options import PREDICTION_KEY
 METHOD = "ngrammys"
 CONFIG = "pipeline.engines.vllm.v2.config.NgrammysSpeculatorConfig"
 PREDICTIONS = "pipeline.engines.vllm.v2.predictions:PredictionProcessor"  # vLLM: "<module>:<type>"
+# A draft length by running requests for an 8B model on an H100, from the projection of the decode
+# loop's measured acceptance onto the H100's measured step (docs/device-speculator.md): 8 tokens while
+# few requests run, 3 around 64, none (plain decoding, ours off inside the engine) past 128, where
+# verifying drafts turns the step compute-bound.
+H100_DRAFT_LENGTHS = ((1, 32, 8), (33, 128, 3), (129, 1 << 16, 0))
 
 
 def register() -> None:
@@ -44,4 +49,4 @@ def engine_arguments(num_speculative_tokens: int, options: dict, draft_lengths=N
     return {"speculative_config": speculative, "logits_processors": [PREDICTIONS]}
 
 
-__all__ = ["METHOD", "PREDICTION_KEY", "engine_arguments", "register"]
+__all__ = ["H100_DRAFT_LENGTHS", "METHOD", "PREDICTION_KEY", "engine_arguments", "register"]
