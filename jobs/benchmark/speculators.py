@@ -216,7 +216,7 @@ class DecodeLoop:
         finished = {i for i in ids if self.running[i]["emitted"] >= len(self.running[i]["output"])}
         if finished:
             self.speculator.on_requests_finished(finished)
-            for req_id in finished:
+            for req_id in sorted(finished):  # freed slots in one order: the next requests get the same slots
                 rs.remove_request(req_id)
                 del self.running[req_id]
         self.propose(ids, finished, num_sampled, num_rejected)
