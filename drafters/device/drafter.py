@@ -35,6 +35,7 @@ from drafters.device.settings import (
 )
 
 INGEST_BLOCK = 1024
+STAMP_LIMIT = (1 << 23) - 1  # a running entry packs (stamp, slot, position) into 63 bits: 23, 20, 20
 
 
 def prior_counts(k: int) -> np.ndarray:
@@ -171,6 +172,7 @@ class DeviceDrafter:
         sizes = (ends - starts_t).clamp_min(0)
         offsets = torch.cumsum(sizes + 1, 0) - (sizes + 1)
         documents = torch.stack([rows_t, starts_t, starts_t + sizes, offsets], dim=1).contiguous()
+        total = (sizes + 1).sum()  # on the device: the lengths are known there
         grid = (len(rows), max(1, triton.cdiv(min(longest, self.capacity), INGEST_BLOCK)))
         _ingest_kernel[grid](
             source,
@@ -179,11 +181,12 @@ class DeviceDrafter:
             self.corpus,
             self.capacity,
             self.head,
+            total.view(1),
             self.table,
             NUM_BUCKETS=self.num_buckets,
             BLOCK=INGEST_BLOCK,
         )
-        self.head += (sizes + 1).sum()
+        self.head += total
 
     def ingest_rows(self, tokens: torch.Tensor, total_len: torch.Tensor, slots: list[int], starts: list[int]):
         """Finished requests' outputs: tokens[slot, start:total_len[slot]] for each slot (their
@@ -217,8 +220,11 @@ class DeviceDrafter:
         idx_mapping: torch.Tensor,  # [B] int32: batch row -> slot
         num_sampled: torch.Tensor,  # [B] int32: tokens the last step emitted (0: a prefill chunk)
         num_rejected: torch.Tensor,  # [B] int32: draft tokens the last step rejected
+        draft: bool = True,
     ) -> torch.Tensor:
-        """[B, k] int64: each request's draft (its confidences in self.confidence[:B])."""
+        """[B, k] int64: each request's draft (its confidences in self.confidence[:B]). With `draft`
+        False (a step that verifies none) it only learns from the last verdicts and indexes the new
+        tokens; the drafts it returns are the last ones."""
         self.flush()
         batch, k = idx_mapping.shape[0], self.k
         k_po2 = _po2(k)
@@ -228,6 +234,9 @@ class DeviceDrafter:
             idx_mapping, num_sampled, num_rejected, self.stats, self.last_code, self.last_valid, K=k, K_PO2=k_po2
         )
         if self.settings.corpus_tokens:
+            if self.steps >= STAMP_LIMIT:  # the stamp's 23 bits (every ~8M steps): start the index anew
+                self.running.fill_(-1)
+                self.steps = 0
             self.steps += 1
             _index_kernel[(batch,)](
                 tokens,
@@ -241,6 +250,8 @@ class DeviceDrafter:
                 NUM_BUCKETS=self.running_buckets,
                 BLOCK=max(16, _po2(2 * (k + 1))),
             )
+        if not draft:
+            return self.drafts[:batch]
         self._scan(tokens, total_len, prompt_len, idx_mapping)
         self._finalize(tokens, total_len, prompt_len, idx_mapping, num_sampled)
         return self.drafts[:batch]

@@ -163,7 +163,7 @@ def _index_kernel(
         hv = (hv ^ tl.load(row + p - 1 - d, mask=inside & (p - 1 - d >= 0), other=0).to(tl.int64)) * HASH_MUL
         if d % 2 == 1:
             key = (3 - d) // 2 * NUM_BUCKETS + _hash_bucket(hv, NUM_BUCKETS)
-            entry = (stamp * POS_RADIX + r) * POS_RADIX + p
+            entry = (stamp.to(tl.int64) * POS_RADIX + r) * POS_RADIX + p  # (a host int arrives as int32 on a GPU)
             tl.atomic_max(table_ptr + key, entry, mask=inside & (p >= d + 1))
     tl.store(indexed_ptr + r, tl.minimum(n, start + BLOCK))
 
@@ -176,13 +176,16 @@ def _ingest_kernel(
     corpus_ptr,  # *int32 [capacity]
     capacity,
     head_ptr,  # *int64 [1]: ring tokens written before these documents
+    total_ptr,  # *int64 [1]: the tokens (and separators) these documents write
     table_ptr,  # *int64 [2, NUM_BUCKETS]
     NUM_BUCKETS: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
     """Per (document, block): its tokens source[row, start:end] into the ring at head + offset (and
     -1 after them), each position indexed under the 4 and 2 tokens of the document before it.
-    atomic_max keeps a bucket's newest position whatever the order of programs."""
+    atomic_max keeps a bucket's newest position whatever the order of programs; a launch that
+    writes more than the ring holds writes its newest `capacity` positions only (no two programs
+    write one place: every rank's ring is the same)."""
     f = tl.program_id(0).to(tl.int64)
     block = tl.program_id(1).to(tl.int64)
     row = tl.load(documents_ptr + f * 4)
@@ -192,9 +195,11 @@ def _ingest_kernel(
     size = end - start
     i = block * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     inside = i < size
+    oldest = tl.load(head_ptr) + tl.load(total_ptr) - capacity  # positions before it are overwritten
+    inside = inside & (base + i >= oldest)
     text = source_ptr + row * source_stride + start
     tl.store(corpus_ptr + (base + i) % capacity, tl.load(text + i, mask=inside, other=0), mask=inside)
-    tl.store(corpus_ptr + (base + size) % capacity, -1, mask=block == 0)
+    tl.store(corpus_ptr + (base + size) % capacity, -1, mask=(block == 0) & (base + size >= oldest))
     hv = tl.zeros([BLOCK], tl.int64)
     for d in tl.static_range(4):
         hv = (hv ^ tl.load(text + i - 1 - d, mask=inside & (i - 1 - d >= 0), other=0).to(tl.int64)) * HASH_MUL

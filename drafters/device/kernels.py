@@ -72,6 +72,9 @@ def _scan_kernel(
         depth = tl.minimum(depth, generated)
     row = tokens_ptr + r * tokens_stride
     text = text_ptr + r * text_stride
+    if block * BLOCK >= text_len:  # past the text: no occurrence here
+        tl.store(scratch_ptr + b * num_blocks + block, tl.zeros((), tl.int64))
+        return
     e = block * BLOCK + tl.arange(0, BLOCK).to(tl.int64)
     alive = (e >= 1) & (e < text_len)
     length = tl.zeros([BLOCK], dtype=tl.int64)
@@ -190,7 +193,9 @@ def _finalize_kernel(
     keep = _before(~valid | (rates < min_confidence), j, K_PO2)
     length = tl.sum(keep.to(tl.int64), axis=0)
     expected = tl.load(reached_ptr + r * 2) + generated - tl.load(reached_ptr + r * 2 + 1)
-    tl.store(reached_ptr + r * 2, tl.where(source == PREDICTION, p_end + length, expected))
+    # the answer's place in the prediction: where a prediction match ends (the next token's place)
+    anchored = tl.max(p_valid.to(tl.int32), axis=0) > 0
+    tl.store(reached_ptr + r * 2, tl.where(anchored, p_end, expected))
     tl.store(reached_ptr + r * 2 + 1, generated)
     draft = (tokens, tl.where(keep, bucket * K + j, -1), tl.where(keep, rates, 0.0), length, last)
     bigram_rates = _rates(stats_ptr, BIGRAM * LEN_BUCKETS, j, in_k, K)

@@ -234,7 +234,7 @@ def draft(state: State, all_tokens, total_len, prompt: int, r: int, k: int, dept
     while length < k and length in positions and chosen_rates[length] >= min_confidence:
         out[length], confidence[length], code[length] = int(found[length]), chosen_rates[length], bucket * k + length
         length += 1
-    state.reached[r] = (p_end + length if source == PREDICTION else expected, generated)
+    state.reached[r] = (p_end if ok and p_end < len(prediction) else expected, generated)
     last = int(tokens[n - 1])
     for i in range(length, k):
         previous = last if i == 0 else out[i - 1]

@@ -172,9 +172,12 @@ def test_settings_out_of_range_name_the_field():
         DeviceSettings(min_confidence=2.0)
 
 
-def test_an_answer_in_flight_is_drafted_from_by_the_others():
-    """Nothing has finished yet: request 1 drafts from what request 0 has emitted so far."""
+@pytest.mark.parametrize("steps_before", [0, 5000], ids=["first-step", "past-2048-steps"])
+def test_an_answer_in_flight_is_drafted_from_by_the_others(steps_before):
+    """Nothing has finished yet: request 1 drafts from what request 0 has emitted so far (also once
+    the step count no longer fits the int32 a host int arrives as on a GPU)."""
     drafter = DeviceDrafter(2, 32, 3, DeviceSettings(max_depth=8, corpus_tokens=1024), None, "cpu")
+    drafter.steps = steps_before
     tokens = torch.zeros((2, 32), dtype=torch.int32)
     tokens[0, :9] = torch.tensor([1, 2, 3, 5, 6, 7, 8, 9, 10])
     tokens[1, :6] = torch.tensor([4, 4, 4, 4, 5, 6])
@@ -184,3 +187,28 @@ def test_an_answer_in_flight_is_drafted_from_by_the_others():
     slots, one = torch.tensor([0, 1], dtype=torch.int32), torch.ones(2, dtype=torch.int32)
     drafts = drafter.step(tokens, total, prompt, slots, one, one * 0)
     assert drafts[1].tolist() == [7, 8, 9] and drafter.sources(2)[1] == "corpus"
+
+
+def test_a_step_without_drafts_learns_and_indexes_but_drafts_nothing_new():
+    drafter = DeviceDrafter(2, 32, 3, DeviceSettings(max_depth=8, corpus_tokens=1024), None, "cpu")
+    tokens = torch.zeros((2, 32), dtype=torch.int32)
+    tokens[0, :9] = torch.tensor([1, 2, 3, 5, 6, 7, 8, 9, 10])
+    total, prompt = torch.tensor([9, 0], dtype=torch.int32), torch.tensor([3, 0], dtype=torch.int32)
+    drafter.start(0)
+    slot, one = torch.zeros(1, dtype=torch.int32), torch.ones(1, dtype=torch.int32)
+    before = drafter.drafts.clone()
+    drafter.step(tokens, total, prompt, slot, one, one * 0, draft=False)
+    assert torch.equal(drafter.drafts, before) and int(drafter.indexed[0]) == 9
+
+
+def test_a_store_longer_than_the_ring_keeps_its_newest_tokens():
+    documents = [np.arange(100, 112), np.arange(200, 209), np.arange(300, 307)]
+    separator = 2**32 - 1
+    store = np.concatenate([np.append(d, separator) for d in documents])[:-1].astype(np.uint32)
+    drafter = DeviceDrafter(1, 32, 2, DeviceSettings(max_depth=4, corpus_tokens=16), None, "cpu")
+    drafter.ingest_store(store, separator)
+    written = np.concatenate([np.append(d, -1) for d in documents])  # as the ring writes them
+    head = int(drafter.head[0])
+    assert head == len(written)
+    ring = drafter.corpus.numpy()
+    assert [int(ring[p % 16]) for p in range(head - 16, head)] == written[head - 16 :].tolist()

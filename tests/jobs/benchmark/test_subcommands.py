@@ -20,7 +20,9 @@ def test_every_subcommand_has_its_options_and_an_unknown_one_is_refused(capsys):
     top = parser()
     for name in SUBCOMMANDS:
         assert (
-            top.parse_args([name, "--out", "x.json"] + (["run"] if name in ("replay", "occupancy", "speculators") else [])).command
+            top.parse_args(
+                [name, "--out", "x.json"] + (["run"] if name in ("replay", "occupancy", "speculators") else [])
+            ).command
             == name
         )
     with pytest.raises(SystemExit):

@@ -6,10 +6,14 @@ is found by its token history's identity."""
 
 from __future__ import annotations
 
+import weakref
+
 from pipeline.engines.vllm import compat
 from pipeline.engines.vllm.v2.options import PREDICTION_KEY
 
-_DRAFTERS: dict[int, object] = {}  # id of a runner's token history -> its speculator's DeviceDrafter
+# id of a runner's token history -> its speculator's DeviceDrafter (weak: an engine's drafter, and its
+# device buffers, go with the engine, and a recycled id finds nothing)
+_DRAFTERS: weakref.WeakValueDictionary[int, object] = weakref.WeakValueDictionary()
 
 
 def attach(token_history, drafter) -> None:

@@ -91,4 +91,7 @@ class NgrammysSpeculator(compat.speculator_base()):
         if dummy_run:
             return self.drafter.drafts[: input_batch.num_reqs]
         tokens, total_len, prompt_len = compat.token_history(self.req_states)
-        return self.drafter.step(tokens, total_len, prompt_len, input_batch.idx_mapping, num_sampled, num_rejected)
+        draft = num_speculative_tokens != 0  # 0: the draft length by batch size turned drafting off this step
+        return self.drafter.step(
+            tokens, total_len, prompt_len, input_batch.idx_mapping, num_sampled, num_rejected, draft=draft
+        )
