@@ -34,6 +34,7 @@ import torch
 from drafters.base import BatchDrafter, BatchDrafts
 from drafters.budget import StepCostFit, cost_table
 from drafters.prediction import Hold, HoldRates, PredictionDrafter, step_drafts
+from pipeline.engines.vllm.v2.options import PREDICTION_KEY
 from pipeline.engines.vllm.compat import (
     external_request_id,
     live_request_ids,
@@ -282,7 +283,7 @@ class NgrammysProposer:
         if tracked is None:
             params = request_params(self.runner, request_id)
             limit = min(self.max_model_len, prompt_length + (params.max_tokens or self.max_model_len))
-            predicted = (params.extra_args or {}).get(PREDICTION)
+            predicted = (params.extra_args or {}).get(PREDICTION_KEY)
             tracked = self.tracked[request_id] = Tracked(
                 prompt_length, limit, prediction=PredictionDrafter(predicted) if predicted else None
             )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 
 from pipeline.engines.base import SAMPLING_KEYS, EngineSampling, Request, RequestError
+from pipeline.engines.vllm.v2.options import PREDICTION_KEY
 
 # vLLM SamplingParams keys refused here, each with why (any other goes to vLLM, which checks it).
 REFUSED_SAMPLING = {
@@ -76,7 +77,7 @@ def own_settings(request: Request) -> dict:
     settings = request.engine_sampling or {}
     own.update((key, value) for key, value in settings.items() if key not in TEXT_SETTINGS)
     if request.prediction:
-        own["extra_args"] = {"prediction": list(request.prediction)}
+        own["extra_args"] = {PREDICTION_KEY: list(request.prediction)}
     own["named_logprobs"] = settings.get("detokenize", True) and (
         settings.get("logprobs") is not None or settings.get("prompt_logprobs") is not None
     )

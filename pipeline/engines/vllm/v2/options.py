@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 from drafters.device.settings import DeviceSettings
 
-PREDICTION_KEY = "ngrammys_prediction"  # SamplingParams.extra_args[PREDICTION_KEY]: a request's prediction's token ids
+# SamplingParams.extra_args[PREDICTION_KEY]: a request's prediction's token ids, OpenAI's name, as the
+# vLLM 0.32 engine hands it to its proposer (request_params.py) and the 0.34 speculator reads it
+PREDICTION_KEY = "prediction"
 
 
 @dataclass(frozen=True)

@@ -94,11 +94,11 @@ def test_a_prediction_reaches_the_speculator_through_vllms_sampler(config):
     processor = PredictionProcessor(config, states)
     sampler = Sampler(config, 4, 128, torch.device("cpu"), states, custom_logits_processors=[processor])
     speculator.add_request(1)  # the runner's order: the speculator's slot first, then the sampler's request
-    sampler.add_request(1, SamplingParams(extra_args={"ngrammys_prediction": [9, 8, 7, 6]}))
+    sampler.add_request(1, SamplingParams(extra_args={"prediction": [9, 8, 7, 6]}))
     speculator.drafter.flush()
     assert speculator.drafter.predictions[1, :4].tolist() == [9, 8, 7, 6]
-    with pytest.raises(ValueError, match="ngrammys_prediction"):
-        PredictionProcessor.validate_params(SamplingParams(extra_args={"ngrammys_prediction": "text"}))
+    with pytest.raises(ValueError, match="prediction"):
+        PredictionProcessor.validate_params(SamplingParams(extra_args={"prediction": "text"}))
 
 
 def recorded(count: int, seed: int) -> list[Answer]:
