@@ -49,6 +49,12 @@ def add_cli_args(parser) -> None:
     parser.add_argument("--corpus-tokens", type=int, default=1 << 20, help="our corpus ring (suffix's default size)")
     parser.add_argument("--check-reference", action="store_true", help="hold ours to the plain reference")
     parser.add_argument(
+        "--auto",
+        action="store_true",
+        help="RUN_DIR... are this loop's reports (JSON) on one workload: project engine.speculation auto on "
+        "vLLM 0.34 from them onto --step-costs, replaying nothing",
+    )
+    parser.add_argument(
         "--step-costs",
         default="",
         help="a GPU's measured step (jobs.benchmark gpu-step, e.g. docs/data/h100_8b_step_ctx448.json): each row "
@@ -346,6 +352,38 @@ def project(rows: list[dict], plain: dict[int, list], step_costs: dict) -> None:
         row["vs_plain_trimmed"] = round(row["tokens_per_second_trimmed"] / base, 3)
 
 
+def auto_projection(reports: list[dict], step_costs: dict) -> list[dict]:
+    """engine.speculation auto on vLLM 0.34 (rules of platform gpu_v2, greedy rows), projected per steady
+    batch from reports of this loop on one workload (ours and vLLM's methods, at one k): the mode its
+    rule starts in (ours at H100_DRAFT_LENGTHS' draft length for that batch), and where the rule
+    measures, the fastest candidate less the measuring budget (MEASURE_BUDGET of the work)."""
+    from pipeline.engines import speculation
+    from pipeline.engines.vllm import H100_DRAFT_LENGTHS
+
+    smallest = min(row["batch"] for report in reports for row in report["rows"])
+    # Acceptance read at the loop's smallest batch (the recorded reports ran one): its histogram per method.
+    rows = {row["method"]: row for report in reports for row in report["rows"] if row["batch"] == smallest}
+    predictions = any(report.get("predictions") for report in reports)
+    cells = []
+    for batch in STEADY_BATCHES:
+        rule = speculation.platform_rule("gpu_v2", batch, predictions, greedy=True)
+        k = next(length for first, last, length in H100_DRAFT_LENGTHS if first <= batch <= last)
+        ours = steady_ratio(rows["ngrammys"]["accepted_histogram"], k, batch, step_costs)
+        modes = {"ours": ours, "plain": 1.0}
+        modes.update(
+            {
+                method: steady_ratio(rows[method]["accepted_histogram"], rows[method]["k"], batch, step_costs)
+                for method in ("suffix", "ngram")
+                if method in rows
+            }
+        )
+        start = ours if rule.choice == speculation.DRAFTING else 1.0
+        best = max(modes.values())
+        settled = best * (1 - speculation.MEASURE_BUDGET) if rule.measure and best > start else start
+        cells.append(dict(batch=batch, k=k, rule=rule.why, start=round(start, 3), auto=round(settled, 3), **modes))
+    return cells
+
+
 def replay(args, answers, method: str, batch: int, reference=None) -> dict:
     prepare_cpu()
     max_len = max(len(a.prompt) + len(a.output) for a in answers) + args.k + 2
@@ -364,6 +402,13 @@ def replay(args, answers, method: str, batch: int, reference=None) -> dict:
 
 def run(args) -> dict:
     from jobs.benchmark.replay_answers import load_answers, load_predictions
+
+    if args.auto:
+        if not args.step_costs:
+            raise SystemExit("--auto projects onto a GPU's measured step: give --step-costs")
+        reports = [json.loads(Path(path).read_text()) for path in args.runs]
+        costs = json.loads(Path(args.step_costs).read_text())
+        return dict(reports=args.runs, step_costs=args.step_costs, auto=auto_projection(reports, costs))
 
     predictions = load_predictions(args.predictions) if args.predictions else None
     answers = load_answers(args.runs, args.max_new_tokens, predictions)
@@ -405,6 +450,17 @@ def run(args) -> dict:
 
 
 def markdown(report: dict) -> str:
+    if "auto" in report:
+        lines = [
+            "| running | auto starts | auto settles | ours (k) | plain | suffix (k=8) | ngram |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        for c in report["auto"]:
+            lines.append(
+                f"| {c['batch']} | {c['start']:.2f}x | {c['auto']:.2f}x | {c['ours']:.2f}x (k={c['k']}) | 1.00x "
+                f"| {c.get('suffix', 0):.2f}x | {c.get('ngram', 0):.2f}x |"
+            )
+        return "\n".join(lines) + "\n"
     return markdown_table(report["rows"])
 
 

@@ -55,4 +55,8 @@ VLLM_ARGUMENTS = {
         set_by="the engine sets it (tensor-parallel ranks are the actor's own processes)"
     ),
     "per_request_spec_decode_metrics": VllmArgument(set_by="the engine sets it (the rows' statistics need it)"),
+    "logits_processors": VllmArgument(
+        set_by="the engine sets it (on vLLM 0.34 our drafter's prediction processor is one: "
+        "pipeline/engines/vllm/v2/predictions.py)"
+    ),
 }

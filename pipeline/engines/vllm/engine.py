@@ -21,9 +21,12 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 from drafters.base import NO_DRAFT
 from pipeline.loading.drafters import DrafterTables, make_batch_drafter
@@ -41,7 +44,6 @@ from pipeline.engines.base import (
     cut_at_stop,
 )
 from pipeline.engines.vllm.compat import (
-    check_vllm_version,
     check_worker,
     install,
     install_keyed_draws,
@@ -50,6 +52,13 @@ from pipeline.engines.vllm.compat import (
     uninstall_keyed_draws,
 )
 from pipeline.engines.vllm.feeder import EngineFeeder
+from pipeline.engines.vllm.versions import check_vllm_version
+from pipeline.engines.vllm.methods import (
+    longest_draft,
+    runs_device_speculator,
+    speculative_arguments,
+    write_bigram_table,
+)
 from pipeline.engines.vllm.request_params import vllm_params, vllm_sampling
 from pipeline.engines.vllm.proposer import (
     PREDICTION,
@@ -63,8 +72,6 @@ from pipeline.loading.model import dtype_name, load_tokenizer
 from pipeline.engines.stats import RequestStats
 
 logger = logging.getLogger(__name__)
-
-PROPOSER = "pipeline.engines.vllm.proposer.NgrammysProposer"
 
 
 def set_vllm_environment(config: Config) -> None:
@@ -138,25 +145,35 @@ class VllmEngine:
         self.config = config
         decoder = config.decoder
         self.drafts = decoder.drafter != "none" and decoder.w > 0
-        # Ours run as vLLM's proposer; vLLM's own methods (vllm_ngram, vllm_suffix) run as vLLM has them.
+        # Ours run as vLLM's proposer (0.32) or speculator (0.34); vLLM's own methods as vLLM has them.
         self.ours = self.drafts and decoder.drafter not in VLLM_METHODS
-        # vLLM's num_speculative_tokens, fixed from the start: ours draft from the rows' predictions
-        # too, up to engine.prediction_w tokens (drafts_from_predictions).
-        self.num_speculative_tokens = max(decoder.w, config.engine.prediction_w) if self.ours else decoder.w
+        # On 0.34 ours drafts on the device inside vLLM's model runner: nothing of it runs here.
+        self.hosted = self.ours and not runs_device_speculator()
+        self.num_speculative_tokens = longest_draft(config, self.ours)  # vLLM's, fixed from the start
+        # The model's bigram table, where the device speculator reads it as vLLM starts (removed at close).
+        self.table_dir = Path(tempfile.mkdtemp(prefix="ngrammys-tables-")) if self.ours and not self.hosted else None
+        if self.table_dir is not None:
+            write_bigram_table(tables, self.table_dir)
         self.tokenizer = load_tokenizer(model_dir, config.model)
         self.sampling = vllm_sampling()
         self.adapters: dict = {}  # LoRA adapter -> its LoRARequest (vLLM's ids count from 1)
         self.adapters_lock = threading.Lock()
         # One thread runs every vLLM call and keeps the engine fed (feeder.py).
-        self.feeder = EngineFeeder(
-            lambda: self.start(model_dir), self.finished if self.ours else None, config.engine.hang_timeout_s
-        )
+        try:
+            self.feeder = EngineFeeder(
+                lambda: self.start(model_dir), self.finished if self.hosted else None, config.engine.hang_timeout_s
+            )
+        except BaseException:
+            self.remove_tables()  # an engine that never started is never closed
+            raise
         self.max_model_len = self.feeder.llm.llm_engine.model_config.max_model_len
-        # Whether vLLM's sampling, on every worker, is now exact with drafts (cpu_sampling.py). If
-        # not, no request drafts in a step that runs a sampled one.
-        self.exact_sampling = not self.drafts or all(self.collective_rpc(check_worker))
-        # Sampled rows drawn with noise keyed by (seed, position), drafted or not (seeded_sampling.py).
-        self.keyed_draws(True)
+        # Whether vLLM's sampling, on every worker, is now exact with drafts (cpu_sampling.py: vLLM
+        # 0.32's CPU rejection sampler). If not, no request drafts in a step that runs a sampled one.
+        self.exact_sampling = not self.drafts or runs_device_speculator() or all(self.collective_rpc(check_worker))
+        if not runs_device_speculator():
+            # Sampled rows drawn with noise keyed by (seed, position), drafted or not (seeded_sampling.py;
+            # on vLLM 0.34 sampled rows draw with vLLM's own per-request seeds: issue 85).
+            self.keyed_draws(True)
         if not self.exact_sampling:
             logger.warning(
                 "vLLM's rejection sampler on this platform does not spread the sampling settings over "
@@ -164,28 +181,21 @@ class VllmEngine:
                 "in a step that runs a sampled one%s",
                 "" if self.ours else f"; with {decoder.drafter} they fail",
             )
-        if self.ours:
+        if self.hosted:
             self.set_decoder(decoder, tables)
 
     def start(self, model_dir: str):
         from vllm import LLM  # after the environment is set
 
-        decoder = self.config.decoder
-        speculative = None
+        arguments = {}
         if self.drafts:
-            speculative = {
-                "method": VLLM_METHODS.get(decoder.drafter, "custom_class"),
-                "num_speculative_tokens": self.num_speculative_tokens,
-            }
-            if self.ours:
-                speculative["model"] = PROPOSER
-            elif decoder.drafter in ("vllm_ngram", "vllm_ngram_gpu"):
-                speculative.update(prompt_lookup_min=decoder.ngram_min_q, prompt_lookup_max=decoder.ngram_max_q)
-        install()  # vLLM's CPU sampling corrected for the workers this starts (cpu_sampling.py)
+            arguments = speculative_arguments(self.config, self.num_speculative_tokens, self.ours, self.table_dir)
+        if not runs_device_speculator():
+            install()  # vLLM 0.32's CPU sampling corrected for the workers this starts (cpu_sampling.py)
         with llvmlite_set_aside():
-            return self._llm(LLM, model_dir, speculative)
+            return self._llm(LLM, model_dir, arguments)
 
-    def _llm(self, LLM, model_dir: str, speculative: dict | None):
+    def _llm(self, LLM, model_dir: str, arguments: dict):
         config = self.config
         return LLM(
             model=model_dir,
@@ -198,19 +208,20 @@ class VllmEngine:
             max_num_batched_tokens=config.engine.max_num_batched_tokens or None,
             enforce_eager=eager(config),
             gpu_memory_utilization=config.engine.gpu_memory_utilization,
-            speculative_config=speculative,
+            speculative_config=arguments.get("speculative_config"),
             tensor_parallel_size=config.engine.tensor_parallel_size,
             # Ranks beyond one are worker processes of this actor, on its node.
             distributed_executor_backend="mp" if config.engine.tensor_parallel_size > 1 else None,
             per_request_spec_decode_metrics="detailed" if self.drafts else "none",
             disable_log_stats=not config.engine.request_metrics,
+            **{name: value for name, value in arguments.items() if name != "speculative_config"},
             **config.engine.vllm_args,
         )
 
     def set_decoder(self, decoder: DecoderConfig, tables: DrafterTables | None = None) -> None:
         """Hands the proposer the drafter `decoder` describes. vLLM fixes the longest draft when it
         starts: another drafter can be swapped in with drafts of at most that many tokens."""
-        assert self.ours and decoder.drafter not in VLLM_METHODS and 1 <= decoder.w <= self.num_speculative_tokens, (
+        assert self.hosted and decoder.drafter not in VLLM_METHODS and 1 <= decoder.w <= self.num_speculative_tokens, (
             f"the engine was started for drafts of up to {self.num_speculative_tokens} tokens, not {decoder.w}"
         )
         pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
@@ -227,7 +238,10 @@ class VllmEngine:
 
     def keyed_draws(self, on: bool) -> None:
         """Sampled rows drawn with keyed noise (on, the engine's way), or with vLLM's own draws and
-        rejection sampler (off: the benchmark's comparison, jobs/benchmark/sampling.py)."""
+        rejection sampler (off: the benchmark's comparison, jobs/benchmark/sampling.py). vLLM 0.32 only:
+        they live in model runner V1's sampler."""
+        if runs_device_speculator():
+            raise RuntimeError("the keyed draws run on vLLM 0.32's model runner V1 only, not on vLLM 0.34")
         self.collective_rpc(install_keyed_draws if on else uninstall_keyed_draws)
 
     def collective_rpc(self, function, args: tuple = ()) -> list:
@@ -262,7 +276,7 @@ class VllmEngine:
     def measured_step_cost(self) -> tuple[float, float] | None:
         """What our proposer's budget has measured a step to cost (a, b); None without our proposer
         or with an engine that has failed (its steps are reported without it)."""
-        if not self.ours:
+        if not self.hosted:
             return None
         try:
             return self.collective_rpc(measured_step_cost)[0]
@@ -275,9 +289,14 @@ class VllmEngine:
         self.feeder.close()
         if not isinstance(self.feeder.failure, EngineHung):
             self.feeder.thread.join()
+        self.remove_tables()
         # vLLM's LLM (weights, KV cache) is the feeder's: dropped with it, even where something keeps
         # this object (a library that keeps an import error's traceback keeps the frame that built it).
         self.feeder = None
+
+    def remove_tables(self) -> None:
+        if self.table_dir is not None:
+            shutil.rmtree(self.table_dir, ignore_errors=True)
 
     def generate(self, requests: Sequence[Request], run=None) -> list[Result | Failed]:
         """Any thread may call it, several at once: their requests run together in the one engine.

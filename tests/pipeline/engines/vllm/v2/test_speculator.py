@@ -8,7 +8,7 @@ import torch
 
 from jobs.benchmark.replay_answers import Answer
 from jobs.benchmark.speculators import DecodeLoop, vllm_config
-from pipeline.engines.vllm import compat
+from pipeline.engines.vllm import compat, versions
 from pipeline.engines.vllm.v2 import plugin
 from pipeline.engines.vllm.v2.speculator import NgrammysSpeculator
 from tests.drafters.device.check import ReferenceCheck
@@ -16,17 +16,17 @@ from tests.drafters.device.test_drafter import answers
 
 
 def test_the_installed_vllm_runs_our_speculator_and_every_v2_reach_names_it():
-    assert compat.runs_speculator(), compat.installed_version()
+    assert versions.runs_speculator(), versions.installed_version()
     v2 = {name: reach for name, reach in compat.REACHES.items() if name.startswith("v2_")}
-    assert v2 and all(reach.versions == compat.SPECULATOR_VERSIONS for reach in v2.values())
+    assert v2 and all(reach.versions == versions.SPECULATOR_VERSIONS for reach in v2.values())
     # the V1 reaches do not apply here: no custom_class, no V1 runner
     assert not compat.applies("v1_model_runner") and not compat.applies("keyed_draws")
 
 
 def test_a_vllm_we_have_not_read_fails_where_our_method_is_asked_for(monkeypatch):
-    monkeypatch.setattr(compat, "installed_version", lambda: "0.35.0")
+    monkeypatch.setattr(versions, "installed_version", lambda: "0.35.0")
     with pytest.raises(
-        compat.UnsupportedVllm, match=r"vLLM 0\.35\.0 is installed; our speculator runs on vLLM 0\.34\.0"
+        versions.UnsupportedVllm, match=r"vLLM 0\.35\.0 is installed; our speculator runs on vLLM 0\.34\.0"
     ):
         plugin.engine_arguments(8, {})
 
@@ -59,6 +59,51 @@ def test_a_draft_length_by_batch_size_becomes_vllms_schedule(model_dir):
     assert (lookup[16], lookup[64], lookup[256]) == (8, 3, 0)
     with pytest.raises(ValueError, match="draft_lengths"):
         plugin.engine_arguments(4, {}, draft_lengths=[(1, 8, 6)])
+
+
+@pytest.mark.parametrize(
+    "drafter,overrides",
+    [
+        ("batch_suffix", ["decoder.w=auto"]),
+        ("mixed", ["decoder.w=5"]),
+        ("context_ngram", ["decoder.w=4"]),
+        ("vllm_suffix", ["decoder.w=8"]),
+        ("vllm_ngram_gpu", ["decoder.w=5"]),
+    ],
+)
+def test_the_jobs_drafters_become_speculative_configs_vllm_takes(model_dir, tmp_path, drafter, overrides):
+    """What the job's engine hands vLLM 0.34 for each drafter that runs there (methods.py), built into
+    vLLM's own SpeculativeConfig and ModelConfig (our options checked as vLLM builds its config)."""
+    from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
+
+    from pipeline.config import load_config
+    from pipeline.engines.vllm.methods import longest_draft, speculative_arguments, write_bigram_table
+    from pipeline.loading.drafters import DrafterTables
+
+    plugin.register()
+    config = load_config(
+        overrides=["engine.name=vllm", "ray.num_gpus_per_actor=1", f"decoder.drafter={drafter}", *overrides]
+    )
+    ours = not drafter.startswith("vllm_")
+    write_bigram_table(DrafterTables(bigram=np.zeros((128, 2), dtype=np.int64)), tmp_path)
+    arguments = speculative_arguments(config, longest_draft(config, ours), ours, tmp_path)
+    model = ModelConfig(
+        model=model_dir,
+        skip_tokenizer_init=True,
+        max_model_len=256,
+        dtype="float32",
+        logits_processors=arguments.get("logits_processors"),
+    )
+    spec = SpeculativeConfig(
+        **arguments["speculative_config"], target_model_config=model, target_parallel_config=ParallelConfig()
+    )
+    # vLLM keeps a registered method as custom_method and runs it as its base (suffix: our config subclasses it)
+    assert (spec.custom_method if ours else spec.method) == (
+        plugin.METHOD if ours else arguments["speculative_config"]["method"]
+    )
+    assert spec.num_speculative_tokens == (8 if drafter == "batch_suffix" else config.decoder.w)
+    if ours:
+        assert ("bigram_table" in spec.speculator_options) == (drafter == "mixed")
 
 
 def test_the_runners_calls_dummy_run_slots_recycled_and_reset(config):
