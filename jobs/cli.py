@@ -3,6 +3,7 @@
     ngrammys generate [options]          the job (python -m jobs.generate)
     ngrammys report RUN_DIR [options]    a run's or a series' report (python -m jobs.report)
     ngrammys build-datastore [options]   a token datastore from a corpus (python -m jobs.build_datastore)
+    ngrammys retire [options]            a series' old output files that hold no id's latest output, removed
     ngrammys bench SUBCOMMAND [options]  the benchmark (python -m jobs.benchmark)
     ngrammys --version                   this package's version and the vLLM and Ray it runs with
 
@@ -21,6 +22,7 @@ COMMANDS = {
     "generate": "jobs.generate",
     "report": "jobs.report",
     "build-datastore": "jobs.build_datastore",
+    "retire": "jobs.retire",
     "bench": "jobs.benchmark.cli",
 }
 PACKAGE = "ngrammys-batch"

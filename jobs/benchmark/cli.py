@@ -16,6 +16,7 @@ SUBCOMMANDS = {
     "sampling": "jobs.benchmark.sampling",
     "edits": "jobs.benchmark.edits",
     "series-edits": "jobs.benchmark.series_edits",
+    "series-history": "jobs.benchmark.series_history",
     "scale": "jobs.benchmark.scale",
     "rows": "jobs.benchmark.row_path",
     "speculation": "jobs.benchmark.speculation",

@@ -217,7 +217,7 @@ def generate_and_write(config: Config, run_id: str) -> dict:
     preparing = start_preparing(checked_config(plan.drafting))
     set_aside = prepare_output(plan)
     # So is a series' index of its last outputs (after the unreadable ones are set aside).
-    last = series.last_outputs(plan.paths.runs_root, IO_CPUS) if config.job.series else None
+    last = series.last_outputs(plan.paths.runs_root, plan.paths.outputs_index, IO_CPUS) if config.job.series else None
     dataset, reading = read_plan(plan, set_aside)
     if reading.new_rows == 0:  # nothing new (a finished run, or a series run over a corpus that did not grow)
         ray.cancel(preparing.report)

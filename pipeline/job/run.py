@@ -6,6 +6,7 @@ start (RunPlan), and what it did (RunSummary, written as summary.json).
     <output>/_checkpoints/run=<id>/            a lone run's checkpoint (the ids written)
     <output>/_checkpoints/series=<name>/rows/  a series' checkpoint (the fingerprints written)
     <output>/_checkpoints/series=<name>/store/model=<digest>/   the series' store of earlier outputs
+    <output>/_checkpoints/series=<name>/outputs/index.parquet  each id's latest output (series_index.py)
     <output>/_set_aside/<path under output>    output files that could not be read (output_files.py)
 """
 
@@ -64,6 +65,11 @@ class RunPaths:
         return storage.join(
             self.output, "_checkpoints", f"series={self.series}", "store", f"model={digest(self.model)}"
         )
+
+    @property
+    def outputs_index(self) -> str:
+        """The series' kept index of each id's latest output (pipeline/job/series_index.py)."""
+        return storage.join(self.output, "_checkpoints", f"series={self.series}", "outputs", "index.parquet")
 
     @property
     def earlier_outputs(self) -> str:

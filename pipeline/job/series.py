@@ -10,8 +10,9 @@ and a killed run resumes writing every fingerprint once.
 
 A changed row is drafted from its last output, its prediction (drafters/prediction.py): the latest
 output of its id, by the time its file was written. An index of every id's latest output (its file
-and row, from the outputs' id and error columns alone) is built in one task, and each block of rows
-to generate reads the texts of its own ids from it: a run costs what it generates, not the history.
+and row, from the outputs' id and error columns alone) is kept beside the series' runs and brought up
+to date in one task from the files written since (pipeline/job/series_index.py), and each block of
+rows to generate reads the texts of its own ids from it: a run costs what it generates, not the history.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ from ray import ObjectRef
 from pipeline import storage
 from pipeline.llm.checkpoint import InputIdCheckpointFilter
 from pipeline.config import Config
-from pipeline.job.output_files import SET_ASIDE, readable_columns
+from pipeline.job import series_index
+from pipeline.job.output_files import SET_ASIDE
 from pipeline.llm.row_values import python_value, request_key
 
 logger = logging.getLogger(__name__)
@@ -150,29 +152,32 @@ def output_files(runs_root: str) -> dict[str, int]:
 @dataclass(frozen=True)
 class LastOutputs:
     """A series' earlier outputs as a run drafts from them: where they are, and the index of each
-    id's latest one (`latest_outputs`), made by a task the run starts before it reads its input."""
+    id's latest one (`kept_latest`), brought up to date by a task the run starts before it reads its input."""
 
     runs_root: str
     index: ObjectRef
 
 
-def last_outputs(runs_root: str, cpus: float) -> LastOutputs | None:
-    """The series' earlier outputs under `runs_root`, their index started now in a task of `cpus`
-    (the blocks that generate wait for it): None where the series has none."""
+def last_outputs(runs_root: str, index_path: str, cpus: float) -> LastOutputs | None:
+    """The series' earlier outputs under `runs_root`, their kept index (at `index_path`) brought up
+    to date now in a task of `cpus` (the blocks that generate wait for it): None where the series
+    has none."""
     written = output_files(runs_root)
     if not written:
         return None
-    return LastOutputs(runs_root, ray.remote(latest_outputs).options(num_cpus=cpus).remote(runs_root, written))
+    task = ray.remote(kept_latest).options(num_cpus=cpus)
+    return LastOutputs(runs_root, task.remote(runs_root, index_path, written))
 
 
 def with_last_outputs(dataset: ray.data.Dataset, config: Config, last: LastOutputs, cpus: float) -> ray.data.Dataset:
     """`dataset`'s rows (those the run generates), each with LAST_OUTPUT: the generated text of its
     id's latest output among the series' earlier outputs (`last`), None where it has none.
 
-    One task reads the history's narrow columns (id, error) into an index of each id's latest
-    output, its file and row (`latest_outputs`); each block of rows to generate then looks its ids
-    up in it and reads only their texts, from the row groups that hold them (`attach_last`). Nothing
-    costs Python per unchanged row, and no text of an unchanged row is read."""
+    One task brings the series' kept index of each id's latest output (its file and row) up to date
+    from the files written since it was kept (their narrow columns, id and error: `kept_latest`);
+    each block of rows to generate then looks its ids up in it and reads only their texts, from the
+    row groups that hold them (`attach_last`). Nothing costs Python per unchanged row, and no text
+    of an unchanged row is read."""
     return dataset.map_batches(
         attach_last,
         fn_kwargs={"id_column": config.input.id_column, "index": [last.index], "runs_root": last.runs_root},
@@ -181,39 +186,20 @@ def with_last_outputs(dataset: ray.data.Dataset, config: Config, last: LastOutpu
     )
 
 
-INDEX = pa.schema([("key", pa.string()), ("file", pa.string()), ("row", pa.int64()), ("written", pa.int64())])
-
-
-def latest_outputs(runs_root: str, written: dict[str, int]) -> pa.Table:
-    """Per id among the files `written` ({path: when written}), its latest output that is no error
-    row: (key, file, row), sorted by key. A file that cannot be read (damaged after the run's check:
-    pipeline/job/output_files.py) is left out, with a warning: its ids draft from no last output."""
-    filesystem, _ = storage.resolve(runs_root)
-    tables = [INDEX.empty_table()]
-    for path, when in written.items():
-        table = readable_columns(filesystem, path, ["id", "error"])
-        if table is not None:
-            kept = np.flatnonzero(pc.is_null(table["error"]).to_numpy(zero_copy_only=False))
-            ids = table["id"].cast(pa.string()).take(pa.array(kept))
-            tables.append(
-                pa.table([ids, pa.repeat(path, len(kept)), kept, np.full(len(kept), when, np.int64)], schema=INDEX)
-            )
-    ordered = pa.concat_tables(tables).sort_by([("key", "ascending"), ("written", "descending"), ("row", "descending")])
-    keys = ordered["key"].combine_chunks()
-    if len(keys) == 0:
-        return ordered.select(["key", "file", "row"])
-    firsts = pa.concat_arrays([pa.array([True]), pc.fill_null(pc.not_equal(keys[1:], keys[:-1]), True)])
-    return ordered.filter(firsts).select(["key", "file", "row"])  # each id's newest
+def kept_latest(runs_root: str, index_path: str, written: dict[str, int]) -> pa.Table:
+    """Each id's latest output that is no error row among `written` ({file: when written}): (key, file,
+    row), from the series' kept index brought up to them (pipeline/job/series_index.py)."""
+    return series_index.latest(series_index.updated(runs_root, index_path, written), runs_root)
 
 
 def attach_last(table: pa.Table, id_column: str, index: list, runs_root: str) -> pa.Table:
-    """A block of rows to generate with LAST_OUTPUT (`index`: [the ObjectRef of latest_outputs])."""
+    """A block of rows to generate with LAST_OUTPUT (`index`: [the ObjectRef of kept_latest])."""
     keys = [request_key(value) for value in table[id_column].to_pylist()]
     return table.append_column(LAST_OUTPUT, pa.array(last_texts(keys, ray.get(index[0]), runs_root), pa.string()))
 
 
 def last_texts(keys: list[str], latest: pa.Table, runs_root: str) -> list:
-    """Each key's latest output text by `latest` (latest_outputs), read from the row groups of its
+    """Each key's latest output text by `latest` (kept_latest), read from the row groups of its
     file that hold it; None where it has none."""
     found = pc.index_in(pa.array(keys, pa.string()), value_set=latest["key"]).to_numpy(zero_copy_only=False)
     texts = [None] * len(keys)

@@ -1,0 +1,151 @@
+"""series-history: what a series' rerun costs to plan after a long history, without a model.
+
+    python -m jobs.benchmark series-history --documents 1000000 --runs 30 --edited 10000 \
+        --answer-tokens 128 --work-dir /tmp/history --out series_history.json
+
+It writes a synthetic history in the job's own output format (<work-dir>/series=history/run=<n>/:
+the first run every document in --files-per-run files, each later run --edited documents of them,
+chosen at random, in one file; answers of --answer-tokens tokens), keeps the series' index of last
+outputs as each night's run would (pipeline/job/series_index.py, untimed), then times the rerun's
+parts that grow with the corpus or the history, in one process:
+- `planning`: listing the series' output files and bringing the kept index up to the rerun's
+  outputs (the next night's start), then the last outputs of the edited ids (their texts, read from
+  the row groups that hold them);
+- `index_rebuild`: the same index built from every file, as before the index was kept (what each run
+  paid);
+- the process's peak memory (the driver's, where the job plans).
+The series' store (its suffix array over earlier outputs, pipeline/job/series_store.py) is not timed
+here: it is still rebuilt whole each run (issue 83).
+"""
+
+from __future__ import annotations
+
+import resource
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+SERIES = "history"
+
+
+def add_cli_args(parser) -> None:
+    parser.add_argument("--documents", type=int, default=100_000, help="documents in the corpus")
+    parser.add_argument("--runs", type=int, default=3, help="runs of history before the rerun")
+    parser.add_argument("--edited", type=int, default=10_000, help="documents edited each run, and in the rerun")
+    parser.add_argument("--answer-tokens", type=int, default=128, help="tokens per answer")
+    parser.add_argument("--files-per-run", type=int, default=16, help="files of the first run (a run's many writers)")
+    parser.add_argument(
+        "--work-dir",
+        default="",
+        help="where the history is written (removed first; default: a temporary one, removed after)",
+    )
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def answers(ids: np.ndarray, tokens: int, run: int, rng: np.random.Generator) -> pa.Table:
+    """The job's output rows for `ids` (the columns a series reads, and answers of `tokens` tokens)."""
+    count = len(ids)
+    flat = rng.integers(0, 49152, size=count * tokens, dtype=np.int32)
+    offsets = np.arange(0, count * tokens + 1, tokens, dtype=np.int32)
+    texts = pa.array([f"answer {i} of run {run} " * (tokens // 6) for i in ids])
+    return pa.table(
+        {
+            "id": pa.array(ids.astype(str)),
+            "fingerprint": pa.array([f"{i}:{run}" for i in ids]),
+            "generated_text": texts,
+            "generated_tokens": pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat)),
+            "error": pa.nulls(count, pa.string()),
+            "model": pa.array(["synthetic"] * count),
+        }
+    )
+
+
+def write_history(args, root: Path) -> list[dict]:
+    """The first run and args.runs - 1 nightly runs; the kept index brought up to each, as each
+    night's run does. Returns each run's write time."""
+    from pipeline.job.series import kept_latest, output_files
+
+    rng = np.random.default_rng(args.seed)
+    written = []
+    for run in range(args.runs):
+        started = time.perf_counter()
+        if run == 0:
+            parts = np.array_split(np.arange(args.documents), args.files_per_run)
+        else:
+            parts = [np.sort(rng.choice(args.documents, size=args.edited, replace=False))]
+        for part, ids in enumerate(parts):
+            path = root / f"run={run:04d}" / f"part-{part:04d}.parquet"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(answers(ids, args.answer_tokens, run, rng), path, row_group_size=8192)
+        kept_latest(str(root), index_path(root), output_files(str(root)))
+        written.append({"run": run, "rows": int(sum(len(p) for p in parts)), "seconds": time.perf_counter() - started})
+    return written
+
+
+def index_path(root: Path) -> str:
+    return str(root.parent / "_checkpoints" / f"series={SERIES}" / "outputs" / "index.parquet")
+
+
+def run(args) -> dict:
+    if args.work_dir:
+        shutil.rmtree(args.work_dir, ignore_errors=True)
+        return timed(args, Path(args.work_dir))
+    with tempfile.TemporaryDirectory(prefix="series-history-") as work:
+        return timed(args, Path(work))
+
+
+def timed(args, work: Path) -> dict:
+    from pipeline.job.series import kept_latest, last_texts, output_files
+
+    root = work / f"series={SERIES}"
+    started = time.perf_counter()
+    history = write_history(args, root)
+    write_seconds = time.perf_counter() - started
+    rng = np.random.default_rng(args.seed + 1)
+    edited = np.sort(rng.choice(args.documents, size=args.edited, replace=False))
+    keys = [str(i) for i in edited]
+    # The rerun: its outputs written, the next night's start brings the kept index up to them.
+    rerun = root / f"run={args.runs:04d}" / "part-0000.parquet"
+    rerun.parent.mkdir(parents=True)
+    pq.write_table(answers(edited, args.answer_tokens, args.runs, rng), rerun, row_group_size=8192)
+    timings = {}
+    started = time.perf_counter()
+    written = output_files(str(root))
+    timings["list_files"] = time.perf_counter() - started
+    latest = kept_latest(str(root), index_path(root), written)
+    timings["index_update"] = time.perf_counter() - started - timings["list_files"]
+    texts = last_texts(keys, latest, str(root))
+    timings["planning"] = time.perf_counter() - started
+    timings["last_texts"] = timings["planning"] - timings["index_update"] - timings["list_files"]
+    started = time.perf_counter()
+    rebuilt = kept_latest(str(root), str(work / "rebuilt-index.parquet"), written)
+    timings["index_rebuild"] = time.perf_counter() - started
+    assert last_texts(keys, rebuilt, str(root)) == texts  # the kept index says what a rebuilt one does
+    assert all(text is not None and f"of run {args.runs} " in text for text in texts)
+    return {
+        "documents": args.documents,
+        "runs": args.runs,
+        "edited": args.edited,
+        "answer_tokens": args.answer_tokens,
+        "files": len(written),
+        "history_write_seconds": round(write_seconds, 1),
+        "seconds": {name: round(value, 3) for name, value in timings.items()},
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "history": [{**h, "seconds": round(h["seconds"], 2)} for h in history],
+    }
+
+
+def markdown(report: dict) -> str:
+    s = report["seconds"]
+    return (
+        "| documents | runs | edited | files | planning (s) | of it: list | index update | last texts "
+        "| index rebuilt from every file (s) | peak RSS (MB) |\n|---|---|---|---|---|---|---|---|---|---|\n"
+        f"| {report['documents']:,} | {report['runs']} | {report['edited']:,} | {report['files']} | "
+        f"{s['planning']:.2f} | {s['list_files']:.2f} | {s['index_update']:.2f} | {s['last_texts']:.2f} | "
+        f"{s['index_rebuild']:.2f} | {report['peak_rss_mb']:,.0f} |\n"
+    )
