@@ -86,8 +86,8 @@ test-scale: install
 	$(PYTEST) -m scale tests
 
 # Our speculator in vLLM 0.34's real classes on this CPU (registry, the runner's calls, the prediction side
-# channel through its Sampler, a decode loop through its post_update) and the device kernels under Triton 3.8;
-# CI runs it after make test-slow.
+# channel through its Sampler, a decode loop through its post_update, sampled rows' keyed draws through its
+# Sampler and RejectionSampler) and the device kernels under Triton 3.8; CI runs it after make test-slow.
 test-vllm034: install-vllm034
 	$(INTERPRET) VLLM_TARGET_DEVICE=cpu $(VENV_V2)/bin/python -m pytest -q --durations=10 -p no:cacheprovider \
 	    tests/pipeline/engines/vllm/v2 tests/drafters/device

@@ -111,8 +111,8 @@ RULES = (
     ),
     # vLLM 0.34 on an H100, 8B model: the decode loop's accepted tokens on recorded greedy answers through
     # vLLM's own post_update, projected on the measured step, ours at H100_DRAFT_LENGTHS
-    # (docs/device-speculator.md). Sampled rows: not measured on 0.34, and without keyed draws there
-    # (issue 85) a switch of mode would change a seeded row's text, so auto neither drafts nor measures them.
+    # (docs/device-speculator.md). Sampled rows repeat far less than greedy ones and were not measured
+    # on 0.34: plain first, measured (a seed is one text in every mode there too: v2/keyed_draws.py).
     Rule(
         "gpu_v2",
         32,
@@ -157,9 +157,9 @@ RULES = (
         INF,
         None,
         PLAIN,
-        False,
-        "vLLM 0.34, sampled rows: not measured, and a switch of mode would change a seeded row's text "
-        "until the keyed draws run on vLLM 0.34 (issue 85)",
+        True,
+        "vLLM 0.34, sampled rows: drafts accepted far less often than on greedy ones, not measured there: "
+        "plain until measured, open",
         greedy=False,
     ),
     Rule("cpu", 4, None, DRAFTING, False, "this CPU at one request: ours 1.4-2.1x plain (live), 1.8-2.5x (projected)"),
@@ -371,7 +371,8 @@ class Chooser:
 
     def sampled(self) -> str | None:
         """The rows turned out sampled (a row's own temperature, or ray.data.llm's default of 1.0): the
-        run is sampled from here on, under its platform's rule for sampled rows, and any round ends."""
+        run is sampled from here on, under its platform's rule for sampled rows (a round measured on
+        greedy rows ends)."""
         self.greedy, self.round, self.to_measure = False, None, []
         if self.rule is None:
             return None

@@ -174,8 +174,10 @@ REACHES = {
         "hook",
         SPECULATOR_VERSIONS,
         "vllm.v1.worker.gpu.sample.logits_processor.LogitsProcessor (add_request with SamplingParams, "
-        "apply_staged_writes), named in ModelConfig.logits_processors",
-        "a request's prediction reaches the speculator: the speculator never sees SamplingParams",
+        "apply with LogitsContext's expanded_idx_mapping and pos, the request state's prompt_len), named in "
+        "ModelConfig.logits_processors",
+        "a request's prediction reaches the speculator (it never sees SamplingParams); a sampled request's "
+        "rows are drawn with keyed noise (v2/keyed_draws.py: vLLM's rejection sampler resamples otherwise)",
     ),
 }
 
@@ -422,6 +424,12 @@ def token_history(req_states) -> tuple:
     """(all_token_ids [slots, max_model_len] int32, total_len [slots] int32, prompt_len [slots] int32), on
     the device, from the runner's RequestState (REACHES: v2_request_state)."""
     return req_states.all_token_ids.gpu, req_states.total_len.gpu, req_states.prompt_len.gpu
+
+
+def slot_prompt_lengths(req_states) -> torch.Tensor:
+    """[slots] int32 on the device: each slot's prompt length, from a V2 logits processor's request
+    state, read at each step (vLLM replaces the buffer as it writes it; REACHES: v2_logits_processor)."""
+    return req_states.prompt_len.gpu
 
 
 def finished_slots(req_states, request_ids) -> tuple[list[int], list[int]]:

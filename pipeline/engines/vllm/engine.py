@@ -52,11 +52,10 @@ from pipeline.engines.vllm.compat import (
     uninstall_keyed_draws,
 )
 from pipeline.engines.vllm.feeder import EngineFeeder
-from pipeline.engines.vllm.versions import check_vllm_version
+from pipeline.engines.vllm.versions import check_vllm_version, runs_speculator
 from pipeline.engines.vllm.methods import (
     longest_draft,
-    runs_device_speculator,
-    speculative_arguments,
+    vllm_arguments,
     write_bigram_table,
 )
 from pipeline.engines.vllm.request_params import vllm_params, vllm_sampling
@@ -148,7 +147,7 @@ class VllmEngine:
         # Ours run as vLLM's proposer (0.32) or speculator (0.34); vLLM's own methods as vLLM has them.
         self.ours = self.drafts and decoder.drafter not in VLLM_METHODS
         # On 0.34 ours drafts on the device inside vLLM's model runner: nothing of it runs here.
-        self.hosted = self.ours and not runs_device_speculator()
+        self.hosted = self.ours and not runs_speculator()
         self.num_speculative_tokens = longest_draft(config, self.ours)  # vLLM's, fixed from the start
         # The model's bigram table, where the device speculator reads it as vLLM starts (removed at close).
         self.table_dir = Path(tempfile.mkdtemp(prefix="ngrammys-tables-")) if self.ours and not self.hosted else None
@@ -169,10 +168,10 @@ class VllmEngine:
         self.max_model_len = self.feeder.llm.llm_engine.model_config.max_model_len
         # Whether vLLM's sampling, on every worker, is now exact with drafts (cpu_sampling.py: vLLM
         # 0.32's CPU rejection sampler). If not, no request drafts in a step that runs a sampled one.
-        self.exact_sampling = not self.drafts or runs_device_speculator() or all(self.collective_rpc(check_worker))
-        if not runs_device_speculator():
+        self.exact_sampling = not self.drafts or runs_speculator() or all(self.collective_rpc(check_worker))
+        if not runs_speculator():
             # Sampled rows drawn with noise keyed by (seed, position), drafted or not (seeded_sampling.py;
-            # on vLLM 0.34 sampled rows draw with vLLM's own per-request seeds: issue 85).
+            # on vLLM 0.34 the keyed-draw processor draws them: v2/keyed_draws.py, named by methods.vllm_arguments).
             self.keyed_draws(True)
         if not self.exact_sampling:
             logger.warning(
@@ -187,10 +186,8 @@ class VllmEngine:
     def start(self, model_dir: str):
         from vllm import LLM  # after the environment is set
 
-        arguments = {}
-        if self.drafts:
-            arguments = speculative_arguments(self.config, self.num_speculative_tokens, self.ours, self.table_dir)
-        if not runs_device_speculator():
+        arguments = vllm_arguments(self.config, self.num_speculative_tokens, self.drafts, self.ours, self.table_dir)
+        if not runs_speculator():
             install()  # vLLM 0.32's CPU sampling corrected for the workers this starts (cpu_sampling.py)
         with llvmlite_set_aside():
             return self._llm(LLM, model_dir, arguments)
@@ -240,7 +237,7 @@ class VllmEngine:
         """Sampled rows drawn with keyed noise (on, the engine's way), or with vLLM's own draws and
         rejection sampler (off: the benchmark's comparison, jobs/benchmark/sampling.py). vLLM 0.32 only:
         they live in model runner V1's sampler."""
-        if runs_device_speculator():
+        if runs_speculator():
             raise RuntimeError("the keyed draws run on vLLM 0.32's model runner V1 only, not on vLLM 0.34")
         self.collective_rpc(install_keyed_draws if on else uninstall_keyed_draws)
 

@@ -16,16 +16,11 @@ import numpy as np
 
 from pipeline.config import Config
 from pipeline.config.drafter_kinds import VLLM_METHODS
-from pipeline.engines.vllm import versions
-from pipeline.engines.vllm.v2.plugin import H100_DRAFT_LENGTHS
+from pipeline.engines.vllm.versions import runs_speculator
+from pipeline.engines.vllm.v2.plugin import H100_DRAFT_LENGTHS, KEYED_DRAWS
 from pipeline.engines.vllm.v2.plugin import engine_arguments as speculator_arguments
 
 PROPOSER = "pipeline.engines.vllm.proposer.NgrammysProposer"
-
-
-def runs_device_speculator() -> bool:
-    """Whether the vLLM installed runs our drafter as a V2 device speculator (vLLM >= 0.34)."""
-    return versions.runs_speculator()
 
 
 # Our drafters the device speculator runs, and its sources for each: the request's own context always,
@@ -39,12 +34,24 @@ DEVICE_SOURCES = {
 }
 
 
+def vllm_arguments(
+    config: Config, num_speculative_tokens: int, drafts: bool, ours: bool, table_dir: Path | None
+) -> dict:
+    """vLLM's engine arguments for the config's mode on the vLLM installed: its speculative config
+    where it drafts (`speculative_arguments`), and on vLLM 0.34 the keyed-draw processor in every
+    mode (a sampled row is one text for its seed, plain or drafted: v2/keyed_draws.py)."""
+    arguments = speculative_arguments(config, num_speculative_tokens, ours, table_dir) if drafts else {}
+    if runs_speculator():
+        arguments["logits_processors"] = [KEYED_DRAWS, *arguments.get("logits_processors", [])]
+    return arguments
+
+
 def speculative_arguments(config: Config, num_speculative_tokens: int, ours: bool, table_dir: Path | None) -> dict:
     """vLLM's engine arguments (speculative_config, and on 0.34 the prediction processor) for the
     config's drafter at num_speculative_tokens, on the vLLM installed. `table_dir`: where the model's
     bigram table is written for the device speculator to read (`write_bigram_table`)."""
     decoder = config.decoder
-    if runs_device_speculator() and ours:
+    if runs_speculator() and ours:
         sources = DEVICE_SOURCES[decoder.drafter]
         options = {
             "max_depth": min(decoder.suffix_max_match, 127),
@@ -81,7 +88,7 @@ def longest_draft(config: Config, ours: bool) -> int:
     verify that many slots for every row): w, or under `w: auto` on GPU actors the longest of
     H100_DRAFT_LENGTHS."""
     w = config.decoder.w
-    if runs_device_speculator():
+    if runs_speculator():
         return longest_scheduled() if draft_lengths(config, w) is not None else w
     return max(w, config.engine.prediction_w) if ours else w
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import functools
 
 from pipeline.engines.base import SAMPLING_KEYS, EngineSampling, Request, RequestError
-from pipeline.engines.vllm.v2.options import PREDICTION_KEY
+from pipeline.engines.vllm.v2.options import KEYED_KEY, PREDICTION_KEY
+from pipeline.engines.vllm.versions import runs_speculator
 
 # vLLM SamplingParams keys refused here, each with why (any other goes to vLLM, which checks it).
 REFUSED_SAMPLING = {
@@ -33,8 +34,13 @@ def vllm_params(request: Request, max_tokens: int):
     sampling = request.sampling
     seed = None if sampling.greedy else sampling.seed
     common = (max_tokens, sampling.temperature, sampling.top_k, sampling.top_p, seed, tuple(request.stop))
-    plain = not (request.structured_outputs or request.engine_sampling or request.prediction)
+    keyed = not sampling.greedy and runs_speculator()
+    plain = not (request.structured_outputs or request.engine_sampling or request.prediction or keyed)
     own = {} if plain else own_settings(request)  # (its RequestError names the setting)
+    if keyed:  # vLLM 0.34: greedy in vLLM, drawn by our keyed-draw processor (v2/keyed_draws.py)
+        settings = {"temperature": sampling.temperature, "top_k": max(sampling.top_k, 0), "top_p": sampling.top_p}
+        own["extra_args"] = {**own.get("extra_args", {}), KEYED_KEY: {**settings, "seed": seed}}
+        common = (max_tokens, 0.0, 0, 1.0, None, tuple(request.stop))
     try:
         return shared_params(*common) if plain and seed is None else sampling_params(*common, **own)
     except (TypeError, ValueError, VLLMError) as error:

@@ -14,7 +14,8 @@ from pipeline.config.drafter_kinds import DRAFTER_KINDS, VLLM_METHODS
 from pipeline.engines.base import EngineKind
 from pipeline.engines.errors import ModelRefused
 from pipeline.engines.vllm.versions import CPU_VERSION, GPU_VERSION, check_vllm_version
-from pipeline.engines.vllm.methods import DEVICE_SOURCES, runs_device_speculator
+from pipeline.engines.vllm.methods import DEVICE_SOURCES
+from pipeline.engines.vllm.versions import runs_speculator
 
 NAME = "vllm"
 # `w: auto` on vLLM goes up to this (decoder.w's AUTO_MAX elsewhere): one row per request, where a
@@ -60,7 +61,7 @@ def checked(config: Config) -> Config:
 
 def check_drafter(config: Config) -> None:
     drafter = config.decoder.drafter
-    if runs_device_speculator():
+    if runs_speculator():
         require(
             drafter == "none" or drafter in VLLM_METHODS or drafter in DEVICE_SOURCES,
             "decoder.drafter",
@@ -126,14 +127,14 @@ def async_drafters(config: Config) -> tuple[str, ...]:
     vLLM 0.34 runs every method asynchronously, on the device: its suffix decoding and n-gram lookup."""
     if config.ray.num_gpus_per_actor == 0:
         return ()
-    return ("vllm_suffix", "vllm_ngram_gpu") if runs_device_speculator() else (NGRAM_GPU,)
+    return ("vllm_suffix", "vllm_ngram_gpu") if runs_speculator() else (NGRAM_GPU,)
 
 
 def platform(config: Config) -> str:
     """Whose speculation rules apply: vLLM 0.34 on GPU actors drafts every method on the device."""
     if config.ray.num_gpus_per_actor == 0:
         return "cpu"
-    return "gpu_v2" if runs_device_speculator() else "gpu"
+    return "gpu_v2" if runs_speculator() else "gpu"
 
 
 def concurrent_batches(config: Config) -> int:

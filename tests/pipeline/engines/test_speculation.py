@@ -71,12 +71,12 @@ def test_the_rule_reads_the_platform_the_engines_concurrency_and_the_rows_predic
     assert rule("gpu", 64).choice == NGRAM_GPU and not rule("gpu", 64).measure and rule("gpu", 64, True).measure
     assert rule("gpu", 256).choice == PLAIN
     # vLLM 0.34 (every method on the device): greedy rows draft up to 128 running (measured where chat
-    # loses), plain past it; sampled rows plain, unmeasured (no keyed draws there yet: issue 85).
+    # loses), plain past it; sampled rows plain until measured.
     assert rule("gpu_v2", 16).choice == speculation.DRAFTING and not rule("gpu_v2", 16).measure
     assert rule("gpu_v2", 64).measure and rule("gpu_v2", 64).choice == PLAIN
     assert rule("gpu_v2", 64, predictions=True).choice == speculation.DRAFTING and not rule("gpu_v2", 64, True).measure
     assert rule("gpu_v2", 256).choice == PLAIN
-    assert rule("gpu_v2", 16, greedy=False).choice == PLAIN and not rule("gpu_v2", 16, greedy=False).measure
+    assert rule("gpu_v2", 16, greedy=False).choice == PLAIN and rule("gpu_v2", 16, greedy=False).measure
     # On an engine without vLLM's ngram_gpu (the transformers engine on a GPU) the rule's ngram_gpu is plain.
     assert Chooser(("batch_suffix", PLAIN), "gpu", 64, 0.0, None).current == PLAIN
     # The engine's slots, bounded by the rows the actor holds at once and by the rows it will see.

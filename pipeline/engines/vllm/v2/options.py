@@ -12,6 +12,9 @@ from drafters.device.settings import DeviceSettings
 # SamplingParams.extra_args[PREDICTION_KEY]: a request's prediction's token ids, OpenAI's name, as the
 # vLLM 0.32 engine hands it to its proposer (request_params.py) and the 0.34 speculator reads it
 PREDICTION_KEY = "prediction"
+# SamplingParams.extra_args[KEYED_KEY]: a sampled request's {temperature, top_k, top_p, seed}, drawn by the
+# keyed-draw processor while vLLM runs the request as greedy (keyed_draws.py; the vLLM 0.34 engine writes it)
+KEYED_KEY = "ngrammys_keyed_sampling"
 
 
 @dataclass(frozen=True)

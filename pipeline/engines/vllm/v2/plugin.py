@@ -10,6 +10,7 @@ from pipeline.engines.vllm.v2.options import PREDICTION_KEY
 METHOD = "ngrammys"
 CONFIG = "pipeline.engines.vllm.v2.config.NgrammysSpeculatorConfig"
 PREDICTIONS = "pipeline.engines.vllm.v2.predictions:PredictionProcessor"  # vLLM: "<module>:<type>"
+KEYED_DRAWS = "pipeline.engines.vllm.v2.keyed_draws:KeyedDrawProcessor"  # a seed is a text (keyed_draws.py)
 # A draft length by running requests for an 8B model on an H100, from the projection of the decode
 # loop's measured acceptance onto the H100's measured step (docs/device-speculator.md): 8 tokens while
 # few requests run, 3 around 64, none (plain decoding, ours off inside the engine) past 128, where

@@ -94,10 +94,39 @@ def test_on_vllm_034_auto_chooses_among_ours_vllms_suffix_ngram_and_plain_by_its
     at16 = ["ray.num_gpus_per_actor=1", "engine.max_num_seqs=16"]
     greedy = speculation.chooser(vllm(*at16), None)
     assert greedy.greedy and greedy.rule.platform == "gpu_v2" and greedy.current == "batch_suffix"
-    # Sampled rows on vLLM 0.34: plain, never measured (a switch would change a seeded row's text).
+    # Sampled rows on vLLM 0.34: plain until measured.
     sampled = speculation.chooser(vllm(*at16, "decoder.temperature=0.7"), None)
-    assert sampled.current == speculation.PLAIN and not sampled.measures
+    assert sampled.current == speculation.PLAIN and sampled.measures and not sampled.greedy
     # A greedy run whose rows turn out sampled (their own temperature) goes plain at its first sampled batch.
     assert greedy.observe(1.0, 100, 8, 0, sampled_rows=0) is None
     assert greedy.observe(2.0, 100, 8, 0, sampled_rows=3) == speculation.PLAIN and not greedy.greedy
     assert greedy.switches[-1]["why"] == "sampled rows"
+
+
+def test_on_vllm_034_every_mode_draws_sampled_rows_with_keyed_noise(vllm034):
+    from drafters.primitives.sampling import SamplingParams
+    from pipeline.engines.base import Request
+    from pipeline.engines.vllm.methods import vllm_arguments
+    from pipeline.engines.vllm.request_params import vllm_params
+    from pipeline.engines.vllm.v2.options import KEYED_KEY
+    from pipeline.engines.vllm.v2.plugin import KEYED_DRAWS, PREDICTIONS
+
+    assert vllm_arguments(vllm("decoder.drafter=none"), 0, False, False, None) == {"logits_processors": [KEYED_DRAWS]}
+    ours = vllm_arguments(vllm("decoder.w=4"), 4, True, True, None)
+    assert ours["logits_processors"] == [KEYED_DRAWS, PREDICTIONS]
+    sampled = Request("r", [1, 2], 8, sampling=SamplingParams(temperature=0.7, top_k=5, top_p=0.9, seed=11))
+    params = vllm_params(sampled, 8)  # greedy in vLLM, drawn by the processor
+    assert params.temperature == 0 and params.seed is None
+    assert params.extra_args[KEYED_KEY] == {"temperature": 0.7, "top_k": 5, "top_p": 0.9, "seed": 11}
+    assert vllm_params(Request("g", [1, 2], 8), 8).extra_args is None  # greedy rows as they are
+
+
+def test_on_vllm_032_sampled_rows_keep_vllms_settings_and_no_processor_is_named():
+    from drafters.primitives.sampling import SamplingParams
+    from pipeline.engines.base import Request
+    from pipeline.engines.vllm.methods import vllm_arguments
+    from pipeline.engines.vllm.request_params import vllm_params
+
+    assert vllm_arguments(vllm("decoder.drafter=none"), 0, False, False, None) == {}
+    params = vllm_params(Request("r", [1, 2], 8, sampling=SamplingParams(temperature=0.7, seed=11)), 8)
+    assert (params.temperature, params.seed, params.extra_args) == (0.7, 11, None)
