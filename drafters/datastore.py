@@ -154,10 +154,8 @@ def build_datastore(
     token_lists: Iterable[Sequence[int] | np.ndarray],
     out_dir: str | os.PathLike,
     meta: dict,
-    previous: Datastore | None = None,
 ) -> Datastore:
-    """Joins the documents (after `previous`'s, where given: a store extended), builds the suffix
-    array, writes the datastore to out_dir and opens it.
+    """Joins the documents, builds the suffix array, writes the datastore to out_dir and opens it.
 
     Files are written into a temporary directory next to out_dir and renamed at the end, so a
     crash never leaves a half-written datastore. `meta` (the model name, fingerprint, vocab size,
@@ -166,10 +164,6 @@ def build_datastore(
     out_dir = Path(out_dir).expanduser()
     started = time.perf_counter()
     tokens, num_documents, num_empty = concatenate_documents(token_lists)
-    if previous is not None:
-        tokens = np.concatenate([np.asarray(previous.tokens), np.array([SEPARATOR], dtype=np.uint32), tokens])
-        num_documents += previous.meta["num_documents"]
-        num_empty += previous.meta["num_empty_documents"]
     concatenated = time.perf_counter()
     suffix_array = build_suffix_array(tokens)
     sorted_at = time.perf_counter()

@@ -37,8 +37,7 @@ def add_cli_args(parser) -> None:
 
 def speculative_arguments(method: str, k: int, bigram_table: str, keyed: bool) -> dict:
     """The engine arguments that run `method` (`keyed`: with the keyed-draw processor, as the job does)."""
-    from pipeline.engines.vllm import H100_DRAFT_LENGTHS, speculator_arguments
-    from pipeline.engines.vllm.v2.plugin import KEYED_DRAWS
+    from pipeline.engines.vllm import H100_DRAFT_LENGTHS, KEYED_DRAWS, speculator_arguments
 
     arguments = {}
     if method == "suffix":
@@ -55,7 +54,7 @@ def sampling(args, index: int, keyed: bool):
     """Row `index`'s SamplingParams: greedy, or sampled with seed `index` (keyed: as the job runs it)."""
     from vllm import SamplingParams
 
-    from pipeline.engines.vllm.v2.options import KEYED_KEY
+    from pipeline.engines.vllm import KEYED_KEY
 
     common = dict(max_tokens=args.max_new_tokens, logprobs=0 if args.temperature else None)
     if not args.temperature:

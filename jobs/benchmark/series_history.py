@@ -14,8 +14,9 @@ parts that grow with the corpus or the history, in one process:
 - `index_rebuild`: the same index built from every file, as before the index was kept (what each run
   paid);
 - the process's peak memory (the driver's, where the job plans).
-The series' store (its suffix array over earlier outputs, pipeline/job/series_store.py) is not timed
-here: it is still rebuilt whole each run (issue 83).
+- with --store, the series' store (pipeline/job/series_store.py, at most --store-tokens tokens): its
+  update with the rerun's outputs (the store kept from the history, untimed), against a store built
+  from every file (what each run paid before the store kept one output per id).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ def add_cli_args(parser) -> None:
         help="where the history is written (removed first; default: a temporary one, removed after)",
     )
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--store", action="store_true", help="time the series' store's update too")
+    parser.add_argument("--store-tokens", type=int, default=1 << 26, help="job.store_tokens")
 
 
 def answers(ids: np.ndarray, tokens: int, run: int, rng: np.random.Generator) -> pa.Table:
@@ -127,7 +130,9 @@ def timed(args, work: Path) -> dict:
     timings["index_rebuild"] = time.perf_counter() - started
     assert last_texts(keys, rebuilt, str(root)) == texts  # the kept index says what a rebuilt one does
     assert all(text is not None and f"of run {args.runs} " in text for text in texts)
+    store = timed_store(args, work, rerun) if args.store else None
     return {
+        "store": store,
         "documents": args.documents,
         "runs": args.runs,
         "edited": args.edited,
@@ -137,6 +142,47 @@ def timed(args, work: Path) -> dict:
         "seconds": {name: round(value, 3) for name, value in timings.items()},
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "history": [{**h, "seconds": round(h["seconds"], 2)} for h in history],
+    }
+
+
+def timed_store(args, work: Path, rerun: Path) -> dict:
+    """The store kept from the history (the rerun's file set aside meanwhile), then its update with the
+    rerun's outputs, and a store built from every file, timed."""
+    from pipeline.config import load_config
+    from pipeline.job.run import RunPaths
+    from pipeline.job.series_store import extend_store
+
+    extend = extend_store._function  # the Ray task's body, in this process
+    config = load_config(
+        overrides=[
+            "model.name=synthetic",
+            f"job.output={work}",
+            f"job.series={SERIES}",
+            f"job.store_tokens={args.store_tokens}",
+        ]
+    )
+    paths = RunPaths.of(config, "rerun")
+    aside = work / "rerun.parquet"
+    rerun.rename(aside)
+    kept = extend(config, paths)
+    aside.rename(rerun)
+    started = time.perf_counter()
+    updated = extend(config, paths)
+    update_seconds = time.perf_counter() - started
+    fresh = RunPaths(paths.output, "rerun", f"{SERIES}-fresh", "synthetic")
+    (work / f"series={SERIES}-fresh").symlink_to(work / f"series={SERIES}")
+    started = time.perf_counter()
+    built = extend(config, fresh)
+    build_seconds = time.perf_counter() - started
+    assert built["documents"] == updated["documents"] and built["tokens"] == updated["tokens"]
+    return {
+        "store_tokens": args.store_tokens,
+        "documents": updated["documents"],
+        "tokens": updated["tokens"],
+        "kept_from_history": {key: kept[key] for key in ("documents", "tokens")},
+        "update": {key: updated.get(key) for key in ("added", "superseded", "dropped_for_size")},
+        "update_seconds": round(update_seconds, 2),
+        "full_build_seconds": round(build_seconds, 2),
     }
 
 

@@ -23,6 +23,7 @@ from pipeline.config.typed import ConfigError
 from pipeline.config.typed import require as _require
 from pipeline.config.drafter_kinds import DRAFTER_KINDS
 from pipeline.config.vllm_arguments import VLLM_ARGUMENTS
+from pipeline.config.job import JobConfig
 
 # The largest k and w a `k: auto` / `w: auto` decoder may choose (an engine may raise w's: the vLLM
 # engine's drafts cost only their tokens, pipeline/engines/vllm/settings.py).
@@ -400,30 +401,6 @@ class InputConfig:
         )
         _require(self.limit >= 0, "input.limit", "an integer >= 0")
         _require(self.on_bad_line in ("error_row", "fail"), "input.on_bad_line", "'error_row' or 'fail'")
-
-
-@dataclass(frozen=True)
-class JobConfig:
-    # Outputs go under <output>/run=<run_id>/; re-running a run id skips ids already written.
-    output: str = "outputs"
-    # "" starts a new run named after the current UTC time.
-    run_id: str = ""
-    # The job fails once more rows than this have failed; -1 never fails for row errors.
-    max_errored_rows: int = -1
-    # A named series of runs (a nightly job over a growing corpus): its runs write under
-    # <output>/series=<name>/run=<run_id>/, and a run generates only the ids no earlier run of the
-    # series generated unchanged (pipeline/job/series.py, by row fingerprint); "" : a lone run.
-    series: str = ""
-
-    def __post_init__(self):
-        _require(bool(self.output), "job.output", "a directory path")
-        _require(
-            "/" not in self.series and ".." not in self.series and "=" not in self.series,
-            "job.series",
-            "a name without '/', '..' or '='",
-        )
-        _require(self.max_errored_rows >= -1, "job.max_errored_rows", "-1 (never fail) or an integer >= 0")
-        _require("/" not in self.run_id and ".." not in self.run_id, "job.run_id", "a name without '/' or '..'")
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """A series' store of its earlier outputs, kept by the job: a series drafts from its history with
 no manual step.
 
-After each run of a series the job extends the series' store with the generated tokens of every
-run it does not hold yet (this run's, and a killed run's that was never resumed): a token datastore
+After each run of a series the job brings the series' store up to the files it does not hold yet
+(this run's, and a killed run's that was never resumed), reading those files only. The store holds
+one output per id, the newest (an edited row's new answer replaces its old one), and at most
+job.store_tokens tokens (when full, the oldest outputs go): a token datastore
 (drafters/datastore.py) under <output>/_checkpoints/series=<name>/store/model=<digest of the model>/,
 one directory per version (`v=<time>`) and a file `CURRENT` naming the newest, written last, so a
 run killed while extending leaves the version before it in use. The next run of the series drafts
@@ -21,7 +23,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 import ray
 
 from drafters.datastore import Datastore, build_datastore
@@ -55,36 +60,128 @@ def with_series_store(config: Config, root: str) -> Config:
     return dataclasses.replace(config, decoder=decoder) if version and needs_datastore(decoder) else config
 
 
+DOCUMENTS = "documents.parquet"  # beside a version's arrays: each document's id, when written, its length
+
+
 @ray.remote
 def extend_store(config: Config, paths: RunPaths) -> dict | None:
-    """Extends the series' store with this model's outputs in the files of the series' runs it does
-    not hold (a resumed run's later files too); returns its size (None while nothing is generated)."""
+    """Brings the series' store up to the outputs of its runs' files it does not hold (a resumed
+    run's later files too): their newest output per id (this model's, no error) replaces the id's
+    older one, and where the store would hold more than job.store_tokens tokens its oldest outputs
+    go. Reads the new files only; returns the store's size (None while nothing is generated)."""
     root, runs_root = paths.store, paths.runs_root
     version = current_version(root)
-    previous = Datastore.open(local_datastore(config, version)) if version else None
+    local = local_datastore(config, version) if version else None
+    previous, stored = (Datastore.open(local), stored_documents(local)) if local else (None, None)
+    if stored is None:  # none yet, or a store written before it kept its documents: built from every run
+        previous = None
     inner = storage.resolve(runs_root)[1]
     held = {under(path, inner) for path in previous.meta["files"]} if previous else set()
-    files = sorted({under(path, inner) for path in output_files(runs_root)} - held)
-    documents = generated_tokens(runs_root, [f"{inner}/{name}" for name in files], config.model.name)
-    started = time.perf_counter()
-    if documents:
-        with tempfile.TemporaryDirectory() as staging:
-            meta = {"model": config.model.name, "series": config.job.series, "files": sorted(held | set(files))}
-            previous = build_datastore(documents, Path(staging) / "store", meta, previous)
-            version = storage.join(root, f"v={time.time_ns()}")
-            storage.copy_directory(str(Path(staging) / "store"), version)
-        storage.write_text(storage.join(root, "CURRENT"), version.rsplit("/", 1)[1] + "\n")
-        drop_old_versions(root, version.rsplit("/", 1)[1])
-    if previous is None:
+    written = {under(path, inner): when for path, when in output_files(runs_root).items()}
+    new_files = {name: when for name, when in written.items() if name not in held}
+    started, counts = time.perf_counter(), {}
+    meta = previous.meta if previous is not None else None
+    if new_files:
+        new = newest_outputs(runs_root, new_files, config.model.name)
+        documents, counts = kept_documents(previous, stored, new, config.job.store_tokens)
+        if documents:
+            files = sorted(held | set(new_files))
+            version, meta = write_version(
+                root, documents, {"model": config.model.name, "series": config.job.series, "files": files}
+            )
+    if meta is None:
         return None
-    runs = {match.group(1) for match in map(RUN.search, ("/" + name for name in previous.meta["files"])) if match}
+    runs = {match.group(1) for match in map(RUN.search, ("/" + name for name in meta["files"])) if match}
     return {
         "path": version,
         "runs": len(runs),
-        "documents": previous.meta["num_documents"],
-        "tokens": previous.meta["num_tokens"],
+        "documents": meta["num_documents"],
+        "tokens": meta["num_tokens"],
+        **counts,
         "extend_seconds": round(time.perf_counter() - started, 3),
     }
+
+
+def stored_documents(local: str) -> pa.Table | None:
+    """A version's documents (key, written, length), in the order of its tokens; None where it has none."""
+    path = Path(local) / DOCUMENTS
+    return pq.read_table(path) if path.is_file() else None
+
+
+def newest_outputs(runs_root: str, files: dict[str, int], model: str) -> dict[str, tuple[int, np.ndarray]]:
+    """{id: (when its file was written, its generated tokens)}: each id's newest output that `model`
+    generated without an error in `files` ({file under the runs root: when written}). A file without
+    an id column (written by hand) keys each row by its place."""
+    filesystem, inner = storage.resolve(runs_root)
+    newest: dict[str, tuple[int, np.ndarray]] = {}
+    for name, when in sorted(files.items(), key=lambda item: item[1]):
+        path = f"{inner}/{name}"
+        table = readable_columns(filesystem, path, ["generated_tokens", "error", "model", *id_column(filesystem, path)])
+        if table is None:  # damaged after the run's check (pipeline/job/output_files.py): left out
+            continue
+        kept = pc.and_(pc.is_null(table["error"]), pc.equal(table["model"], model)).to_numpy(zero_copy_only=False)
+        keys = table["id"].cast(pa.string()).to_pylist() if "id" in table.column_names else None
+        for row in np.flatnonzero(kept):
+            tokens = np.asarray(table["generated_tokens"][int(row)].values, dtype=np.uint32)
+            if len(tokens):
+                newest[keys[row] if keys is not None else f"{name}#{row}"] = (when, tokens)
+    return newest
+
+
+def id_column(filesystem, path: str) -> list[str]:
+    try:
+        return ["id"] if "id" in pq.read_schema(path, filesystem=filesystem).names else []
+    except (OSError, ValueError):
+        return []  # (readable_columns then names the damage)
+
+
+def kept_documents(previous, stored, new: dict, limit: int) -> tuple[list, dict]:
+    """The documents of the next version, oldest first, as (key, written, tokens): the previous
+    version's whose id has no new output, then the new ones; the oldest dropped while they hold more
+    than `limit` tokens. Returns them and how many were added, superseded and dropped."""
+    documents = []
+    superseded = 0
+    if previous is not None:
+        lengths = stored["length"].to_numpy()
+        starts = np.concatenate([[0], np.cumsum(lengths + 1)[:-1]])
+        tokens = previous.tokens
+        for key, when, start, length in zip(stored["key"].to_pylist(), stored["written"].to_numpy(), starts, lengths):
+            if key in new:
+                superseded += 1
+            else:
+                documents.append((key, int(when), tokens[start : start + length]))
+    documents += sorted(((key, when, tokens) for key, (when, tokens) in new.items()), key=lambda d: d[1])
+    total, first = sum(len(d[2]) for d in documents), 0
+    while total > limit and first < len(documents):
+        total -= len(documents[first][2])
+        first += 1
+    counts = {"added": len(new), "superseded": superseded, "dropped_for_size": first}
+    return documents[first:], counts
+
+
+def write_version(root: str, documents: list, meta: dict) -> tuple[str, dict]:
+    """A new version of the store from `documents`, written beside the old ones, then named CURRENT
+    (last: a run killed before leaves the version before in use); the older versions removed.
+    Returns its path and its meta.json."""
+    name = f"v={time.time_ns()}"
+    with tempfile.TemporaryDirectory() as staging:
+        local = Path(staging) / "store"
+        store = build_datastore([tokens for _, _, tokens in documents], local, meta)
+        pq.write_table(
+            pa.table(
+                {
+                    "key": pa.array([key for key, _, _ in documents], pa.string()),
+                    "written": pa.array([when for _, when, _ in documents], pa.int64()),
+                    "length": pa.array([len(tokens) for _, _, tokens in documents], pa.int64()),
+                }
+            ),
+            local / DOCUMENTS,
+        )
+        version = storage.join(root, name)
+        storage.copy_directory(str(local), version)
+    storage.write_text(storage.join(root, "CURRENT"), name + "\n")
+    drop_old_versions(root, name)
+    return version, store.meta
 
 
 def under(path: str, runs_root: str) -> str:
@@ -94,19 +191,6 @@ def under(path: str, runs_root: str) -> str:
     the same.)"""
     prefix = runs_root.rstrip("/") + "/"
     return path[len(prefix) :] if path.startswith(prefix) else path
-
-
-def generated_tokens(runs_root: str, paths: list[str], model: str) -> list[list[int]]:
-    """The generated tokens of the rows `model` generated (not errored, not empty) in the files `paths`."""
-    filesystem, _ = storage.resolve(runs_root)
-    found = []
-    for path in paths:
-        table = readable_columns(filesystem, path, ["generated_tokens", "error", "model"])
-        if table is None:  # damaged after the run's check (pipeline/job/output_files.py): left out
-            continue
-        kept = pc.and_(pc.is_null(table["error"]), pc.equal(table["model"], model))
-        found += [tokens for tokens in table.filter(kept)["generated_tokens"].to_pylist() if tokens]
-    return found
 
 
 def drop_old_versions(root: str, kept: str) -> None:

@@ -100,3 +100,43 @@ def test_a_series_copied_elsewhere_finds_its_store_holding_its_files(tmp_path):
     extended = extend(copied, paths)
     assert (extended["runs"], extended["documents"]) == (2, 3)
     assert sorted(documents(Datastore.open(extended["path"]))) == [[1, 2, 3], [4, 5], [6, 7]]
+
+
+def write_ids(runs_root, run_id: str, rows: list[tuple[str, list[int]]]) -> None:
+    directory = runs_root / f"run={run_id}"
+    directory.mkdir(parents=True, exist_ok=True)
+    pq.write_table(
+        pa.table(
+            {
+                "id": [key for key, _ in rows],
+                "generated_tokens": pa.array([tokens for _, tokens in rows], pa.list_(pa.int64())),
+                "error": pa.nulls(len(rows), pa.string()),
+                "model": [MODEL] * len(rows),
+            }
+        ),
+        directory / "0.parquet",
+    )
+
+
+def test_the_store_holds_one_output_per_id_reads_only_new_files_and_keeps_the_newest_when_full(tmp_path, monkeypatch):
+    from pipeline.job import series_store
+
+    config = load_config(overrides=[f"job.output={tmp_path / 'out'}", "job.series=nightly", "job.store_tokens=8"])
+    paths, runs_root = RunPaths.of(config, "unused"), tmp_path / "out" / "series=nightly"
+    write_ids(runs_root, "r1", [("a", [1, 1]), ("b", [2, 2]), ("c", [3, 3])])
+    assert extend(config, paths)["documents"] == 3
+    read = []
+    original = series_store.readable_columns
+    monkeypatch.setattr(
+        series_store, "readable_columns", lambda fs, path, *a: read.append(path) or original(fs, path, *a)
+    )
+    write_ids(runs_root, "r2", [("b", [4, 4, 4]), ("d", [5])])  # b edited: its new answer replaces the old
+    second = extend(config, paths)
+    assert [path.rsplit("/", 2)[-2] for path in read] == ["run=r2"]  # the first run's file is not read again
+    assert sorted(documents(Datastore.open(second["path"]))) == [[1, 1], [3, 3], [4, 4, 4], [5]]
+    assert (second["added"], second["superseded"], second["dropped_for_size"]) == (2, 1, 0)
+    # Past job.store_tokens (8) the oldest outputs go: a's, then c's.
+    write_ids(runs_root, "r3", [("e", [6, 6, 6])])
+    third = extend(config, paths)
+    assert documents(Datastore.open(third["path"])) == [[4, 4, 4], [5], [6, 6, 6]]
+    assert (third["documents"], third["tokens"], third["dropped_for_size"]) == (3, 7, 2)
