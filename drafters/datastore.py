@@ -8,7 +8,10 @@ search: drafters/suffix/store_search.py, compiled).
 
 On disk a datastore is a directory with `tokens.npy`, `suffix_array.npy` (memory-mapped when
 opened, so a 50 MB datastore costs no load time) and `meta.json`. Build one with
-`python -m jobs.build_datastore`.
+`python -m jobs.build_datastore`. A store of segments (a series' store: pipeline/job/series_store.py)
+is a directory with a meta.json alone, whose "segments" names datastores beside it (or, in a local
+copy, inside it): opened, they are joined, each segment's suffix array searched on its own
+(drafters/suffix/store_search.py).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 # SEPARATOR: written between documents (store_search.py says why it can be).
-from drafters.suffix.store_search import SEPARATOR, gather_continuations, longest_match
+from drafters.suffix.store_search import SEPARATOR, gather_continuations, longest_match, whole
 
 FORMAT_VERSION = 1
 FILES = ("tokens.npy", "suffix_array.npy", "meta.json")
@@ -38,6 +41,8 @@ class Datastore:
     # [N] int32 (int64 past 2**31 tokens): positions of `tokens` sorted by the suffix starting there.
     suffix_array: np.ndarray
     meta: dict  # meta.json: sizes, build times, and the model/tokenizer it was built for
+    # [S, 2] int64: each segment's suffix-array range, oldest first (None: one segment, the whole array)
+    segments: np.ndarray | None = None
 
     def __post_init__(self):
         assert self.tokens.ndim == 1 and self.tokens.dtype == np.uint32, (
@@ -46,14 +51,25 @@ class Datastore:
         assert self.suffix_array.shape == self.tokens.shape, (
             f"suffix array {self.suffix_array.shape} does not match tokens {self.tokens.shape}"
         )
+        if self.segments is None:
+            object.__setattr__(self, "segments", whole(self.suffix_array))
 
     def __len__(self) -> int:
         return len(self.tokens)
 
     @classmethod
     def open(cls, directory: str | os.PathLike) -> Datastore:
-        """Maps the arrays read-only (no copy into memory) and reads meta.json."""
+        """Maps the arrays read-only (no copy into memory) and reads meta.json; a store of segments
+        is opened segment by segment and joined (a copy)."""
         directory = Path(directory).expanduser()
+        meta_path = directory / "meta.json"
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+        if "segments" in meta:
+            found = [
+                directory / name if (directory / name).is_dir() else directory.parent / name
+                for name in meta["segments"]
+            ]
+            return cls.join([cls.open(path) for path in found], meta)
         for name in FILES:
             if not (directory / name).is_file():
                 raise FileNotFoundError(f"datastore file {directory / name} does not exist; {BUILD_HINT}")
@@ -61,6 +77,27 @@ class Datastore:
         suffix_array = np.load(directory / "suffix_array.npy", mmap_mode="r", allow_pickle=False)
         meta = json.loads((directory / "meta.json").read_text())
         return cls(tokens=tokens, suffix_array=suffix_array, meta=meta)
+
+    @classmethod
+    def join(cls, stores: list[Datastore], meta: dict) -> Datastore:
+        """One store of `stores`' segments, oldest first: their tokens one after the other, their
+        suffix arrays too (positions moved with their tokens). Each but the last must end with a
+        SEPARATOR (build_datastore(..., closed=True)): its suffixes were sorted as ending there,
+        which they still do, whatever follows."""
+        tokens, arrays, segments, offset, index = [], [], [], 0, 0
+        for number, store in enumerate(stores):
+            closed = len(store.tokens) == 0 or store.tokens[-1] == SEPARATOR
+            assert closed or number == len(stores) - 1, "a segment joined before another must end with SEPARATOR"
+            for lo, hi in np.asarray(store.segments):
+                arrays.append(np.asarray(store.suffix_array[lo:hi], dtype=np.int64) + offset)
+                segments.append((index, index + hi - lo))
+                index += hi - lo
+            tokens.append(np.asarray(store.tokens))
+            offset += len(store.tokens)
+        joined = np.concatenate(tokens) if tokens else np.zeros(0, np.uint32)
+        suffix_array = np.concatenate(arrays) if arrays else np.zeros(0, np.int64)
+        dtype = np.int32 if len(joined) < 2**31 else np.int64
+        return cls(joined, suffix_array.astype(dtype), meta, np.array(segments, dtype=np.int64).reshape(-1, 2))
 
     # The lookups read the maps as plain arrays: indexing an np.memmap wraps every slice in a new
     # memmap object, which tripled the cost of a step's binary searches.
@@ -70,7 +107,8 @@ class Datastore:
         SEPARATOR, so a match never crosses a document's end."""
         assert min_len >= 1, f"min_len must be >= 1, got {min_len}"
         values = np.asarray(context[-max_len:] if max_len > 0 else [], dtype=np.int64)
-        length, lo, hi = longest_match(np.asarray(self.tokens), np.asarray(self.suffix_array), values, max_len, min_len)
+        tokens, suffix_array = np.asarray(self.tokens), np.asarray(self.suffix_array)
+        length, lo, hi = longest_match(tokens, suffix_array, self.segments, values, max_len, min_len)
         return int(length), int(lo), int(hi)
 
     def continuations(
@@ -154,8 +192,10 @@ def build_datastore(
     token_lists: Iterable[Sequence[int] | np.ndarray],
     out_dir: str | os.PathLike,
     meta: dict,
+    closed: bool = False,
 ) -> Datastore:
     """Joins the documents, builds the suffix array, writes the datastore to out_dir and opens it.
+    `closed`: a SEPARATOR after the last document too (a segment that others may be joined after).
 
     Files are written into a temporary directory next to out_dir and renamed at the end, so a
     crash never leaves a half-written datastore. `meta` (the model name, fingerprint, vocab size,
@@ -164,6 +204,8 @@ def build_datastore(
     out_dir = Path(out_dir).expanduser()
     started = time.perf_counter()
     tokens, num_documents, num_empty = concatenate_documents(token_lists)
+    if closed:  # a segment of a store: its suffixes end at its end, whatever is joined after it
+        tokens = np.concatenate([tokens, np.array([SEPARATOR], dtype=np.uint32)])
     concatenated = time.perf_counter()
     suffix_array = build_suffix_array(tokens)
     sorted_at = time.perf_counter()
@@ -176,7 +218,7 @@ def build_datastore(
             **meta,
             "format_version": FORMAT_VERSION,
             "separator": int(SEPARATOR),
-            "num_tokens": int(len(tokens) - (num_documents - 1)),  # corpus tokens, separators excluded
+            "num_tokens": int(len(tokens) - (num_documents - 1) - closed),  # corpus tokens, separators excluded
             "array_length": int(len(tokens)),
             "num_documents": num_documents,
             "num_empty_documents": num_empty,

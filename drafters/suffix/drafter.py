@@ -64,7 +64,7 @@ from drafters.suffix.state import (
     settings_values,
 )
 from drafters.suffix.step import step
-from drafters.suffix.store_search import store_ranges
+from drafters.suffix.store_search import store_ranges, whole
 
 if TYPE_CHECKING:
     from drafters.datastore import Datastore  # (it imports this package's search)
@@ -130,7 +130,10 @@ class BatchSuffixDrafter:
         self.store_tokens = _read_only(store.tokens if store is not None else np.zeros(0, np.uint32))
         self.suffix_array = _read_only(store.suffix_array if store is not None else np.zeros(0, np.int32))
         # the store's q-grams (q its shortest match) and their suffix-array ranges: where searches start
-        self.store_ranges = store_ranges(self.store_tokens, self.suffix_array, self.settings.store_min_match)
+        self.store_segments = store.segments if store is not None else whole(self.suffix_array)
+        self.store_ranges = store_ranges(
+            self.store_tokens, self.suffix_array, self.settings.store_min_match, self.store_segments
+        )
         self.slot_of: dict[object, int] = {}
         self.free: list[int] = []
         self.finished: list[tuple[int, list[int]]] = []
@@ -220,6 +223,7 @@ class BatchSuffixDrafter:
             store=self.store_tokens,
             suffix_array=self.suffix_array,
             store_ranges=self.store_ranges,
+            store_segments=self.store_segments,
             logs=self.logs,
             **settings_values(self.settings),
             out_tokens=self._out.tokens,

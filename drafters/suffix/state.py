@@ -16,7 +16,7 @@ Layout of the arrays (drafter.py's BatchSuffixDrafter makes them):
 - weights, prior [F]; ring_x [R, F], ring_y [R]: the acceptance model and its judged tokens;
 - calibration [2, CALIBRATION_DEPTHS, CALIBRATION_BINS]: the drafts' judged tokens by depth and by
   the probability they were given (drafters/budget.py), what the budget weighs them by;
-- store, suffix_array, store_ranges: earlier runs' outputs (store_search.py).
+- store, suffix_array, store_ranges, store_segments: earlier runs' outputs (store_search.py).
 """
 
 from __future__ import annotations
@@ -76,6 +76,7 @@ ARRAYS = (
     "store",
     "suffix_array",
     "store_ranges",
+    "store_segments",
     "logs",
 )
 OUTPUTS_FIELDS = ("out_tokens", "out_lengths", "out_confidence", "out_strategy")

@@ -18,10 +18,9 @@ The store changes the speed, never a row's fingerprint: fingerprints come from t
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
-import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
@@ -29,8 +28,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import ray
 
-from drafters.datastore import Datastore, build_datastore
+from drafters.datastore import Datastore
 from pipeline import storage
+from pipeline.job import store_segments
 from pipeline.llm.actor_pool import local_datastore
 from pipeline.config import Config
 from pipeline.loading.drafters import needs_datastore
@@ -60,35 +60,33 @@ def with_series_store(config: Config, root: str) -> Config:
     return dataclasses.replace(config, decoder=decoder) if version and needs_datastore(decoder) else config
 
 
-DOCUMENTS = "documents.parquet"  # beside a version's arrays: each document's id, when written, its length
-
-
 @ray.remote
 def extend_store(config: Config, paths: RunPaths) -> dict | None:
     """Brings the series' store up to the outputs of its runs' files it does not hold (a resumed
-    run's later files too): their newest output per id (this model's, no error) replaces the id's
-    older one, and where the store would hold more than job.store_tokens tokens its oldest outputs
-    go. Reads the new files only; returns the store's size (None while nothing is generated)."""
+    run's later files too), reading those files only: their newest output per id (this model's, no
+    error) becomes a new segment, which supersedes the ids' older outputs, and the segments are kept
+    small (pipeline/job/store_segments.py). Returns the store's size (None while nothing is generated)."""
     root, runs_root = paths.store, paths.runs_root
     version = current_version(root)
-    local = local_datastore(config, version) if version else None
-    previous, stored = (Datastore.open(local), stored_documents(local)) if local else (None, None)
-    if stored is None:  # none yet, or a store written before it kept its documents: built from every run
-        previous = None
+    meta = read_meta(version) if version else None
+    if meta is not None and "segments" not in meta:  # a store written whole before: built anew from every run
+        meta = None
     inner = storage.resolve(runs_root)[1]
-    held = {under(path, inner) for path in previous.meta["files"]} if previous else set()
+    held = {under(path, inner) for path in meta["files"]} if meta else set()
     written = {under(path, inner): when for path, when in output_files(runs_root).items()}
     new_files = {name: when for name, when in written.items() if name not in held}
     started, counts = time.perf_counter(), {}
-    meta = previous.meta if previous is not None else None
     if new_files:
         new = newest_outputs(runs_root, new_files, config.model.name)
-        documents, counts = kept_documents(previous, stored, new, config.job.store_tokens)
-        if documents:
-            files = sorted(held | set(new_files))
-            version, meta = write_version(
-                root, documents, {"model": config.model.name, "series": config.job.series, "files": files}
-            )
+        about = {"model": config.model.name, "series": config.job.series}
+        segments, counts = added(root, list(meta["segments"]) if meta else [], new, config, about)
+        meta = {
+            **about,
+            "segments": [s.name for s in segments],
+            "files": sorted(held | set(new_files)),
+            **size(segments),
+        }
+        version = write_version(root, meta)
     if meta is None:
         return None
     runs = {match.group(1) for match in map(RUN.search, ("/" + name for name in meta["files"])) if match}
@@ -97,15 +95,54 @@ def extend_store(config: Config, paths: RunPaths) -> dict | None:
         "runs": len(runs),
         "documents": meta["num_documents"],
         "tokens": meta["num_tokens"],
+        "segments": len(meta["segments"]),
         **counts,
         "extend_seconds": round(time.perf_counter() - started, 3),
     }
 
 
-def stored_documents(local: str) -> pa.Table | None:
-    """A version's documents (key, written, length), in the order of its tokens; None where it has none."""
-    path = Path(local) / DOCUMENTS
-    return pq.read_table(path) if path.is_file() else None
+def added(root: str, names: list[str], new: dict, config: Config, about: dict) -> tuple[list, dict]:
+    """The store's segments `names` with the new outputs as a new segment (cut at a quarter of
+    job.store_tokens), then kept small (store_segments.kept_small); and what that did."""
+    limit = config.job.store_tokens
+    grain = max(limit // store_segments.SEGMENT_SHARE, 1)
+    documents = sorted(((key, when, tokens) for key, (when, tokens) in new.items()), key=lambda d: d[1])
+    old = len(names)
+    names = names + [store_segments.write_segment(root, run, about) for run in store_segments.chunks(documents, grain)]
+    segments = store_segments.read_segments(root, names)
+    keys = pa.array(list(new), pa.string())
+    superseded = sum(int(pc.sum(pc.is_in(s.documents["key"], value_set=keys)).as_py() or 0) for s in segments[:old])
+    segments, done = store_segments.kept_small(root, segments, limit, about, lambda path: open_local(config, path))
+    return segments, {"added": len(new), "superseded": superseded, **done}
+
+
+def size(segments: list) -> dict:
+    """What the store holds: its live documents, and the tokens of its segments (dead ones too)."""
+    return {
+        "num_documents": sum(int(s.live.sum()) for s in segments),
+        "num_live_tokens": sum(s.live_tokens for s in segments),
+        "num_tokens": sum(s.tokens for s in segments),
+    }
+
+
+def read_meta(version: str) -> dict:
+    return json.loads(storage.read_text(storage.join(version, "meta.json")))
+
+
+def open_local(config: Config, path: str) -> Datastore:
+    """A segment (or a whole store), from the copy its node keeps (one copy per node, ever)."""
+    return Datastore.open(local_datastore(config, path))
+
+
+def write_version(root: str, meta: dict) -> str:
+    """A new version naming the segments in use, then CURRENT naming it (last: a run killed before
+    leaves the version before in use); the older versions, and segments no version names, removed."""
+    name = f"v={time.time_ns()}"
+    version = storage.join(root, name)
+    storage.write_text(storage.join(version, "meta.json"), json.dumps(meta, indent=1, sort_keys=True) + "\n")
+    storage.write_text(storage.join(root, "CURRENT"), name + "\n")
+    drop_old_versions(root, name, set(meta["segments"]))
+    return version
 
 
 def newest_outputs(runs_root: str, files: dict[str, int], model: str) -> dict[str, tuple[int, np.ndarray]]:
@@ -135,55 +172,6 @@ def id_column(filesystem, path: str) -> list[str]:
         return []  # (readable_columns then names the damage)
 
 
-def kept_documents(previous, stored, new: dict, limit: int) -> tuple[list, dict]:
-    """The documents of the next version, oldest first, as (key, written, tokens): the previous
-    version's whose id has no new output, then the new ones; the oldest dropped while they hold more
-    than `limit` tokens. Returns them and how many were added, superseded and dropped."""
-    documents = []
-    superseded = 0
-    if previous is not None:
-        lengths = stored["length"].to_numpy()
-        starts = np.concatenate([[0], np.cumsum(lengths + 1)[:-1]])
-        tokens = previous.tokens
-        for key, when, start, length in zip(stored["key"].to_pylist(), stored["written"].to_numpy(), starts, lengths):
-            if key in new:
-                superseded += 1
-            else:
-                documents.append((key, int(when), tokens[start : start + length]))
-    documents += sorted(((key, when, tokens) for key, (when, tokens) in new.items()), key=lambda d: d[1])
-    total, first = sum(len(d[2]) for d in documents), 0
-    while total > limit and first < len(documents):
-        total -= len(documents[first][2])
-        first += 1
-    counts = {"added": len(new), "superseded": superseded, "dropped_for_size": first}
-    return documents[first:], counts
-
-
-def write_version(root: str, documents: list, meta: dict) -> tuple[str, dict]:
-    """A new version of the store from `documents`, written beside the old ones, then named CURRENT
-    (last: a run killed before leaves the version before in use); the older versions removed.
-    Returns its path and its meta.json."""
-    name = f"v={time.time_ns()}"
-    with tempfile.TemporaryDirectory() as staging:
-        local = Path(staging) / "store"
-        store = build_datastore([tokens for _, _, tokens in documents], local, meta)
-        pq.write_table(
-            pa.table(
-                {
-                    "key": pa.array([key for key, _, _ in documents], pa.string()),
-                    "written": pa.array([when for _, when, _ in documents], pa.int64()),
-                    "length": pa.array([len(tokens) for _, _, tokens in documents], pa.int64()),
-                }
-            ),
-            local / DOCUMENTS,
-        )
-        version = storage.join(root, name)
-        storage.copy_directory(str(local), version)
-    storage.write_text(storage.join(root, "CURRENT"), name + "\n")
-    drop_old_versions(root, name)
-    return version, store.meta
-
-
 def under(path: str, runs_root: str) -> str:
     """A run's file as the store names it: its path under the series' runs root, so that a series
     moved or copied elsewhere (another bucket, a renamed directory) finds its store holding its
@@ -193,12 +181,15 @@ def under(path: str, runs_root: str) -> str:
     return path[len(prefix) :] if path.startswith(prefix) else path
 
 
-def drop_old_versions(root: str, kept: str) -> None:
-    """Removes the versions before `kept`, where it can (one left behind costs disk, not rows; an
-    actor still mapping one keeps its open files)."""
-    for name in storage.list_directories(root, "v="):
-        if int(name[2:]) < int(kept[2:]):  # a newer one is another run's
-            try:
-                storage.delete_directory(storage.join(root, name))
-            except OSError:
-                pass
+def drop_old_versions(root: str, kept: str, segments: set[str]) -> None:
+    """Removes the versions before `kept` and the segments older than it that it does not name,
+    where it can (one left behind costs disk, not rows; an actor still mapping one keeps its open
+    files; a newer one is another run's)."""
+    time_of = lambda name: int(name.split("=", 1)[1])  # noqa: E731
+    old = [n for n in storage.list_directories(root, "v=") if time_of(n) < time_of(kept)]
+    old += [n for n in storage.list_directories(root, "seg=") if n not in segments and time_of(n) < time_of(kept)]
+    for name in old:
+        try:
+            storage.delete_directory(storage.join(root, name))
+        except OSError:
+            pass

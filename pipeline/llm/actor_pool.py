@@ -6,7 +6,9 @@ left in that node's object store), the pool, each actor's resources and threads.
 from __future__ import annotations
 
 import dataclasses
+import json
 import time
+from pathlib import Path
 
 import ray
 
@@ -21,8 +23,20 @@ from pipeline.loading.model import cache_root, load_tokenizer, resolve_model_dir
 
 def local_datastore(config: Config, path: str) -> str:
     """A local directory of the datastore at `path`: one in object storage (a series' store,
-    pipeline/job/series_store.py) is copied once per node; each version of a store never changes."""
-    return storage.local_copy(path, cache_root(config.model) / "datastores")
+    pipeline/job/series_store.py) is copied once per node; each version of a store never changes.
+    A store of segments (its meta.json names them, beside it) has each segment copied once per node
+    too, whichever versions name it, and linked into the version's copy (Datastore.open finds it there)."""
+    cache = cache_root(config.model) / "datastores"
+    local = Path(storage.local_copy(path, cache))
+    if storage.is_uri(path):
+        meta = json.loads((local / "meta.json").read_text())
+        for name in meta.get("segments", []):
+            segment = storage.local_copy(f"{path.rstrip('/').rsplit('/', 1)[0]}/{name}", cache)
+            try:
+                (local / name).symlink_to(segment)
+            except FileExistsError:  # another process of the node linked it first
+                pass
+    return str(local)
 
 
 # Each tokenize-stage actor's CPUs: templating and tokenizing cost a fraction of what generating does.

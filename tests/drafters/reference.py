@@ -144,28 +144,41 @@ def token_features(paths: list[tuple[str, int, list[float], list[int]]]) -> np.n
 # -- the store's search (drafters/suffix/store_search.py) ----------------------------------------
 
 
-def suffix_range(tokens: np.ndarray, suffix_array: np.ndarray, pattern: list[int]) -> tuple[int, int]:
-    """The half-open suffix-array range of the suffixes that start with `pattern` (empty: lo == hi);
-    each suffix cut to len(pattern) tokens and compared as a list (a suffix that runs out is smaller)."""
+def suffix_range(
+    tokens: np.ndarray, suffix_array: np.ndarray, pattern: list[int], first: int = 0, last: int | None = None
+) -> tuple[int, int]:
+    """The half-open suffix-array range, within [first, last), of the suffixes that start with
+    `pattern` (empty: lo == hi); each suffix cut to len(pattern) tokens and compared as a list (a
+    suffix that runs out is smaller)."""
 
     def head(position) -> list[int]:
         return tokens[position : position + len(pattern)].tolist()
 
-    first = bisect.bisect_left(suffix_array, pattern, key=head)
-    return first, bisect.bisect_right(suffix_array, pattern, first, key=head)
+    last = len(suffix_array) if last is None else last
+    lo = bisect.bisect_left(suffix_array, pattern, first, last, key=head)
+    return lo, bisect.bisect_right(suffix_array, pattern, lo, last, key=head)
 
 
 def find_longest_suffix_match(
-    tokens: np.ndarray, suffix_array: np.ndarray, context: Sequence[int], max_len: int = 16, min_len: int = 2
+    tokens: np.ndarray,
+    suffix_array: np.ndarray,
+    context: Sequence[int],
+    max_len: int = 16,
+    min_len: int = 2,
+    segments=None,
 ) -> tuple[int, int, int]:
     """(match_len, lo, hi): the longest suffix of `context`, min(max_len, len(context)) tokens down
-    to min_len, that occurs, and its suffix-array range; (0, 0, 0) when none does."""
+    to min_len, that occurs in a segment (each a suffix-array range sorted on its own: the newest
+    wins a tie; None: one, the whole array), and its suffix-array range there; (0, 0, 0) when none does."""
     tail = [int(t) for t in context[-max_len:]] if max_len > 0 else []
-    for length in range(len(tail), min_len - 1, -1):
-        lo, hi = suffix_range(tokens, suffix_array, tail[len(tail) - length :])
-        if lo < hi:
-            return length, lo, hi
-    return 0, 0, 0
+    best = (0, 0, 0)
+    for first, last in [(0, len(suffix_array))] if segments is None else np.asarray(segments).tolist():
+        for length in range(len(tail), max(min_len, best[0]) - 1, -1):
+            lo, hi = suffix_range(tokens, suffix_array, tail[len(tail) - length :], first, last)
+            if lo < hi:
+                best = (length, lo, hi)
+                break
+    return best
 
 
 def continuations(

@@ -197,3 +197,31 @@ def test_cli_unknown_file_type_names_path(tmp_path, tiny_model_dir):
     corpus.write_text("text\nhello\n")
     with pytest.raises(ValueError, match="corpus.csv"):
         main(["--corpus", str(corpus), "--model", str(tiny_model_dir), "--out", str(tmp_path / "ds")])
+
+
+def test_a_store_of_segments_finds_the_longest_match_of_any_segment(tmp_path):
+    """Segments closed by a SEPARATOR and joined (a series' store): the longest match is the union's,
+    its range the occurrences in one segment (the newest on a tie); a store of segments on disk (a
+    meta.json naming them) opens joined."""
+    rng = random.Random(2)
+    for trial in range(20):
+        vocab = [1, 2, 3]
+        parts = [random_documents(rng, vocab) for _ in range(3)]
+        segments = [
+            build_datastore(p, tmp_path / f"t{trial}" / f"seg={i}", {}, closed=i < 2) for i, p in enumerate(parts)
+        ]
+        store = Datastore.join(segments, {})
+        tokens = store.tokens.tolist()
+        for _ in range(20):
+            context = [rng.choice(vocab + [4]) for _ in range(rng.randint(0, 8))]
+            expected_length, positions = brute_force_match(tokens, context, 6, 1)
+            length, lo, hi = store.match(context, 6, 1)
+            assert length == expected_length, (parts, context)
+            found = store.suffix_array[lo:hi].tolist()
+            assert set(found) <= set(positions) and (lo < hi or length == 0)
+            segment = [s for s in store.segments.tolist() if s[0] <= lo < s[1] or length == 0]
+            assert length == 0 or all(segment[0][0] <= i < segment[0][1] for i in range(lo, hi))
+    (tmp_path / "t0" / "v=1").mkdir()
+    (tmp_path / "t0" / "v=1" / "meta.json").write_text('{"segments": ["seg=0", "seg=1", "seg=2"]}')
+    opened = Datastore.open(tmp_path / "t0" / "v=1")
+    assert len(opened.segments) == 3 and opened.meta["segments"] == ["seg=0", "seg=1", "seg=2"]

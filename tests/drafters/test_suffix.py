@@ -94,7 +94,12 @@ class Reference:
         if self.store is None:
             return 0, []
         match, lo, hi = find_longest_suffix_match(
-            np.asarray(self.store.tokens), np.asarray(self.store.suffix_array), tokens, MAX_MATCH, MAX_Q
+            np.asarray(self.store.tokens),
+            np.asarray(self.store.suffix_array),
+            tokens,
+            MAX_MATCH,
+            MAX_Q,
+            self.store.segments,
         )  # the store's shortest match: max_q
         if not match:
             return 0, []
@@ -575,3 +580,21 @@ def test_misuse_of_the_lifecycle_raises():
         drafter.finish("a")
     drafter.start("a", 3, 20)  # a request that comes back starts again
     assert drafter.step(["a"], tokens, np.zeros(1), np.array([6])).lengths.shape == (1,)
+
+
+def test_a_store_of_segments_drafts_as_the_reference(tmp_path):
+    """A series' store joins segments (each closed by a SEPARATOR, its suffix array sorted on its own):
+    every segment is searched, the longest match wins, the newest segment's on a tie."""
+    rng = np.random.default_rng(5)
+    streams = [rng.integers(0, 5, int(rng.integers(40, 100))).tolist() for _ in range(8)]
+    prompts = [int(rng.integers(3, 20)) for _ in streams]
+    parts = [[rng.integers(0, 5, 400).tolist()], [streams[0] * 2, rng.integers(0, 3, 200).tolist()], [streams[3]]]
+    segments = [build_datastore(docs, tmp_path / f"s{i}", {}, closed=i < 2) for i, docs in enumerate(parts)]
+    store = Datastore.join(segments, {})
+    assert store.segments.tolist() == [
+        [0, 401],
+        [401, 401 + len(streams[0]) * 2 + 202],
+        [store.segments[2][0], len(store.tokens)],
+    ]
+    seen, drafted = run_both(streams, prompts, store)
+    assert drafted > len(seen) // 2

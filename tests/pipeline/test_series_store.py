@@ -45,7 +45,7 @@ def documents(store: Datastore) -> list[list[int]]:
             current = []
         else:
             current.append(token)
-    return found
+    return [document for document in found if document]  # (a segment ends with a SEPARATOR)
 
 
 def test_the_store_holds_every_runs_generated_rows_once_and_is_extended_run_by_run(tmp_path):
@@ -118,25 +118,56 @@ def write_ids(runs_root, run_id: str, rows: list[tuple[str, list[int]]]) -> None
     )
 
 
-def test_the_store_holds_one_output_per_id_reads_only_new_files_and_keeps_the_newest_when_full(tmp_path, monkeypatch):
+def live(result: dict) -> list[list[int]]:
+    """The store's live documents: each segment's whose id no newer segment holds."""
+    from pipeline.job.store_segments import read_segments
+
+    root, names = result["path"].rsplit("/", 1)[0], Datastore.open(result["path"]).meta["segments"]
+    kept = []
+    for segment in read_segments(root, names):
+        store = Datastore.open(f"{root}/{segment.name}")
+        kept += [d for d, alive in zip(documents(store), segment.live) if alive]
+    return kept
+
+
+def test_a_run_adds_a_segment_of_what_it_generated_and_reads_only_its_own_files(tmp_path, monkeypatch):
     from pipeline.job import series_store
 
-    config = load_config(overrides=[f"job.output={tmp_path / 'out'}", "job.series=nightly", "job.store_tokens=8"])
+    config = load_config(overrides=[f"job.output={tmp_path / 'out'}", "job.series=nightly", "job.store_tokens=40"])
     paths, runs_root = RunPaths.of(config, "unused"), tmp_path / "out" / "series=nightly"
     write_ids(runs_root, "r1", [("a", [1, 1]), ("b", [2, 2]), ("c", [3, 3])])
-    assert extend(config, paths)["documents"] == 3
+    assert (extend(config, paths)["documents"], extend(config, paths)["segments"]) == (3, 1)
     read = []
     original = series_store.readable_columns
     monkeypatch.setattr(
         series_store, "readable_columns", lambda fs, path, *a: read.append(path) or original(fs, path, *a)
     )
-    write_ids(runs_root, "r2", [("b", [4, 4, 4]), ("d", [5])])  # b edited: its new answer replaces the old
+    write_ids(runs_root, "r2", [("b", [4, 4, 4]), ("d", [5])])  # b edited: its new answer supersedes the old
     second = extend(config, paths)
     assert [path.rsplit("/", 2)[-2] for path in read] == ["run=r2"]  # the first run's file is not read again
-    assert sorted(documents(Datastore.open(second["path"]))) == [[1, 1], [3, 3], [4, 4, 4], [5]]
-    assert (second["added"], second["superseded"], second["dropped_for_size"]) == (2, 1, 0)
-    # Past job.store_tokens (8) the oldest outputs go: a's, then c's.
-    write_ids(runs_root, "r3", [("e", [6, 6, 6])])
+    assert (second["segments"], second["added"], second["superseded"]) == (2, 2, 1)
+    assert sorted(live(second)) == [[1, 1], [3, 3], [4, 4, 4], [5]] and second["documents"] == 4
+    # b's old answer stays in the first segment (drafts are verified) until it is rewritten: once
+    # most of a segment is superseded, its live outputs are written anew and the old one goes.
+    write_ids(runs_root, "r3", [("a", [6]), ("c", [7])])
     third = extend(config, paths)
-    assert documents(Datastore.open(third["path"])) == [[4, 4, 4], [5], [6, 6, 6]]
-    assert (third["documents"], third["tokens"], third["dropped_for_size"]) == (3, 7, 2)
+    assert third["rewritten"] == 1 and sorted(documents(Datastore.open(third["path"]))) == [[4, 4, 4], [5], [6], [7]]
+    segments = storage.list_directories(paths.store, "seg=")
+    assert len(segments) == third["segments"] == 2  # the rewritten segment removed with the old versions
+
+
+def test_past_store_tokens_the_oldest_segment_goes_and_too_many_segments_merge(tmp_path, monkeypatch):
+    from pipeline.job import store_segments
+
+    monkeypatch.setattr(store_segments, "MAX_SEGMENTS", 3)
+    config = load_config(overrides=[f"job.output={tmp_path / 'out'}", "job.series=nightly", "job.store_tokens=24"])
+    paths, runs_root = RunPaths.of(config, "unused"), tmp_path / "out" / "series=nightly"
+    for night in range(5):  # a segment of 2 tokens a night: merged in pairs of fewest tokens, at most 6
+        write_ids(runs_root, f"r{night}", [(f"id{night}", [night + 1, night + 1])])
+        result = extend(config, paths)
+    assert result["segments"] == 3 and result["merged"] == 1 and result["documents"] == 5
+    assert sorted(documents(Datastore.open(result["path"]))) == [[n + 1, n + 1] for n in range(5)]
+    write_ids(runs_root, "big", [("big", list(range(10, 26)))])  # 16 tokens: over 24 with the rest
+    result = extend(config, paths)
+    assert result["dropped_segments"] >= 1 and result["tokens"] <= 24
+    assert [10, 11, 12] == documents(Datastore.open(result["path"]))[-1][:3]  # the newest kept
