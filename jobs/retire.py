@@ -1,5 +1,6 @@
 """ngrammys retire: removes a series' old output files that hold no id's latest output, keeping its
-newest runs whole (pipeline/job/series_retire.py); --dry-run says what it would remove.
+newest runs whole (pipeline/job/series_retire.py); --dry-run says what it would remove. Run it between
+the series' runs, not while one runs.
 
     ngrammys retire --output OUT --series NAME --keep-runs 30 [--dry-run]
 

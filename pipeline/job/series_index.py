@@ -54,15 +54,17 @@ def load(index_path: str) -> tuple[pa.Table, dict[str, int]]:
     return table.cast(SCHEMA.remove_metadata()), covered
 
 
-def scan(runs_root: str, files: dict[str, int]) -> pa.Table:
+def scan(runs_root: str, files: dict[str, int]) -> tuple[pa.Table, set[str]]:
     """The index rows of `files` ({file under the runs root: when written}): every row's id, where it
-    is and whether it is an error row (an unreadable file is left out, with a warning)."""
+    is and whether it is an error row; and the files read (one that cannot be read, now, is left
+    out with a warning, and read again by the next update)."""
     filesystem, inner = storage.resolve(runs_root)
-    tables = [SCHEMA.empty_table()]
+    tables, read = [SCHEMA.empty_table()], set()
     for name, when in files.items():
         table = readable_columns(filesystem, f"{inner}/{name}", ["id", "error"])
         if table is None:
             continue
+        read.add(name)
         rows = len(table)
         tables.append(
             pa.table(
@@ -76,7 +78,7 @@ def scan(runs_root: str, files: dict[str, int]) -> pa.Table:
                 schema=SCHEMA,
             )
         )
-    return concat(tables)
+    return concat(tables), read
 
 
 def concat(tables: list[pa.Table]) -> pa.Table:
@@ -121,8 +123,9 @@ def updated(runs_root: str, index_path: str, written: dict[str, int]) -> pa.Tabl
         index, covered = SCHEMA.empty_table(), {}
     new = {name: when for name, when in files.items() if covered.get(name) != when}
     if new or gone:
-        index = merged(index, scan(runs_root, new))
-        covered = {name: when for name, when in files.items() if name in covered or name in new}
+        delta, read = scan(runs_root, new)
+        index = merged(index, delta)
+        covered = {name: when for name, when in files.items() if name in read or (name in covered and name not in new)}
         filesystem, inner = storage.resolve(index_path)
         filesystem.create_dir(inner.rsplit("/", 1)[0], recursive=True)
         write_whole(index_path, index.replace_schema_metadata({COVERED: json.dumps(covered).encode()}))

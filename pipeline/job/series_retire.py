@@ -4,8 +4,10 @@ are superseded by newer outputs of the same ids.
 The policy keeps the newest `keep_runs` runs whole and, of the older ones, removes each output file
 that holds no id's latest output (its newest row that is no error row, or its newest row where that
 is an error row: the series' kept index, pipeline/job/series_index.py, says which). A row that is
-its id's latest is never removed, whatever its age. A run's order is the time its newest file was
-written; its summary.json stays (the series' report reads it). A dry run says what it would remove.
+its id's latest is never removed, whatever its age, nor is a file the index could not read. A run's
+order is the time its newest file was written; its summary.json stays (the series' report reads it).
+A dry run says what it would remove. Retire between a series' runs, not while one runs: a running
+run reads last outputs from the files its index named when it started.
 """
 
 from __future__ import annotations
@@ -55,13 +57,14 @@ def retire(paths: RunPaths, keep_runs: int, dry_run: bool = False) -> Retirement
     runs_root = paths.runs_root
     written = output_files(runs_root)
     index = series_index.updated(runs_root, paths.outputs_index, written)
+    covered = series_index.load(paths.outputs_index)[1]  # a file it could not read is kept
     inner = storage.resolve(runs_root)[1]
     files = {series_index.relative(path, inner): when for path, when in written.items()}
     by_run: dict[str, list[str]] = defaultdict(list)
     for name in files:
         by_run[run_of(name)].append(name)
     newest_first = sorted(by_run, key=lambda run: max(files[name] for name in by_run[run]), reverse=True)
-    held = set(pc.unique(index["file"].cast("string")).to_pylist())
+    held = set(pc.unique(index["file"].cast("string")).to_pylist()) | (set(files) - set(covered))
     plan = Retirement(len(by_run), newest_first[:keep_runs], dry_run=dry_run)
     for run in newest_first[keep_runs:]:
         for name in sorted(by_run[run]):

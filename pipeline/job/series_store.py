@@ -46,8 +46,12 @@ def current_version(root: str) -> str | None:
     (or where it was lost: the next extension builds it again from every run)."""
     name = storage.read_text(storage.join(root, "CURRENT"))
     version = storage.join(root, name.strip()) if name else None
-    missing = version is None or storage.info(storage.join(version, "meta.json"), "job.output").type.name == "NotFound"
-    return None if missing else version
+    if version is None or storage.info(storage.join(version, "meta.json"), "job.output").type.name == "NotFound":
+        return None
+    for segment in read_meta(version).get("segments", []):  # one lost: built again from every run
+        if storage.info(storage.join(root, segment, "meta.json"), "job.output").type.name == "NotFound":
+            return None
+    return version
 
 
 def with_series_store(config: Config, root: str) -> Config:
@@ -94,6 +98,7 @@ def extend_store(config: Config, paths: RunPaths) -> dict | None:
         "path": version,
         "runs": len(runs),
         "documents": meta["num_documents"],
+        "live_tokens": meta["num_live_tokens"],
         "tokens": meta["num_tokens"],
         "segments": len(meta["segments"]),
         **counts,
@@ -127,6 +132,14 @@ def size(segments: list) -> dict:
 
 def read_meta(version: str) -> dict:
     return json.loads(storage.read_text(storage.join(version, "meta.json")))
+
+
+def segments_of(version: str) -> set[str]:
+    """The segments a version names (none where it is gone, or was written whole)."""
+    try:
+        return set(read_meta(version).get("segments", []))
+    except (OSError, TypeError, ValueError):  # removed meanwhile by another run (read_text: None)
+        return set()
 
 
 def open_local(config: Config, path: str) -> Datastore:
@@ -181,13 +194,26 @@ def under(path: str, runs_root: str) -> str:
     return path[len(prefix) :] if path.startswith(prefix) else path
 
 
+# A segment no version names (its extension killed, or another run's, not yet named) is removed only
+# once it is this old: a concurrent extension names its new segments within it.
+ORPHAN_AGE_NS = 24 * 3600 * 10**9
+
+
 def drop_old_versions(root: str, kept: str, segments: set[str]) -> None:
-    """Removes the versions before `kept` and the segments older than it that it does not name,
-    where it can (one left behind costs disk, not rows; an actor still mapping one keeps its open
-    files; a newer one is another run's)."""
+    """Removes the versions before `kept` and the segments they alone named (none that `kept`, or a
+    newer version another run wrote, names), and segments no version names that are older than
+    ORPHAN_AGE_NS, where it can (one left behind costs disk, not rows; an actor still mapping one
+    keeps its open files)."""
     time_of = lambda name: int(name.split("=", 1)[1])  # noqa: E731
-    old = [n for n in storage.list_directories(root, "v=") if time_of(n) < time_of(kept)]
-    old += [n for n in storage.list_directories(root, "seg=") if n not in segments and time_of(n) < time_of(kept)]
+    versions = storage.list_directories(root, "v=")
+    old = [name for name in versions if time_of(name) < time_of(kept)]
+    named = {name: segments_of(storage.join(root, name)) for name in versions}
+    in_use = set(segments).union(*(named[name] for name in versions if name not in old))
+    once_named = set().union(*(named[name] for name in old)) if old else set()
+    stale = time_of(kept) - ORPHAN_AGE_NS
+    for name in storage.list_directories(root, "seg="):
+        if name not in in_use and (name in once_named or time_of(name) < stale):
+            old.append(name)
     for name in old:
         try:
             storage.delete_directory(storage.join(root, name))

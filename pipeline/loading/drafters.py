@@ -54,7 +54,7 @@ class DrafterTables:
 
         store = self.datastore
         if store is not None:
-            store = Datastore(plain(store.tokens), plain(store.suffix_array), store.meta)
+            store = Datastore(plain(store.tokens), plain(store.suffix_array), store.meta, store.segments)
         return replace(
             self,
             unigram=plain(self.unigram),

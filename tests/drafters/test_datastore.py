@@ -225,3 +225,16 @@ def test_a_store_of_segments_finds_the_longest_match_of_any_segment(tmp_path):
     (tmp_path / "t0" / "v=1" / "meta.json").write_text('{"segments": ["seg=0", "seg=1", "seg=2"]}')
     opened = Datastore.open(tmp_path / "t0" / "v=1")
     assert len(opened.segments) == 3 and opened.meta["segments"] == ["seg=0", "seg=1", "seg=2"]
+
+
+def test_on_a_tie_the_newest_segment_wins_and_the_object_stores_copy_keeps_the_segments(tmp_path):
+    from pipeline.loading.drafters import DrafterTables
+
+    older = build_datastore([[1, 2, 3, 9]], tmp_path / "seg=1", {}, closed=True)
+    newer = build_datastore([[1, 2, 3, 8]], tmp_path / "seg=2", {})
+    store = Datastore.join([older, newer], {})
+    length, lo, hi = store.match([1, 2, 3], 3, 1)
+    assert length == 3 and store.segments[1][0] <= lo < hi <= store.segments[1][1]
+    assert store.continuations(lo, hi, length, 1).tolist() == [[8]]  # the newest segment's continuation
+    copied = DrafterTables(datastore=store).as_plain_arrays().datastore  # what the job shares with its actors
+    assert copied.segments.tolist() == store.segments.tolist()

@@ -40,6 +40,8 @@ def test_each_id_takes_its_latest_text_that_is_no_error_and_ids_without_one_take
     written = {first: 100, second: 200, str(damaged): 300}
     latest = latest_outputs(tmp_path, written)
     assert latest["key"].to_pylist() == sorted(["0", "1", "2", "3", "4", "5", "6", "9"])  # the torn file left out
+    covered = series_index.load(str(tmp_path / "_index" / "index.parquet"))[1]
+    assert set(covered) == {"run=r1/part.parquet", "run=r2/part.parquet"}  # the torn one is read again next time
     keys = ["3", "5", "6", "9", "new", "0"]
     assert last_texts(keys, latest, str(tmp_path)) == ["second 3", "first 5", "first 6", "second 9", None, "first 0"]
     # The later run's file written earlier: the first run's text is the latest.

@@ -69,8 +69,12 @@ def test_retiring_keeps_every_ids_latest_output_and_the_newest_runs(history, tmp
     # Every older file holds some id's latest output (id 7's newest row, an error, keeps r3's file).
     assert plan.removed == [] and len(plan.kept_for_latest) == 5
     supersede_the_first_runs(tmp_path)
+    torn = tmp_path / "series=nightly" / "run=r0" / "part-9.parquet"
+    torn.write_bytes(b"PAR1 torn")  # unreadable now: never removed for holding nothing
+    os.utime(torn, ns=(0, 0))  # (written with r0)
     plan = retire(history, keep_runs=2)
-    assert plan.removed == ["run=r1/part-0.parquet", "run=r0/part-0.parquet"]
+    assert plan.removed == ["run=r1/part-0.parquet", "run=r0/part-0.parquet"] and torn.exists()
+    torn.unlink()
     left = {name.split("/series=nightly/", 1)[1] for name in output_files(history.runs_root)}
     assert not left & set(plan.removed) and {"run=r6/part-0.parquet", "run=r5/part-0.parquet"} <= left
     after = latest_texts(history, history.outputs_index)

@@ -61,11 +61,20 @@ def filtered(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> 
     return torch.full_like(logits, float("-inf")).scatter(1, order, ordered.masked_fill(~keep, float("-inf")))
 
 
-def keyed_tokens(logits, temperature, top_k, top_p, seeds, generated) -> torch.Tensor:
-    """[R] the keyed draw of each row: logits [R, V] / temperature, filtered, Gumbel-max with the
-    noise of (seed, generated index)."""
-    scaled = logits.float() / temperature.unsqueeze(1)
-    return gumbel_argmax(filtered(scaled, top_k, top_p), position_keys(seeds, generated))
+CHUNK_ROWS = 64  # rows drawn at a time: the filter's sort and softmax hold a few [rows, V] temporaries
+
+
+def keyed_tokens(logits, temperature, top_k, top_p, seeds, generated, filtering: bool = True) -> torch.Tensor:
+    """[R] the keyed draw of each row: logits [R, V] / temperature, filtered (where `filtering`: some
+    row has a top-k or top-p), Gumbel-max with the noise of (seed, generated index); CHUNK_ROWS rows
+    at a time."""
+    tokens = torch.empty(logits.shape[0], dtype=torch.int64, device=logits.device)
+    for start in range(0, logits.shape[0], CHUNK_ROWS):
+        rows = slice(start, start + CHUNK_ROWS)
+        scaled = logits[rows].float() / temperature[rows].unsqueeze(1)
+        scaled = filtered(scaled, top_k[rows], top_p[rows]) if filtering else scaled
+        tokens[rows] = gumbel_argmax(scaled, position_keys(seeds[rows], generated[rows]))
+    return tokens
 
 
 class KeyedDrawProcessor(compat.logits_processor_base()):
@@ -73,6 +82,7 @@ class KeyedDrawProcessor(compat.logits_processor_base()):
         slots, device = req_states.max_num_reqs, req_states.device
         self.req_states = req_states  # its prompt lengths are read at each step (vLLM swaps the buffer)
         self.keyed = np.zeros(slots, bool)  # on the host: which slots draw keyed (no device read to skip)
+        self.filters = np.zeros(slots, bool)  # on the host: which of them have a top-k or top-p
         self.keyed_device = torch.zeros(slots, dtype=torch.bool, device=device)
         self.temperature = torch.ones(slots, dtype=torch.float32, device=device)
         self.top_k = torch.zeros(slots, dtype=torch.int64, device=device)
@@ -86,6 +96,7 @@ class KeyedDrawProcessor(compat.logits_processor_base()):
     def add_request(self, req_idx: int, sampling_params) -> bool:
         settings = keyed_settings(sampling_params)
         self.keyed[req_idx] = settings is not None
+        self.filters[req_idx] = settings is not None and (settings["top_k"] > 0 or settings["top_p"] < 1)
         self.keyed_device[req_idx] = settings is not None
         if settings is not None:
             self.temperature[req_idx] = float(settings["temperature"])
@@ -95,12 +106,24 @@ class KeyedDrawProcessor(compat.logits_processor_base()):
         return settings is not None  # its rows are masked to one token each
 
     def apply(self, logits: torch.Tensor, ctx) -> torch.Tensor:
-        if not self.keyed[ctx.idx_mapping_np].any():
+        """Each keyed row masked, in place, to its draw (vLLM hands the processors its own fp32 copy)."""
+        requests = ctx.idx_mapping_np
+        if not self.keyed[requests].any():
             return logits
         slots = ctx.expanded_idx_mapping.long()
         generated = ctx.pos.long() + 1 - compat.slot_prompt_lengths(self.req_states)[slots].long()
+        filtering = bool(self.filters[requests].any())
         tokens = keyed_tokens(
-            logits, self.temperature[slots], self.top_k[slots], self.top_p[slots], self.seed[slots], generated
-        )
-        drawn = torch.full_like(logits, float("-inf")).scatter(1, tokens.unsqueeze(1), 0.0)
-        return torch.where(self.keyed_device[slots].unsqueeze(1), drawn, logits)
+            logits,
+            self.temperature[slots],
+            self.top_k[slots],
+            self.top_p[slots],
+            self.seed[slots],
+            generated,
+            filtering,
+        ).unsqueeze(1)
+        keyed = self.keyed_device[slots].unsqueeze(1)
+        kept = logits.gather(1, tokens)  # (an unkeyed row's own logit there, put back)
+        logits.masked_fill_(keyed, float("-inf"))
+        logits.scatter_(1, tokens, torch.where(keyed, torch.zeros_like(kept), kept))
+        return logits
