@@ -162,8 +162,10 @@ def store_rows(state, s, values, n, w, bound):
     best, best_lo, best_hi = 0, 0, 0
     for segment in range(segments.shape[0]):
         first, last = segments[segment, 0], segments[segment, 1]
-        here = last_lo >= first and last_lo < last  # the last step's match was in this segment
-        match, lo, hi = segment_match(state, segment, values, n, longest, bound, last_lo if here else -1, last_hi, last)
+        # the last step's match goes on in this segment: searched in its range (bound: that match's
+        # length plus the new tokens)
+        goes_on = first <= last_lo < last and longest == bound
+        match, lo, hi = segment_match(state, segment, values, n, longest, last_lo if goes_on else -1, last_hi, last)
         if match and match >= best:
             best, best_lo, best_hi = match, lo, hi
     if best == 0:
@@ -174,22 +176,21 @@ def store_rows(state, s, values, n, w, bound):
 
 
 @nb.njit(cache=True)
-def segment_match(state, segment, values, n, longest, bound, last_lo, last_hi, segment_end):
+def segment_match(state, segment, values, n, longest, last_lo, last_hi, segment_end):
     """(length, lo, hi): the longest suffix of values[:n] (store_min_match..`longest` tokens) that
     occurs in `segment`, and its suffix-array range; (0, 0, 0): none. Every search runs in a range
     known to hold its matches: the suffix-array range of the pattern's first min_q tokens (`ranges`:
     store_ranges(store, suffix_array, min_q, segments); a context whose last min_q tokens the segment
     lacks needs no search), or, for a match that goes on, the last match's range (`last_lo`,
-    `last_hi`: -1 where it was not in this segment), when `longest` is `bound`. The longest is tried
-    first, then a binary search over the lengths below it (if the last L tokens occur, so do the
-    last L - 1)."""
+    `last_hi`; last_lo -1: none). The longest is tried first, then a binary search over the lengths
+    below it (if the last L tokens occur, so do the last L - 1)."""
     store, suffix_array, ranges, min_q = state.store, state.suffix_array, state.store_ranges, state.store_min_match
     lo, hi = gram_range(store, ranges, values, n - min_q, min_q, segment)
     if lo == hi:
         return 0, 0, 0
     shortest = min_q  # invariant: the last `shortest` tokens occur, first at lo (their range [lo, hi))
     if longest > min_q:
-        goes_on = last_lo >= 0 and longest == bound  # (bound: the last match's length plus the new tokens)
+        goes_on = last_lo >= 0
         first, last = (last_lo, last_hi) if goes_on else gram_range(store, ranges, values, n - longest, min_q, segment)
         index = first_occurrence(store, suffix_array, values, n, longest, first, last)
         if index >= 0:
