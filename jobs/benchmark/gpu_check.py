@@ -37,7 +37,7 @@ def add_cli_args(parser) -> None:
 
 def speculative_arguments(method: str, k: int, bigram_table: str, keyed: bool) -> dict:
     """The engine arguments that run `method` (`keyed`: with the keyed-draw processor, as the job does)."""
-    from pipeline.engines.vllm import H100_DRAFT_LENGTHS, KEYED_DRAWS, speculator_arguments
+    from pipeline.engines.vllm import H100_DRAFT_LENGTHS, speculator_arguments, with_keyed_draws
 
     arguments = {}
     if method == "suffix":
@@ -45,9 +45,7 @@ def speculative_arguments(method: str, k: int, bigram_table: str, keyed: bool) -
     elif method == "ngrammys":
         options = {"bigram_table": bigram_table} if bigram_table else {}
         arguments = speculator_arguments(k, options, [(a, b, min(length, k)) for a, b, length in H100_DRAFT_LENGTHS])
-    if keyed:
-        arguments["logits_processors"] = [KEYED_DRAWS, *arguments.get("logits_processors", [])]
-    return arguments
+    return with_keyed_draws(arguments) if keyed else arguments
 
 
 def sampling(args, index: int, keyed: bool):

@@ -29,6 +29,7 @@ _EXPORTS = {
     "KEYED_KEY": ("v2.options", "KEYED_KEY"),
     "H100_DRAFT_LENGTHS": ("v2.plugin", "H100_DRAFT_LENGTHS"),
     "KEYED_DRAWS": ("v2.plugin", "KEYED_DRAWS"),
+    "with_keyed_draws": ("v2.plugin", "with_keyed_draws"),
     "PREDICTION_KEY": ("v2.plugin", "PREDICTION_KEY"),
     "speculator_arguments": ("v2.plugin", "engine_arguments"),
     "register_speculator": ("v2.plugin", "register"),
@@ -62,4 +63,5 @@ __all__ = [
     "register_speculator",
     "set_vllm_environment",
     "speculator_arguments",
+    "with_keyed_draws",
 ]

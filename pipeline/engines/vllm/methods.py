@@ -17,7 +17,7 @@ import numpy as np
 from pipeline.config import Config
 from pipeline.config.drafter_kinds import VLLM_METHODS
 from pipeline.engines.vllm.versions import runs_speculator
-from pipeline.engines.vllm.v2.plugin import H100_DRAFT_LENGTHS, KEYED_DRAWS
+from pipeline.engines.vllm.v2.plugin import H100_DRAFT_LENGTHS, with_keyed_draws
 from pipeline.engines.vllm.v2.plugin import engine_arguments as speculator_arguments
 
 PROPOSER = "pipeline.engines.vllm.proposer.NgrammysProposer"
@@ -41,9 +41,7 @@ def vllm_arguments(
     where it drafts (`speculative_arguments`), and on vLLM 0.34 the keyed-draw processor in every
     mode (a sampled row is one text for its seed, plain or drafted: v2/keyed_draws.py)."""
     arguments = speculative_arguments(config, num_speculative_tokens, ours, table_dir) if drafts else {}
-    if runs_speculator():
-        arguments["logits_processors"] = [KEYED_DRAWS, *arguments.get("logits_processors", [])]
-    return arguments
+    return with_keyed_draws(arguments) if runs_speculator() else arguments
 
 
 def speculative_arguments(config: Config, num_speculative_tokens: int, ours: bool, table_dir: Path | None) -> dict:

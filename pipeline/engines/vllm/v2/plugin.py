@@ -52,4 +52,18 @@ def engine_arguments(num_speculative_tokens: int, options: dict, draft_lengths=N
     return {"speculative_config": speculative, "logits_processors": [PREDICTIONS]}
 
 
-__all__ = ["H100_DRAFT_LENGTHS", "METHOD", "PREDICTION_KEY", "engine_arguments", "register"]
+def with_keyed_draws(arguments: dict) -> dict:
+    """vLLM's engine arguments with the keyed-draw processor first among its logits processors: a
+    sampled row one text for its seed in every mode (keyed_draws.py)."""
+    return {**arguments, "logits_processors": [KEYED_DRAWS, *arguments.get("logits_processors", [])]}
+
+
+__all__ = [
+    "H100_DRAFT_LENGTHS",
+    "KEYED_DRAWS",
+    "METHOD",
+    "PREDICTION_KEY",
+    "engine_arguments",
+    "register",
+    "with_keyed_draws",
+]
