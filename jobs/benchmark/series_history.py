@@ -17,6 +17,9 @@ parts that grow with the corpus or the history, in one process:
 - with --store, the series' store (pipeline/job/series_store.py, at most --store-tokens tokens): its
   update with the rerun's outputs (the store kept from the history, untimed), against a store built
   from every file (what each run paid before the store kept one output per id).
+- with --model, the rerun runs through the job itself instead (jobs/benchmark/series_rerun.py):
+  wall time, time to the first batch, the driver's peak, and whether exactly the edited documents
+  were generated.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from jobs.benchmark import series_rerun
+from jobs.benchmark.arguments import add_job_settings
 
 SERIES = "history"
 
@@ -48,10 +54,18 @@ def add_cli_args(parser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--store", action="store_true", help="time the series' store's update too")
     parser.add_argument("--store-tokens", type=int, default=1 << 26, help="job.store_tokens")
+    parser.add_argument(
+        "--model", default="", help="rerun through the job with this model (jobs/benchmark/series_rerun.py)"
+    )
+    parser.add_argument("--engine", default="vllm", help="the rerun's engine.name")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="the rerun's decoder.max_new_tokens")
+    parser.add_argument("--timeout", type=float, default=3600, help="seconds the rerun may take")
+    add_job_settings(parser)
 
 
-def answers(ids: np.ndarray, tokens: int, run: int, rng: np.random.Generator) -> pa.Table:
-    """The job's output rows for `ids` (the columns a series reads, and answers of `tokens` tokens)."""
+def answers(ids: np.ndarray, tokens: int, run: int, rng: np.random.Generator, job=None) -> pa.Table:
+    """The job's output rows for `ids` (the columns a series reads, and answers of `tokens` tokens);
+    with `job` (series_rerun.JobHistory) its model's, and the fingerprints it gives them."""
     count = len(ids)
     flat = rng.integers(0, 49152, size=count * tokens, dtype=np.int32)
     offsets = np.arange(0, count * tokens + 1, tokens, dtype=np.int32)
@@ -59,22 +73,24 @@ def answers(ids: np.ndarray, tokens: int, run: int, rng: np.random.Generator) ->
     return pa.table(
         {
             "id": pa.array(ids.astype(str)),
-            "fingerprint": pa.array([f"{i}:{run}" for i in ids]),
+            "fingerprint": pa.array(job.fingerprints(ids) if job else [f"{i}:{run}" for i in ids]),
             "generated_text": texts,
             "generated_tokens": pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat)),
             "error": pa.nulls(count, pa.string()),
-            "model": pa.array(["synthetic"] * count),
+            "model": pa.array([job.config.model.name if job else "synthetic"] * count),
         }
     )
 
 
-def write_history(args, root: Path) -> list[dict]:
+def write_history(args, root: Path, job=None) -> tuple[list[dict], np.ndarray]:
     """The first run and args.runs - 1 nightly runs; the kept index brought up to each, as each
-    night's run does. Returns each run's write time."""
+    night's run does. With `job` (series_rerun.JobHistory), the rows carry the job's fingerprints of
+    the documents' texts and the series' checkpoint records them. Returns each run's write time, and
+    each document's version (the run that last edited it)."""
     from pipeline.job.series import kept_latest, output_files
 
     rng = np.random.default_rng(args.seed)
-    written = []
+    written, versions = [], np.zeros(args.documents, dtype=np.int32)
     for run in range(args.runs):
         started = time.perf_counter()
         if run == 0:
@@ -82,12 +98,16 @@ def write_history(args, root: Path) -> list[dict]:
         else:
             parts = [np.sort(rng.choice(args.documents, size=args.edited, replace=False))]
         for part, ids in enumerate(parts):
+            versions[ids] = run
             path = root / f"run={run:04d}" / f"part-{part:04d}.parquet"
             path.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(answers(ids, args.answer_tokens, run, rng), path, row_group_size=8192)
+            table = answers(ids, args.answer_tokens, run, rng, job and job.at(versions))
+            pq.write_table(table, path, row_group_size=8192)
+            if job:
+                job.record(table["fingerprint"], f"run-{run:04d}-{part:04d}")
         kept_latest(str(root), index_path(root), output_files(str(root)))
         written.append({"run": run, "rows": int(sum(len(p) for p in parts)), "seconds": time.perf_counter() - started})
-    return written
+    return written, versions
 
 
 def index_path(root: Path) -> str:
@@ -95,11 +115,12 @@ def index_path(root: Path) -> str:
 
 
 def run(args) -> dict:
+    measure = (lambda work: series_rerun.timed(args, work, SERIES)) if args.model else (lambda work: timed(args, work))
     if args.work_dir:
         shutil.rmtree(args.work_dir, ignore_errors=True)
-        return timed(args, Path(args.work_dir))
+        return measure(Path(args.work_dir))
     with tempfile.TemporaryDirectory(prefix="series-history-") as work:
-        return timed(args, Path(work))
+        return measure(Path(work))
 
 
 def timed(args, work: Path) -> dict:
@@ -107,7 +128,7 @@ def timed(args, work: Path) -> dict:
 
     root = work / f"series={SERIES}"
     started = time.perf_counter()
-    history = write_history(args, root)
+    history, _ = write_history(args, root)
     write_seconds = time.perf_counter() - started
     rng = np.random.default_rng(args.seed + 1)
     edited = np.sort(rng.choice(args.documents, size=args.edited, replace=False))
@@ -188,6 +209,8 @@ def timed_store(args, work: Path, rerun: Path) -> dict:
 
 
 def markdown(report: dict) -> str:
+    if "rerun" in report:
+        return series_rerun.markdown(report)
     s = report["seconds"]
     return (
         "| documents | runs | edited | files | planning (s) | of it: list | index update | last texts "
