@@ -61,9 +61,10 @@ IO_CPUS = 0.25
 
 
 def checked_datastore(decoder: DecoderConfig) -> DecoderConfig:
-    """Opens the datastore once on the driver (a missing one fails now, not in every actor) and
-    gives the job its absolute path; the task that prepares the model puts its arrays in the object
-    store beside the tables, and the actors map that copy (none builds or reads its own)."""
+    """Checks the datastore's files once on the driver (a missing one fails now, not in every
+    actor; its arrays are not read here) and gives the job its absolute path; the task that
+    prepares the model puts its arrays in the object store beside the tables, and the actors map
+    that copy (none builds or reads its own)."""
     if not decoder.datastore:
         return decoder
     if storage.is_uri(decoder.datastore):  # copied to each node that runs actors, not here
@@ -71,7 +72,7 @@ def checked_datastore(decoder: DecoderConfig) -> DecoderConfig:
             raise JobFailed(f"decoder.datastore: {decoder.datastore!r} holds no datastore (no meta.json)")
         return decoder
     directory = Path(decoder.datastore).expanduser().resolve()
-    Datastore.open(directory)
+    Datastore.check(directory)  # its files, not its arrays: the driver holds none of them
     return dataclasses.replace(decoder, datastore=str(directory))
 
 

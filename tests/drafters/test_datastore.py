@@ -225,6 +225,14 @@ def test_a_store_of_segments_finds_the_longest_match_of_any_segment(tmp_path):
     (tmp_path / "t0" / "v=1" / "meta.json").write_text('{"segments": ["seg=0", "seg=1", "seg=2"]}')
     opened = Datastore.open(tmp_path / "t0" / "v=1")
     assert len(opened.segments) == 3 and opened.meta["segments"] == ["seg=0", "seg=1", "seg=2"]
+    # A driver checks the store without reading (or joining) an array: a torn array passes the
+    # check, which names a missing segment's file.
+    (tmp_path / "t0" / "seg=1" / "suffix_array.npy").write_bytes(b"torn")
+    meta, found = Datastore.check(tmp_path / "t0" / "v=1")
+    assert meta["segments"] == ["seg=0", "seg=1", "seg=2"] and [p.name for p in found] == meta["segments"]
+    (tmp_path / "t0" / "seg=2" / "tokens.npy").unlink()
+    with pytest.raises(FileNotFoundError, match=r"seg=2/tokens\.npy does not exist"):
+        Datastore.check(tmp_path / "t0" / "v=1")
 
 
 def test_on_a_tie_the_newest_segment_wins_and_the_object_stores_copy_keeps_the_segments(tmp_path):
