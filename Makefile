@@ -93,4 +93,4 @@ test-vllm034: install-vllm034
 	    tests/pipeline/engines/vllm/v2 tests/drafters/device
 
 benchmark: install
-	$(PYTHON) -m jobs.benchmark quality --dataset humaneval --limit 40 --max-new-tokens 128 --out results.json
+	$(PYTHON) -m lab quality --dataset humaneval --limit 40 --max-new-tokens 128 --out results.json

@@ -3,7 +3,8 @@ circle, and nothing outside an engine's folder reaches past its public surface (
 
 Layers, top to bottom (docs/layout.md, "Where things are"; ../shared/ARCHITECTURE.md), a folder each:
 
-    jobs                 entry points and the benchmark
+    lab                  lab/: the research instruments (python -m lab), outside the wheel
+    jobs                 entry points and the benchmark (what a user runs to decide)
     job                  pipeline/job/: ray_job (read -> the processor -> Parquet), run (the run's paths, plan
                          and summary), rows, inputs, output_files, series, series_store
     llm                  pipeline/llm/: ray.data.llm's API (processor) and its stage: stage, actor_pool, schema,
@@ -29,12 +30,13 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("jobs", "pipeline", "drafters")
+PACKAGES = ("lab", "jobs", "pipeline", "drafters")
 ENGINES = ("pipeline.engines.vllm", "pipeline.engines.transformers")
 
 # Top first. A module belongs to the layer of the longest prefix it starts with (a prefix matches
 # the module itself and everything below it).
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
+    ("lab", ("lab",)),  # the research instruments, outside the wheel: nothing of the product imports them
     ("jobs", ("jobs",)),
     ("job", ("pipeline.job",)),
     ("llm", ("pipeline.llm",)),
@@ -290,7 +292,7 @@ def test_every_file_the_code_and_readme_name_exists():
     at its commits)."""
     import re
 
-    named = re.compile(r"\b((?:pipeline|drafters|jobs|tests)/[\w/]+\.py)\b")
+    named = re.compile(r"\b((?:pipeline|drafters|jobs|lab|tests)/[\w/]+\.py)\b")
     sources = [path for package in (*PACKAGES, "tests") for path in (ROOT / package).rglob("*.py")]
     docs = sorted((ROOT / "docs").glob("*.md"))
     stale = sorted(

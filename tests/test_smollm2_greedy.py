@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from pipeline.loading.drafters import build_tables, load_draft_model, make_drafter
-from jobs.benchmark.hf import hf_generate
+from lab.hf import hf_generate
 from pipeline.config import DecoderConfig, ModelConfig, TransformersConfig
 from pipeline.engines.transformers.speculative_decoder import SpeculativeDecoder, Verifying
 from pipeline.loading.model import cache_root

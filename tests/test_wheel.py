@@ -70,6 +70,7 @@ def test_the_wheel_holds_every_module_and_the_command(wheel):
     assert not missing, f"{len(missing)} of {len(modules)} modules are missing from {wheel.name}: {missing[:10]}"
     assert "ngrammys = jobs.cli:main" in entry_points
     assert not {name for name in names if name.startswith("tests/")}, "the tests are not part of the product"
+    assert not {name for name in names if name.startswith("lab/")}, "the lab's instruments are not part of the product"
 
 
 def new_environment(directory: Path, wheel: Path | None) -> Path:

@@ -5,21 +5,18 @@
 Every engine of ours is built through pipeline/engines/build.py, as a job builds it, so the
 benchmark measures what users run; speed-ups are ratios within one run, the methods taking turns
 so that drifts fall on all alike. Each writes its report as JSON (--out) and a markdown table beside it.
-- quality: every method on every prompt, one request at a time, against transformers' generate;
-- grid: the N-Grammys paper's k x w figures for one drafter;
-- throughput: batched generation on the transformers engine per batch size;
 - engines: vLLM plain, its own ngram and suffix methods and ours on vLLM, side by side in rounds
   of new prompts;
-- sampling: sampled rows of vLLM plain, its own methods and ours checked against the model's
-  distribution (log-likelihood, and a uniformity test of every token);
-- pipeline: the Ray job against its stage in-process;
-- feeding: how full the engine is kept: our job end to end against vLLM's own LLM.generate over
-  all prompts at once and against ray.data.llm's processor;
-- occupancy RUN_DIR: the slots each feeding design keeps busy at any engine size, simulated with a
-  run's real output lengths;
+- speculation: the job in engine.speculation auto, on and off, side by side on the same rows;
+- rows: the job's own cost per row against vLLM's LLM.generate;
+- series-edits: a series' edited rerun through the job, against fresh runs of vLLM's suffix and plain;
+- series-history: what a series' rerun costs after a long history (planning, the store, the rerun);
 - replay RUN_DIR: a greedy run's outputs through our drafter, vLLM's suffix and n-gram drafters at
   any batch size, no model, and a projection of tokens/s on a GPU or this CPU;
-- gpu-step, host-step, host-speed: one engine step's parts, measured where they run (micro/).
+- speculators: recorded answers through vLLM >= 0.34's own speculators, and their projection;
+- gpu-check: our speculator end to end on a GPU with vLLM >= 0.34, against its suffix and plain.
+
+The research instruments behind docs/measurements/ are the lab's (`python -m lab`, outside the wheel).
 """
 
 from __future__ import annotations

@@ -7,41 +7,34 @@ from __future__ import annotations
 import argparse
 import importlib
 
-# subcommand -> its module
+# subcommand -> its module: what a user runs to decide (modes and engines on their own rows, the
+# row path, a series' costs, the replay and its projections). The research instruments are the
+# lab's (lab/cli.py: python -m lab), outside the wheel.
 SUBCOMMANDS = {
-    "quality": "jobs.benchmark.quality",
-    "grid": "jobs.benchmark.grid",
-    "throughput": "jobs.benchmark.throughput",
     "engines": "jobs.benchmark.engines",
-    "sampling": "jobs.benchmark.sampling",
-    "edits": "jobs.benchmark.edits",
+    "speculation": "jobs.benchmark.speculation",
+    "rows": "jobs.benchmark.row_path",
     "series-edits": "jobs.benchmark.series_edits",
     "series-history": "jobs.benchmark.series_history",
-    "scale": "jobs.benchmark.scale",
-    "rows": "jobs.benchmark.row_path",
-    "speculation": "jobs.benchmark.speculation",
-    "restarts": "jobs.benchmark.restarts",
-    "pipeline": "jobs.benchmark.pipeline_overhead",
-    "feeding": "jobs.benchmark.feeding",
-    "occupancy": "jobs.benchmark.occupancy",
     "replay": "jobs.benchmark.replay",
     "speculators": "jobs.benchmark.speculators",
     "gpu-check": "jobs.benchmark.gpu_check",
-    "gpu-step": "jobs.benchmark.micro.gpu_step",
-    "host-step": "jobs.benchmark.micro.host_step",
-    "host-speed": "jobs.benchmark.micro.host_speed",
-    "sampling-draw": "jobs.benchmark.micro.sampling_draw",
 }
 
 
-def parser(prog: str = "python -m jobs.benchmark") -> argparse.ArgumentParser:
+def parser(
+    prog: str = "python -m jobs.benchmark", commands: dict[str, str] | None = None, description: str = ""
+) -> argparse.ArgumentParser:
+    """The command line of `commands` (SUBCOMMANDS by default), each subcommand's options its module's."""
     import jobs.benchmark
 
     top = argparse.ArgumentParser(
-        prog=prog, description=jobs.benchmark.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog=prog,
+        description=description or jobs.benchmark.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     subcommands = top.add_subparsers(dest="command", required=True, metavar="SUBCOMMAND")
-    for name, module_name in SUBCOMMANDS.items():
+    for name, module_name in (commands or SUBCOMMANDS).items():
         module = importlib.import_module(module_name)
         sub = subcommands.add_parser(
             name,
@@ -57,10 +50,12 @@ def parser(prog: str = "python -m jobs.benchmark") -> argparse.ArgumentParser:
     return top
 
 
-def main(argv=None, prog: str = "python -m jobs.benchmark") -> dict:
+def main(
+    argv=None, prog: str = "python -m jobs.benchmark", commands: dict[str, str] | None = None, description: str = ""
+) -> dict:
     from jobs.benchmark.report import write
 
-    args = parser(prog).parse_args(argv)
+    args = parser(prog, commands, description).parse_args(argv)
     module = importlib.import_module(args.module)
     report = module.run(args)
     return write(report, args.out, module.markdown(report))

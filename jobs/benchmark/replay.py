@@ -380,7 +380,7 @@ def run(args) -> dict:
 
     if args.project == "cpu" and (args.step_costs or not args.host_step):
         raise SystemExit(
-            "--project cpu: this CPU's step comes from --host-step (python -m jobs.benchmark host-step), "
+            "--project cpu: this CPU's step comes from --host-step (python -m lab host-step), "
             "not --step-costs (a GPU's)"
         )
     answers = load_answers(

@@ -113,7 +113,7 @@ def variant(text: str) -> tuple[str, list[str]]:
 
 def corpus_rows(prompts, kind: str | None = None) -> list[dict]:
     """The job's input rows (id, prompt): the prompts as they are, or each edited by `kind`."""
-    from jobs.benchmark.edits import edit
+    from jobs.benchmark.document_edits import edit
 
     return [{"id": p.request_id, "prompt": edit(p.prompt, kind) if kind else p.prompt} for p in prompts]
 

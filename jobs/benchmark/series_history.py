@@ -115,7 +115,11 @@ def index_path(root: Path) -> str:
 
 
 def run(args) -> dict:
-    measure = (lambda work: series_rerun.timed(args, work, SERIES)) if args.model else (lambda work: timed(args, work))
+    measure = (
+        (lambda work: series_rerun.timed(args, work, SERIES, write_history))
+        if args.model
+        else (lambda work: timed(args, work))
+    )
     if args.work_dir:
         shutil.rmtree(args.work_dir, ignore_errors=True)
         return measure(Path(args.work_dir))

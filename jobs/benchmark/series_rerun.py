@@ -87,8 +87,8 @@ class JobHistory:
         pq.write_table(pa.table({"fingerprint": fingerprints}), path)
 
 
-def timed(args, work: Path, series: str) -> dict:
-    from jobs.benchmark.series_history import write_history
+def timed(args, work: Path, series: str, write_history) -> dict:
+    """The history written by `write_history` (series_history's, for the job), then the rerun."""
     from pipeline.job.series_store import extend_store
 
     job = JobHistory(args, work, series)

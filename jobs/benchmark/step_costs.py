@@ -3,9 +3,9 @@ allocator takes them:
 - `RooflineStepCost`: a GPU step from its spec sheet: c(n) = max(bytes / bandwidth, flops(n) / peak)
   with bytes the weights plus the batch's KV cache and flops(n) = 2 x parameters x n. Tokens are
   free until the step turns compute-bound, then cost their FLOPs. A projection, not a measurement;
-- `MeasuredStepCost`: a GPU step as measured on one (jobs/benchmark/micro/gpu_step.py), for the replay's
+- `MeasuredStepCost`: a GPU step as measured on one (lab/gpu_step.py), for the replay's
   projection where a GPU was at hand;
-- `CpuStepCost`: this CPU's vLLM step as measured (jobs/benchmark/micro/host_step.py), for the replay's
+- `CpuStepCost`: this CPU's vLLM step as measured (lab/host_step.py), for the replay's
   projection onto the machine the live benchmarks run on (`--project cpu`).
 """
 
@@ -55,7 +55,7 @@ class RooflineStepCost:
 
 @dataclass(frozen=True)
 class MeasuredStepCost:
-    """A GPU step's seconds as measured (jobs/benchmark/micro/gpu_step.py: a table of batch sizes x tokens
+    """A GPU step's seconds as measured (lab/gpu_step.py: a table of batch sizes x tokens
     fed per request, at one context): the table's batch size nearest to `batch` (in ratio),
     interpolated linearly in the tokens fed per request, and extrapolated past its last two points,
     but never faster than the GPU fed tokens in any measured step: a long draft (a prediction's, up
@@ -94,7 +94,7 @@ class MeasuredStepCost:
 @dataclass(frozen=True)
 class CpuStepCost:
     """A step of the vLLM CPU engine, host and device together (it runs synchronously), from a
-    jobs/benchmark/micro/host_step.py report of plain steps of B requests: a step that feeds n tokens
+    lab/host_step.py report of plain steps of B requests: a step that feeds n tokens
     costs what a plain step of n requests did, interpolated between the measured batch sizes and
     extrapolated along the last two. (On a CPU a step's work grows with the tokens it feeds,
     whichever requests they belong to: the weights' products dominate; attention over a request's

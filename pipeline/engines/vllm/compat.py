@@ -320,7 +320,7 @@ def install_keyed_draws(worker) -> bool:
 
 
 def uninstall_keyed_draws(worker) -> bool:
-    """vLLM's own draws again on this worker (the benchmark's comparison: jobs/benchmark/sampling.py)."""
+    """vLLM's own draws again on this worker (the benchmark's comparison: lab/sampling.py)."""
     runner = worker.model_runner
     if getattr(runner, "vllm_draws", None) is not None:
         del runner._sample  # the class's method again

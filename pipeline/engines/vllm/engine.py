@@ -235,7 +235,7 @@ class VllmEngine:
 
     def keyed_draws(self, on: bool) -> None:
         """Sampled rows drawn with keyed noise (on, the engine's way), or with vLLM's own draws and
-        rejection sampler (off: the benchmark's comparison, jobs/benchmark/sampling.py). vLLM 0.32 only:
+        rejection sampler (off: the benchmark's comparison, lab/sampling.py). vLLM 0.32 only:
         they live in model runner V1's sampler."""
         if runs_speculator():
             raise RuntimeError("the keyed draws run on vLLM 0.32's model runner V1 only, not on vLLM 0.34")

@@ -29,7 +29,7 @@ GPU_MAX_NUM_SEQS = 256
 NGRAM_GPU = "vllm_ngram_gpu"
 # Rows in flight per engine slot with ray.max_concurrent_batches auto. A batch goes back only when
 # its longest request ends, so most of the rows in flight belong to batches that wait for their
-# stragglers: with a long-tailed length mix (jobs/benchmark/occupancy.py) 3 rows per slot keep the
+# stragglers: with a long-tailed length mix (lab/occupancy.py) 3 rows per slot keep the
 # slots busy where fewer do not (docs/measurements/feeding-and-occupancy.md, "Occupancy at A100 scale").
 ROWS_PER_SLOT = 3
 TRANSFORMERS_ONLY = "engine.name: transformers"

@@ -5,7 +5,7 @@ import sys
 import pytest
 
 from jobs.benchmark.datasets import Prompt
-from jobs.benchmark.edits import edit
+from jobs.benchmark.document_edits import edit
 from jobs.benchmark.job_runs import job_command, summary_path
 from jobs.benchmark.series_edits import cell_rows, cells, corpus_rows, goals, series_directory, variant
 

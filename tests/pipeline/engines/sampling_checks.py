@@ -5,7 +5,7 @@ after a rejected draft, and the text's log-likelihood against its exact expectat
 
 from __future__ import annotations
 
-from jobs.benchmark.sampling import Evidence, gather, uniformity_p_value
+from lab.sampling import Evidence, gather, uniformity_p_value
 from pipeline.engines.base import Failed, Request, Result
 
 # Seeds are fixed, so each test is deterministic: an exact engine fails it for 1 in 10,000 choices of seeds.

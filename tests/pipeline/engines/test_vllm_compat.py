@@ -59,8 +59,8 @@ INSIDES = frozenset(
 EXEMPT = {
     "jobs.benchmark.replay_methods": "replays vLLM's own n-gram kernel (vllm.v1.spec_decode.ngram_proposer) "
     "beside our drafters",
-    "jobs.benchmark.restarts": "makes vLLM's engine step fail (a patch of LLMEngine.step) to measure a restart",
-    "jobs.benchmark.micro.host_step": "times vLLM's model runner's forward and sampler on its worker",
+    "lab.restarts": "makes vLLM's engine step fail (a patch of LLMEngine.step) to measure a restart",
+    "lab.host_step": "times vLLM's model runner's forward and sampler on its worker",
     "jobs.benchmark.speculators": "runs vLLM 0.34's own decode bookkeeping (RequestState, post_update) and "
     "speculators on CPU tensors, beside ours",
 }
@@ -249,7 +249,7 @@ def test_compat_itself_is_what_the_rules_catch():
             "vllm.v1.sample.rejection_sampler (a private",
         ),
         ("pipeline.llm.stage", "def f():\n    import vllm._C", "vllm._C (a private"),
-        ("jobs.benchmark.feeding", "from vllm import _custom_ops", "vllm._custom_ops (a private"),
+        ("lab.feeding", "from vllm import _custom_ops", "vllm._custom_ops (a private"),
         ("pipeline.engines.vllm.engine", "import sys\nenvs = sys.modules.get('vllm.envs')", "vllm.envs (a private"),
         ("pipeline.engines.vllm.engine", "from vllm import envs", "vllm.envs (a private"),
         ("pipeline.engines.vllm.engine", "import importlib\nimportlib.import_module('vllm.utils')", "vllm.utils"),

@@ -232,7 +232,7 @@ def test_log_probabilities_come_with_the_drafts_as_without_them(engines, request
 def test_a_callers_own_run_of_vllm_gives_the_same_results(engines, requests, reference, tiny_model_dir):
     """The feeding benchmark's ideal: vLLM's LLM.generate over every request at once, on the engine
     and its proposer, instead of the engine's feeder."""
-    from jobs.benchmark.feeding import all_at_once
+    from lab.feeding import all_at_once
 
     ours = engines[1]
     swap(ours, tiny_model_dir, "unigram")

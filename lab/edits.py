@@ -1,6 +1,6 @@
 """edits: a scheduled corpus run over an edited corpus, its changed rows drafted from their last output.
 
-    python -m jobs.benchmark edits --dataset corpus-rewrite-code --limit 32 --max-new-tokens 128 --batch 1,16
+    python -m lab edits --dataset corpus-rewrite-code --limit 32 --max-new-tokens 128 --batch 1,16
 
 The corpus is run once (plain vLLM, greedy): those are the rows' last outputs. Then every document
 is edited (a line a third of the way in extended, a line two thirds of the way in deleted) and the edited corpus is
@@ -24,12 +24,12 @@ drafted from their last output (jobs/benchmark/replay.py).
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from pathlib import Path
 
 from jobs.benchmark.arguments import add_prompt_args, integers
+from jobs.benchmark.document_edits import EDITS, edit, edit_kinds
 from jobs.benchmark.report import markdown_table
 from pipeline.engines.base import Failed, Request
 
@@ -70,51 +70,6 @@ def add_cli_args(parser) -> None:
         help="instead of comparing methods: plain vLLM's earlier run and edited runs as Parquet in "
         "DIR/earlier and DIR/<edit kind>, for `replay DIR/<kind> --predictions DIR/earlier`",
     )
-
-
-EDITS = ("line", "field", "paragraph")
-
-
-def edit_kinds(text: str) -> list[str]:
-    kinds = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [kind for kind in kinds if kind not in EDITS]
-    if unknown or not kinds:
-        raise argparse.ArgumentTypeError(f"unknown edit {unknown or text!r}: choose from {', '.join(EDITS)}")
-    return kinds
-
-
-def edit(prompt: str, kind: str = "line") -> str:
-    """The prompt's document edited (its instruction, before the first blank line, kept):
-    - line: " (updated)" appended to the line a third of the way in, the line two thirds in deleted;
-    - field: one value changed: the first number a third of the way in or later incremented (a
-      word appended to that line where there is none);
-    - paragraph: five lines from a third of the way in replaced by one new line."""
-    lines = prompt.splitlines(keepends=True)
-    start = next((i + 1 for i, line in enumerate(lines) if not line.strip()), 0)  # after the instruction
-    body = lines[start:]
-    if len(body) >= 6:
-        third = len(body) // 3
-        if kind == "line":
-            body[third] = body[third].rstrip("\n") + " (updated)\n"
-            del body[2 * third]
-        elif kind == "field":
-            body = changed_field(body, third)
-        else:
-            body[third : third + 5] = ["(This part was rewritten.)\n"]
-    return "".join(lines[:start] + body)
-
-
-def changed_field(body: list[str], first: int) -> list[str]:
-    """The first number at or after line `first` incremented; without one, " (v2)" on that line."""
-    import re
-
-    for i in range(first, len(body)):
-        match = re.search(r"\d+", body[i])
-        if match:
-            body[i] = body[i][: match.start()] + str(int(match.group()) + 1) + body[i][match.end() :]
-            return body
-    body[first] = body[first].rstrip("\n") + " (v2)\n"
-    return body
 
 
 def run(args) -> dict:

@@ -6,7 +6,7 @@ import torch
 
 from drafters.primitives.keyed_noise import gumbel_argmax_torch
 from drafters.primitives.sampling import SamplingParams, sample
-from jobs.benchmark.micro.sampling_draw import agreement_row, coupling_row, inverse_cdf_batched
+from lab.sampling_draw import agreement_row, coupling_row, inverse_cdf_batched
 
 
 def test_the_batched_inverse_cdf_draws_what_sample_draws():

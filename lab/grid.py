@@ -1,9 +1,9 @@
 """grid: the N-Grammys paper's figures for one drafter on this machine.
 
-    python -m jobs.benchmark grid [--drafter mixed] --dataset humaneval,gsm8k --plots DIR ...
+    python -m lab grid [--drafter mixed] --dataset humaneval,gsm8k --plots DIR ...
 
 sweeps DRAFTER:k:w over k in {1, 2, 4, 8, 16} and w in {1, 2, 4, 8} next to hf_greedy,
-hf_prompt_lookup:10, plain and DRAFTER:auto:auto (quality mode, jobs/benchmark/quality.py), and
+hf_prompt_lookup:10, plain and DRAFTER:auto:auto (quality mode, lab/quality.py), and
 draws per dataset the paper's Figure 3 (tokens per call) and Figure 5 (wall-time speed-up) as
 k x w heatmaps, and Figure 4's ablations (accepted-length distribution, rank of the winning row,
 rows and wins per strategy) for the best fixed (k, w), auto and the largest (k, w).
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jobs.benchmark import quality
+from lab import quality
 from jobs.plots import AcceptanceCounts, save_acceptance_plots, save_heatmap
 
 GRID_K, GRID_W = (1, 2, 4, 8, 16), (1, 2, 4, 8)

@@ -1,6 +1,6 @@
 """throughput: generated tokens/s of batched generation on the transformers engine.
 
-    python -m jobs.benchmark throughput --batch 1,4,8 --spec context_ngram:auto:auto ...
+    python -m lab throughput --batch 1,4,8 --spec context_ngram:auto:auto ...
 
 per --batch size B: transformers' generate over left-padded batches of B (hf_greedy, and
 hf_greedy_gqa on our engine's attention call), and the transformers engine plain and with each
@@ -14,8 +14,8 @@ import time
 
 from jobs.benchmark.arguments import add_prompt_args
 from jobs.benchmark.datasets import encode_prompt, load_prompts
-from jobs.benchmark.hf import hf_generate_batch
-from jobs.benchmark.quality import our_config
+from lab.hf import hf_generate_batch
+from lab.quality import our_config
 from jobs.benchmark.report import markdown_table
 from pipeline.config import ModelConfig
 from pipeline.engines.base import Request

@@ -1,6 +1,6 @@
 """occupancy: the engine slots a feeding design keeps busy, simulated at any size.
 
-    python -m jobs.benchmark occupancy RUN_DIR [RUN_DIR ...] --slots 256 --batch-size 64 \
+    python -m lab occupancy RUN_DIR [RUN_DIR ...] --slots 256 --batch-size 64 \
         [--requests 20000] --out occupancy.json
 
 No model runs: each request occupies a slot for as many engine steps as it generated tokens

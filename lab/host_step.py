@@ -1,6 +1,6 @@
 """The host's time per engine step: what vLLM's async scheduling hides on a GPU.
 
-    python -m jobs.benchmark host-step --batch 16,64,256 --max-new-tokens 32 --out host_step.json
+    python -m lab host-step --batch 16,64,256 --max-new-tokens 32 --out host_step.json
 
 vLLM plain (greedy, no drafts) on this CPU, B requests at once that all run their max tokens. Each
 step's device work (the model's forward, its logits and the sampler: on a GPU, kernels) is timed

@@ -1,6 +1,6 @@
 """feeding: how full the engine is kept, our job against vLLM's ideal and ray.data.llm.
 
-    python -m jobs.benchmark feeding --dataset humaneval --limit 96 --max-new-tokens 256 \
+    python -m lab feeding --dataset humaneval --limit 96 --max-new-tokens 256 \
         --max-num-seqs 16 --batch-size 16 --spec plain,batch_suffix:1:auto --out feeding.json
 
 The same prompts and engine settings (max_num_seqs, dtype, eager, KV cache) three ways, for each

@@ -1,6 +1,6 @@
 """sampling: are sampled rows the model's own samples, with speculation on the vLLM engine?
 
-    python -m jobs.benchmark sampling --dataset sharegpt --limit 28 --max-new-tokens 96 \
+    python -m lab sampling --dataset sharegpt --limit 28 --max-new-tokens 96 \
         --temperature 0.9 --spec batch_suffix:1:auto
 
 vLLM plain, vllm_ngram (vllm_suffix where arctic-inference is installed) and the --spec methods on

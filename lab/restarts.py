@@ -1,6 +1,6 @@
 """restarts: an engine that fails mid-run is closed and built again in place (pipeline/llm/stage.py).
 
-    python -m jobs.benchmark restarts --limit 64 --max-new-tokens 32 --failures 3
+    python -m lab restarts --limit 64 --max-new-tokens 32 --failures 3
 
 The job's stage on the vLLM engine, in this process, generates the prompts once as they are, then
 `--failures` times more with its engine's step raising part-way (at half the clean pass's steps):

@@ -3,7 +3,7 @@
 seconds of a decoder step's matrix products and attention for the named model shape, random bf16
 weights, replayed as one CUDA graph (no launch overhead, as vLLM's CUDA graphs).
 
-    python -m jobs.benchmark gpu-step --model 8b --gpu h100 --batch 1,16,64,256 --fed 1,2,3,5,9 \
+    python -m lab gpu-step --model 8b --gpu h100 --batch 1,16,64,256 --fed 1,2,3,5,9 \
         --context 320 --out gpu_step.json
 
 Attention (`--attention`): `gqa` is torch's SDPA with grouped-query heads (one query row per fed

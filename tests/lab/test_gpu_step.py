@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from jobs.benchmark.micro.gpu_step import attend
-from jobs.benchmark.micro.host_speed import scaled
+from lab.gpu_step import attend
+from lab.host_speed import scaled
 
 
 @pytest.mark.parametrize("fed", [1, 2, 5])

@@ -4,7 +4,7 @@ the streaming design, with as many batches in flight as the config gives it, kee
 import numpy as np
 import pytest
 
-from jobs.benchmark.occupancy import simulate
+from lab.occupancy import simulate
 from pipeline.config import load_config
 from pipeline.engines.build import concurrent_batches
 

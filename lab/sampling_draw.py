@@ -1,7 +1,7 @@
 """What one rule for sampled draws on both engines would cost: a sampled token's draw by the
 transformers engine's rule and by the vLLM engine's, against the model's step, on real logits.
 
-    python -m jobs.benchmark sampling-draw --batch 1,16 --positions 1,8,32 --out sampling_draw.json
+    python -m lab sampling-draw --batch 1,16 --positions 1,8,32 --out sampling_draw.json
 
 The two rules (docs/how-it-works.md, "Two keyed samplers, and why"):
 - *inverse CDF* (the transformers engine: `sample`): the token at

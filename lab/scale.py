@@ -1,6 +1,6 @@
 """scale: a series over a corpus of N documents, run once, then again with a few documents edited.
 
-    python -m jobs.benchmark scale --model .cache/test/test-models/tiny-llama-<hash> --documents 2000,20000 \
+    python -m lab scale --model .cache/test/test-models/tiny-llama-<hash> --documents 2000,20000 \
         --edited 20 --max-new-tokens 4
 
 Each run is `python -m jobs.generate` in a process of its own, with a Ray of its own (job_runs.py),

@@ -1,6 +1,6 @@
 """quality: every method on every prompt, one request at a time, against transformers' generate.
 
-    python -m jobs.benchmark quality --dataset humaneval|gsm8k|sharegpt|PATH.jsonl --limit N --max-new-tokens M \
+    python -m lab quality --dataset humaneval|gsm8k|sharegpt|PATH.jsonl --limit N --max-new-tokens M \
         --out results.json [--model M] [--methods hf_greedy,plain,mixed:4:4,...] \
         [--temperature T --top-p P --top-k K --seed S]
 
@@ -25,7 +25,7 @@ from drafters.draft_model import self_draft_model
 from drafters.primitives.sampling import SamplingParams, request_seed
 from jobs.benchmark.arguments import add_prompt_args, add_sampling_args
 from jobs.benchmark.datasets import encode_prompt, load_prompts
-from jobs.benchmark.hf import hf_generate
+from lab.hf import hf_generate
 from jobs.benchmark.report import markdown_table
 from jobs.plots import AcceptanceCounts
 from pipeline.config import (

@@ -1,6 +1,6 @@
 """pipeline: what the Ray job costs over running its stage in-process.
 
-    python -m jobs.benchmark pipeline [--config FILE] --dataset humaneval --limit N
+    python -m lab pipeline [--config FILE] --dataset humaneval --limit N
 
 runs the same prompts through the Ray job and through the job's stage in this process, with the
 decoder of --config, and compares tokens/s after start-up.

@@ -1,8 +1,8 @@
 """How fast a host runs an engine step's bookkeeping: to carry the host time per step measured on
 this CPU's vLLM (host_step.py) over to a GPU machine's host, where vLLM cannot run.
 
-    python -m jobs.benchmark host-speed --batch 16,64,256 --out host_speed.json
-    python -m jobs.benchmark host-speed --scale host_step_cpu.json --base host_speed_cpu.json \
+    python -m lab host-speed --batch 16,64,256 --out host_speed.json
+    python -m lab host-speed --scale host_step_cpu.json --base host_speed_cpu.json \
         --out host_step_gpu_host.json     # on the GPU's host: host-step's figures x (there / here)
 
 The work stands in for what a scheduler step does in Python per running request (append the
