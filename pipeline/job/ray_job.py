@@ -40,7 +40,7 @@ from pipeline import storage
 from pipeline.engines.build import checked_config, engine_kind, run_batch_size
 from pipeline.llm.actor_pool import start_preparing, unplaceable
 from pipeline.llm.errors import JobFailed
-from pipeline.config import Config, DecoderConfig
+from pipeline.config import Config
 from pipeline.job import rows as job_rows, series, series_store
 from pipeline.llm.checkpoint import FilteredUpstream, WrittenKeysManager, checkpoint_config as ids_checkpoint
 from pipeline.llm import Processor
@@ -48,7 +48,7 @@ from pipeline.job.inputs import check_columns, input_names, read_input
 from pipeline.job import openai_batch
 from pipeline.job.output_files import parquet_files, readable_columns, set_aside_unreadable, whole_files
 from pipeline.llm.progress import RunProgress, empty_totals
-from pipeline.job.run import Reading, RunPaths, RunPlan, RunSummary
+from pipeline.job.run import Reading, Resolved, RunPaths, RunPlan, RunSummary
 from pipeline.job.block_counts import SUMS, block_totals, count_block, unwritten_columns
 
 # Small and fractional on purpose, for every operator beside the actors (a column selection too):
@@ -60,37 +60,40 @@ from pipeline.job.block_counts import SUMS, block_totals, count_block, unwritten
 IO_CPUS = 0.25
 
 
-def checked_datastore(decoder: DecoderConfig) -> DecoderConfig:
+def checked_datastore(datastore: str) -> str:
     """Checks the datastore's files once on the driver (a missing one fails now, not in every
     actor; its arrays are not read here) and gives the job its absolute path; the task that
     prepares the model puts its arrays in the object store beside the tables, and the actors map
     that copy (none builds or reads its own)."""
-    if not decoder.datastore:
-        return decoder
-    if storage.is_uri(decoder.datastore):  # copied to each node that runs actors, not here
-        if storage.info(storage.join(decoder.datastore, "meta.json"), "decoder.datastore").type.name == "NotFound":
-            raise JobFailed(f"decoder.datastore: {decoder.datastore!r} holds no datastore (no meta.json)")
-        return decoder
-    directory = Path(decoder.datastore).expanduser().resolve()
+    if not datastore:
+        return datastore
+    if storage.is_uri(datastore):  # copied to each node that runs actors, not here
+        if storage.info(storage.join(datastore, "meta.json"), "decoder.datastore").type.name == "NotFound":
+            raise JobFailed(f"decoder.datastore: {datastore!r} holds no datastore (no meta.json)")
+        return datastore
+    directory = Path(datastore).expanduser().resolve()
     Datastore.check(directory)  # its files, not its arrays: the driver holds none of them
-    return dataclasses.replace(decoder, datastore=str(directory))
+    return str(directory)
 
 
 # --- The plan: what the run does, decided once at its start ----------------------------------
 
 
 def make_plan(config: Config, run_id: str) -> RunPlan:
-    """The run's paths, the config its rows come from (its datastore checked), the one the actors
-    draft with (a series drafts from its store of earlier outputs), the settings' fingerprint and
-    the checkpoint."""
-    config = dataclasses.replace(config, decoder=checked_datastore(config.decoder))
+    """The run's paths, its config (its datastore checked), the settings' fingerprint, the
+    checkpoint, and the datastore the actors draft from (a series drafts from its store of earlier
+    outputs, checked like a datastore the config names)."""
+    config = dataclasses.replace(
+        config, decoder=dataclasses.replace(config.decoder, datastore=checked_datastore(config.decoder.datastore))
+    )
     paths = RunPaths.of(config, run_id)
-    drafting = series_store.with_series_store(config, paths.store)
-    if drafting is not config:  # the series' store: checked like a datastore the config names
-        drafting = dataclasses.replace(drafting, decoder=checked_datastore(drafting.decoder))
+    datastore = series_store.series_datastore(config, paths.store)
+    if datastore != config.decoder.datastore:
+        datastore = checked_datastore(datastore)
     fingerprint = series.settings_fingerprint(config)
     keys = series.fingerprint_filter(config, fingerprint) if config.job.series else None
-    return RunPlan(config, drafting, paths, fingerprint, run_checkpoint(paths, config.input.id_column, keys))
+    checkpoint = run_checkpoint(paths, config.input.id_column, keys)
+    return RunPlan(config, paths, fingerprint, checkpoint, Resolved(datastore=datastore))
 
 
 def run_checkpoint(paths: RunPaths, id_column: str, fingerprints: type | None) -> CheckpointConfig:
@@ -215,7 +218,7 @@ def generate_and_write(config: Config, run_id: str) -> dict:
     started, started_at = time.perf_counter(), time.time()
     plan = make_plan(config, run_id)
     # The model is prepared where the actors run while the input is read and counted.
-    preparing = start_preparing(checked_config(plan.drafting))
+    preparing = start_preparing(checked_config(plan.actor_config))
     set_aside = prepare_output(plan)
     # So is a series' index of its last outputs (after the unreadable ones are set aside).
     last = series.last_outputs(plan.paths.runs_root, plan.paths.outputs_index, IO_CPUS) if config.job.series else None
@@ -240,7 +243,7 @@ def generate_and_write(config: Config, run_id: str) -> dict:
     plan = with_run_batches(plan, rows)
     settings = job_rows.stage_settings(config, run_id, True, expected, reading.predicted or last is not None)
     processor = Processor(
-        config=plan.drafting,
+        config=plan.actor_config,
         settings=settings,
         checkpoint=plan.checkpoint,
         preprocess=job_rows.request_row(config, plan.fingerprint),
@@ -275,12 +278,11 @@ def generate_and_write(config: Config, run_id: str) -> dict:
 def with_run_batches(plan: RunPlan, rows: int) -> RunPlan:
     """The plan whose actors take batches of ray.batch_size rows: as set, or for auto the engine's
     batch grown for a run of `rows` (run_batch_size). The summary records the size that ran."""
-    drafting = plan.drafting
-    if drafting.ray.batch_size:
-        return plan
-    batch = engine_kind(drafting.engine.name).batch_size(drafting)
-    ray_settings = dataclasses.replace(drafting.ray, batch_size=run_batch_size(batch, rows, drafting.ray.max_actors))
-    return dataclasses.replace(plan, drafting=dataclasses.replace(drafting, ray=ray_settings))
+    config = plan.actor_config
+    batch = config.ray.batch_size or run_batch_size(
+        engine_kind(config.engine.name).batch_size(config), rows, config.ray.max_actors
+    )
+    return dataclasses.replace(plan, resolved=dataclasses.replace(plan.resolved, batch_size=batch))
 
 
 def write_openai_outputs(paths: RunPaths) -> dict:

@@ -82,14 +82,30 @@ class RunPaths:
 
 
 @dataclass(frozen=True)
+class Resolved:
+    """What a run decides at its start beyond its config."""
+
+    datastore: str = ""  # what the actors draft from: decoder.datastore (checked), or the series' store
+    batch_size: int = 0  # the rows of an actor's batch: ray.batch_size, or auto's size for this run (0: not sized yet)
+
+
+@dataclass(frozen=True)
 class RunPlan:
     """What a run does, decided at its start: the rest of the job reads it."""
 
     config: Config  # as given (its datastore checked): what decides the rows' text and fingerprints
-    drafting: Config  # what the actors draft with: `config`, or with the series' store as its datastore
     paths: RunPaths
     fingerprint: str  # pipeline/job/series.settings_fingerprint of `config`
     checkpoint: CheckpointConfig  # what the read skips and the write records
+    resolved: Resolved
+
+    @property
+    def actor_config(self) -> Config:
+        """The config the actors run, derived here only: `config` with what the run resolved."""
+        config, resolved = self.config, self.resolved
+        decoder = dataclasses.replace(config.decoder, datastore=resolved.datastore)
+        ray_settings = dataclasses.replace(config.ray, batch_size=resolved.batch_size or config.ray.batch_size)
+        return dataclasses.replace(config, decoder=decoder, ray=ray_settings)
 
 
 @dataclass(frozen=True)
@@ -163,7 +179,7 @@ class RunSummary:
     # switches with their drain and restart seconds (pipeline/engines/speculation.py).
     speculation: dict
     driver_peak_rss_mb: float
-    settings: dict  # the drafting config's sections as run
+    settings: dict  # the actors' config's sections as run (RunPlan.actor_config)
     # An OpenAI Batch input's output and error files (pipeline/job/openai_batch.py), their requests;
     # null for other inputs.
     openai_batch: dict | None
@@ -194,9 +210,9 @@ class RunSummary:
             set_aside=reading.set_aside,
             **run_counts(after),
             **invocation_counts(this_time, reading, wall),
-            speculation={"setting": plan.drafting.engine.speculation, "actors": this_time["speculation"]},
+            speculation={"setting": plan.config.engine.speculation, "actors": this_time["speculation"]},
             driver_peak_rss_mb=round(peak_rss_mb(), 1),
-            settings={section: asdict(getattr(plan.drafting, section)) for section in SECTIONS},
+            settings={section: asdict(getattr(plan.actor_config, section)) for section in SECTIONS},
             openai_batch=openai_batch,
         )
 

@@ -54,14 +54,15 @@ def current_version(root: str) -> str | None:
     return version
 
 
-def with_series_store(config: Config, root: str) -> Config:
-    """The config a run of a series drafts with: decoder.datastore is the series' store (at `root`:
-    RunPaths.store) where the config names none, its drafter drafts from one and an earlier run has built it."""
+def series_datastore(config: Config, root: str) -> str:
+    """The datastore a run of a series drafts from: the series' store (at `root`: RunPaths.store)
+    where the config names none, its drafter drafts from one and an earlier run has built it;
+    decoder.datastore otherwise."""
     if not config.job.series or config.decoder.datastore:
-        return config
+        return config.decoder.datastore
     version = current_version(root)
     decoder = dataclasses.replace(config.decoder, datastore=version or "")
-    return dataclasses.replace(config, decoder=decoder) if version and needs_datastore(decoder) else config
+    return version if version and needs_datastore(decoder) else config.decoder.datastore
 
 
 @ray.remote

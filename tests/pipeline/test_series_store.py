@@ -13,7 +13,7 @@ from drafters.suffix.store_search import SEPARATOR
 from pipeline import storage
 from pipeline.config import load_config
 from pipeline.job.run import RunPaths
-from pipeline.job.series_store import current_version, extend_store, with_series_store
+from pipeline.job.series_store import current_version, extend_store, series_datastore
 
 extend = extend_store._function  # the Ray task's body
 MODEL = load_config().model.name
@@ -58,7 +58,7 @@ def test_the_store_holds_every_runs_generated_rows_once_and_is_extended_run_by_r
         == str(tmp_path / "out" / "_checkpoints" / "series=nightly" / "store")
         + f"/model={paths.store.rsplit('=', 1)[1]}"
     )
-    assert extend(config, paths) is None and with_series_store(config, store) == config  # nothing run yet
+    assert extend(config, paths) is None and series_datastore(config, store) == ""  # nothing run yet
     write_run(runs_root, "r1", [([1, 2, 3], None), ([9, 9], "row 'x': refused"), ([], None)])
     write_run(runs_root, "r2", [([4, 5], None)])  # a run that was never resumed is taken in too
     write_run(runs_root, "r2", [([7, 7, 7], None)], model="another", name="1.parquet")  # another model's: left out
@@ -73,7 +73,7 @@ def test_the_store_holds_every_runs_generated_rows_once_and_is_extended_run_by_r
     assert sorted(documents(extended)[-2:]) == [[6, 7, 8], [9, 8]] and second["runs"] == 3
     assert storage.list_directories(store, "v=") == [second["path"].rsplit("/", 1)[1]]
     # The next run drafts from the newest version, unless the config names a store of its own.
-    assert with_series_store(config, store).decoder.datastore == second["path"]
+    assert series_datastore(config, store) == second["path"]
     own = load_config(
         overrides=[
             f"job.output={tmp_path / 'out'}",
@@ -82,9 +82,9 @@ def test_the_store_holds_every_runs_generated_rows_once_and_is_extended_run_by_r
             f"decoder.datastore={tmp_path / 'elsewhere'}",
         ]
     )
-    assert with_series_store(own, store) == own
+    assert series_datastore(own, store) == own.decoder.datastore
     no_drafts = load_config(overrides=[f"job.output={tmp_path / 'out'}", "job.series=nightly", "decoder.w=0"])
-    assert with_series_store(no_drafts, store) == no_drafts
+    assert series_datastore(no_drafts, store) == ""
 
 
 def test_a_series_copied_elsewhere_finds_its_store_holding_its_files(tmp_path):
