@@ -157,7 +157,7 @@ def save_occupancy(summary: dict, path: Path) -> Path | None:
 
 def save_speculation(summary: dict, path: Path) -> Path | None:
     """Each actor's speculation mode over its busy seconds (summary.json's speculation): every
-    measured window a segment at its tokens per second, coloured by the drafter that ran it ("none":
+    measured window a segment at its tokens per second, coloured by the mode that ran it ("none":
     plain), and a dotted line where the actor switched; None when no actor measured a window."""
     actors = (summary.get("speculation") or {}).get("actors") or {}
     if not any(report["windows"] for report in actors.values()):
@@ -167,21 +167,21 @@ def save_speculation(summary: dict, path: Path) -> Path | None:
     colours: dict[str, str] = {}
     for number, report in enumerate(actors.values()):
         for window in report["windows"]:
-            colour = colours.setdefault(window["drafter"], f"C{len(colours)}")
+            colour = colours.setdefault(mode_of(window), f"C{len(colours)}")
             start = window["at_busy_seconds"]
             axes.plot(
                 [start, start + window["seconds"]],
                 [window["tokens_per_second"]] * 2,
                 color=colour,
                 linewidth=3,
-                label=window["drafter"] if window["drafter"] not in axes.get_legend_handles_labels()[1] else None,
+                label=mode_of(window) if mode_of(window) not in axes.get_legend_handles_labels()[1] else None,
             )
         for switch in report["switches"]:
             axes.axvline(switch["at_busy_seconds"], color=f"C{number}", linestyle=":", linewidth=1)
     axes.set_xlabel("an actor's busy seconds (dotted: it switched mode)")
     axes.set_ylabel("tokens/s in the window")
-    axes.legend(fontsize=7, title="drafter", title_fontsize=7)
-    modes = ", ".join(f"{r['drafter']} ({r['decided_by']})" for r in actors.values())
+    axes.legend(fontsize=7, title="mode", title_fontsize=7)
+    modes = ", ".join(f"{mode_of(r)} ({r['decided_by']})" for r in actors.values())
     axes.set_title(f"speculation {summary['speculation']['setting']}: {modes}", fontsize=9)
     figure.tight_layout()
     figure.savefig(path, dpi=120)
@@ -213,16 +213,21 @@ def markdown(report: dict) -> str:
     if report["speculation"]:
         lines += [
             "",
-            "| actor | drafter now | decided by | switches | restart s | windows: drafter tokens/s |",
+            "| actor | mode now | decided by | switches | restart s | windows: mode tokens/s |",
             "|---|---|---|---|---|---|",
         ]
         lines += [
-            f"| {r['actor']} | {r['drafter']} | {r['decided_by']} | {r['switches']} | {r['restart_seconds']} | "
+            f"| {r['actor']} | {r['mode']} | {r['decided_by']} | {r['switches']} | {r['restart_seconds']} | "
             f"{r['windows']} |"
             for r in report["speculation"]
         ]
     lines += ["", *[f"![{path}]({path})" for path in report["plots"]]]
     return "\n".join(lines) + "\n"
+
+
+def mode_of(entry: dict) -> str:
+    """An actor's or a window's mode in summary.json (`drafter` in runs written before it was `mode`)."""
+    return entry["mode"] if "mode" in entry else entry["drafter"]
 
 
 def speculation_rows(summary: dict) -> list[dict]:
@@ -231,11 +236,11 @@ def speculation_rows(summary: dict) -> list[dict]:
     return [
         {
             "actor": actor[:12],
-            "drafter": r["drafter"],
+            "mode": mode_of(r),
             "decided_by": r["decided_by"],
             "switches": len(r["switches"]),
             "restart_seconds": r["restart_seconds"],
-            "windows": ", ".join(f"{w['drafter']} {w['tokens_per_second']}" for w in r["windows"][-6:]),
+            "windows": ", ".join(f"{mode_of(w)} {w['tokens_per_second']}" for w in r["windows"][-6:]),
         }
         for actor, r in actors.items()
     ]

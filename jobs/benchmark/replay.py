@@ -472,7 +472,7 @@ def auto_projection(rows: list[dict], args) -> list[dict]:
         predicted = ours == "ours_prediction"
         platform = "gpu" if gpu else "cpu"
         rule = speculation.platform_rule(platform, batch, predicted)
-        short = rates[Chooser(tuple(rates), platform, batch, 0.0, None, predictions=predicted).current]
+        short = rates[Chooser(modes=tuple(rates), platform=platform, running=batch, predictions=predicted).mode]
         plain = rates[speculation.PLAIN]
         for hours in args.actor_hours:
             measured, chooser = simulate_auto(rates, platform, batch, predicted, 3600 * hours, args.restart_seconds)
@@ -482,11 +482,11 @@ def auto_projection(rows: list[dict], args) -> list[dict]:
                     "actor_hours": hours,
                     "ours": ours + budget if ours + budget in found else ours,
                     **{f"{name}_tokens_per_second": round(value, 1) for name, value in rates.items()},
-                    "rule": rule.choice,
+                    "rule": rule.mode,
                     "rule_measures": rule.measure,
                     "rows_with_predictions": predicted,
                     "short_job_vs_plain": round(short / plain, 3),
-                    "auto_drafter": chooser.current,
+                    "auto_drafter": chooser.mode,
                     "auto_switches": len(chooser.switches),
                     "auto_tokens_per_second": round(measured, 1),
                     "auto_vs_plain": round(measured / plain, 3),
@@ -505,11 +505,17 @@ def simulate_auto(
     predictions or not, as the job tells it) over `seconds` of work at each mode's tokens/s `rates`:
     a batch of `running` rows a second; a switch costs `restart_seconds` with nothing generated.
     Returns (its tokens/s, the chooser)."""
-    chooser = Chooser(tuple(rates), platform, running, 0.0, int(seconds) * running, predictions=predicted)
+    chooser = Chooser(
+        modes=tuple(rates),
+        platform=platform,
+        running=running,
+        expected_rows=int(seconds) * running,
+        predictions=predicted,
+    )
     chooser.restart_seconds = restart_seconds
     busy = clock = tokens = 0.0
     while clock < seconds:
-        made = rates[chooser.current]
+        made = rates[chooser.mode]
         busy, clock, tokens = busy + 1.0, clock + 1.0, tokens + made
         target = chooser.observe(busy, int(made), running, running if predicted else 0)
         if target is not None:

@@ -10,7 +10,7 @@ at the cost of an engine restart.
 `on` runs the configured drafter, `off` plain. `auto` starts in the mode RULES give for the
 platform and the engine's concurrency, where the projection (docs/speculation.md) says who wins
 clearly, and stays there. Where it leaves the answer open, the actor measures on its own rows:
-a window of busy seconds in each candidate mode, one after the other, then keeps the one that
+a window of busy seconds in each mode, one after the other, then keeps the one that
 generated the most tokens per second, and measures again from time to time (the interval doubling
 while the answer stands), and at once when the share of rows with a prediction moves. An actor
 measures only while its remaining work pays for it: the round's restarts, and the windows it may
@@ -56,7 +56,7 @@ class Rule:
     platform: str
     most_running: float  # up to this many requests running at once
     predictions: bool | None  # for rows that carry a prediction (True), rows that do not (False), or both
-    choice: str  # DRAFTING (the configured drafter), PLAIN or NGRAM_GPU
+    mode: str  # DRAFTING (the configured drafter), PLAIN or NGRAM_GPU
     measure: bool
     why: str  # the figures behind it (docs/speculation.md, docs/device-speculator.md have their commands)
     greedy: bool | None = None  # for a run whose rows are greedy (True), sampled (False), or both
@@ -216,8 +216,8 @@ def reads_sampling(name: str) -> bool:
     return any(r.greedy is not None for r in RULES if r.platform == name)
 
 
-def candidates(config: Config) -> tuple[str, ...]:
-    """The drafters an actor may run (engine.speculation), the configured one first: `on` runs it,
+def modes(config: Config) -> tuple[str, ...]:
+    """The modes an actor may run (engine.speculation), the configured one first: `on` runs it,
     `off` plain, `auto` chooses among it, plain and the engine library's async drafters."""
     from pipeline.engines.build import engine_kind
 
@@ -231,7 +231,7 @@ def candidates(config: Config) -> tuple[str, ...]:
 
 
 def mode_config(config: Config, drafter: str) -> Config:
-    """The config an engine runs `drafter` from (one of `candidates(config)`)."""
+    """The config an engine runs `drafter` from (one of `modes(config)`)."""
     if drafter == config.decoder.drafter:
         return config
     w = {NGRAM_GPU: NGRAM_GPU_W, "vllm_suffix": VLLM_SUFFIX_W}.get(drafter, config.decoder.w)
@@ -252,7 +252,7 @@ def concurrency(config: Config, expected_rows: int | None) -> int:
 class Window:
     """What one mode generated over a stretch of an actor's busy seconds."""
 
-    drafter: str
+    mode: str
     start: float  # the actor's busy seconds when it opened
     seconds: float = 0.0
     tokens: int = 0
@@ -269,7 +269,7 @@ class Window:
 
     def as_dict(self) -> dict:
         return {
-            "drafter": self.drafter,
+            "mode": self.mode,
             "at_busy_seconds": round(self.start, 2),
             "seconds": round(self.seconds, 2),
             "tokens": self.tokens,
@@ -279,18 +279,18 @@ class Window:
         }
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Chooser:
     """An actor's choice of mode (the module's docstring), fed each finished batch. Pure: the stage
     makes the switches it asks for and tells it how long they took."""
 
-    candidates: tuple[str, ...]
-    platform: str  # "gpu" or "cpu": whose RULES apply; "" : none (engine.speculation on or off, or one candidate)
-    running: int  # the engine's concurrency, which the rule reads
-    window_setting: float  # engine.speculation_window_s (0: window_s)
-    expected_rows: int | None  # this actor's share of the job's rows (None: not known)
+    modes: tuple[str, ...]  # the modes it chooses among (the configured drafter, PLAIN, NGRAM_GPU)
+    platform: str = ""  # "gpu", "gpu_v2" or "cpu": whose RULES apply; "": none (engine.speculation on or off)
+    running: int = 1  # the engine's concurrency, which the rule reads
+    window_setting: float = 0.0  # engine.speculation_window_s (0: window_s)
+    expected_rows: int | None = None  # this actor's share of the job's rows (None: not known)
     restart_seconds: float = 0.0  # an engine's start, as last measured
-    current: str = ""
+    mode: str = ""  # the mode the engine runs
     busy: float = 0.0  # the actor's busy seconds so far
     rows: int = 0
     window: Window | None = None
@@ -309,11 +309,11 @@ class Chooser:
     rule: Rule | None = None  # the rule for the rows seen last (None: no rule applies)
 
     def __post_init__(self):
-        if self.platform and len(self.candidates) > 1:
+        if self.platform and len(self.modes) > 1:
             self.rule = platform_rule(self.platform, self.running, self.predictions, self.greedy)
             self.decided_by = "rule"
-        self.current = self.current or self.mode_of(self.rule)
-        self.window = Window(self.current, self.busy)
+        self.mode = self.mode or self.mode_of(self.rule)
+        self.window = Window(self.mode, self.busy)
 
     @property
     def min_rows(self) -> int:
@@ -321,11 +321,11 @@ class Chooser:
         return 2 * self.running
 
     def mode_of(self, rule: Rule | None) -> str:
-        """The candidate a rule names (the configured drafter with none; an async drafter this
+        """The mode a rule names (the configured drafter with none; an async drafter this
         engine does not have stands down to plain)."""
-        if rule is None or rule.choice == DRAFTING:
-            return self.candidates[0]
-        return rule.choice if rule.choice in self.candidates else PLAIN
+        if rule is None or rule.mode == DRAFTING:
+            return self.modes[0]
+        return rule.mode if rule.mode in self.modes else PLAIN
 
     @property
     def window_s(self) -> float:
@@ -334,7 +334,7 @@ class Chooser:
 
     @property
     def measures(self) -> bool:
-        return self.rule is not None and self.rule.measure and len(self.candidates) > 1
+        return self.rule is not None and self.rule.measure and len(self.modes) > 1
 
     def observe(self, busy: float, tokens: int, rows: int, predicted_rows: int, sampled_rows: int = 0) -> str | None:
         """A finished batch of the current engine (`busy`: the actor's busy seconds now); returns
@@ -348,25 +348,25 @@ class Chooser:
         if self.pending is not None or window.seconds < self.window_s or window.rows < self.min_rows:
             return None
         self.history.append(window)
-        self.window = Window(self.current, busy)
+        self.window = Window(self.mode, busy)
         return self.after(window)
 
     def after(self, window: Window) -> str | None:
-        if self.round is not None:  # measuring: the next candidate, or the choice
-            self.round[window.drafter] = window
+        if self.round is not None:  # measuring: the next mode, or the one chosen
+            self.round[window.mode] = window
             return self.switch(self.to_measure.pop(0), "measure") if self.to_measure else self.settle()
         if self.rule is not None:
             now = platform_rule(self.platform, self.running, window.prediction_share > 0.5, self.greedy)
             if now != self.rule:  # the rows' mix moved to another rule: run its mode, and measure if it says so
                 self.rule, self.check_after, self.decided_by = now, 0.0, "rule"
-                if not now.measure and self.mode_of(now) != self.current and self.pays(self.restart_seconds):
+                if not now.measure and self.mode_of(now) != self.mode and self.pays(self.restart_seconds):
                     return self.switch(self.mode_of(now), "rule")
         moved = abs(window.prediction_share - self.settled_share) > MIX_TOLERANCE
         due = self.busy - self.settled_at >= self.check_after or moved
         if not (self.measures and due and self.pays(self.round_cost())):
             return None
-        self.round, self.incumbent = {window.drafter: window}, window.drafter
-        self.to_measure = [c for c in self.candidates if c != window.drafter]
+        self.round, self.incumbent = {window.mode: window}, window.mode
+        self.to_measure = [c for c in self.modes if c != window.mode]
         return self.switch(self.to_measure.pop(0), "measure")
 
     def sampled(self) -> str | None:
@@ -378,7 +378,7 @@ class Chooser:
             return None
         self.rule, self.decided_by = platform_rule(self.platform, self.running, self.predictions, False), "rule"
         mode = self.mode_of(self.rule)
-        return self.switch(mode, "sampled rows") if mode != self.current else None
+        return self.switch(mode, "sampled rows") if mode != self.mode else None
 
     def settle(self) -> str | None:
         """Chooses from the round's windows: the fastest, unless it beats the mode in place by less
@@ -387,20 +387,20 @@ class Chooser:
         shares = [w.prediction_share for w in windows.values()]
         best = max(windows.values(), key=lambda w: w.rate)
         if max(shares) - min(shares) > MIX_TOLERANCE:
-            choice, interval = self.current, self.window_s
+            chosen, interval = self.mode, self.window_s
         else:
-            choice = best.drafter if best.rate > windows[self.current].rate * (1 + MARGIN) else self.current
+            chosen = best.mode if best.rate > windows[self.mode].rate * (1 + MARGIN) else self.mode
             interval = self.round_cost() / MEASURE_BUDGET
-            if choice == self.incumbent and self.check_after:
+            if chosen == self.incumbent and self.check_after:
                 interval = 2 * self.check_after  # the answer stands: measure half as often
         self.check_after, self.settled_at = interval, self.busy
         self.settled_share, self.decided_by = best.prediction_share, "measured"
-        return self.switch(choice, "faster") if choice != self.current else None
+        return self.switch(chosen, "faster") if chosen != self.mode else None
 
     def round_cost(self) -> float:
-        """A round's busy seconds lost: a restart per candidate, and a slower mode's windows."""
-        others = len(self.candidates) - 1
-        return len(self.candidates) * self.restart_seconds + others * self.window_s * SLOWER_SHARE
+        """A round's busy seconds lost: a restart per mode, and a slower mode's windows."""
+        others = len(self.modes) - 1
+        return len(self.modes) * self.restart_seconds + others * self.window_s * SLOWER_SHARE
 
     def pays(self, cost: float) -> bool:
         """Whether `cost` busy seconds are at most MEASURE_BUDGET of the actor's remaining work: its
@@ -418,7 +418,7 @@ class Chooser:
             {
                 "at_busy_seconds": round(self.busy, 2),
                 "at": round(time.time(), 2),
-                "from": self.current,
+                "from": self.mode,
                 "to": drafter,
                 "why": why,
             }
@@ -429,21 +429,21 @@ class Chooser:
         """The engine now runs `drafter`: it waited `drain_seconds` for the batches in flight and
         took `restart_seconds` to start."""
         self.switches[-1].update(drain_seconds=round(drain_seconds, 2), restart_seconds=round(restart_seconds, 2))
-        self.current, self.pending, self.restart_seconds = drafter, None, restart_seconds
+        self.mode, self.pending, self.restart_seconds = drafter, None, restart_seconds
         self.window = Window(drafter, self.busy)
 
     def dropped(self, drafter: str) -> None:
-        """`drafter`'s engine could not start: it is no longer a candidate."""
-        self.candidates = tuple(c for c in self.candidates if c != drafter)
+        """`drafter`'s engine could not start: it is no longer one of the modes."""
+        self.modes = tuple(c for c in self.modes if c != drafter)
         self.to_measure = [c for c in self.to_measure if c != drafter]
         self.switches[-1]["why"] += f"; {drafter}'s engine could not start"
 
     def report(self) -> dict:
         """What summary.json says of this actor: its mode now, why, its windows and its switches."""
         return {
-            "drafter": self.current,
+            "mode": self.mode,
             "decided_by": self.decided_by,
-            "candidates": list(self.candidates),
+            "modes": list(self.modes),
             "rule": self.rule.why if self.rule is not None else None,
             "window_seconds": round(self.window_s, 2),
             "restart_seconds": round(self.restart_seconds, 2),
@@ -460,11 +460,11 @@ def chooser(config: Config, expected_rows: int | None, predictions: bool = False
     start is its `restart_seconds` once measured."""
     auto = config.engine.speculation == "auto"
     return Chooser(
-        candidates(config),
-        platform(config) if auto else "",
-        concurrency(config, expected_rows),
-        config.engine.speculation_window_s,
-        expected_rows,
+        modes=modes(config),
+        platform=platform(config) if auto else "",
+        running=concurrency(config, expected_rows),
+        window_setting=config.engine.speculation_window_s,
+        expected_rows=expected_rows,
         predictions=predictions,
         greedy=config.decoder.temperature == 0,
     )

@@ -47,7 +47,7 @@ class EngineSlot:
         engine: Engine | None = None,
     ):
         self.config, self.tables, self.chooser, self.count_failure = config, tables, chooser, count_failure
-        self.engine_config = speculation.mode_config(config, chooser.current)  # what a rebuild builds
+        self.engine_config = speculation.mode_config(config, chooser.mode)  # what a rebuild builds
         if engine is None:
             engine, chooser.restart_seconds = build_timed(self.engine_config, tables)
         # The engine and how many were built before it; replaced under engine_lock.
@@ -149,7 +149,7 @@ class EngineSlot:
             busy = self.busy + (time.perf_counter() - self.busy_since if self.in_flight else 0.0)
         with self.choice_lock:
             target = None
-            if drafter == self.chooser.current:
+            if drafter == self.chooser.mode:
                 target = self.chooser.observe(busy, tokens, len(requests), predicted, sampled)
         if target is not None:
             self.switch(target)

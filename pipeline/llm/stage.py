@@ -84,7 +84,7 @@ class GenerationStage:
         share = None if settings.expected_rows is None else -(-settings.expected_rows // config.ray.max_actors)
         chooser = speculation.chooser(config, share, settings.predictions)
         if engine is not None:  # given: it runs in its own mode
-            chooser = speculation.Chooser((engine.columns()["drafter"],), "", 1, 0.0, share)
+            chooser = speculation.Chooser(modes=(engine.columns()["drafter"],), expected_rows=share)
         self.slot = EngineSlot(config, tables, chooser, self.count_failure, engine)
         chosen = settings.statistics
         self.dropped = [] if chosen is None else [f.name for f in STATISTICS if f.name not in chosen]
@@ -355,7 +355,7 @@ class GenerationStage:
                     {**vars(batch), "accepted_draft_tokens": accepted},
                     steps,
                     self.reported_steps,
-                    chosen["drafter"],
+                    chosen["mode"],
                     len(chosen["switches"]),
                 )
             self.reported_steps = steps or self.reported_steps

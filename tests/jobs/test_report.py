@@ -65,7 +65,7 @@ def test_report_draws_each_actors_speculation_mode_over_its_windows(auto_run, tm
     output, _ = auto_run
     windows = [
         {
-            "drafter": "batch_suffix",
+            "mode": "batch_suffix",
             "at_busy_seconds": 0.0,
             "seconds": 30.0,
             "tokens": 3000,
@@ -74,7 +74,7 @@ def test_report_draws_each_actors_speculation_mode_over_its_windows(auto_run, tm
             "prediction_share": 0.0,
         },
         {
-            "drafter": "none",
+            "mode": "none",
             "at_busy_seconds": 30.0,
             "seconds": 31.0,
             "tokens": 3720,
@@ -84,9 +84,9 @@ def test_report_draws_each_actors_speculation_mode_over_its_windows(auto_run, tm
         },
     ]
     actor = {
-        "drafter": "none",
+        "mode": "none",
         "decided_by": "measured",
-        "candidates": ["batch_suffix", "none"],
+        "modes": ["batch_suffix", "none"],
         "rule": "open",
         "window_seconds": 30.0,
         "restart_seconds": 6.5,
@@ -116,7 +116,7 @@ def test_report_draws_each_actors_speculation_mode_over_its_windows(auto_run, tm
     assert result["speculation"] == [
         {
             "actor": "a1",
-            "drafter": "none",
+            "mode": "none",
             "decided_by": "measured",
             "switches": 1,
             "restart_seconds": 6.5,

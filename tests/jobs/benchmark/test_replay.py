@@ -96,7 +96,7 @@ def test_auto_measures_where_the_rule_leaves_it_open_and_the_restarts_cost_what_
     # window, ours', ngram_gpu's, then plain again (the next round, due 9,000 s later, no longer pays).
     assert simulate_auto(rates, "gpu", 256, False, 3600, 60)[1].switches == []
     tokens_per_second, chooser = simulate_auto(rates, "gpu", 256, False, 4 * 3600, 60)
-    assert chooser.current == PLAIN and [s["to"] for s in chooser.switches] == ["ours", NGRAM_GPU, PLAIN]
+    assert chooser.mode == PLAIN and [s["to"] for s in chooser.switches] == ["ours", NGRAM_GPU, PLAIN]
     assert chooser.window_s == 180 and tokens_per_second == pytest.approx(
         (100 * 180 + 120 * 180 + 150 * (4 * 3600 - 3 * 60 - 2 * 180)) / (4 * 3600), rel=1e-3
     )

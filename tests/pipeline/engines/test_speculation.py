@@ -1,4 +1,4 @@
-"""The speculation mode an actor runs in (pipeline/engines/speculation.py): the candidates each
+"""The speculation mode an actor runs in (pipeline/engines/speculation.py): the modes each
 setting allows, the rule, and the chooser fed made-up batches (no engine)."""
 
 import pytest
@@ -13,10 +13,10 @@ def vllm(*overrides):
     return load_config(overrides=["engine.name=vllm", *overrides])
 
 
-def chooser(running=16, expected_rows=None, restart=5.0, candidates=("batch_suffix", PLAIN), platform="cpu") -> Chooser:
+def chooser(running=16, expected_rows=None, restart=5.0, modes=("batch_suffix", PLAIN), platform="cpu") -> Chooser:
     """A CPU actor's chooser, by default at 16 requests at once (the rule starts it drafting and
     leaves the answer open), windows of 10 busy seconds and 32 rows."""
-    made = Chooser(candidates, platform, running, window_setting=10.0, expected_rows=expected_rows)
+    made = Chooser(modes=modes, platform=platform, running=running, window_setting=10.0, expected_rows=expected_rows)
     made.restart_seconds = restart
     return made
 
@@ -31,23 +31,23 @@ class Actor:
     def run(self, batches: int) -> "Actor":
         for _ in range(batches):
             self.busy += 1.0
-            self.modes.append(self.chooser.current)
-            target = self.chooser.observe(self.busy, int(self.rates[self.chooser.current]), 8, self.predicted)
+            self.modes.append(self.chooser.mode)
+            target = self.chooser.observe(self.busy, int(self.rates[self.chooser.mode]), 8, self.predicted)
             if target is not None:
                 self.chooser.switched(target, 0.0, self.chooser.restart_seconds)
         return self
 
 
-def test_each_setting_names_its_candidates_and_the_gpu_adds_vllms_async_ngram():
-    assert speculation.candidates(vllm()) == ("batch_suffix", PLAIN)
-    assert speculation.candidates(vllm("engine.speculation=on")) == ("batch_suffix",)
-    assert speculation.candidates(vllm("engine.speculation=off")) == (PLAIN,)
-    assert speculation.candidates(vllm("decoder.drafter=none")) == (PLAIN,)
+def test_each_setting_names_its_modes_and_the_gpu_adds_vllms_async_ngram():
+    assert speculation.modes(vllm()) == ("batch_suffix", PLAIN)
+    assert speculation.modes(vllm("engine.speculation=on")) == ("batch_suffix",)
+    assert speculation.modes(vllm("engine.speculation=off")) == (PLAIN,)
+    assert speculation.modes(vllm("decoder.drafter=none")) == (PLAIN,)
     gpu = vllm("ray.num_gpus_per_actor=1")
-    assert speculation.candidates(gpu) == ("batch_suffix", PLAIN, "vllm_ngram_gpu")
+    assert speculation.modes(gpu) == ("batch_suffix", PLAIN, "vllm_ngram_gpu")
     assert speculation.mode_config(gpu, "vllm_ngram_gpu").decoder.w == speculation.NGRAM_GPU_W
     assert checked_config(speculation.mode_config(gpu, "vllm_ngram_gpu")).decoder.drafter == "vllm_ngram_gpu"
-    assert speculation.candidates(load_config(overrides=["engine.name=transformers"])) == ("batch_suffix", PLAIN)
+    assert speculation.modes(load_config(overrides=["engine.name=transformers"])) == ("batch_suffix", PLAIN)
 
 
 def test_yamls_bare_on_and_off_are_the_settings_and_anything_else_is_refused():
@@ -64,21 +64,21 @@ def test_vllms_gpu_ngram_is_refused_on_cpu_actors_when_the_job_starts():
 
 def test_the_rule_reads_the_platform_the_engines_concurrency_and_the_rows_predictions():
     rule = speculation.platform_rule
-    assert rule("cpu", 1).choice == speculation.DRAFTING and not rule("cpu", 1).measure
-    assert rule("cpu", 16).measure and rule("cpu", 16).choice == speculation.DRAFTING
-    assert rule("cpu", 32).measure and rule("cpu", 32).choice == PLAIN and rule("cpu", 64).choice == PLAIN
-    assert rule("gpu", 16).choice == NGRAM_GPU and rule("gpu", 16, predictions=True).choice == speculation.DRAFTING
-    assert rule("gpu", 64).choice == NGRAM_GPU and not rule("gpu", 64).measure and rule("gpu", 64, True).measure
-    assert rule("gpu", 256).choice == PLAIN
+    assert rule("cpu", 1).mode == speculation.DRAFTING and not rule("cpu", 1).measure
+    assert rule("cpu", 16).measure and rule("cpu", 16).mode == speculation.DRAFTING
+    assert rule("cpu", 32).measure and rule("cpu", 32).mode == PLAIN and rule("cpu", 64).mode == PLAIN
+    assert rule("gpu", 16).mode == NGRAM_GPU and rule("gpu", 16, predictions=True).mode == speculation.DRAFTING
+    assert rule("gpu", 64).mode == NGRAM_GPU and not rule("gpu", 64).measure and rule("gpu", 64, True).measure
+    assert rule("gpu", 256).mode == PLAIN
     # vLLM 0.34 (every method on the device): greedy rows draft up to 128 running (measured where chat
     # loses), plain past it; sampled rows plain until measured.
-    assert rule("gpu_v2", 16).choice == speculation.DRAFTING and not rule("gpu_v2", 16).measure
-    assert rule("gpu_v2", 64).measure and rule("gpu_v2", 64).choice == PLAIN
-    assert rule("gpu_v2", 64, predictions=True).choice == speculation.DRAFTING and not rule("gpu_v2", 64, True).measure
-    assert rule("gpu_v2", 256).choice == PLAIN
-    assert rule("gpu_v2", 16, greedy=False).choice == PLAIN and rule("gpu_v2", 16, greedy=False).measure
+    assert rule("gpu_v2", 16).mode == speculation.DRAFTING and not rule("gpu_v2", 16).measure
+    assert rule("gpu_v2", 64).measure and rule("gpu_v2", 64).mode == PLAIN
+    assert rule("gpu_v2", 64, predictions=True).mode == speculation.DRAFTING and not rule("gpu_v2", 64, True).measure
+    assert rule("gpu_v2", 256).mode == PLAIN
+    assert rule("gpu_v2", 16, greedy=False).mode == PLAIN and rule("gpu_v2", 16, greedy=False).measure
     # On an engine without vLLM's ngram_gpu (the transformers engine on a GPU) the rule's ngram_gpu is plain.
-    assert Chooser(("batch_suffix", PLAIN), "gpu", 64, 0.0, None).current == PLAIN
+    assert Chooser(modes=("batch_suffix", PLAIN), platform="gpu", running=64).mode == PLAIN
     # The engine's slots, bounded by the rows the actor holds at once and by the rows it will see.
     assert speculation.concurrency(vllm("engine.max_num_seqs=16"), None) == 16
     assert speculation.concurrency(vllm("engine.max_num_seqs=16"), 3) == 3
@@ -141,7 +141,7 @@ def test_where_the_rows_are_not_known_a_stream_measures_once_it_has_lasted():
 
 
 def test_a_mode_whose_engine_cannot_start_is_dropped():
-    made = chooser(expected_rows=10**5, candidates=("batch_suffix", PLAIN, "vllm_ngram_gpu"))
+    made = chooser(expected_rows=10**5, modes=("batch_suffix", PLAIN, "vllm_ngram_gpu"))
     busy, target = 0.0, None
     while target is None:
         busy += 1.0
@@ -151,14 +151,14 @@ def test_a_mode_whose_engine_cannot_start_is_dropped():
     actor = Actor(made, {"batch_suffix": 100, "vllm_ngram_gpu": 500})
     actor.busy = busy
     actor.run(100)
-    assert made.candidates == ("batch_suffix", "vllm_ngram_gpu") and actor.modes[-1] == "vllm_ngram_gpu"
+    assert made.modes == ("batch_suffix", "vllm_ngram_gpu") and actor.modes[-1] == "vllm_ngram_gpu"
     assert "none's engine could not start" in made.switches[0]["why"]
 
 
 def test_rows_that_start_carrying_predictions_bring_their_own_rule():
     """A GPU actor at 64 sequences: ngram_gpu by a clear rule, never measured, until the rows carry
     predictions (a series' edited rows): their rule leaves it open, and the actor measures."""
-    made = chooser(running=64, expected_rows=10**7, candidates=("batch_suffix", PLAIN, NGRAM_GPU), platform="gpu")
+    made = chooser(running=64, expected_rows=10**7, modes=("batch_suffix", PLAIN, NGRAM_GPU), platform="gpu")
     actor = Actor(made, {"batch_suffix": 100, PLAIN: 90, NGRAM_GPU: 120}).run(400)
     assert made.switches == [] and set(actor.modes) == {NGRAM_GPU} and not made.rule.measure
     actor.predicted, actor.rates["batch_suffix"] = 8, 300

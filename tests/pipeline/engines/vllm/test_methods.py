@@ -93,10 +93,10 @@ def test_on_vllm_034_auto_chooses_among_ours_vllms_suffix_ngram_and_plain_by_its
     assert speculation.mode_config(gpu, "vllm_suffix").decoder.w == speculation.VLLM_SUFFIX_W
     at16 = ["ray.num_gpus_per_actor=1", "engine.max_num_seqs=16"]
     greedy = speculation.chooser(vllm(*at16), None)
-    assert greedy.greedy and greedy.rule.platform == "gpu_v2" and greedy.current == "batch_suffix"
+    assert greedy.greedy and greedy.rule.platform == "gpu_v2" and greedy.mode == "batch_suffix"
     # Sampled rows on vLLM 0.34: plain until measured.
     sampled = speculation.chooser(vllm(*at16, "decoder.temperature=0.7"), None)
-    assert sampled.current == speculation.PLAIN and sampled.measures and not sampled.greedy
+    assert sampled.mode == speculation.PLAIN and sampled.measures and not sampled.greedy
     # A greedy run whose rows turn out sampled (their own temperature) goes plain at its first sampled batch.
     assert greedy.observe(1.0, 100, 8, 0, sampled_rows=0) is None
     assert greedy.observe(2.0, 100, 8, 0, sampled_rows=3) == speculation.PLAIN and not greedy.greedy
