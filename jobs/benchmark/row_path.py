@@ -61,7 +61,7 @@ def llm_generate(args, texts: list[str]) -> dict:
     from pipeline.engines.build import build_engine, checked_config
 
     config = checked_config(load_config(None, settings(args)))  # plain: engine.speculation off
-    engine = build_engine(speculation.mode_config(config, speculation.candidates(config)[0]))
+    engine = build_engine(speculation.mode_config(config, speculation.modes(config)[0]))
     llm, params = engine.feeder.llm, SamplingParams(max_tokens=args.max_new_tokens, temperature=0.0)
     started = time.perf_counter()
     requests = [{"prompt_token_ids": encode_prompt(engine.tokenizer, text, str(i))} for i, text in enumerate(texts)]

@@ -89,7 +89,7 @@ def test_on_vllm_034_a_drafter_with_no_device_form_fails_at_start_naming_the_one
 def test_on_vllm_034_auto_chooses_among_ours_vllms_suffix_ngram_and_plain_by_its_own_rules(vllm034):
     gpu = vllm("ray.num_gpus_per_actor=1")
     assert speculation.platform(gpu) == "gpu_v2" and speculation.platform(vllm()) == "cpu"
-    assert speculation.candidates(gpu) == ("batch_suffix", speculation.PLAIN, "vllm_suffix", "vllm_ngram_gpu")
+    assert speculation.modes(gpu) == ("batch_suffix", speculation.PLAIN, "vllm_suffix", "vllm_ngram_gpu")
     assert speculation.mode_config(gpu, "vllm_suffix").decoder.w == speculation.VLLM_SUFFIX_W
     at16 = ["ray.num_gpus_per_actor=1", "engine.max_num_seqs=16"]
     greedy = speculation.chooser(vllm(*at16), None)
