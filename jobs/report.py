@@ -42,7 +42,7 @@ COLUMNS = (
     "num_target_calls",
     "num_verified_tokens",
     "tokens_per_call",
-    "alpha",
+    "acceptance_rate",
     "accepted_length_histogram",
     "accepted_rank_histogram",
     "strategy_rows",
@@ -108,14 +108,14 @@ def totals(rows: list[dict]) -> dict:
     generated = sum(row["num_generated_tokens"] or 0 for row in rows)
     calls = sum(row["num_target_calls"] or 0 for row in rows)
     fed = sum(row.get("num_verified_tokens") or 0 for row in rows)
-    alphas = [row["alpha"] for row in rows if row.get("alpha") is not None]
+    rates = [row["acceptance_rate"] for row in rows if row.get("acceptance_rate") is not None]
     return {
         "requests": len(rows),
         "generated_tokens": generated,
         "target_calls": calls,
         "tokens_per_call": round(generated / calls, 4) if calls else None,
         "verified_tokens_per_call": round(fed / calls, 3) if calls else None,
-        "mean_request_alpha": round(float(np.mean(alphas)), 4) if alphas else None,
+        "mean_row_acceptance_rate": round(float(np.mean(rates)), 4) if rates else None,
     }
 
 
@@ -202,13 +202,13 @@ def markdown(report: dict) -> str:
         f"{report['rows']} rows, {report['errored_rows']} errored.",
         "",
         *[f"Left out, not readable: {path}" for path in report["unreadable_files"]],
-        "| setting | requests | generated tokens | tokens/call | fed/call | mean α |",
+        "| setting | requests | generated tokens | tokens/call | fed/call | mean acceptance rate |",
         "|---|---|---|---|---|---|",
     ]
     for label, total in report["settings"].items():
         lines.append(
             f"| {label} | {total['requests']} | {total['generated_tokens']} | {total['tokens_per_call']} | "
-            f"{total['verified_tokens_per_call']} | {total['mean_request_alpha']} |"
+            f"{total['verified_tokens_per_call']} | {total['mean_row_acceptance_rate']} |"
         )
     if report["speculation"]:
         lines += [
@@ -251,7 +251,7 @@ SERIES_PANELS = (
     ("rows_skipped_already_done", "rows skipped (done)"),
     ("errored_rows", "errored rows"),
     ("tokens_per_second_after_startup", "tokens/s after start-up"),
-    ("mean_tokens_per_call", "tokens per call"),
+    ("tokens_per_call", "tokens per call"),
     ("acceptance_rate", "acceptance rate"),
 )
 

@@ -218,7 +218,7 @@ def job_row(args, method: Method, input_path: str, output: str, reference: dict)
         "engine_steps": summary["engine_steps"],
         "engine_idle_seconds": summary["engine_idle_seconds"],
         "engine_drain_seconds": summary["engine_drain_seconds"],
-        "tokens_per_call": summary["mean_tokens_per_call"],
+        "tokens_per_call": summary["tokens_per_call"],
         "identical_fraction": identical(outputs, reference),
     }
 

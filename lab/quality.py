@@ -205,7 +205,12 @@ def predicted_with_verify_cost(alpha: float, gamma: int, t_draft: float, t_verif
 
 
 def draft_model_predictions(stats: RequestStats, gamma: int, plain: MethodRun | None) -> dict:
-    if stats.alpha is None or not stats.num_draft_model_calls or plain is None or not plain.stats.num_target_calls:
+    if (
+        stats.acceptance_rate is None
+        or not stats.num_draft_model_calls
+        or plain is None
+        or not plain.stats.num_target_calls
+    ):
         return {}
     t_draft = stats.draft_seconds / stats.num_draft_model_calls
     t_verify = stats.verify_seconds / stats.num_target_calls
@@ -213,9 +218,9 @@ def draft_model_predictions(stats: RequestStats, gamma: int, plain: MethodRun | 
     return {
         "c_vs_plain_call": round(t_draft / t_plain, 4),
         "verify_call_vs_plain_call": round(t_verify / t_plain, 3),
-        "predicted_speedup_vs_plain": round(predicted_speedup(stats.alpha, gamma, t_draft / t_plain), 3),
+        "predicted_speedup_vs_plain": round(predicted_speedup(stats.acceptance_rate, gamma, t_draft / t_plain), 3),
         "predicted_with_verify_cost_vs_plain": round(
-            predicted_with_verify_cost(stats.alpha, gamma, t_draft, t_verify, t_plain), 3
+            predicted_with_verify_cost(stats.acceptance_rate, gamma, t_draft, t_verify, t_plain), 3
         ),
     }
 
@@ -247,7 +252,7 @@ def summarize(runs: list[MethodRun], reference: MethodRun, plain: MethodRun | No
             "median_draft_ms": None
             if stats.median_draft_seconds is None
             else round(1e3 * stats.median_draft_seconds, 3),
-            "alpha": None if stats.alpha is None else round(stats.alpha, 4),
+            "alpha": None if stats.acceptance_rate is None else round(stats.acceptance_rate, 4),
             "draft_cost_ratio": None if stats.draft_cost_ratio is None else round(stats.draft_cost_ratio, 4),
             "identical_fraction": None
             if identity_reference is None

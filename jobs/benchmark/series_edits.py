@@ -51,7 +51,7 @@ KINDS = ("line", "field", "paragraph")
 GOAL_CALLS_B1, GOAL_SPEED_B1 = 2.5, 1.4
 SUMMARY_FIELDS = (
     "tokens_per_second_after_startup",
-    "mean_tokens_per_call",
+    "tokens_per_call",
     "generated_tokens",
     "accepted_prediction_tokens",
     "rejected_prediction_tokens",
@@ -182,7 +182,7 @@ def cell_rows(kind: str, batch: int, results: dict[str, dict]) -> list[dict]:
     for ours in (row for row in rows if row["method"].startswith("ours")):
         for other in ("vllm_suffix", "plain"):
             row = next(row for row in rows if row["method"] == other)
-            for key, short in (("tokens_per_second_after_startup", "speed"), ("mean_tokens_per_call", "calls")):
+            for key, short in (("tokens_per_second_after_startup", "speed"), ("tokens_per_call", "calls")):
                 ours[f"{short}_vs_{other}"] = ratio(ours[key], row[key])
     return rows
 
@@ -255,7 +255,7 @@ def markdown(report: dict) -> str:
             "method": "method",
             "order": "ran",
             "tokens_per_second_after_startup": "tokens/s",
-            "mean_tokens_per_call": "tokens/call",
+            "tokens_per_call": "tokens/call",
             "generated_tokens": "tokens",
             "accepted_prediction_tokens": "prediction accepted",
             "rejected_prediction_tokens": "rejected",

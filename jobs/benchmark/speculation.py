@@ -70,7 +70,7 @@ def run_row(mode: str, number: int, summary: dict) -> dict:
         "round": number,
         "mode": mode,
         "tokens_per_second": summary["tokens_per_second_after_startup"],
-        "tokens_per_call": summary["mean_tokens_per_call"],
+        "tokens_per_call": summary["tokens_per_call"],
         "rows": summary["rows"],
         "errored_rows": summary["errored_rows"],
         "wall_seconds": summary["wall_seconds"],

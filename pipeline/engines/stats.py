@@ -1,5 +1,5 @@
 """Per-request acceptance statistics; each field is one output column, under the one name
-pipeline/llm/schema.py gives it (and so are the properties tokens_per_call, alpha, draft_cost_ratio
+pipeline/llm/schema.py gives it (and so are the properties tokens_per_call, acceptance_rate, draft_cost_ratio
 and median_draft_seconds)."""
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class RequestStats:
     accepted_prediction_tokens: int = 0
     rejected_prediction_tokens: int = 0
     # Draft tokens checked (accepted, then the first rejected one) and the sum of their acceptance
-    # probabilities: alpha = the mean, the acceptance rate of speculative sampling's analysis.
+    # probabilities: their mean is the acceptance rate of speculative sampling's analysis.
     num_checked_draft_tokens: int = 0
     sum_acceptance_probability: float = 0.0
     # Forward calls of a draft model (0 for table and context drafters).
@@ -63,7 +63,7 @@ class RequestStats:
         return self.num_generated_tokens / max(self.num_target_calls, 1)
 
     @property
-    def alpha(self) -> float | None:
+    def acceptance_rate(self) -> float | None:
         """Mean acceptance probability of a checked draft token; None when nothing was drafted."""
         if not self.num_checked_draft_tokens:
             return None
@@ -114,7 +114,7 @@ class RequestStats:
         row = {name: copy(getattr(self, name)) for name in _ROW_FIELDS}
         row.update(
             tokens_per_call=self.tokens_per_call,
-            alpha=self.alpha,
+            acceptance_rate=self.acceptance_rate,
             draft_cost_ratio=self.draft_cost_ratio,
             median_draft_seconds=self.median_draft_seconds,
         )

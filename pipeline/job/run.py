@@ -133,9 +133,9 @@ class RunSummary:
     generated_tokens: int
     # Per request step (num_target_calls), and per forward call of the target (a call shared by B
     # requests counted once; null where the engine does not report it).
-    mean_tokens_per_call: float | None
+    tokens_per_call: float | None  # the run's generated tokens per target call
     tokens_per_forward_call: float | None
-    acceptance_rate: float | None  # alpha over every checked draft token of the run (null: nothing drafted)
+    acceptance_rate: float | None  # over every checked draft token of the run (null: nothing drafted)
     # The rows' predictions drafted and accepted, and drafted and rejected (OpenAI's names).
     accepted_prediction_tokens: int
     rejected_prediction_tokens: int
@@ -248,7 +248,7 @@ def run_counts(after: dict) -> dict:
         "rows": after["rows"],
         "errored_rows": after["errored_rows"],
         "generated_tokens": after["generated_tokens"],
-        "mean_tokens_per_call": ratio(after["generated_tokens"], after["target_calls"], 4),
+        "tokens_per_call": ratio(after["generated_tokens"], after["target_calls"], 4),
         "tokens_per_forward_call": ratio(after["generated_tokens"], after["forward_calls"], 4),
         "acceptance_rate": ratio(after["acceptance_probability_sum"], after["checked_draft_tokens"], 4),
         "accepted_prediction_tokens": after["accepted_prediction_tokens"],

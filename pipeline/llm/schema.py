@@ -15,7 +15,7 @@ Each column of ours, once:
   without a draft);
 - accepted_prediction_tokens, rejected_prediction_tokens: the row's `prediction` tokens drafted and
   accepted, and drafted and rejected (OpenAI's names for predicted outputs; 0 without a prediction);
-- num_checked_draft_tokens, sum_acceptance_probability, alpha (their mean: the acceptance rate);
+- num_checked_draft_tokens, sum_acceptance_probability, acceptance_rate (their mean);
 - num_draft_model_calls, draft_cost_ratio (a draft model's call over a target call), draft_seconds,
   median_draft_seconds, verify_seconds; num_drafter_failed_steps (steps it went on without drafts);
 - the settings that ran: model, engine, drafter, k, w, auto_k, auto_w, verify, lenience, and the
@@ -68,7 +68,7 @@ STATISTICS = pa.schema(
         ("rejected_prediction_tokens", pa.int64()),
         ("num_checked_draft_tokens", pa.int64()),
         ("sum_acceptance_probability", pa.float64()),
-        ("alpha", pa.float64()),
+        ("acceptance_rate", pa.float64()),
         ("num_draft_model_calls", pa.int64()),
         ("num_drafter_failed_steps", pa.int64()),
         ("draft_cost_ratio", pa.float64()),

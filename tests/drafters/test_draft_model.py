@@ -72,7 +72,7 @@ def test_greedy_with_a_self_draft_is_plain_greedy(tiny_model):
             result = ours.generate(prompt, 30)
             assert result.token_ids == plain.generate(prompt, 30).token_ids, f"gamma {gamma} prompt {prompt}"
             assert result.stats.num_draft_model_calls > 0 and result.stats.draft_cost_ratio > 0
-            assert 0 <= result.stats.alpha <= 1
+            assert 0 <= result.stats.acceptance_rate <= 1
 
 
 def test_a_draft_model_directory_must_share_the_tokenizer(tiny_model_dir, smollm2):

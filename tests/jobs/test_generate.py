@@ -39,7 +39,7 @@ MEASURED = {
     "strategy_accepted_tokens",
     "num_checked_draft_tokens",
     "sum_acceptance_probability",
-    "alpha",
+    "acceptance_rate",
 }
 
 

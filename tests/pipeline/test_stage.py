@@ -66,7 +66,7 @@ def test_rows_sample_with_their_own_settings_and_reproduce(stage):
     assert first["temperature"][rows["greedy"]] == 0.0 and first["lenience"][rows["greedy"]] == 1.0
 
 
-def test_a_self_draft_stage_reports_alpha_and_draft_cost(tiny_model_dir, tmp_path):
+def test_a_self_draft_stage_reports_acceptance_rate_and_draft_cost(tiny_model_dir, tmp_path):
     config = load_config(
         overrides=[
             "engine.name=transformers",
@@ -81,7 +81,7 @@ def test_a_self_draft_stage_reports_alpha_and_draft_cost(tiny_model_dir, tmp_pat
     )
     out = generate(job_stage(config), {"id": ["a", "b"], "prompt": ["def f(x):", "Hello"]}).to_pydict()
     assert out["error"] == [None, None] and out["drafter"] == ["draft_model"] * 2
-    assert all(0 <= alpha <= 1 for alpha in out["alpha"]) and all(c > 0 for c in out["draft_cost_ratio"])
+    assert all(0 <= rate <= 1 for rate in out["acceptance_rate"]) and all(c > 0 for c in out["draft_cost_ratio"])
     assert all(calls > 0 for calls in out["num_draft_model_calls"])
 
 

@@ -50,7 +50,7 @@ def test_a_run_is_the_job_as_a_user_types_it():
 def summary(speed, calls, tokens, accepted=0):
     return {
         "tokens_per_second_after_startup": speed,
-        "mean_tokens_per_call": calls,
+        "tokens_per_call": calls,
         "generated_tokens": 6,
         "accepted_prediction_tokens": accepted,
         "rejected_prediction_tokens": 0,

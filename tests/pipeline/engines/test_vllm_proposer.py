@@ -41,7 +41,7 @@ def test_statistics_map_vllm_metrics_and_attribute_each_strategy():
     assert stats.num_verified_tokens == 6 + 7
     assert stats.accepted_length_histogram == [4, 1, 0, 1, 0]  # the three steps without a draft accepted none
     assert stats.accepted_rank_histogram == [2]
-    assert stats.num_checked_draft_tokens == 4 + 1 + 2 and stats.alpha == pytest.approx(4 / 7)
+    assert stats.num_checked_draft_tokens == 4 + 1 + 2 and stats.acceptance_rate == pytest.approx(4 / 7)
     assert stats.strategy_rows == {"context_ngram": 2, "bigram": 1, "none": 3}
     assert stats.strategy_wins == {"context_ngram": 2} and stats.strategy_accepted_tokens == {"context_ngram": 4}
 
