@@ -14,7 +14,7 @@ transformers on the same weights). Per method:
 - the p-value of a chi-square test (ten bins) that the tokens' randomised probability integral
   transforms, u = P(X < x) + V P(X = x) with V uniform, are uniform on [0, 1), as they are for
   exact samples.
-Tests use the same checks (tests/pipeline/engines/sampling_checks.py). Also per method: tokens/s,
+Tests use the same checks (tests/pipeline/engines/vllm/sampling_checks.py). Also per method: tokens/s,
 tokens per target call, and how many rows are token for token plain sampling's row with the same
 seed (issue 55: all of them on the vLLM engine).
 

@@ -304,3 +304,25 @@ def test_every_file_the_code_and_readme_name_exists():
         }
     )
     assert not stale, "\n".join(stale)
+
+
+def test_every_module_has_its_test_where_a_reader_looks():
+    """A module's tests are at its mirrored path (pipeline/llm/stage.py: tests/pipeline/llm/test_stage.py),
+    or in the test file docs/layout.md's "Where a module is tested" names for it, which exists."""
+    import re
+
+    table = (ROOT / "docs" / "layout.md").read_text().split("## Where a module is tested", 1)[1].split("\n## ", 1)[0]
+    listed = dict(re.findall(r"^\| `([\w/]+\.py)` \| `([\w/]+\.py)`", table, re.M))
+    modules = [
+        path.relative_to(ROOT)
+        for package in PACKAGES
+        if package != "lab"
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if path.name not in ("__init__.py", "__main__.py")
+    ]
+    mirrored = {str(m) for m in modules if (ROOT / "tests" / m.parent / f"test_{m.stem}.py").is_file()}
+    untested = [str(m) for m in modules if str(m) not in mirrored and str(m) not in listed]
+    assert not untested, f"no test file at the mirrored path, nor a row in docs/layout.md's table: {untested}"
+    assert not [m for m, t in listed.items() if not (ROOT / t).is_file()], "a test file the table names is gone"
+    assert not set(listed) & mirrored, "a module with its mirrored test file is listed too"
+    assert not set(listed) - {str(m) for m in modules}, "the table lists a module that is gone"

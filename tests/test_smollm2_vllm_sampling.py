@@ -1,11 +1,11 @@
 """Sampling with speculation on the real SmolLM2 in vLLM (fp32): with our default drafter and with
 vLLM's own n-gram method, every sampled token follows the model's distribution at temperature 0.7
 with top-k 50 and 1.0 with top-p 0.9, and the text's log-likelihood is the target's; with ours (whose
-drafts the test sees) the tokens after a rejected draft too (tests/pipeline/engines/sampling_checks.py
+drafts the test sees) the tokens after a rejected draft too (tests/pipeline/engines/vllm/sampling_checks.py
 says how). Without pipeline/engines/vllm/cpu_sampling.py, on vLLM's CPU build, each
 of these failed (docs/vllm-cpu-sampling.md).
 make test-nightly: two vLLM starts of SmolLM2 and four runs of 48 sampled requests (about 4 minutes).
-The same checks run in CI on a tiny model (tests/pipeline/engines/test_vllm_sampling.py)."""
+The same checks run in CI on a tiny model (tests/pipeline/engines/vllm/test_engine_sampling.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pipeline.engines.base import Request
 from pipeline.engines.build import build_engine, checked_config
 from jobs.benchmark.datasets import encode_prompt, load_prompts
 from drafters.primitives.sampling import SamplingParams
-from tests.pipeline.engines.sampling_checks import assert_exact, generate_tracking
+from tests.pipeline.engines.vllm.sampling_checks import assert_exact, generate_tracking
 
 pytestmark = pytest.mark.nightly
 

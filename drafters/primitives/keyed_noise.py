@@ -8,7 +8,7 @@ a key k, G_v = -log(-log u_v) with u_v = (bits_v + 0.5) 2^-53 and bits_v = split
 + (v + 1) 0x9E3779B97F4A7C15) >> 11. On a CPU the fused kernel draws it where the caller hands it in
 (the vLLM engine does: pipeline/engines/vllm/compat.py, the one module that reaches vLLM's kernels);
 otherwise (CUDA, or no kernel) the same function is computed with torch's integer arithmetic, which
-gives the same tokens bit for bit (tests/drafters/test_keyed_noise.py compares the two).
+gives the same tokens bit for bit (tests/drafters/primitives/test_keyed_noise.py compares the two).
 
 The key of position t is splitmix64(seed + γ) + t γ (mod 2^64, γ = 0x9E3779B97F4A7C15): distinct
 positions of one seed give distinct keys, and unrelated seeds collide with probability 2^-64.

@@ -11,7 +11,7 @@ what of vLLM's it touches, which vLLM versions it applies to and why.
 
 The code that runs in vLLM's place lives beside this module and imports nothing of vLLM's:
 cpu_sampling.py (the corrections) and seeded_sampling.py (the keyed draws); this module puts it
-where vLLM looks. tests/pipeline/engines/test_vllm_compat.py holds the rule (no other module imports
+where vLLM looks. tests/pipeline/engines/vllm/test_compat.py holds the rule (no other module imports
 vLLM's private modules or touches its private attributes) and says exactly what counts.
 
 The versions themselves, and which is installed, are versions.py's.

@@ -23,7 +23,7 @@ no offset: a seeded request with a long prompt kills the engine, with or without
 
 docs/vllm-cpu-sampling.md has the reproductions. The other rejection-sampling kernels of the CPU
 platform (the accept/reject test, the recovered-token draw, the greedy path) agree with their
-definitions (tests/pipeline/engines/test_vllm_cpu_sampling.py).
+definitions (tests/pipeline/engines/vllm/test_cpu_sampling.py).
 
 This module holds what runs in vLLM's place and imports nothing of vLLM's; compat.py's `install()`
 puts it there, in the process it runs in (REACHES: expand_kernel, empty_top_k_top_p, discarded_draws,

@@ -25,7 +25,7 @@ def test_the_transformers_engine_refuses_sliding_window_attention_at_start(tiny_
         r"it: .*DynamicSlidingWindowLayer.*Use engine.name: vllm",
     ):
         check_engine_can_run(config, tiny_gemma3_dir)
-    # The job fails at start too: tests/pipeline/test_ray_job.py.
+    # The job fails at start too: tests/pipeline/job/test_ray_job.py.
     check_engine_can_run(
         load_config(overrides=["engine.name=transformers", f"model.name={tiny_model_dir}"]), tiny_model_dir
     )

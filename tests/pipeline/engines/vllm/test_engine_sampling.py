@@ -1,7 +1,7 @@
 """Sampling with speculation on the vLLM engine, on a tiny model, with prompts prefilled in chunks:
 vLLM's sampling in the engine's worker is exact (pipeline/engines/vllm/cpu_sampling.py); with our
 default drafter, sampled tokens follow the target's distribution at temperature 0.7 with top-k 50
-and 1.0 with top-p 0.9 (tests/pipeline/engines/sampling_checks.py says how that is checked); a
+and 1.0 with top-p 0.9 (tests/pipeline/engines/vllm/sampling_checks.py says how that is checked); a
 seed gives plain sampling's text whatever the drafts and the batch (and so whatever the chunking);
 and where the sampler could not be made exact, no request drafts beside a sampled one. The same checks on SmolLM2,
 with vLLM's own
@@ -22,7 +22,7 @@ from pipeline.config import load_config
 from pipeline.engines.base import Failed, Request, Result
 from pipeline.engines.build import build_engine, checked_config
 from drafters.primitives.sampling import SamplingParams
-from tests.pipeline.engines.sampling_checks import assert_exact, generate_tracking
+from tests.pipeline.engines.vllm.sampling_checks import assert_exact, generate_tracking
 
 # Three vLLM starts and nine sampled runs (about 3 minutes): make test-slow. make test checks the
 # kernels (test_vllm_cpu_sampling.py) and each engine's worker (test_vllm_engine.py).

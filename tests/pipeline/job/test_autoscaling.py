@@ -13,7 +13,7 @@ import pytest
 from tests.outputs import read_run
 from tests.processes import environment, free_port, start_ray_head, stop_ray_head
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 RAY = str(Path(sys.executable).parent / "ray")
 A100 = "accelerator_type:A100"
 

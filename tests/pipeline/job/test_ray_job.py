@@ -24,7 +24,7 @@ from pipeline.llm.stage import GenerationStage
 from tests import outputs
 from tests.config_follow import ConfigFollower
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

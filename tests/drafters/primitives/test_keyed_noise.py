@@ -8,7 +8,7 @@ from vllm.platforms import current_platform
 
 from drafters.primitives.keyed_noise import gumbel_argmax, gumbel_argmax_torch, position_keys
 from pipeline.engines.vllm.compat import fused_gumbel_argmax, keyed_draw
-from tests.pipeline.engines.sampling_checks import uniformity_p_value
+from tests.pipeline.engines.vllm.sampling_checks import uniformity_p_value
 
 # Registers torch.ops._C.fused_gumbel_argmax from the build of vLLM's kernels this CPU runs (AVX2,
 # AVX512 or AVX512-BF16), as vLLM loads them: importing vllm._C itself is an illegal instruction

@@ -21,7 +21,7 @@ from ray.cluster_utils import Cluster
 from tests import outputs
 from tests.processes import environment, free_port
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def write_jsonl(path: Path, ids: list[str], edited: str = "") -> Path:

@@ -1,6 +1,6 @@
 """OpenAI Batch files (pipeline/job/openai_batch.py): lines checked and read as the job's rows, and
 rows written back as OpenAI's output and error lines, each checked with the openai package's own
-types. No engine here: the job runs a batch file in tests/pipeline/test_ray_job_vllm.py."""
+types. No engine here: the job runs a batch file in tests/pipeline/job/test_ray_job_vllm.py."""
 
 import json
 from pathlib import Path
@@ -15,7 +15,7 @@ from pipeline.job.openai_batch import CHAT, COMPLETIONS, LineError, request_of
 from pipeline.job.rows import request_row
 from pipeline.llm.schema import BAD_INPUT
 
-LINES = Path(__file__).resolve().parents[1] / "data" / "openai_batch.jsonl"
+LINES = Path(__file__).resolve().parents[2] / "data" / "openai_batch.jsonl"
 
 
 def line(url=CHAT, **body):

@@ -26,7 +26,7 @@ from pipeline.llm.stage import GenerationStage
 from tests import faults, outputs
 from tests.job_in_process import generate
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 ROWS = 64
 
 

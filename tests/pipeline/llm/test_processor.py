@@ -619,7 +619,7 @@ def test_log_engine_metrics_reports_each_batch_to_the_live_metrics(tiny_model_di
 
 def test_a_rows_model_names_its_lora_adapter_as_ray_data_llm_reads_it(stage, tiny_model_dir, tmp_path):
     """model_source (or none) runs the model; another local directory holding an adapter is the
-    row's LoRA adapter, which runs on the vLLM engine only (tests/pipeline/engines/test_vllm_engine.py);
+    row's LoRA adapter, which runs on the vLLM engine only (tests/pipeline/engines/vllm/test_engine.py);
     a directory that holds none, or a remote path, is refused by name, as the row's error."""
     lora = tmp_path / "my-lora"
     lora.mkdir()

@@ -10,7 +10,7 @@ import ray
 from pipeline.config import load_config
 from pipeline.job.ray_job import run_job
 from tests.outputs import read_run
-from tests.pipeline.test_ray_job import REPO, write_jsonl
+from tests.pipeline.job.test_ray_job import REPO, write_jsonl
 
 
 @pytest.fixture(scope="module")
