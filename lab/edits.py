@@ -144,7 +144,7 @@ def engine_settings(args) -> list[str]:
         f"model.name={json.dumps(args.model)}",
         f"model.dtype={args.dtype}",
         "engine.cpu_kv_cache_gib=1",
-        f"decoder.max_new_tokens={args.max_new_tokens}",
+        f"sampling.max_new_tokens={args.max_new_tokens}",
     ]
 
 

@@ -67,7 +67,7 @@ def feeding_config(args, method: Method, output: str = "", input_path: str = "")
                 f"model.dtype={args.dtype}",
                 "engine.cpu_kv_cache_gib=2",
                 f"engine.max_num_seqs={args.max_num_seqs}",
-                f"decoder.max_new_tokens={args.max_new_tokens}",
+                f"sampling.max_new_tokens={args.max_new_tokens}",
                 f"ray.batch_size={args.batch_size}",
                 "ray.num_cpus_per_actor=1",
                 *method.overrides(),

@@ -47,7 +47,7 @@ def run(args) -> dict:
                 f"model.name={json.dumps(args.model)}",
                 f"input.path={json.dumps(args.dataset)}",
                 f"input.limit={args.limit}",
-                f"decoder.max_new_tokens={args.max_new_tokens}",
+                f"sampling.max_new_tokens={args.max_new_tokens}",
                 f"job.output={json.dumps(output)}",
                 "engine.speculation=on",
             ],

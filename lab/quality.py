@@ -35,6 +35,7 @@ from pipeline.config import (
     EngineConfig,
     ModelConfig,
     RayConfig,
+    SamplingConfig,
     TransformersConfig,
 )
 from pipeline.engines.base import Engine, Failed, Request
@@ -159,14 +160,13 @@ def our_config(name: str, args, batch: int = 1) -> Config:
     method, k, w = run.drafter_k_w
     auto_k, auto_w = run.auto
     if method == "self_draft":
-        decoder = DecoderConfig(drafter="draft_model", w=w, max_new_tokens=args.max_new_tokens)
+        decoder = DecoderConfig(drafter="draft_model", w=w)
         own = TransformersConfig(k=1, draft_layers=k)
     else:
         datastore = args.datastore if method in ("rest", "mixed+rest") else ""
         decoder = DecoderConfig(
             drafter=method.removesuffix("+rest"),
             w=w,
-            max_new_tokens=args.max_new_tokens,
             datastore=datastore,
             auto_w=auto_w,
         )
@@ -177,6 +177,7 @@ def our_config(name: str, args, batch: int = 1) -> Config:
         model=ModelConfig(name=args.model),
         engine=EngineConfig(name="transformers"),
         decoder=decoder,
+        sampling=SamplingConfig(max_new_tokens=args.max_new_tokens),
         transformers=own,
         ray=RayConfig(batch_size=max(batch, RayConfig().batch_size)),
     )

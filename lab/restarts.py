@@ -60,7 +60,7 @@ def run(args) -> dict:
             "engine.name=vllm",
             f"model.name={args.model}",
             "engine.cpu_kv_cache_gib=1",
-            f"decoder.max_new_tokens={args.max_new_tokens}",
+            f"sampling.max_new_tokens={args.max_new_tokens}",
             "engine.speculation=on",
         ]
     )

@@ -79,7 +79,7 @@ def run(args) -> dict:
     settings = [
         f"engine.name={args.engine}",
         f"model.name={json.dumps(args.model)}",
-        f"decoder.max_new_tokens={args.max_new_tokens}",
+        f"sampling.max_new_tokens={args.max_new_tokens}",
         "input.limit=0",
         "job.series=scale",
         *args.overrides,

@@ -206,7 +206,7 @@ def test_ray_job_submit_runs_the_job_from_the_wheel_without_the_source(wheel, ti
                 "--set",
                 f"model.name={tiny_model_dir}",
                 "--set",
-                "decoder.max_new_tokens=5",
+                "sampling.max_new_tokens=5",
                 "--set",
                 "input.limit=3",
                 # The transformers engine: it starts in seconds (the vLLM engine, and the proposer vLLM

@@ -67,7 +67,7 @@ def summary_path(stdout: str) -> str:
 
 
 def generated_by_id(run_dir: str) -> dict[str, list[int]]:
-    """Each row's generated tokens, by id (a row's sample i > 0 of decoder.n by "id#i"), from the run's Parquet
+    """Each row's generated tokens, by id (a row's sample i > 0 of sampling.n by "id#i"), from the run's Parquet
     files."""
     import pyarrow.parquet as pq
 

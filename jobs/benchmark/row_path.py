@@ -45,8 +45,8 @@ def settings(args) -> list[str]:
         "engine.speculation=off",
         f"engine.max_num_seqs={args.max_num_seqs}",
         f"model.name={json.dumps(args.model)}",
-        f"decoder.max_new_tokens={args.max_new_tokens}",
-        "decoder.temperature=0",
+        f"sampling.max_new_tokens={args.max_new_tokens}",
+        "sampling.temperature=0",
         "input.limit=0",
         *args.overrides,
     ]

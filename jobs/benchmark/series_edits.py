@@ -125,7 +125,7 @@ def measure_cell(args, work: Path, prompts, kind: str, batch: int, order: list[s
     base = [
         "engine.name=vllm",
         f"model.name={json.dumps(args.model)}",
-        f"decoder.max_new_tokens={args.max_new_tokens}",
+        f"sampling.max_new_tokens={args.max_new_tokens}",
         *args.overrides,
     ]
     name = f"{kind}-b{batch}"

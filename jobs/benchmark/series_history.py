@@ -58,7 +58,7 @@ def add_cli_args(parser) -> None:
         "--model", default="", help="rerun through the job with this model (jobs/benchmark/series_rerun.py)"
     )
     parser.add_argument("--engine", default="vllm", help="the rerun's engine.name")
-    parser.add_argument("--max-new-tokens", type=int, default=128, help="the rerun's decoder.max_new_tokens")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="the rerun's sampling.max_new_tokens")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds the rerun may take")
     add_job_settings(parser)
 

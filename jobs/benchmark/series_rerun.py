@@ -48,7 +48,7 @@ def job_settings(args, series: str) -> list[str]:
     return [
         f"engine.name={args.engine}",
         f"model.name={json.dumps(args.model)}",
-        f"decoder.max_new_tokens={args.max_new_tokens}",
+        f"sampling.max_new_tokens={args.max_new_tokens}",
         "input.limit=0",
         f"job.series={series}",
         f"job.store_tokens={args.store_tokens}",

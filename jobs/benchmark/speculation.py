@@ -1,9 +1,9 @@
 """speculation: the job in engine.speculation auto, on and off (or vLLM's own methods), side by side on the same rows.
 
     python -m jobs.benchmark speculation --dataset sharegpt.jsonl --limit 1600 --max-new-tokens 128 --batch 32 \
-        --rounds 2 --set decoder.temperature=1.0
+        --rounds 2 --set sampling.temperature=1.0
     python -m jobs.benchmark speculation --dataset humaneval --limit 40 --batch 16 --methods on,off,vllm_suffix \
-        --set decoder.n=8 --set decoder.temperature=0.8
+        --set sampling.n=8 --set sampling.temperature=0.8
 
 Each run is `python -m jobs.generate` in a process of its own, with a Ray of its own, over the same
 JSONL input (id, prompt) at engine.max_num_seqs B, one actor. The methods (METHODS): `auto` (the
@@ -91,7 +91,7 @@ def run(args) -> dict:
     base = [
         "engine.name=vllm",
         f"model.name={json.dumps(args.model)}",
-        f"decoder.max_new_tokens={args.max_new_tokens}",
+        f"sampling.max_new_tokens={args.max_new_tokens}",
         f"engine.max_num_seqs={args.batch}",
         *args.overrides,
     ]

@@ -16,6 +16,7 @@ from pipeline.config.settings import (
     JobConfig,
     ModelConfig,
     RayConfig,
+    SamplingConfig,
     TransformersConfig,
     installed_engine,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "JobConfig",
     "ModelConfig",
     "RayConfig",
+    "SamplingConfig",
     "TransformersConfig",
     "build",
     "installed_engine",

@@ -24,6 +24,8 @@ from pipeline.config.typed import require as _require
 from pipeline.config.drafter_kinds import DRAFTER_KINDS
 from pipeline.config.vllm_arguments import VLLM_ARGUMENTS
 from pipeline.config.job import JobConfig
+from pipeline.config.sampling import SamplingConfig
+
 
 # The largest k and w a `k: auto` / `w: auto` decoder may choose (an engine may raise w's: the vLLM
 # engine's drafts cost only their tokens, pipeline/engines/vllm/settings.py).
@@ -167,22 +169,29 @@ class ModelConfig:
 
 @dataclass(frozen=True)
 class DecoderConfig:
-    """What every engine reads: the drafter and its sources, the draft length, the generation and
-    sampling settings. The transformers engine's own settings are its section (TransformersConfig)."""
+    """What every engine reads of drafting: the drafter and its sources, the draft length. What a row
+    generates is the `sampling` section's (SamplingConfig); the transformers engine's own settings
+    are its section (TransformersConfig)."""
 
     # A key of this section that moved, and where it is now: it is refused naming that place.
     MOVED: ClassVar[dict[str, str]] = {
-        name: f"transformers.{name}"
-        for name in (
-            "k",
-            "auto_k",
-            "verify",
-            "lenience",
-            "max_batch_requests",
-            "max_batch_tokens",
-            "draft_model",
-            "draft_layers",
-        )
+        **{
+            name: f"transformers.{name}"
+            for name in (
+                "k",
+                "auto_k",
+                "verify",
+                "lenience",
+                "max_batch_requests",
+                "max_batch_tokens",
+                "draft_model",
+                "draft_layers",
+            )
+        },
+        **{
+            name: f"sampling.{name}"
+            for name in ("max_new_tokens", "n", "stop", "temperature", "top_k", "top_p", "seed")
+        },
     }
     # Which drafter proposes drafts; "none" is plain greedy decoding.
     # The names are pipeline/config/drafter_kinds.py's (vllm_ngram, vllm_suffix: vLLM's own methods).
@@ -233,20 +242,6 @@ class DecoderConfig:
     # only those that repeat the most of the context are drafted from.
     suffix_min_match: int = 1
     suffix_max_match: int = 24
-    max_new_tokens: int = 128
-    # Samples of each row (a row's own `n` column overrides it), each its own output row
-    # (`sample_index` 0 to n - 1) with its own seed; a row's samples run side by side and draft
-    # from each other as they go.
-    n: int = 1
-    # Generation stops after the first of these strings appears in the generated text.
-    stop: tuple[str, ...] = ()
-    # Sampling; temperature 0 is greedy decoding. Each can be overridden per input row.
-    temperature: float = 0.0
-    top_k: int = 0  # 0: no top-k cut
-    top_p: float = 1.0  # 1: no nucleus cut
-    # A row without its own seed samples with a seed derived from this one and the row id, so a
-    # rerun reproduces every row and rows with the same prompt still differ.
-    seed: int = 0
 
     def __post_init__(self):
         self.resolve()
@@ -284,13 +279,6 @@ class DecoderConfig:
         )
         _require(self.bigram_top_k >= 1, "decoder.bigram_top_k", "an integer >= 1")
         _require(self.bigram_batch_size >= 1, "decoder.bigram_batch_size", "an integer >= 1")
-        _require(self.max_new_tokens >= 1, "decoder.max_new_tokens", "an integer >= 1")
-        _require(1 <= self.n <= 128, "decoder.n", "an integer from 1 to 128")
-        _require(all(self.stop), "decoder.stop", "non-empty strings")
-        _require(self.temperature >= 0, "decoder.temperature", "a number >= 0 (0 is greedy)")
-        _require(self.top_k >= 0, "decoder.top_k", "an integer >= 0 (0 keeps every token)")
-        _require(0 < self.top_p <= 1, "decoder.top_p", "a number in (0, 1]")
-        _require(self.seed >= 0, "decoder.seed", "an integer >= 0")
         _require(
             1 <= self.retrieval_min_match <= self.retrieval_max_match,
             "decoder.retrieval_min_match",
@@ -457,6 +445,7 @@ class Config:
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
     decoder: DecoderConfig = field(default_factory=DecoderConfig)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
     transformers: TransformersConfig = field(default_factory=TransformersConfig)
     input: InputConfig = field(default_factory=InputConfig)
     job: JobConfig = field(default_factory=JobConfig)

@@ -43,7 +43,7 @@ VLLM_ARGUMENTS = {
     "trust_remote_code": VllmArgument("model.trust_remote_code"),
     "enforce_eager": VllmArgument("engine.execution", lambda eager: "eager" if eager else "compiled"),
     # Rows without a seed derive theirs from it (the engine's own seed is fixed).
-    "seed": VllmArgument("decoder.seed", int),
+    "seed": VllmArgument("sampling.seed", int),
     "enable_chunked_prefill": VllmArgument(only=True, set_by="the engine runs it (vLLM's default)"),
     "model": VllmArgument(set_by="model.name sets it"),
     "tokenizer": VllmArgument(set_by="model.name sets it"),

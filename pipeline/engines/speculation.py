@@ -466,5 +466,5 @@ def chooser(config: Config, expected_rows: int | None, predictions: bool = False
         window_setting=config.engine.speculation_window_s,
         expected_rows=expected_rows,
         predictions=predictions,
-        greedy=config.decoder.temperature == 0,
+        greedy=config.sampling.temperature == 0,
     )

@@ -50,7 +50,7 @@ FIELDS = {
 }
 # Fields that change no text, taken and left aside (stream only where false).
 IGNORED = ("user", "metadata", "store", "service_tier", "stream")
-# OpenAI's defaults where a body leaves a setting out (max_tokens: decoder.max_new_tokens).
+# OpenAI's defaults where a body leaves a setting out (max_tokens: sampling.max_new_tokens).
 DEFAULTS = {"temperature": 1.0, "top_p": 1.0, "n": 1}
 
 
@@ -134,7 +134,7 @@ def request_fields(text: str, config: Config) -> dict:
     request = json.loads(text)
     body = request["body"]
     params = {
-        "max_tokens": body.get("max_completion_tokens", body.get("max_tokens")) or config.decoder.max_new_tokens,
+        "max_tokens": body.get("max_completion_tokens", body.get("max_tokens")) or config.sampling.max_new_tokens,
         **{key: body.get(key, default) for key, default in DEFAULTS.items()},
     }
     for key in ("seed", "stop", "frequency_penalty", "presence_penalty"):

@@ -239,7 +239,7 @@ def generate_and_write(config: Config, run_id: str) -> dict:
     # The stage's speculation mode reads how many rows it will generate, and whether they carry
     # predictions (their own, or a series' last outputs).
     rows = min(reading.new_rows, config.input.limit or reading.new_rows)
-    expected = rows * config.decoder.n  # requests
+    expected = rows * config.sampling.n  # requests
     plan = with_run_batches(plan, rows)
     settings = job_rows.stage_settings(config, run_id, True, expected, reading.predicted or last is not None)
     processor = Processor(

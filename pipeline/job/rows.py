@@ -3,11 +3,11 @@ prompt or chat messages, per-row settings) into the processor's row, its postpro
 generated row into the job's (JOB_SCHEMA: the processor's columns, the id, the
 error), and the stage is the processor's (pipeline/llm/stage.py), with the job's settings.
 
-A job row's settings are the config's decoder.* where the row's column is null or absent:
+A job row's settings are the config's sampling.* where the row's column is null or absent:
 max_new_tokens (vLLM's max_tokens), temperature, top_k, top_p, seed and n (samples of the row, each
 an output row). A text prompt is one user
 message of a chat (templated with the generation prompt) where the tokenizer has a chat template;
-a row without a seed samples with one derived from decoder.seed and its id (the stage's rule), so a
+a row without a seed samples with one derived from sampling.seed and its id (the stage's rule), so a
 rerun samples the same, and so does a processor given the same ids and seed.
 """
 
@@ -54,7 +54,7 @@ def stage_settings(
     return StageSettings(
         text_as_user_message=True,
         continue_on_error=True,
-        seed=config.decoder.seed,
+        seed=config.sampling.seed,
         id_column="id",
         live_metrics=live_metrics,
         run_id=run_id,
@@ -81,7 +81,7 @@ def input_columns(source: InputConfig, names: list[str]) -> list[str]:
 def request_row(config: Config, settings: str | None = None) -> Callable[[dict], dict]:
     """The preprocess: a job row -> the processor's columns (id, messages or prompt, sampling_params);
     `settings`: the settings' fingerprint, where the caller has it (the run's plan)."""
-    source, decoder = config.input, config.decoder
+    source, sampling = config.input, config.sampling
     column = source.prompt_column or source.messages_column
     settings = settings or settings_fingerprint(config)
     # `predicted_from` says what ran: null where no prediction is drafted from (the stage still checks one).
@@ -93,7 +93,7 @@ def request_row(config: Config, settings: str | None = None) -> Callable[[dict],
         fields = (
             openai_batch.request_fields(row[openai_batch.REQUEST], config)
             if row.get(openai_batch.REQUEST)
-            else row_fields(row, column, decoder)
+            else row_fields(row, column, sampling)
         )
         prompt = fields["prompt"]
         out = dict.fromkeys(REQUEST_COLUMNS)
@@ -115,15 +115,15 @@ def request_row(config: Config, settings: str | None = None) -> Callable[[dict],
     return convert
 
 
-def row_fields(row: dict, column: str, decoder) -> dict:
-    """A job row's prompt, sampling_params (decoder.* where the row's setting column is null) and prediction."""
+def row_fields(row: dict, column: str, sampling) -> dict:
+    """A job row's prompt, sampling_params (sampling.* where the row's setting column is null) and prediction."""
     params = {
-        "max_tokens": decoder.max_new_tokens,
-        "temperature": decoder.temperature,
-        "top_k": decoder.top_k,
-        "top_p": decoder.top_p,
-        "stop": list(decoder.stop),
-        "n": decoder.n,
+        "max_tokens": sampling.max_new_tokens,
+        "temperature": sampling.temperature,
+        "top_k": sampling.top_k,
+        "top_p": sampling.top_p,
+        "stop": list(sampling.stop),
+        "n": sampling.n,
     }
     for name, key in ROW_SETTINGS.items():
         value = python_value(row.get(name))

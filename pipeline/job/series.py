@@ -57,29 +57,31 @@ REQUEST = "openai_request"  # an OpenAI Batch line's request, as JSON text (pipe
 
 
 def settings_fingerprint(config: Config) -> str:
-    """The settings that decide a row's text: the model, its dtype, the engine, the generation
-    settings and the input's columns. Drafting settings are left out when decoding greedily (they
-    change the speed, never the text); every decoder setting counts when sampling."""
-    decoder = config.decoder
+    """The settings that decide a row's text: the model, its dtype, the engine, the sampling
+    section and the input's columns. Drafting settings are left out when decoding greedily (they
+    change the speed, never the text); every drafting setting counts when sampling (under the names
+    and in the one section, `decoder`, they had when series were first written, so that a series
+    keeps its fingerprints)."""
+    sampling = config.sampling
     settings = {
         "model": model_identity(config.model.name),
         "dtype": config.model.dtype,
         "engine": config.engine.name,
         "max_model_len": config.engine.max_model_len,
-        "max_new_tokens": decoder.max_new_tokens,
-        "stop": list(decoder.stop),
-        "temperature": decoder.temperature,
-        "top_k": decoder.top_k,
-        "top_p": decoder.top_p,
-        "seed": decoder.seed,
+        "max_new_tokens": sampling.max_new_tokens,
+        "stop": list(sampling.stop),
+        "temperature": sampling.temperature,
+        "top_k": sampling.top_k,
+        "top_p": sampling.top_p,
+        "seed": sampling.seed,
         "columns": [config.input.id_column, config.input.prompt_column, config.input.messages_column],
     }
-    if decoder.temperature > 0:  # (the transformers engine's section too: its keys were the decoder's)
-        settings["decoder"] = {**asdict(decoder), **asdict(config.transformers)}
+    if sampling.temperature > 0:  # (the transformers engine's section too: its keys were the decoder's)
+        settings["decoder"] = {**asdict(config.decoder), **asdict(sampling), **asdict(config.transformers)}
     for name, default in LATER_SETTINGS.items():
         settings.get("decoder", {}).pop(name, None)
-        if getattr(decoder, name) != default:
-            settings[name] = getattr(decoder, name)
+        if getattr(sampling, name) != default:
+            settings[name] = getattr(sampling, name)
     return digest(json.dumps(settings, sort_keys=True, default=list))
 
 

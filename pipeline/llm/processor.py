@@ -255,6 +255,7 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
             "model": {"name": self.model_source, "num_threads": threads},
             "engine": {"name": self.engine, "request_metrics": True},
             "decoder": dict(self.decoder),
+            "sampling": {},  # a row's own sampling_params; engine_kwargs' seed the rows' default
             "transformers": dict(self.transformers),
         }
         vllm_args = {}

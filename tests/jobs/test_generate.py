@@ -87,7 +87,7 @@ def test_a_job_given_an_input_reads_all_of_it_and_says_what_it_read(tiny_model_d
         "--set",
         f"model.name={tiny_model_dir}",
         "--set",
-        "decoder.max_new_tokens=6",
+        "sampling.max_new_tokens=6",
         "--set",
         "engine.name=transformers",
     ]  # the rows read are the point here, not the engine

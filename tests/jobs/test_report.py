@@ -18,7 +18,7 @@ def auto_run(tiny_model_dir, tmp_path_factory):
             "decoder.drafter=context_ngram",
             "transformers.k=auto",
             "decoder.w=auto",
-            "decoder.max_new_tokens=24",
+            "sampling.max_new_tokens=24",
         ]
     )
     table = generate(

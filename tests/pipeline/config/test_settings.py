@@ -43,31 +43,41 @@ def test_impossible_value_names_the_field(tmp_path):
         load_config(write(tmp_path, "transformers:\n  k: 0\n"))
 
 
+# decoder.<key> -> (its section now, a value)
 MOVED = {
-    "k": 4,
-    "auto_k": True,
-    "verify": "tree",
-    "lenience": 0.5,
-    "max_batch_requests": 2,
-    "max_batch_tokens": 64,
-    "draft_model": "self",
-    "draft_layers": 2,
+    "k": ("transformers", 4),
+    "auto_k": ("transformers", True),
+    "verify": ("transformers", "tree"),
+    "lenience": ("transformers", 0.5),
+    "max_batch_requests": ("transformers", 2),
+    "max_batch_tokens": ("transformers", 64),
+    "draft_model": ("transformers", "self"),
+    "draft_layers": ("transformers", 2),
+    "max_new_tokens": ("sampling", 16),
+    "n": ("sampling", 2),
+    "stop": ("sampling", ["\n\n"]),
+    "temperature": ("sampling", 0.5),
+    "top_k": ("sampling", 5),
+    "top_p": ("sampling", 0.9),
+    "seed": ("sampling", 7),
 }
 
 
 @pytest.mark.parametrize("key", sorted(MOVED))
-def test_a_key_that_moved_to_the_transformers_section_is_refused_naming_its_new_key(tmp_path, key):
-    """The transformers engine's settings are its own section: decoder.<key> fails at load, in a
-    file, in --set and in a Config built from a mapping alike, naming transformers.<key>."""
-    message = rf"^decoder.{key} moved to transformers.{key}: set transformers.{key} instead$"
+def test_a_key_that_moved_out_of_the_decoder_section_is_refused_naming_its_new_key(tmp_path, key):
+    """The transformers engine's settings and the sampling settings are sections of their own:
+    decoder.<key> fails at load, in a file, in --set and in a Config built from a mapping alike,
+    naming its new key."""
+    section, value = MOVED[key]
+    message = rf"^decoder.{key} moved to {section}.{key}: set {section}.{key} instead$"
     with pytest.raises(ConfigError, match=message):
-        load_config(write(tmp_path, yaml.safe_dump({"decoder": {key: MOVED[key]}})))
+        load_config(write(tmp_path, yaml.safe_dump({"decoder": {key: value}})))
     with pytest.raises(ConfigError, match=message):
-        load_config(None, [f"decoder.{key}={json.dumps(MOVED[key])}"])
+        load_config(None, [f"decoder.{key}={json.dumps(value)}"])
     with pytest.raises(ConfigError, match=message):
-        build(Config, {"decoder": {"drafter": "context_ngram", key: MOVED[key]}})
-    moved = load_config(None, ["engine.name=transformers", f"transformers.{key}={json.dumps(MOVED[key])}"])
-    assert getattr(moved.transformers, key) == MOVED[key]
+        build(Config, {"decoder": {"drafter": "context_ngram", key: value}})
+    moved = load_config(None, ["engine.name=transformers", f"{section}.{key}={json.dumps(value)}"])
+    assert getattr(getattr(moved, section), key) == (tuple(value) if isinstance(value, list) else value)
 
 
 def test_unknown_drafter_lists_the_valid_ones():
@@ -84,20 +94,20 @@ def test_unknown_drafter_lists_the_valid_ones():
 
 def test_overrides_are_typed_and_validated():
     config = load_config(
-        "configs/default.yaml", ["engine.name=transformers", "transformers.k=4", "decoder.stop=['END', '##']"]
+        "configs/default.yaml", ["engine.name=transformers", "transformers.k=4", "sampling.stop=['END', '##']"]
     )
-    assert config.transformers.k == 4 and config.decoder.stop == ("END", "##")
+    assert config.transformers.k == 4 and config.sampling.stop == ("END", "##")
     with pytest.raises(ConfigError, match="expected key=value"):
         load_config(overrides=["decoder.w"])
 
 
 def test_sampling_settings_are_validated():
-    config = load_config(overrides=["decoder.temperature=0.7", "decoder.top_p=0.9", "decoder.seed=5"])
-    assert (config.decoder.temperature, config.decoder.top_p, config.decoder.seed) == (0.7, 0.9, 5)
-    with pytest.raises(ConfigError, match=r"decoder.top_p: must be a number in \(0, 1\]"):
-        load_config(overrides=["decoder.top_p=1.5"])
-    with pytest.raises(ConfigError, match="decoder.temperature: must be a number >= 0"):
-        load_config(overrides=["decoder.temperature=-1"])
+    config = load_config(overrides=["sampling.temperature=0.7", "sampling.top_p=0.9", "sampling.seed=5"])
+    assert (config.sampling.temperature, config.sampling.top_p, config.sampling.seed) == (0.7, 0.9, 5)
+    with pytest.raises(ConfigError, match=r"sampling.top_p: must be a number in \(0, 1\]"):
+        load_config(overrides=["sampling.top_p=1.5"])
+    with pytest.raises(ConfigError, match="sampling.temperature: must be a number >= 0"):
+        load_config(overrides=["sampling.temperature=-1"])
 
 
 @pytest.mark.parametrize(
@@ -229,7 +239,7 @@ def test_auto_is_resolved_by_the_classes_the_same_for_every_caller():
 def test_show_config_prints_every_setting_and_reads_back_the_same(tmp_path, engine):
     from jobs.generate import config_yaml
 
-    config = load_config("configs/default.yaml", ["decoder.stop=['END']", f"engine.name={engine}"])
+    config = load_config("configs/default.yaml", ["sampling.stop=['END']", f"engine.name={engine}"])
     text = config_yaml(config)
     (tmp_path / "all.yaml").write_text(text)
     assert load_config(tmp_path / "all.yaml") == config

@@ -109,7 +109,7 @@ def test_a100_workers_scale_from_zero_for_the_job_and_back(tiny_model_dir, tmp_p
                 "--set",
                 "engine.name=transformers",
                 "--set",
-                "decoder.max_new_tokens=4",
+                "sampling.max_new_tokens=4",
                 "--set",
                 "ray.accelerator_type=A100",
                 "--set",

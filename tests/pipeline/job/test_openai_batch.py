@@ -72,7 +72,7 @@ def test_a_request_keeps_what_changes_the_text_and_leaves_the_rest_aside():
 
 
 def test_a_line_becomes_the_processors_columns_with_openais_defaults():
-    config = load_config(overrides=["decoder.max_new_tokens=50"])
+    config = load_config(overrides=["sampling.max_new_tokens=50"])
     source = config.input
     rows = [
         openai_batch.batch_row(json.loads(text), source, f"f line {i}") if text.strip().endswith("}}") else None

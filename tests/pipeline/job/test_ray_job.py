@@ -40,7 +40,7 @@ def job_config(tiny_model_dir, tmp_path, *overrides):
         [
             "engine.name=transformers",
             f"model.name={tiny_model_dir}",
-            "decoder.max_new_tokens=6",
+            "sampling.max_new_tokens=6",
             f"job.output={tmp_path / 'out'}",
             "input.limit=0",
             *overrides,
@@ -385,7 +385,7 @@ def test_a_torn_output_file_is_set_aside_and_its_ids_generated_again(local_ray, 
     """A series' output file cut to half its bytes (a node killed while writing it on a file
     system) never stops the next run: the run sets it aside, names it, and generates the edited row
     and every id whose only output was in that file."""
-    settings = ["job.series=nightly", "decoder.max_new_tokens=2", "ray.batch_size=4"]
+    settings = ["job.series=nightly", "sampling.max_new_tokens=2", "ray.batch_size=4"]
     run_job(job_config(tiny_model_dir, tmp_path, f"input.path={corpus(tmp_path, 12)}", *settings), "r1")
     files = outputs.run_files(tmp_path / "out" / "series=nightly" / "run=r1")
     torn = files[0]
@@ -415,7 +415,7 @@ def test_a_torn_output_file_is_set_aside_and_its_ids_generated_again(local_ray, 
 def test_a_series_generates_only_what_no_earlier_run_generated(local_ray, tiny_model_dir, tmp_path, monkeypatch):
     import pipeline.llm.processor as llm  # the job's processor prepares the model
 
-    settings = ["job.series=nightly", "decoder.max_new_tokens=2", "ray.batch_size=4"]
+    settings = ["job.series=nightly", "sampling.max_new_tokens=2", "ray.batch_size=4"]
     first = run_job(job_config(tiny_model_dir, tmp_path, f"input.path={corpus(tmp_path, 30)}", *settings), "r1")
     assert first["rows_this_invocation"] == 30 and first["series"] == "nightly"
     grown = corpus(tmp_path, 33)
@@ -450,7 +450,7 @@ def test_a_series_generates_only_what_no_earlier_run_generated(local_ray, tiny_m
     )
     # Another output setting changes every row's fingerprint: everything is generated again, once.
     fifth = run_job(
-        job_config(tiny_model_dir, tmp_path, f"input.path={edited}", *settings, "decoder.max_new_tokens=3"), "r5"
+        job_config(tiny_model_dir, tmp_path, f"input.path={edited}", *settings, "sampling.max_new_tokens=3"), "r5"
     )
     assert fifth["rows_this_invocation"] == 33 and fifth["fingerprint"] != first["fingerprint"]
     for runs in (("r1", "r2", "r3"), ("r5",)):  # every id once per fingerprint
@@ -515,7 +515,7 @@ def test_a_run_drafts_from_an_earlier_runs_outputs_and_refuses_a_store_of_anothe
     path = write_jsonl(tmp_path / "in.jsonl", [{"id": i, "prompt": f"Count to {i % 3}"} for i in range(6)])
     common = [
         f"input.path={path}",
-        "decoder.max_new_tokens=24",
+        "sampling.max_new_tokens=24",
         "transformers.max_batch_requests=1",
         "ray.batch_size=2",
     ]
@@ -576,7 +576,7 @@ def test_the_job_and_the_processor_write_the_same_rows(local_ray, tiny_model_dir
             batch_size=4,
             placement_group_config={"bundles": [{"CPU": 1}]},
             should_continue_on_error=True,
-            decoder={k: v for k, v in dataclasses.asdict(config.decoder).items() if k != "max_new_tokens"},
+            decoder=dataclasses.asdict(config.decoder),
             transformers=dataclasses.asdict(config.transformers),
         ),
         # As a ray.data.llm user writes it: a text prompt as one user message, greedy, 6 tokens.
@@ -590,7 +590,7 @@ def test_the_job_and_the_processor_write_the_same_rows(local_ray, tiny_model_dir
 
     assert sorted(api) == sorted(job)
     # Timings; how Ray Data cut the batches (each batch's uuid, the actor's request count, the calls'
-    # shares); seed: the job derives one from decoder.seed, the processor here has none (greedy rows
+    # shares); seed: the job derives one from sampling.seed, the processor here has none (greedy rows
     # sample nothing).
     varying = {
         "draft_seconds",

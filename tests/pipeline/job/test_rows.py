@@ -15,10 +15,10 @@ from tests.job_in_process import generate, job_stage
 def config():
     return load_config(
         overrides=[
-            "decoder.max_new_tokens=7",
-            "decoder.temperature=0.5",
-            "decoder.top_p=0.9",
-            "decoder.seed=3",
+            "sampling.max_new_tokens=7",
+            "sampling.temperature=0.5",
+            "sampling.top_p=0.9",
+            "sampling.seed=3",
             "input.id_column=uid",
         ]
     )
@@ -43,7 +43,7 @@ def test_a_job_row_becomes_messages_or_a_prompt_with_the_configs_settings(config
         None,
         None,
     )
-    # No seed: the stage derives it from decoder.seed and the id, as it does a processor's row.
+    # No seed: the stage derives it from sampling.seed and the id, as it does a processor's row.
     assert text["sampling_params"] == {
         "max_tokens": 7,
         "temperature": 0.5,
@@ -137,9 +137,9 @@ def test_the_job_and_a_processor_prompt_and_seed_a_row_alike(tiny_model_dir):
         overrides=[
             "engine.name=transformers",
             f"model.name={tiny_model_dir}",
-            "decoder.max_new_tokens=8",
-            "decoder.temperature=0.9",
-            "decoder.seed=7",
+            "sampling.max_new_tokens=8",
+            "sampling.temperature=0.9",
+            "sampling.seed=7",
             "decoder.drafter=none",
             "decoder.w=0",
         ]
@@ -186,7 +186,7 @@ def test_the_jobs_prompts_are_templated_and_checked_by_the_one_rule(tiny_model_d
     from jobs.benchmark.datasets import encode_prompt
 
     config = load_config(
-        overrides=["engine.name=transformers", f"model.name={tiny_model_dir}", "decoder.max_new_tokens=2"]
+        overrides=["engine.name=transformers", f"model.name={tiny_model_dir}", "sampling.max_new_tokens=2"]
     )
     stage = job_stage(config)
     prefill = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
@@ -245,19 +245,20 @@ def test_the_tasks_that_convert_rows_load_no_engine(config, tmp_path):
 
 
 def test_a_series_written_before_the_later_settings_keeps_its_fingerprints():
-    """The digests of 5886a25 (before decoder.n and a row's `n`): a nightly series regenerates
-    nothing for a setting it does not use; one that asks for samples is another text."""
+    """The digests of 5886a25 (before sampling.n and a row's `n`, and before the sampling settings
+    left the decoder section for their own): a nightly series regenerates nothing for a setting it
+    does not use or a section that moved; one that asks for samples is another text."""
     from pipeline.job.series import row_fingerprint, settings_fingerprint
 
     for overrides, settings, row in (
         ([], "32c146b9d3c0255d", "7c52a0a7d8483213"),
-        (["decoder.temperature=0.7"], "b7391e08e7ecd6da", "581bcfb0f307cad2"),
+        (["sampling.temperature=0.7"], "b7391e08e7ecd6da", "581bcfb0f307cad2"),
     ):
         config = load_config(overrides=overrides)
         assert settings_fingerprint(config) == settings
         assert row_fingerprint(config, settings, {"id": "a", "prompt": "hi", "temperature": 0.5}) == row
         assert row_fingerprint(config, settings, {"id": "a", "prompt": "hi", "temperature": 0.5, "n": 2}) != row
-        assert settings_fingerprint(load_config(overrides=[*overrides, "decoder.n=4"])) != settings
+        assert settings_fingerprint(load_config(overrides=[*overrides, "sampling.n=4"])) != settings
 
 
 def test_a_model_directory_fingerprints_alike_by_any_path_to_it(tmp_path, monkeypatch):

@@ -84,7 +84,7 @@ def test_actors_run_on_workers_not_the_head_and_survive_a_killed_actor(tiny_mode
             tiny_model_dir,
             str(write_jsonl(tmp_path / "in.jsonl", ids)),
             str(tmp_path / "out"),
-            "decoder.max_new_tokens=120",
+            "sampling.max_new_tokens=120",
             "ray.batch_size=1",
             "transformers.max_batch_requests=1",
             "ray.min_actors=2",
@@ -175,7 +175,7 @@ def test_s3_series_resumes_a_killed_driver_exactly_once_and_drafts_its_next_run_
         "job.series=nightly",
         "ray.batch_size=1",
         "transformers.max_batch_requests=1",
-        "decoder.max_new_tokens=120",
+        "sampling.max_new_tokens=120",
     ]
     command = generate_command(tiny_model_dir, "s3://corpus/in.jsonl", "s3://corpus/out", *settings)
     driver = processes.start(command, cwd=REPO, env=environment(**env))
@@ -241,7 +241,7 @@ def test_driver_memory_does_not_grow_with_the_corpus(tiny_model_dir, tmp_path, p
             tiny_model_dir,
             str(path),
             str(tmp_path / f"out{rows}"),
-            "decoder.max_new_tokens=4",
+            "sampling.max_new_tokens=4",
             "ray.batch_size=1000",
             "transformers.max_batch_requests=500",
         )
@@ -273,7 +273,7 @@ def test_the_streaming_actor_memory_does_not_grow_with_the_corpus(tiny_model_dir
             "engine.max_model_len=384",
             "engine.max_num_seqs=64",
             "decoder.drafter=context_ngram",
-            "decoder.max_new_tokens=4",
+            "sampling.max_new_tokens=4",
             "ray.batch_size=256",
         )
         processes.run(command, cwd=REPO, env=environment(), timeout=1200)

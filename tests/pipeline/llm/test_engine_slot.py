@@ -40,7 +40,7 @@ def vllm_config(tiny_model_dir, *overrides):
             "engine.cpu_kv_cache_gib=1",
             "engine.max_model_len=256",
             "engine.max_num_seqs=4",
-            "decoder.max_new_tokens=8",
+            "sampling.max_new_tokens=8",
             "input.limit=0",
             *overrides,
         ],

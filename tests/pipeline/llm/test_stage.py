@@ -13,7 +13,7 @@ def stage(tiny_model_dir, tmp_path_factory):
             "engine.name=transformers",
             f"model.name={tiny_model_dir}",
             "decoder.drafter=context_ngram",
-            "decoder.max_new_tokens=12",
+            "sampling.max_new_tokens=12",
         ]
     )
     return job_stage(config)
@@ -57,7 +57,7 @@ def test_rows_sample_with_their_own_settings_and_reproduce(stage):
     )
     hot, again = rows["hot"], rows["hot-again"]
     assert first["error"][hot] is None and first["temperature"][hot] == 1.0
-    # No seed given: each row gets its own (derived from decoder.seed and the id), recorded.
+    # No seed given: each row gets its own (derived from sampling.seed and the id), recorded.
     assert (
         first["seed"][hot] != first["seed"][again]
         and first["generated_tokens"][hot] != first["generated_tokens"][again]
@@ -75,8 +75,8 @@ def test_a_self_draft_stage_reports_acceptance_rate_and_draft_cost(tiny_model_di
             "transformers.k=1",
             "decoder.w=3",
             "transformers.draft_layers=1",
-            "decoder.max_new_tokens=10",
-            "decoder.temperature=0.7",
+            "sampling.max_new_tokens=10",
+            "sampling.temperature=0.7",
         ]
     )
     out = generate(job_stage(config), {"id": ["a", "b"], "prompt": ["def f(x):", "Hello"]}).to_pydict()
@@ -98,7 +98,7 @@ def test_throughput_mode_returns_every_row_in_order_with_the_same_tokens(tiny_mo
                 "engine.name=transformers",
                 f"model.name={tiny_model_dir}",
                 "decoder.drafter=context_ngram",
-                "decoder.max_new_tokens=12",
+                "sampling.max_new_tokens=12",
                 f"transformers.max_batch_requests={requests}",
                 f"ray.batch_size={max(requests, 2)}",
             ]
@@ -126,7 +126,7 @@ def test_the_verify_column_says_what_ran(tiny_model_dir, tmp_path, max_batch_req
             f"transformers.max_batch_requests={max_batch_requests}",
             f"transformers.k={k}",
             "transformers.verify=batch",
-            "decoder.max_new_tokens=4",
+            "sampling.max_new_tokens=4",
         ]
     )
     out = generate(job_stage(config), {"id": ["a", "b"], "prompt": ["def add(a, b):", "Hi"]}).to_pydict()
@@ -167,7 +167,7 @@ def test_an_auto_stage_switches_mode_on_its_measured_rows_and_the_rows_stay_the_
             "engine.cpu_kv_cache_gib=1",
             "engine.max_model_len=256",
             "engine.max_num_seqs=8",
-            "decoder.max_new_tokens=16",
+            "sampling.max_new_tokens=16",
             "engine.speculation_window_s=0.3",
         ]
     )

@@ -95,7 +95,7 @@ def test_on_vllm_034_auto_chooses_among_ours_vllms_suffix_ngram_and_plain_by_its
     greedy = speculation.chooser(vllm(*at16), None)
     assert greedy.greedy and greedy.rule.platform == "gpu_v2" and greedy.mode == "batch_suffix"
     # Sampled rows on vLLM 0.34: plain until measured.
-    sampled = speculation.chooser(vllm(*at16, "decoder.temperature=0.7"), None)
+    sampled = speculation.chooser(vllm(*at16, "sampling.temperature=0.7"), None)
     assert sampled.mode == speculation.PLAIN and sampled.measures and not sampled.greedy
     # A greedy run whose rows turn out sampled (their own temperature) goes plain at its first sampled batch.
     assert greedy.observe(1.0, 100, 8, 0, sampled_rows=0) is None
