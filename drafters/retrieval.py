@@ -61,7 +61,7 @@ def check_vocabulary(datastore: Datastore, vocab_size: int) -> None:
     built_for = datastore.meta.get("vocab_size")
     if built_for is not None and built_for != vocab_size:
         raise ValueError(
-            f"decoder.datastore: built with a tokenizer of {built_for} tokens (model "
+            f"drafting.datastore: built with a tokenizer of {built_for} tokens (model "
             f"{datastore.meta.get('model')!r}); the target's has {vocab_size}: rebuild it with "
             f"python -m jobs.build_datastore --model <the target>"
         )

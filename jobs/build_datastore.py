@@ -16,7 +16,7 @@ Each PATH is one of:
   document each (directories named in --exclude-dirs are skipped);
 - a job's run or series directory (`<output>/run=<id>`, `<output>/series=<name>`): the generated
   text (column `generated_text`) of every row, one document each: the store the `batch_suffix`
-  drafter (and `rest`) drafts from in a later run (`--set decoder.datastore=DIR`).
+  drafter (and `rest`) drafts from in a later run (`--set drafting.datastore=DIR`).
 
 Records without text, and unreadable or binary files, are skipped and counted. Text is tokenized
 with the target model's tokenizer (no special tokens), so drafts are in the model's token ids.

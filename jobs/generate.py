@@ -3,7 +3,7 @@
     python -m jobs.generate [--config FILE] [--input PATH] [--output DIR] \\
         [--run-id ID] [--set section.key=value ...] [--show-config]
 
-Settings: pipeline/config/settings.py's defaults, then --config's file, then --set (and --input, --output,
+Settings: pipeline/config/'s defaults (a module per section), then --config's file, then --set (and --input, --output,
 --run-id). With no cluster it starts a local Ray; under `ray job submit`, or with RAY_ADDRESS set, it joins
 that cluster. Outputs go under <output>/run=<run-id>/; re-running a run id resumes it.
 """
@@ -35,7 +35,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--config",
         default=None,
-        help="a YAML file of the settings it changes from the defaults (pipeline/config/settings.py)",
+        help="a YAML file of the settings it changes from the defaults (pipeline/config/)",
     )
     parser.add_argument("--input", help="input file, directory or glob (overrides input.path)")
     parser.add_argument("--output", help="output directory (overrides job.output)")
@@ -79,7 +79,7 @@ def config_yaml(config) -> str:
         name: {key: plain(value) for key, value in section.items()}
         for name, section in dataclasses.asdict(config).items()
     }
-    for section, name in (("transformers", "k"), ("decoder", "w")):
+    for section, name in (("transformers", "k"), ("drafting", "w")):
         # `auto`, not the engine's limit: the file then reads right on either engine
         if sections[section].pop(f"auto_{name}"):
             sections[section][name] = "auto"

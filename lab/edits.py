@@ -36,7 +36,7 @@ from pipeline.engines.base import Failed, Request
 OURS = "batch_suffix:1:auto"  # the default drafter, as the engines subcommand names it
 PREDICTED = "batch_suffix:1:auto+prediction"
 HISTORY = "batch_suffix:1:auto+series store"
-SHORT = "batch_suffix:1:auto, prediction_w=0"  # predictions draft at most decoder.w tokens, as the drafter
+SHORT = "batch_suffix:1:auto, prediction_w=0"  # predictions draft at most drafting.w tokens, as the drafter
 SHORT_PREDICTED = "batch_suffix:1:auto+prediction, prediction_w=0"
 
 
@@ -55,8 +55,8 @@ def add_cli_args(parser) -> None:
     parser.add_argument(
         "--short-drafts",
         action="store_true",
-        help="also ours on an engine started with engine.prediction_w=0 (predictions draft at most "
-        "decoder.w tokens), with and without the last outputs",
+        help="also ours on an engine started with drafting.prediction_w=0 (predictions draft at most "
+        "drafting.w tokens), with and without the last outputs",
     )
     parser.add_argument(
         "--new-rows",
@@ -133,7 +133,7 @@ def edit_engines(args, base: list[str]) -> dict:
     engines = {method.name: engine for (method, _), engine in built}
     engines[PREDICTED] = engines[OURS]
     if args.short_drafts:
-        short = next(iter(build_engines([*base, "engine.prediction_w=0"], [methods[OURS]], args.batch).values()))
+        short = next(iter(build_engines([*base, "drafting.prediction_w=0"], [methods[OURS]], args.batch).values()))
         engines[SHORT], engines[SHORT_PREDICTED] = short, short
     return engines
 
@@ -221,7 +221,7 @@ def new_rows(args, base: list[str], engines: dict, history: list, prompts: list)
     store = Path(tempfile.mkdtemp(prefix="edits-store-")) / "store"
     build_datastore(history, store, {"model": args.model})
     method = parse_methods(OURS, "vllm")[0]
-    with_store = next(iter(build_engines([*base, f"decoder.datastore={store}"], [method], args.batch).values()))
+    with_store = next(iter(build_engines([*base, f"drafting.datastore={store}"], [method], args.batch).values()))
     engines = {**engines, HISTORY: with_store}
     tokenizer = engines["plain"].tokenizer
     requests = [

@@ -14,7 +14,7 @@ The same prompts and engine settings (max_num_seqs, dtype, eager, KV cache) thre
 - `ray_data_llm`: ray.data.llm's processor (build_processor, vLLMEngineProcessorConfig) with the
   same engine settings and Ray batches, fed the same token ids: plain, and vLLM's own methods
   (`vllm_suffix`, `vllm_ngram`) as its users configure them (`engine_kwargs.speculative_config`);
-- `processor`: the same program through ours (pipeline.llm), the method as `decoder` (plain and ours).
+- `processor`: the same program through ours (pipeline.llm), the method as `drafting` (plain and ours).
 Tokens/s are over each one's generation span (engine start-up left out): LLM.generate's call;
 the job's first batch's start to its last batch's end; for the two processors, from the first
 request's start (its finish less its time_taken_llm) to the last request's finish. Occupancy is the job's
@@ -241,7 +241,7 @@ def processor_run(llm, args, method: Method, prompts, prompt_ids: dict, **ours) 
         # on a CPU: the memory vLLM may take (the KV cache is VLLM_CPU_KVCACHE_SPACE's, as ours)
         "gpu_memory_utilization": 0.3,
     }
-    decoder = config.decoder
+    decoder = config.drafting
     if decoder.drafter in VLLM_METHODS:  # vLLM's own method, as a ray.data.llm user configures it
         engine_kwargs["speculative_config"] = {
             "method": VLLM_METHODS[decoder.drafter],
@@ -297,10 +297,10 @@ def ray_data_llm_row(args, method: Method, prompts, prompt_ids: dict, reference:
 def processor_row(args, method: Method, prompts, prompt_ids: dict, reference: dict) -> dict:
     import pipeline.llm
 
-    # Our processor takes the engine's settings as ray.data.llm does, and the method's as `decoder`
+    # Our processor takes the engine's settings as ray.data.llm does, and the method's as `drafting`
     # (and `transformers`: k, one row on vLLM).
     config = feeding_config(args, method)
-    decoder = {name: getattr(config.decoder, name) for name in ("drafter", "w", "auto_w")}
+    decoder = {name: getattr(config.drafting, name) for name in ("drafter", "w", "auto_w")}
     rows = {name: getattr(config.transformers, name) for name in ("k", "auto_k")}
     outputs, span = processor_run(
         pipeline.llm,
@@ -308,7 +308,7 @@ def processor_row(args, method: Method, prompts, prompt_ids: dict, reference: di
         Method("vllm", "plain"),
         prompts,
         prompt_ids,
-        decoder=decoder,
+        drafting=decoder,
         transformers=rows,
         engine="vllm",
     )

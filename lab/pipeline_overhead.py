@@ -27,7 +27,7 @@ def add_cli_args(parser) -> None:
 
 
 def markdown(report: dict) -> str:
-    return markdown_table([{key: value for key, value in report.items() if key != "decoder"}])
+    return markdown_table([{key: value for key, value in report.items() if key != "drafting"}])
 
 
 def run(args) -> dict:
@@ -49,7 +49,7 @@ def run(args) -> dict:
                 f"input.limit={args.limit}",
                 f"sampling.max_new_tokens={args.max_new_tokens}",
                 f"job.output={json.dumps(output)}",
-                "engine.speculation=on",
+                "drafting.speculation=on",
             ],
         )
     )  # the same mode in both
@@ -72,7 +72,7 @@ def run(args) -> dict:
     pipeline = summary["tokens_per_second_after_startup"]
     return {
         "prompts": len(prompts),
-        "decoder": summary["settings"]["decoder"],
+        "drafting": summary["settings"]["drafting"],
         "in_process_tokens_per_second": round(in_process, 3),
         "pipeline_tokens_per_second_after_startup": pipeline,
         "pipeline_tokens_per_second_with_startup": summary["tokens_per_second"],

@@ -7,7 +7,7 @@
 Methods: hf_greedy (hf_sample when --temperature > 0), hf_prompt_lookup:N, hf_assisted:L:G
 (transformers' assisted generation with the self-draft of L layers, G tokens per draft), plain
 (ours without drafts), self_draft:L:G (ours, draft-model speculative sampling with the same
-self-draft), DRAFTER:k:w[:tree] (any decoder.drafter; k and/or w may be `auto`; `:tree` verifies
+self-draft), DRAFTER:k:w[:tree] (any drafting.drafter; k and/or w may be `auto`; `:tree` verifies
 with tree attention; `rest` reads --datastore, and so does `mixed+rest`: the mixed drafter with
 retrieved rows). Ours run on the transformers engine, built as a job builds it
 (pipeline/engines/build.py). Every method runs on every prompt; the order of methods is rotated
@@ -31,7 +31,7 @@ from jobs.plots import AcceptanceCounts
 from pipeline.config import (
     AUTO_MAX,
     Config,
-    DecoderConfig,
+    DraftingConfig,
     EngineConfig,
     ModelConfig,
     RayConfig,
@@ -160,11 +160,11 @@ def our_config(name: str, args, batch: int = 1) -> Config:
     method, k, w = run.drafter_k_w
     auto_k, auto_w = run.auto
     if method == "self_draft":
-        decoder = DecoderConfig(drafter="draft_model", w=w)
+        decoder = DraftingConfig(drafter="draft_model", w=w)
         own = TransformersConfig(k=1, draft_layers=k)
     else:
         datastore = args.datastore if method in ("rest", "mixed+rest") else ""
-        decoder = DecoderConfig(
+        decoder = DraftingConfig(
             drafter=method.removesuffix("+rest"),
             w=w,
             datastore=datastore,
@@ -176,7 +176,7 @@ def our_config(name: str, args, batch: int = 1) -> Config:
     return Config(
         model=ModelConfig(name=args.model),
         engine=EngineConfig(name="transformers"),
-        decoder=decoder,
+        drafting=decoder,
         sampling=SamplingConfig(max_new_tokens=args.max_new_tokens),
         transformers=own,
         ray=RayConfig(batch_size=max(batch, RayConfig().batch_size)),

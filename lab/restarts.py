@@ -61,7 +61,7 @@ def run(args) -> dict:
             f"model.name={args.model}",
             "engine.cpu_kv_cache_gib=1",
             f"sampling.max_new_tokens={args.max_new_tokens}",
-            "engine.speculation=on",
+            "drafting.speculation=on",
         ]
     )
     steps = {"count": 0, "at": 0}

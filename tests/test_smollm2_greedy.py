@@ -13,7 +13,7 @@ import torch
 
 from pipeline.loading.drafters import build_tables, load_draft_model, make_drafter
 from lab.hf import hf_generate
-from pipeline.config import DecoderConfig, ModelConfig, TransformersConfig
+from pipeline.config import DraftingConfig, ModelConfig, TransformersConfig
 from pipeline.engines.transformers.speculative_decoder import SpeculativeDecoder, Verifying
 from pipeline.loading.model import cache_root
 from jobs.benchmark.datasets import encode_prompt, load_prompts
@@ -53,7 +53,7 @@ def make_decoder(smollm2, drafter_name, k, w):
     names = MODEL_TABLE_DRAFTERS if drafter_name == "model_tables" else (drafter_name,)
     drafters = []
     for name in names:
-        config = DecoderConfig(drafter=name, w=w)
+        config = DraftingConfig(drafter=name, w=w)
         tables = build_tables(
             smollm2.model, smollm2.tokenizer, smollm2.fingerprint, config, cache_root(ModelConfig()), k
         )
@@ -115,7 +115,7 @@ def test_draft_model_greedy_is_token_identical(
     """Through a self-draft (first 8 layers) and through another model directory sharing the
     tokenizer (a tiny random model whose drafts are nearly always rejected)."""
     name = str(tiny_model_dir) if draft_model == "tiny_model_dir" else draft_model
-    config = DecoderConfig(drafter="draft_model", w=gamma)
+    config = DraftingConfig(drafter="draft_model", w=gamma)
     own = TransformersConfig(draft_model=name, draft_layers=8)
     drafter = make_drafter(config, None, 0, load_draft_model(own, ModelConfig(), smollm2))
     decoder = SpeculativeDecoder(smollm2.model, smollm2.tokenizer, drafter, 1, gamma)
@@ -130,7 +130,7 @@ def test_draft_model_greedy_is_token_identical(
 def test_tree_mode_is_batch_mode_with_fewer_tokens_for_retrieval(smollm2, prompts, hf_reference, stdlib_datastore):
     """REST retrieval's rows (several continuations that share their first tokens: a tree saves
     feeding those twice), k = 4, w = 4, in both modes."""
-    config = DecoderConfig(drafter="rest", w=4, datastore=str(stdlib_datastore))
+    config = DraftingConfig(drafter="rest", w=4, datastore=str(stdlib_datastore))
     tables = build_tables(smollm2.model, smollm2.tokenizer, smollm2.fingerprint, config, cache_root(ModelConfig()), 4)
     fed, wins = {}, {}
     for verify in ("batch", "tree"):

@@ -35,8 +35,8 @@ def smollm2_config(*overrides):
 
 @pytest.fixture(scope="module")
 def engines():
-    plain = build_engine(smollm2_config("decoder.drafter=none", "decoder.w=0"))
-    ours = build_engine(smollm2_config("decoder.drafter=context_ngram", "decoder.w=auto"))
+    plain = build_engine(smollm2_config("drafting.drafter=none", "drafting.w=0"))
+    ours = build_engine(smollm2_config("drafting.drafter=context_ngram", "drafting.w=auto"))
     yield plain, ours
     plain.close()
     ours.close()
@@ -78,9 +78,9 @@ def test_each_drafter_on_vllm_is_vllm_plain_greedy(
     engines, requests, reference, stdlib_datastore, drafter, w, accepted_from
 ):
     ours = engines[1]
-    datastore = [f"decoder.datastore={stdlib_datastore}"] if drafter in ("rest", "batch_suffix") else []
-    decoder = smollm2_config(f"decoder.drafter={drafter}", f"decoder.w={w}", *datastore).decoder
-    ours.set_decoder(decoder, drafter_tables(dataclasses.replace(ours.config, decoder=decoder)))
+    datastore = [f"drafting.datastore={stdlib_datastore}"] if drafter in ("rest", "batch_suffix") else []
+    decoder = smollm2_config(f"drafting.drafter={drafter}", f"drafting.w={w}", *datastore).drafting
+    ours.set_decoder(decoder, drafter_tables(dataclasses.replace(ours.config, drafting=decoder)))
     results = ours.generate(requests)
     assert [r.token_ids for r in results] == reference, f"{drafter}:{w} differs from vLLM plain greedy"
     rows, accepted = {}, {}
@@ -137,8 +137,8 @@ def test_structured_output_with_our_drafts_is_valid_and_is_plain_with_the_schema
     import jsonschema
 
     plain, ours = engines
-    decoder = smollm2_config("decoder.drafter=batch_suffix", "decoder.w=auto").decoder
-    ours.set_decoder(decoder, drafter_tables(dataclasses.replace(ours.config, decoder=decoder)))
+    decoder = smollm2_config("drafting.drafter=batch_suffix", "drafting.w=auto").drafting
+    ours.set_decoder(decoder, drafter_tables(dataclasses.replace(ours.config, drafting=decoder)))
     requests = [
         Request(
             f"p{i}",

@@ -45,7 +45,7 @@ def smollm2_config(*overrides):
 @pytest.fixture(scope="module")
 def engines():
     ours = build_engine(smollm2_config())  # the default drafter
-    ngram = build_engine(smollm2_config("decoder.drafter=vllm_ngram", "decoder.w=4", "decoder.ngram_min_q=1"))
+    ngram = build_engine(smollm2_config("drafting.drafter=vllm_ngram", "drafting.w=4", "drafting.ngram.min_q=1"))
     yield {"ours": ours, "vllm_ngram": ngram}
     ours.close()
     ngram.close()

@@ -1,4 +1,4 @@
-"""The suffix drafter (`decoder.drafter: batch_suffix`): drafts from what has been written already,
+"""The suffix drafter (`drafting.drafter: batch_suffix`): drafts from what has been written already,
 in the spirit of SuffixDecoding (arXiv 2411.04975; no model calls, no training outside the job),
 for every running request of an engine step in one compiled call (step.py), and for one request
 at a time on the transformers engine (`propose`).
@@ -9,7 +9,7 @@ What it drafts from, per request, each source on its own:
 - `outputs`: every other request's generated tokens, finished or still running (as SuffixDecoding
   learns from answers in flight), in a bounded arena indexed by q-gram (q = suffix_min_match to
   ngram_max_q, arena.py); past its capacity the oldest finished outputs are forgotten;
-- `store`: earlier runs' outputs (decoder.datastore), by binary search in their suffix array
+- `store`: earlier runs' outputs (drafting.datastore), by binary search in their suffix array
   (store_search.py); a match of at least `store_min_match` tokens (default ngram_max_q): in a store
   of millions of tokens a shorter one has thousands of occurrences and says little, and reading
   them costs the drafter more than all its other work (docs/measurements/batched-drafter-and-replay.md,

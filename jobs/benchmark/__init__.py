@@ -7,7 +7,7 @@ benchmark measures what users run; speed-ups are ratios within one run, the meth
 so that drifts fall on all alike. Each writes its report as JSON (--out) and a markdown table beside it.
 - engines: vLLM plain, its own ngram and suffix methods and ours on vLLM, side by side in rounds
   of new prompts;
-- speculation: the job in engine.speculation auto, on and off, side by side on the same rows;
+- speculation: the job in drafting.speculation auto, on and off, side by side on the same rows;
 - rows: the job's own cost per row against vLLM's LLM.generate;
 - series-edits: a series' edited rerun through the job, against fresh runs of vLLM's suffix and plain;
 - series-history: what a series' rerun costs after a long history (planning, the store, the rerun);

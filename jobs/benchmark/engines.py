@@ -38,7 +38,7 @@ from pipeline.engines.base import Engine, Request, Result
 from pipeline.engines.build import build_engines as pipeline_engines
 
 # vLLM's own methods at the settings the issue measured: n-gram k = 5, q 2..4; suffix k = 16.
-VLLM_DEFAULTS = {"vllm_ngram": ("5", ["decoder.ngram_min_q=2", "decoder.ngram_max_q=4"]), "vllm_suffix": ("16", [])}
+VLLM_DEFAULTS = {"vllm_ngram": ("5", ["drafting.ngram.min_q=2", "drafting.ngram.max_q=4"]), "vllm_suffix": ("16", [])}
 
 
 def add_cli_args(parser) -> None:
@@ -82,15 +82,15 @@ class Method:
         """The config settings (over the base config) that make this method."""
         parts = self.name.split(":")
         if parts[0] == "plain":
-            return ["decoder.drafter=none", "decoder.w=0"]
-        # A method drafts throughout (engine.speculation on): the comparison is of methods, not of modes.
+            return ["drafting.drafter=none", "drafting.w=0"]
+        # A method drafts throughout (drafting.speculation on): the comparison is of methods, not of modes.
         if parts[0] in VLLM_DEFAULTS:
             w, extra = VLLM_DEFAULTS[parts[0]]
             return [
-                f"decoder.drafter={parts[0]}",
-                f"decoder.w={parts[1] if len(parts) > 1 else w}",
+                f"drafting.drafter={parts[0]}",
+                f"drafting.w={parts[1] if len(parts) > 1 else w}",
                 *extra,
-                "engine.speculation=on",
+                "drafting.speculation=on",
             ]
         if len(parts) not in (3, 4):
             raise ValueError(
@@ -98,11 +98,11 @@ class Method:
             )
         verify = [f"transformers.verify={parts[3]}"] if len(parts) == 4 else []
         return [
-            f"decoder.drafter={parts[0]}",
+            f"drafting.drafter={parts[0]}",
             f"transformers.k={parts[1]}",
-            f"decoder.w={parts[2]}",
+            f"drafting.w={parts[2]}",
             *verify,
-            "engine.speculation=on",
+            "drafting.speculation=on",
         ]
 
 

@@ -23,14 +23,14 @@ tokens plus one. Every method drafts at most --max-draft tokens per request-step
   `make install-suffix`);
 - `vllm_ngram`: vLLM's numba n-gram lookup (`batch_propose_numba`, as its `ngram` method calls it)
   per step over every running request, n-grams of --ngram-min to --ngram-max tokens;
-- `vllm_ngram_gpu`: the same lookup with drafts of at most 5 tokens, as engine.speculation auto runs
+- `vllm_ngram_gpu`: the same lookup with drafts of at most 5 tokens, as drafting.speculation auto runs
   vLLM's `ngram_gpu` (its Triton kernel finds the same n-grams on the GPU, asynchronously);
 - `plain`: no drafts (the projection's reference);
 - `copy_ceiling`: not a drafter but a bound: each step drafts, knowing the recorded output, the
   longest run of it that occurs in the row's prediction, its prompt, its output so far or its
   siblings' outputs so far (the other samples of its prompt), up to --prediction-w tokens: no
   drafter copying from those sources takes fewer steps.
-With --project, `auto` says what engine.speculation auto would run at each batch size and its tokens/s
+With --project, `auto` says what drafting.speculation auto would run at each batch size and its tokens/s
 (`auto_projection`: the actor's own chooser over --actor-hours, each switch --restart-seconds), and
 every row also has its projected tokens/s on that GPU (see `projection`), or with
 `--project cpu --host-step R` on this CPU's vLLM engine as the host-step subcommand measured it
@@ -104,19 +104,19 @@ def add_cli_args(parser) -> None:
         "--prediction-w",
         type=int,
         default=128,
-        help="a prediction's draft tokens per request-step, at most (the engine's engine.prediction_w)",
+        help="a prediction's draft tokens per request-step, at most (the engine's drafting.prediction_w)",
     )
     parser.add_argument(
         "--actor-hours",
         type=numbers,
         default=[1.0, 8.0],
-        help="engine.speculation auto's projection: the hours of work one actor is given, comma-separated",
+        help="drafting.speculation auto's projection: the hours of work one actor is given, comma-separated",
     )
     parser.add_argument(
         "--restart-seconds",
         type=float,
         default=60.0,
-        help="engine.speculation auto's projection: an engine's start, in seconds (an 8B model on a "
+        help="drafting.speculation auto's projection: an engine's start, in seconds (an 8B model on a "
         "GPU: weights, compilation and CUDA graphs; this CPU's SmolLM2: about 5)",
     )
 
@@ -131,7 +131,7 @@ def markdown(report: dict) -> str:
     if "projection" in report:
         table += "\n\n" + report["projection"]["formula"] + "\n\n" + markdown_table(report["projection"]["rows"])
         if report["projection"].get("auto"):
-            table += "\n\nengine.speculation auto:\n\n" + markdown_table(report["projection"]["auto"])
+            table += "\n\ndrafting.speculation auto:\n\n" + markdown_table(report["projection"]["auto"])
     return table
 
 
@@ -447,7 +447,7 @@ def chosen_methods(args) -> tuple[list[str], list[str]]:
 
 
 def auto_projection(rows: list[dict], args) -> list[dict]:
-    """What engine.speculation auto gives at each batch size (pipeline/engines/speculation.py), from the
+    """What drafting.speculation auto gives at each batch size (pipeline/engines/speculation.py), from the
     projected tokens/s of its candidates: ours as vLLM runs it (synchronously; with the step budget,
     and drafting from the predictions where the rows have them), plain (asynchronously on a GPU) and,
     on a GPU, vllm_ngram standing for `ngram_gpu` (asynchronous). The actor's own Chooser runs over

@@ -43,10 +43,12 @@ class Ours(Method):
 
     def __init__(self, args, store, answers, cost=None, predicted: bool = False):
         from pipeline.loading.drafters import DrafterTables, make_batch_drafter
-        from pipeline.config import DecoderConfig
+        from pipeline.config import DraftingConfig
 
         # as a job builds it: the config's defaults, drafts of up to --max-draft tokens
-        config = DecoderConfig(drafter="batch_suffix", w=args.max_draft, datastore="store" if store is not None else "")
+        config = DraftingConfig(
+            drafter="batch_suffix", w=args.max_draft, datastore="store" if store is not None else ""
+        )
         warm = make_batch_drafter(config, DrafterTables(datastore=store), 0)  # its compiled code loaded here, not timed
         del warm
         gc.collect()
@@ -263,7 +265,7 @@ class VllmNgram(Method):
 
 
 class VllmNgramGpu(VllmNgram):
-    """vLLM's `ngram_gpu` as engine.speculation auto runs it: the same lookup (its Triton kernel
+    """vLLM's `ngram_gpu` as drafting.speculation auto runs it: the same lookup (its Triton kernel
     finds the same n-grams on the GPU), drafts of at most NGRAM_GPU_W tokens."""
 
     def __init__(self, args, store, answers, cost=None):

@@ -3,7 +3,7 @@
     python -m jobs.benchmark rows --model .cache/test/test-models/tiny-llama-<hash> --rows 200000
 
 Both are given the same raw prompts. The job: `python -m jobs.generate` in a process of its own,
-plain decoding (engine.speculation off), greedy; its rows/s after start-up (the first batch's start
+plain decoding (drafting.speculation off), greedy; its rows/s after start-up (the first batch's start
 to the last one's end), its seconds to the first batch, its driver's and largest actor's peak memory
 and the files it wrote. The baseline: vLLM's LLM.generate in this process, on the engine the job
 builds (the same config), every prompt in one call, the chat template applied inside its timer. On a
@@ -42,7 +42,7 @@ def prompts(count: int) -> list[str]:
 def settings(args) -> list[str]:
     return [
         "engine.name=vllm",
-        "engine.speculation=off",
+        "drafting.speculation=off",
         f"engine.max_num_seqs={args.max_num_seqs}",
         f"model.name={json.dumps(args.model)}",
         f"sampling.max_new_tokens={args.max_new_tokens}",
@@ -60,7 +60,7 @@ def llm_generate(args, texts: list[str]) -> dict:
     from pipeline.engines import speculation
     from pipeline.engines.build import build_engine, checked_config
 
-    config = checked_config(load_config(None, settings(args)))  # plain: engine.speculation off
+    config = checked_config(load_config(None, settings(args)))  # plain: drafting.speculation off
     engine = build_engine(speculation.mode_config(config, speculation.modes(config)[0]))
     llm, params = engine.feeder.llm, SamplingParams(max_tokens=args.max_new_tokens, temperature=0.0)
     started = time.perf_counter()

@@ -12,8 +12,8 @@ of `edit`, and B):
    run, at the largest B of the cells (B changes no greedy text; these are the rows' last outputs);
 2. every document edited, the series runs again at B: each row changed, drafted from its last
    output (its `prediction`) and the series' store (method `ours`);
-3. fresh runs (no series, output directories of their own) of plain vLLM (`decoder.drafter=none`)
-   and vLLM's suffix decoding (`decoder.drafter=vllm_suffix`, arctic-inference) on the edited corpus at B.
+3. fresh runs (no series, output directories of their own) of plain vLLM (`drafting.drafter=none`)
+   and vLLM's suffix decoding (`drafting.drafter=vllm_suffix`, arctic-inference) on the edited corpus at B.
 
 `--ours NAME:SECTION.KEY=VALUE[,...]` adds a run of ours with other settings (method `ours:NAME`),
 on a copy of the series as its first run left it: settings of ours compared side by side, each
@@ -39,11 +39,11 @@ from jobs.benchmark.job_runs import generated_by_id, job_command, run_job, write
 from jobs.benchmark.report import markdown_table
 
 # method -> the overrides of its runs (ours: the series' default drafter, drafting from predictions)
-# (each drafts throughout, engine.speculation on: the comparison is of methods, not of modes)
+# (each drafts throughout, drafting.speculation on: the comparison is of methods, not of modes)
 METHODS = {
-    "ours": ["engine.speculation=on"],
-    "vllm_suffix": ["decoder.drafter=vllm_suffix", "engine.speculation=on"],
-    "plain": ["decoder.drafter=none"],
+    "ours": ["drafting.speculation=on"],
+    "vllm_suffix": ["drafting.drafter=vllm_suffix", "drafting.speculation=on"],
+    "plain": ["drafting.drafter=none"],
 }
 KINDS = ("line", "field", "paragraph")
 # Issue 64's goals for edited rows through the job on this CPU: at B = 1, ours/vllm_suffix of
@@ -103,7 +103,7 @@ def add_cli_args(parser) -> None:
 
 
 def variant(text: str) -> tuple[str, list[str]]:
-    """`long:engine.prediction_w=128` -> ("ours:long", ["engine.prediction_w=128"])."""
+    """`long:drafting.prediction_w=128` -> ("ours:long", ["drafting.prediction_w=128"])."""
     name, _, settings = text.partition(":")
     overrides = [part.strip() for part in settings.split(",") if part.strip()]
     if not name.isidentifier() or not overrides or not all("=" in part for part in overrides):

@@ -1,4 +1,4 @@
-"""speculation: the job in engine.speculation auto, on and off (or vLLM's own methods), side by side on the same rows.
+"""speculation: the job in drafting.speculation auto, on and off (or vLLM's own methods), side by side on the same rows.
 
     python -m jobs.benchmark speculation --dataset sharegpt.jsonl --limit 1600 --max-new-tokens 128 --batch 32 \
         --rounds 2 --set sampling.temperature=1.0
@@ -30,11 +30,11 @@ from jobs.benchmark.report import markdown_table
 
 # method -> its settings
 METHODS = {
-    "auto": ["engine.speculation=auto"],
-    "on": ["engine.speculation=on"],
-    "off": ["engine.speculation=off"],
-    "vllm_suffix": ["decoder.drafter=vllm_suffix", "engine.speculation=on"],
-    "vllm_ngram": ["decoder.drafter=vllm_ngram", "decoder.w=5", "engine.speculation=on"],
+    "auto": ["drafting.speculation=auto"],
+    "on": ["drafting.speculation=on"],
+    "off": ["drafting.speculation=off"],
+    "vllm_suffix": ["drafting.drafter=vllm_suffix", "drafting.speculation=on"],
+    "vllm_ngram": ["drafting.drafter=vllm_ngram", "drafting.w=5", "drafting.speculation=on"],
 }
 
 

@@ -51,7 +51,7 @@ def add_cli_args(parser) -> None:
     parser.add_argument(
         "--auto",
         action="store_true",
-        help="RUN_DIR... are this loop's reports (JSON) on one workload: project engine.speculation auto on "
+        help="RUN_DIR... are this loop's reports (JSON) on one workload: project drafting.speculation auto on "
         "vLLM 0.34 from them onto --step-costs, replaying nothing",
     )
     parser.add_argument(
@@ -353,7 +353,7 @@ def project(rows: list[dict], plain: dict[int, list], step_costs: dict) -> None:
 
 
 def auto_projection(reports: list[dict], step_costs: dict) -> list[dict]:
-    """engine.speculation auto on vLLM 0.34 (rules of platform gpu_v2, greedy rows), projected per steady
+    """drafting.speculation auto on vLLM 0.34 (rules of platform gpu_v2, greedy rows), projected per steady
     batch from reports of this loop on one workload (ours and vLLM's methods, at one k): the mode its
     rule starts in (ours at H100_DRAFT_LENGTHS' draft length for that batch), and where the rule
     measures, the fastest candidate less the measuring budget (MEASURE_BUDGET of the work)."""

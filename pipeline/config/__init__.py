@@ -1,26 +1,18 @@
-"""Typed settings and their loading (settings.py; its names are importable from here), the
-drafter kinds, vLLM's engine arguments and the data that ships in packages."""
+"""Typed settings, a module per section (settings.py composes them; every name is importable from
+here), their loading, the drafter kinds, vLLM's engine arguments and the data that ships in packages."""
 
 from __future__ import annotations
 
-from pipeline.config.settings import (
-    AUTO_MAX,
-    CPU_MAX_NUM_SEQS,
-    DRAFT_MODEL_W,
-    ENGINES,
-    Config,
-    ConfigError,
-    DecoderConfig,
-    EngineConfig,
-    InputConfig,
-    JobConfig,
-    ModelConfig,
-    RayConfig,
-    SamplingConfig,
-    TransformersConfig,
-    installed_engine,
-)
-from pipeline.config.typed import build
+from pipeline.config.drafting import AUTO_MAX, DRAFT_MODEL_W, DraftingConfig
+from pipeline.config.engine import CPU_MAX_NUM_SEQS, ENGINES, EngineConfig, installed_engine
+from pipeline.config.input import InputConfig
+from pipeline.config.job import JobConfig
+from pipeline.config.model import ModelConfig
+from pipeline.config.ray_actors import RayConfig
+from pipeline.config.sampling import SamplingConfig
+from pipeline.config.settings import Config
+from pipeline.config.transformers_engine import TransformersConfig
+from pipeline.config.typed import ConfigError, build
 from pipeline.config.sources import load_config, parse_override
 
 __all__ = [
@@ -30,7 +22,7 @@ __all__ = [
     "ENGINES",
     "Config",
     "ConfigError",
-    "DecoderConfig",
+    "DraftingConfig",
     "EngineConfig",
     "InputConfig",
     "JobConfig",

@@ -1,4 +1,4 @@
-"""The names `decoder.drafter` takes and what each needs, known to the config (which validates
+"""The names `drafting.drafter` takes and what each needs, known to the config (which validates
 against them), to the drafter registry (which builds them: pipeline/loading/drafters.py) and to the
 engines (each refuses, by these properties, the ones it cannot run) alike.
 
@@ -17,7 +17,7 @@ class DrafterKind:
     # that verifies point drafts only refuses it).
     draft_probabilities: bool = False
     vllm_method: str = ""  # vLLM's own speculative_config method, for a method vLLM runs itself
-    datastore: bool = False  # whether it drafts from decoder.datastore
+    datastore: bool = False  # whether it drafts from drafting.datastore
     batched: bool = False  # a BatchDrafter itself (drafters/base.py); else drafters/per_request.py adapts it for vLLM
 
 
@@ -31,7 +31,7 @@ DRAFTER_KINDS: dict[str, DrafterKind] = {
     "draft_model": DrafterKind(draft_probabilities=True),
     "rest": DrafterKind(datastore=True),
     # The suffix drafter: the request's context, other requests' outputs (in flight too) and
-    # (decoder.datastore) earlier runs' outputs, scored by an acceptance model learned online, for
+    # (drafting.datastore) earlier runs' outputs, scored by an acceptance model learned online, for
     # every request of a step in one compiled call, with a step budget under `w: auto` (drafters/suffix/).
     "batch_suffix": DrafterKind(datastore=True, batched=True),
     # vLLM's own learning-free methods, run by vLLM itself: n-gram prompt lookup and suffix

@@ -15,7 +15,7 @@ from pipeline.config.typed import ConfigError, build
 def parse_override(text: str) -> tuple[list[str], Any]:
     """Parses `section.key=value` (value read as YAML) from a --set argument."""
     if "=" not in text:
-        raise ConfigError(f"--set {text!r}: expected key=value, e.g. decoder.w=4")
+        raise ConfigError(f"--set {text!r}: expected key=value, e.g. drafting.w=4")
     key, raw = text.split("=", 1)
     return key.strip().split("."), yaml.safe_load(raw)
 

@@ -1,4 +1,4 @@
-"""YAML values checked against a frozen dataclass's type hints (pipeline/config/settings.py's sections),
+"""YAML values checked against a frozen dataclass's type hints (pipeline/config/'s sections),
 each error naming the field (`section.field`) and what it takes."""
 
 from __future__ import annotations
@@ -86,11 +86,25 @@ def build(cls: type, mapping: Any, prefix: str = ""):
     if not isinstance(mapping, dict):
         raise ConfigError(f"{where}: must be a mapping, got {type(mapping).__name__}")
     hints = typing.get_type_hints(cls)
-    names = [f.name for f in dataclasses.fields(cls)]
+    fields = dataclasses.fields(cls)
+    names = [f.name for f in fields if "set_by" not in f.metadata]  # the rest are resolved, not set
     moved = getattr(cls, "MOVED", {})  # old key -> the `section.key` it is now
     for key in mapping:
         if key in moved:
             raise ConfigError(f"{prefix or cls.__name__}.{key} moved to {moved[key]}: set {moved[key]} instead")
+        section = getattr(cls, "MOVED_SECTIONS", {}).get(key)
+        if section is not None:  # a section that is no more: its first key, and where it is now
+            inner = next(iter(mapping[key]), None) if isinstance(mapping[key], dict) else None
+            place = section.get(inner) if inner else None
+            raise ConfigError(
+                f"{key}.{inner} moved to {place}: set {place} instead"
+                if place
+                else f"{key}: the section is no more; its keys are in "
+                f"{', '.join(sorted({place.split('.')[0] for place in section.values()}))} now"
+            )
+        resolved = next((f for f in fields if f.name == key and "set_by" in f.metadata), None)
+        if resolved is not None:
+            raise ConfigError(f"{where}.{key} is resolved, not set: set {resolved.metadata['set_by']}")
     unknown = sorted(set(mapping) - set(names))
     if unknown:
         raise ConfigError(f"{where}: unknown key(s) {', '.join(map(repr, unknown))}; allowed: {', '.join(names)}")

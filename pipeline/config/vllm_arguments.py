@@ -48,7 +48,7 @@ VLLM_ARGUMENTS = {
     "model": VllmArgument(set_by="model.name sets it"),
     "tokenizer": VllmArgument(set_by="model.name sets it"),
     "speculative_config": VllmArgument(
-        set_by="decoder.drafter and decoder.w set it (vllm_ngram and vllm_suffix are vLLM's own methods)"
+        set_by="drafting.drafter and drafting.w set it (vllm_ngram and vllm_suffix are vLLM's own methods)"
     ),
     "disable_log_stats": VllmArgument(set_by="engine.request_metrics sets it"),
     "distributed_executor_backend": VllmArgument(

@@ -57,7 +57,7 @@ class EngineKind:
     # Requests one engine runs at once (its slots): the concurrency the speculation rule reads.
     slots: Callable[[Config], int]
     # Drafters of the engine's library that keep its async scheduling on the config's actors:
-    # further candidates of engine.speculation auto (pipeline/engines/speculation.py).
+    # further candidates of drafting.speculation auto (pipeline/engines/speculation.py).
     async_drafters: Callable[[Config], tuple[str, ...]]
     # Whose speculation RULES apply to the config's actors (pipeline/engines/speculation.py): "cpu",
     # "gpu" (vLLM 0.32's GPU path: ours on the host, synchronous) or "gpu_v2" (vLLM 0.34: every

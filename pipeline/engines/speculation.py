@@ -1,6 +1,6 @@
-"""The speculation mode an engine runs in, and how an actor chooses it (`engine.speculation`).
+"""The speculation mode an engine runs in, and how an actor chooses it (`drafting.speculation`).
 
-A mode is the drafter an engine runs with: the configured one (`decoder.drafter`), `none` (plain
+A mode is the drafter an engine runs with: the configured one (`drafting.drafter`), `none` (plain
 decoding: vLLM at its best for the platform, async scheduling on a GPU), or vLLM's own
 `vllm_ngram_gpu` on GPU actors (it keeps async scheduling). The mode never changes a row: greedy rows
 are plain's, token for token, and a sampled row is one text, keyed by its seed, with or without
@@ -217,14 +217,14 @@ def reads_sampling(name: str) -> bool:
 
 
 def modes(config: Config) -> tuple[str, ...]:
-    """The modes an actor may run (engine.speculation), the configured one first: `on` runs it,
+    """The modes an actor may run (drafting.speculation), the configured one first: `on` runs it,
     `off` plain, `auto` chooses among it, plain and the engine library's async drafters."""
     from pipeline.engines.build import engine_kind
 
-    drafter = config.decoder.drafter if config.decoder.w > 0 else PLAIN
-    if config.engine.speculation == "off" or drafter == PLAIN:
+    drafter = config.drafting.drafter if config.drafting.w > 0 else PLAIN
+    if config.drafting.speculation == "off" or drafter == PLAIN:
         return (PLAIN,)
-    if config.engine.speculation == "on":
+    if config.drafting.speculation == "on":
         return (drafter,)
     others = [d for d in engine_kind(config.engine.name).async_drafters(config) if d != drafter]
     return (drafter, PLAIN, *others)
@@ -232,10 +232,12 @@ def modes(config: Config) -> tuple[str, ...]:
 
 def mode_config(config: Config, drafter: str) -> Config:
     """The config an engine runs `drafter` from (one of `modes(config)`)."""
-    if drafter == config.decoder.drafter:
+    if drafter == config.drafting.drafter:
         return config
-    w = {NGRAM_GPU: NGRAM_GPU_W, "vllm_suffix": VLLM_SUFFIX_W}.get(drafter, config.decoder.w)
-    return dataclasses.replace(config, decoder=dataclasses.replace(config.decoder, drafter=drafter, w=w, auto_w=False))
+    w = {NGRAM_GPU: NGRAM_GPU_W, "vllm_suffix": VLLM_SUFFIX_W}.get(drafter, config.drafting.w)
+    return dataclasses.replace(
+        config, drafting=dataclasses.replace(config.drafting, drafter=drafter, w=w, auto_w=False)
+    )
 
 
 def concurrency(config: Config, expected_rows: int | None) -> int:
@@ -285,9 +287,9 @@ class Chooser:
     makes the switches it asks for and tells it how long they took."""
 
     modes: tuple[str, ...]  # the modes it chooses among (the configured drafter, PLAIN, NGRAM_GPU)
-    platform: str = ""  # "gpu", "gpu_v2" or "cpu": whose RULES apply; "": none (engine.speculation on or off)
+    platform: str = ""  # "gpu", "gpu_v2" or "cpu": whose RULES apply; "": none (drafting.speculation on or off)
     running: int = 1  # the engine's concurrency, which the rule reads
-    window_setting: float = 0.0  # engine.speculation_window_s (0: window_s)
+    window_setting: float = 0.0  # drafting.speculation_window_s (0: window_s)
     expected_rows: int | None = None  # this actor's share of the job's rows (None: not known)
     restart_seconds: float = 0.0  # an engine's start, as last measured
     mode: str = ""  # the mode the engine runs
@@ -329,7 +331,7 @@ class Chooser:
 
     @property
     def window_s(self) -> float:
-        """engine.speculation_window_s, or for 0: MIN_WINDOW_S, or WINDOW_RESTARTS engine starts if longer."""
+        """drafting.speculation_window_s, or for 0: MIN_WINDOW_S, or WINDOW_RESTARTS engine starts if longer."""
         return self.window_setting or max(MIN_WINDOW_S, WINDOW_RESTARTS * self.restart_seconds)
 
     @property
@@ -458,12 +460,12 @@ def chooser(config: Config, expected_rows: int | None, predictions: bool = False
     """An actor's chooser for `config` (expected_rows: the actor's share of the job's rows, if
     known; predictions: whether its rows carry them, as far as the run knows); its first engine's
     start is its `restart_seconds` once measured."""
-    auto = config.engine.speculation == "auto"
+    auto = config.drafting.speculation == "auto"
     return Chooser(
         modes=modes(config),
         platform=platform(config) if auto else "",
         running=concurrency(config, expected_rows),
-        window_setting=config.engine.speculation_window_s,
+        window_setting=config.drafting.speculation_window_s,
         expected_rows=expected_rows,
         predictions=predictions,
         greedy=config.sampling.temperature == 0,

@@ -68,8 +68,8 @@ def checked_datastore(datastore: str) -> str:
     if not datastore:
         return datastore
     if storage.is_uri(datastore):  # copied to each node that runs actors, not here
-        if storage.info(storage.join(datastore, "meta.json"), "decoder.datastore").type.name == "NotFound":
-            raise JobFailed(f"decoder.datastore: {datastore!r} holds no datastore (no meta.json)")
+        if storage.info(storage.join(datastore, "meta.json"), "drafting.datastore").type.name == "NotFound":
+            raise JobFailed(f"drafting.datastore: {datastore!r} holds no datastore (no meta.json)")
         return datastore
     directory = Path(datastore).expanduser().resolve()
     Datastore.check(directory)  # its files, not its arrays: the driver holds none of them
@@ -84,11 +84,11 @@ def make_plan(config: Config, run_id: str) -> RunPlan:
     checkpoint, and the datastore the actors draft from (a series drafts from its store of earlier
     outputs, checked like a datastore the config names)."""
     config = dataclasses.replace(
-        config, decoder=dataclasses.replace(config.decoder, datastore=checked_datastore(config.decoder.datastore))
+        config, drafting=dataclasses.replace(config.drafting, datastore=checked_datastore(config.drafting.datastore))
     )
     paths = RunPaths.of(config, run_id)
     datastore = series_store.series_datastore(config, paths.store)
-    if datastore != config.decoder.datastore:
+    if datastore != config.drafting.datastore:
         datastore = checked_datastore(datastore)
     fingerprint = series.settings_fingerprint(config)
     keys = series.fingerprint_filter(config, fingerprint) if config.job.series else None

@@ -156,7 +156,7 @@ def output_table(batch: pa.Table) -> pa.Table:
     """The postprocess, a block at a time: the job's columns of every row, in JOB_SCHEMA's types,
     the processor's __inference_error__ as `error` (null when the row was generated), and
     `predicted_from` null where the mode that ran the row drafts from no prediction (plain, with
-    engine.speculation auto)."""
+    drafting.speculation auto)."""
     error, present = batch.column(INFERENCE_ERROR), set(batch.column_names)  # (a new list at each read)
     columns = {
         name: batch.column(name) if name in present else pa.nulls(len(batch))

@@ -85,7 +85,7 @@ class RunPaths:
 class Resolved:
     """What a run decides at its start beyond its config."""
 
-    datastore: str = ""  # what the actors draft from: decoder.datastore (checked), or the series' store
+    datastore: str = ""  # what the actors draft from: drafting.datastore (checked), or the series' store
     batch_size: int = 0  # the rows of an actor's batch: ray.batch_size, or auto's size for this run (0: not sized yet)
 
 
@@ -103,9 +103,9 @@ class RunPlan:
     def actor_config(self) -> Config:
         """The config the actors run, derived here only: `config` with what the run resolved."""
         config, resolved = self.config, self.resolved
-        decoder = dataclasses.replace(config.decoder, datastore=resolved.datastore)
+        decoder = dataclasses.replace(config.drafting, datastore=resolved.datastore)
         ray_settings = dataclasses.replace(config.ray, batch_size=resolved.batch_size or config.ray.batch_size)
-        return dataclasses.replace(config, decoder=decoder, ray=ray_settings)
+        return dataclasses.replace(config, drafting=decoder, ray=ray_settings)
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ class RunSummary:
     engine_series: list
     actor_peak_rss_mb: float | None  # the largest actor process's peak resident memory
     engine_restarts: dict  # engines that failed inside a live actor and were built again (or their actor restarted)
-    # engine.speculation, and each actor's mode: the drafter it runs ("none": plain), decided by the
+    # drafting.speculation, and each actor's mode: the drafter it runs ("none": plain), decided by the
     # rule, the setting or measurement, its measured windows (tokens per busy second) and its
     # switches with their drain and restart seconds (pipeline/engines/speculation.py).
     speculation: dict
@@ -210,7 +210,7 @@ class RunSummary:
             set_aside=reading.set_aside,
             **run_counts(after),
             **invocation_counts(this_time, reading, wall),
-            speculation={"setting": plan.config.engine.speculation, "actors": this_time["speculation"]},
+            speculation={"setting": plan.config.drafting.speculation, "actors": this_time["speculation"]},
             driver_peak_rss_mb=round(peak_rss_mb(), 1),
             settings={section: asdict(getattr(plan.actor_config, section)) for section in SECTIONS},
             openai_batch=openai_batch,
@@ -229,7 +229,7 @@ class RunSummary:
 
 
 # The config's sections the summary records as run, and the engines' counts it takes from the progress actor.
-SECTIONS = ("model", "engine", "decoder", "sampling", "transformers", "input", "ray")
+SECTIONS = ("model", "engine", "drafting", "sampling", "transformers", "input", "ray")
 ENGINE_COUNTS = (
     "engine_occupancy",
     "engine_steps",

@@ -34,6 +34,7 @@ from ray import ObjectRef
 from pipeline import storage
 from pipeline.llm.checkpoint import InputIdCheckpointFilter
 from pipeline.config import Config
+from pipeline.config.settings import DECODER_KEYS
 from pipeline.job import series_index
 from pipeline.job.output_files import SET_ASIDE
 from pipeline.llm.row_values import python_value, request_key
@@ -60,7 +61,7 @@ def settings_fingerprint(config: Config) -> str:
     """The settings that decide a row's text: the model, its dtype, the engine, the sampling
     section and the input's columns. Drafting settings are left out when decoding greedily (they
     change the speed, never the text); every drafting setting counts when sampling (under the names
-    and in the one section, `decoder`, they had when series were first written, so that a series
+    and in the one section, `drafting`, they had when series were first written, so that a series
     keeps its fingerprints)."""
     sampling = config.sampling
     settings = {
@@ -77,12 +78,26 @@ def settings_fingerprint(config: Config) -> str:
         "columns": [config.input.id_column, config.input.prompt_column, config.input.messages_column],
     }
     if sampling.temperature > 0:  # (the transformers engine's section too: its keys were the decoder's)
-        settings["decoder"] = {**asdict(config.decoder), **asdict(sampling), **asdict(config.transformers)}
+        settings["decoder"] = {**decoder_as_written(config), **asdict(config.transformers)}
     for name, default in LATER_SETTINGS.items():
         settings.get("decoder", {}).pop(name, None)
         if getattr(sampling, name) != default:
             settings[name] = getattr(sampling, name)
     return digest(json.dumps(settings, sort_keys=True, default=list))
+
+
+def decoder_as_written(config: Config) -> dict:
+    """The drafting and sampling settings as the `decoder` section named them when series were first
+    written (pipeline/config/settings.py's DECODER_KEYS: each old key and where it is now)."""
+    written = {}
+    for old, now in DECODER_KEYS.items():
+        section, _, path = now.partition(".")
+        if section in ("drafting", "sampling"):
+            value = getattr(config, section)
+            for name in ("auto_w" if old == "auto_w" else path).split("."):
+                value = getattr(value, name)
+            written[old] = value
+    return written
 
 
 def model_identity(name: str) -> str:

@@ -8,7 +8,7 @@ job.store_tokens tokens (when full, the oldest outputs go): a token datastore
 (drafters/datastore.py) under <output>/_checkpoints/series=<name>/store/model=<digest of the model>/,
 one directory per version (`v=<time>`) and a file `CURRENT` naming the newest, written last, so a
 run killed while extending leaves the version before it in use. The next run of the series drafts
-from it (decoder.datastore) when the config names no datastore of its own and its drafter drafts
+from it (drafting.datastore) when the config names no datastore of its own and its drafter drafts
 from one; the task that prepares the model puts it in the object store, shared by the actors like
 a datastore from python -m jobs.build_datastore (which stays for stores of other corpora).
 
@@ -57,12 +57,12 @@ def current_version(root: str) -> str | None:
 def series_datastore(config: Config, root: str) -> str:
     """The datastore a run of a series drafts from: the series' store (at `root`: RunPaths.store)
     where the config names none, its drafter drafts from one and an earlier run has built it;
-    decoder.datastore otherwise."""
-    if not config.job.series or config.decoder.datastore:
-        return config.decoder.datastore
+    drafting.datastore otherwise."""
+    if not config.job.series or config.drafting.datastore:
+        return config.drafting.datastore
     version = current_version(root)
-    decoder = dataclasses.replace(config.decoder, datastore=version or "")
-    return version if version and needs_datastore(decoder) else config.decoder.datastore
+    decoder = dataclasses.replace(config.drafting, datastore=version or "")
+    return version if version and needs_datastore(decoder) else config.drafting.datastore
 
 
 @ray.remote

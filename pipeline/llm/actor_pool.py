@@ -55,18 +55,18 @@ def prepare_model(config: Config):
     model_dir = resolve_model_dir(config.model)[0]
     check_engine_can_run(config, model_dir)
     datastore = None
-    if config.decoder.datastore:  # one built with another tokenizer would draft noise in every actor
+    if config.drafting.datastore:  # one built with another tokenizer would draft noise in every actor
         from transformers import AutoTokenizer
 
         from drafters.retrieval import check_vocabulary
 
-        datastore = Datastore.open(local_datastore(config, config.decoder.datastore))
+        datastore = Datastore.open(local_datastore(config, config.drafting.datastore))
         try:
             check_vocabulary(datastore, len(AutoTokenizer.from_pretrained(model_dir)))
         except ValueError as error:
             raise ModelRefused(str(error)) from error
     tables = drafter_tables(config)
-    if needs_datastore(config.decoder):  # shared like the tables: one copy per node, not one per actor
+    if needs_datastore(config.drafting):  # shared like the tables: one copy per node, not one per actor
         tables = dataclasses.replace(tables, datastore=datastore)
     tokenizer = load_tokenizer(model_dir, config.model)
     report = {"node": ray.get_runtime_context().get_node_id(), "seconds": round(time.perf_counter() - started, 2)}

@@ -175,7 +175,7 @@ class EngineSlot:
                     logger.error("the engine for speculation mode %r could not start (%r); dropped", drafter, error)
                     with self.choice_lock:
                         self.chooser.dropped(drafter)
-                    drafter = before.decoder.drafter if before.decoder.w > 0 else speculation.PLAIN
+                    drafter = before.drafting.drafter if before.drafting.w > 0 else speculation.PLAIN
                     try:
                         self.swap(before)
                     except Exception as again:

@@ -91,10 +91,11 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
     # occupancy), tagged run_id "processor-<id>".
     log_engine_metrics: bool = True
     task_type: str = "generate"
-    # Ours: decoder.* settings as in a job's config (our default drafter when empty), the engine,
+    # Ours: drafting.* settings as in a job's config (our default drafter when empty), the engine,
     # and the transformers engine's own transformers.* settings (k, verify, ...; refused on vLLM
     # where they would change what runs).
-    decoder: Mapping[str, Any] = field(default_factory=dict)
+    drafting: Mapping[str, Any] = field(default_factory=dict)
+    decoder: Mapping[str, Any] | None = None  # the old name of `drafting`: refused, naming it
     engine: str = "vllm"
     transformers: Mapping[str, Any] = field(default_factory=dict)
     # Ours: which of our columns a row gets (None: all of STATISTICS; () none, ray.data.llm's only).
@@ -124,6 +125,7 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
             "an integer >= 1 or None",
         )
         check(self.engine in ENGINES, "engine", " or ".join(map(repr, ENGINES)))
+        check(self.decoder is None, "decoder", "left out: it is `drafting` now (drafting={...})")
         self.actors()
         self.statistics()
         self.chat_template_settings()
@@ -149,7 +151,7 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
                 f"engine_kwargs.{key}",
                 f"left out: {argument.where() if argument else ''}",
             )
-        self.pipeline_config()  # its own checks and the engine's, naming decoder.*, transformers.*, engine.* fields
+        self.pipeline_config()  # its own checks and the engine's, naming the section.field they fail on
 
     def chat_template_settings(self, fallback_kwargs: Mapping[str, Any] | None = None) -> dict:
         """chat_template_stage as GenerationStage's settings: enabled, template, template_kwargs
@@ -249,12 +251,12 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         resources = self.resources()
         # On a CPU the engine's threads are the CPUs the actor reserved (Ray starts it with one otherwise).
         threads = 0 if resources["GPU"] else max(1, int(resources["CPU"]))
-        # The job's default drafter (pipeline/config/settings.py's defaults) unless `decoder` names another.
+        # The job's default drafter (pipeline/config/'s defaults) unless `drafting` names another.
         # Each engine's per-request record on (ray.data.llm's `metrics`), where it keeps one.
         sections: dict[str, dict] = {
             "model": {"name": self.model_source, "num_threads": threads},
             "engine": {"name": self.engine, "request_metrics": True},
-            "decoder": dict(self.decoder),
+            "drafting": dict(self.drafting),
             "sampling": {},  # a row's own sampling_params; engine_kwargs' seed the rows' default
             "transformers": dict(self.transformers),
         }
@@ -262,9 +264,9 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         for key, value in self.engine_kwargs.items():
             argument = VLLM_ARGUMENTS.get(key)
             if key == "speculative_config":
-                sections["decoder"].update(self.decoder_settings(value))
+                sections["drafting"].update(self.drafting_settings(value))
             elif key in OUR_ENGINE_KWARGS:  # ours, not vLLM's: a failed engine's restarts, the speculation mode
-                sections["engine"][key] = value
+                sections[OUR_ENGINE_KWARGS[key]][key] = value
             elif argument is None:
                 vllm_args[key] = value
             elif argument.field:
@@ -273,7 +275,7 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         sections["engine"]["vllm_args"] = vllm_args
         if "max_batch_requests" not in self.transformers:
             # the transformers engine's requests per forward call come from one batch: no more than it holds
-            default = build(Config, {"decoder": sections["decoder"], "transformers": sections["transformers"]})
+            default = build(Config, {"drafting": sections["drafting"], "transformers": sections["transformers"]})
             sections["transformers"]["max_batch_requests"] = min(
                 default.transformers.max_batch_requests, self.batch_size
             )
@@ -295,16 +297,16 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
             dataclasses.replace(config, ray=dataclasses.replace(config.ray, max_concurrent_batches=batches))
         )
 
-    def decoder_settings(self, spec: Any) -> dict:
-        """A user's engine_kwargs.speculative_config as our decoder settings: vLLM's own method runs."""
+    def drafting_settings(self, spec: Any) -> dict:
+        """A user's engine_kwargs.speculative_config as our drafting settings: vLLM's own method runs."""
         name = "engine_kwargs.speculative_config"
         check(isinstance(spec, Mapping), name, "a mapping such as {'method': 'suffix', 'num_speculative_tokens': 16}")
-        check(not self.decoder, name, "left out when `decoder` is set (one or the other names the drafter)")
+        check(not self.drafting, name, "left out when `drafting` is set (one or the other names the drafter)")
         check(
             spec.get("method") in SPECULATIVE_METHODS,
             f"{name}.method",
             f"one of {sorted(SPECULATIVE_METHODS)}: vLLM's learning-free methods (a draft model or an EAGLE "
-            "head is not run here; our drafters are `decoder`)",
+            "head is not run here; our drafters are `drafting`)",
         )
         unknown = sorted(set(spec) - set(SPECULATIVE_KEYS))
         check(not unknown, f"{name}.{unknown[0] if unknown else ''}", f"one of {sorted(SPECULATIVE_KEYS)}")
@@ -352,9 +354,13 @@ def rows_postprocess(postprocess: Callable, continue_on_error: bool) -> Callable
 # Ray Data's execution_no_progress_timeout_s for the processor's Dataset: off.
 NO_PROGRESS_TIMEOUT = -1
 
-# engine_kwargs that are ours (pipeline/config/settings.py, EngineConfig): an engine's restarts after a
+# engine_kwargs that are ours (pipeline/config/engine.py, EngineConfig): an engine's restarts after a
 # failure (pipeline/llm/stage.py), and whether it drafts (pipeline/engines/speculation.py).
-OUR_ENGINE_KWARGS = ("hang_timeout_s", "max_restarts", "restart_window_s", "speculation", "speculation_window_s")
+# engine_kwargs that are ours, not vLLM's -> the section that holds each
+OUR_ENGINE_KWARGS = {
+    **dict.fromkeys(("hang_timeout_s", "max_restarts", "restart_window_s"), "engine"),
+    **dict.fromkeys(("speculation", "speculation_window_s"), "drafting"),
+}
 
 
 @dataclass(frozen=True)

@@ -1,3 +1,3 @@
 """What the pipeline builds from its settings, below the engines: the model, resolved, converted
 and cached (model.py), and the drafters with the tables they draft from (drafters.py: the registry
-from `decoder.drafter`'s names to drafters)."""
+from `drafting.drafter`'s names to drafters)."""

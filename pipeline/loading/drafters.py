@@ -1,4 +1,4 @@
-"""The drafter registry: `decoder.drafter` name -> its factory, and the model tables it drafts from.
+"""The drafter registry: `drafting.drafter` name -> its factory, and the model tables it drafts from.
 
 The names and what each needs are pipeline/config/drafter_kinds.py's (the config validates against them);
 a new drafter is one module in drafters/, one kind there and one factory in FACTORIES here. The
@@ -27,7 +27,7 @@ from drafters.retrieval import RetrievalDrafter, check_vocabulary
 from drafters.suffix import BatchSuffixDrafter
 from drafters.suffix import Settings as SuffixSettings
 from drafters.unigram import UnigramDrafter
-from pipeline.config import Config, DecoderConfig, ModelConfig, TransformersConfig
+from pipeline.config import Config, DraftingConfig, ModelConfig, TransformersConfig
 from pipeline.config.drafter_kinds import DRAFTER_KINDS, DRAFTER_NAMES
 from pipeline.loading.model import LoadedModel, cache_root, load_model
 
@@ -41,7 +41,7 @@ class DrafterTables:
     chained: np.ndarray | None = None  # [V, k, w] the bigram's j-th token, then its top-1 chained
     extended: np.ndarray | None = None  # [V, k, w] the bigram's j-th token, then the model's greedy continuation
     build_seconds: dict[str, float] = field(default_factory=dict)
-    # decoder.datastore's arrays where the Ray job shares them through the object store (every actor
+    # drafting.datastore's arrays where the Ray job shares them through the object store (every actor
     # of a node maps the one copy); None: the drafter maps the files itself.
     datastore: Datastore | None = None
 
@@ -70,7 +70,7 @@ class DrafterParts:
     """What a factory may draw on: the settings, the tables, the target's pad token, the draft
     model (drafter "draft_model" only) and the target tokenizer's size (checked against a datastore)."""
 
-    config: DecoderConfig
+    config: DraftingConfig
     tables: DrafterTables
     pad_token: int
     draft_model: object = None
@@ -79,7 +79,7 @@ class DrafterParts:
 
 def _context_ngram(parts: DrafterParts) -> Drafter:
     config = parts.config
-    return ContextNgramDrafter(config.ngram_max_q, config.ngram_min_q, parts.pad_token)
+    return ContextNgramDrafter(config.ngram.max_q, config.ngram.min_q, parts.pad_token)
 
 
 def _datastore(parts: DrafterParts) -> Datastore:
@@ -99,25 +99,25 @@ def _retrieval(parts: DrafterParts) -> RetrievalDrafter:
     return RetrievalDrafter(
         _datastore(parts),
         parts.pad_token,
-        config.retrieval_max_match,
-        config.retrieval_min_match,
-        config.retrieval_max_occurrences,
-        config.retrieval_max_nodes,
+        config.retrieval.max_match,
+        config.retrieval.min_match,
+        config.retrieval.max_occurrences,
+        config.retrieval.max_nodes,
     )
 
 
 def _batch_suffix(parts: DrafterParts) -> Drafter:
     config = parts.config
     settings = SuffixSettings(
-        min_q=config.suffix_min_match,
-        max_q=config.ngram_max_q,
-        max_match=config.suffix_max_match,
-        min_probability=config.suffix_min_probability,
+        min_q=config.suffix.min_match,
+        max_q=config.ngram.max_q,
+        max_match=config.suffix.max_match,
+        min_probability=config.suffix.min_probability,
     )
     return BatchSuffixDrafter(
         config.w,
         settings,
-        capacity=max(config.suffix_max_tokens, 16),
+        capacity=max(config.suffix.max_tokens, 16),
         store=_datastore(parts) if config.datastore else None,
         pad_token=parts.pad_token,
     )
@@ -156,12 +156,12 @@ assert tuple(FACTORIES) == DRAFTER_NAMES, (
 )
 
 
-def needs_model_tables(config: DecoderConfig) -> bool:
+def needs_model_tables(config: DraftingConfig) -> bool:
     """Whether `config.drafter` drafts from tables built with the model's weights."""
     return bool(DRAFTER_KINDS[config.drafter].tables) and config.w > 0
 
 
-def needs_datastore(config: DecoderConfig) -> bool:
+def needs_datastore(config: DraftingConfig) -> bool:
     """Whether `config.drafter` drafts from the datastore `config.datastore` names."""
     return DRAFTER_KINDS[config.drafter].datastore and bool(config.datastore) and config.w > 0
 
@@ -177,21 +177,21 @@ def prefix_ids(tokenizer, kind: str) -> list[int]:
         return []
     if kind == "bos":
         if tokenizer.bos_token_id is None:
-            raise ValueError("decoder.bigram_prefix: 'bos' needs a tokenizer with a BOS token; use 'none'")
+            raise ValueError("drafting.bigram.prefix: 'bos' needs a tokenizer with a BOS token; use 'none'")
         return [tokenizer.bos_token_id]
     if kind == "assistant_header":
         if not tokenizer.chat_template:
-            raise ValueError("decoder.bigram_prefix: 'assistant_header' needs a chat template; use 'bos' or 'none'")
+            raise ValueError("drafting.bigram.prefix: 'assistant_header' needs a chat template; use 'bos' or 'none'")
         messages = [{"role": "user", "content": "Hi"}]
         with_header = chat_ids(tokenizer, messages, add_generation_prompt=True)
         without = chat_ids(tokenizer, messages, add_generation_prompt=False)
         assert with_header[: len(without)] == without, "chat template's generation prompt is not a suffix"
         return with_header[len(without) :]
-    raise ValueError(f"decoder.bigram_prefix: unknown {kind!r}")
+    raise ValueError(f"drafting.bigram.prefix: unknown {kind!r}")
 
 
 def build_tables(
-    model, tokenizer, fingerprint: str, config: DecoderConfig, cache_dir: Path, rows: int = 1
+    model, tokenizer, fingerprint: str, config: DraftingConfig, cache_dir: Path, rows: int = 1
 ) -> DrafterTables:
     """Builds (or loads from the disk cache) the tables `config.drafter` needs, for drafts of up
     to `rows` rows of config.w tokens."""
@@ -199,14 +199,14 @@ def build_tables(
     unigram = bigram = chained = extended = None
     seconds: dict[str, float] = {}
     if "unigram" in needed:
-        unigram = model_tables.unigram_scores(model).topk(config.bigram_top_k).indices.numpy().astype(np.int32)
+        unigram = model_tables.unigram_scores(model).topk(config.bigram.top_k).indices.numpy().astype(np.int32)
     if needed & {"bigram", "chained", "extended"}:
-        prefix = prefix_ids(tokenizer, config.bigram_prefix)
-        settings = f"prefix={prefix}|top_k={config.bigram_top_k}"
+        prefix = prefix_ids(tokenizer, config.bigram.prefix)
+        settings = f"prefix={prefix}|top_k={config.bigram.top_k}"
         path = model_tables.table_path(cache_dir, fingerprint, "bigram", settings)
         bigram, seconds["bigram"] = model_tables.cached_table(
             path,
-            lambda: model_tables.compute_bigram_table(model, prefix, config.bigram_top_k, config.bigram_batch_size),
+            lambda: model_tables.compute_bigram_table(model, prefix, config.bigram.top_k, config.bigram.batch_size),
         )
         if "chained" in needed:
             chained = model_tables.chain_extension(bigram, rows, config.w)
@@ -214,16 +214,16 @@ def build_tables(
             path = model_tables.table_path(cache_dir, fingerprint, "extended", f"{settings}|k={rows}|w={config.w}")
             extended, seconds["extended"] = model_tables.cached_table(
                 path,
-                lambda: model_tables.model_extension(model, bigram, prefix, rows, config.w, config.bigram_batch_size),
+                lambda: model_tables.model_extension(model, bigram, prefix, rows, config.w, config.bigram.batch_size),
             )
     return DrafterTables(unigram, bigram, chained, extended, seconds)
 
 
 def drafter_tables(config: Config, loaded: LoadedModel | None = None) -> DrafterTables:
-    """The tables config.decoder drafts from: read from the cache, or built with the model (`loaded`,
+    """The tables config.drafting drafts from: read from the cache, or built with the model (`loaded`,
     else loaded here, only when a table needs it). The one way tables are made, for every engine
     and for the task that prepares a job's model."""
-    if not needs_model_tables(config.decoder):
+    if not needs_model_tables(config.drafting):
         return DrafterTables()
     loaded = loaded or load_model(config.model)
     # Rows per draft: transformers.k (the vLLM engine drafts one row, and refuses another k).
@@ -231,7 +231,7 @@ def drafter_tables(config: Config, loaded: LoadedModel | None = None) -> Drafter
         loaded.model,
         loaded.tokenizer,
         loaded.fingerprint,
-        config.decoder,
+        config.drafting,
         cache_root(config.model),
         config.transformers.k,
     )
@@ -253,11 +253,15 @@ def load_draft_model(settings: TransformersConfig, model_config: ModelConfig, ta
 
 
 def make_drafter(
-    config: DecoderConfig, tables: DrafterTables | None, pad_token: int, draft_model=None, vocab_size: int | None = None
+    config: DraftingConfig,
+    tables: DrafterTables | None,
+    pad_token: int,
+    draft_model=None,
+    vocab_size: int | None = None,
 ) -> Drafter | None:
     """The drafter named by `config.drafter`; None for plain decoding (or a method vLLM runs itself)."""
     if config.drafter not in FACTORIES:
-        raise ValueError(f"decoder.drafter: unknown {config.drafter!r}; choose one of {', '.join(DRAFTER_NAMES)}")
+        raise ValueError(f"drafting.drafter: unknown {config.drafter!r}; choose one of {', '.join(DRAFTER_NAMES)}")
     make = FACTORIES[config.drafter]
     if make is None or config.w == 0:
         return None
@@ -265,7 +269,7 @@ def make_drafter(
 
 
 def make_batch_drafter(
-    config: DecoderConfig,
+    config: DraftingConfig,
     tables: DrafterTables | None,
     pad_token: int,
     vocab_size: int | None = None,
@@ -279,4 +283,4 @@ def make_batch_drafter(
     kind = DRAFTER_KINDS[config.drafter]
     if drafter is None or kind.batched:
         return drafter
-    return PerRequestBatchDrafter(drafter, config.w, config.ngram_max_q, model_vocab_size or vocab_size)
+    return PerRequestBatchDrafter(drafter, config.w, config.ngram.max_q, model_vocab_size or vocab_size)

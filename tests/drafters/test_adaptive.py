@@ -89,22 +89,27 @@ def test_auto_in_the_config_sets_the_maximum_and_the_flag():
     from pipeline.engines.vllm.settings import AUTO_MAX_VLLM_W
 
     config = load_config(
-        overrides=["engine.name=transformers", "decoder.drafter=context_ngram", "transformers.k=auto", "decoder.w=auto"]
+        overrides=[
+            "engine.name=transformers",
+            "drafting.drafter=context_ngram",
+            "transformers.k=auto",
+            "drafting.w=auto",
+        ]
     )
-    assert (config.transformers.k, config.decoder.w, config.transformers.auto_k, config.decoder.auto_w) == (
+    assert (config.transformers.k, config.drafting.w, config.transformers.auto_k, config.drafting.auto_w) == (
         8,
         8,
         True,
         True,
     )
     fixed_k = load_config(
-        overrides=["engine.name=transformers", "decoder.drafter=context_ngram", "transformers.k=1", "decoder.w=auto"]
+        overrides=["engine.name=transformers", "drafting.drafter=context_ngram", "transformers.k=1", "drafting.w=auto"]
     )
-    assert (fixed_k.transformers.k, fixed_k.transformers.auto_k, fixed_k.decoder.auto_w) == (1, False, True)
+    assert (fixed_k.transformers.k, fixed_k.transformers.auto_k, fixed_k.drafting.auto_w) == (1, False, True)
     # vLLM verifies one row per request: its drafts may be longer (its own setting, when the job starts).
     on_vllm = checked_config(
-        load_config(overrides=["engine.name=vllm", "decoder.drafter=context_ngram", "decoder.w=auto"])
-    ).decoder
+        load_config(overrides=["engine.name=vllm", "drafting.drafter=context_ngram", "drafting.w=auto"])
+    ).drafting
     assert (on_vllm.w, on_vllm.auto_w) == (AUTO_MAX_VLLM_W, True) and AUTO_MAX_VLLM_W > 8
 
 
@@ -126,14 +131,14 @@ def test_auto_w_is_refused_for_a_draft_model():
     from pipeline.config import ConfigError, load_config
     from pipeline.engines.build import checked_config
 
-    with pytest.raises(ConfigError, match="decoder.w"):
+    with pytest.raises(ConfigError, match="drafting.w"):
         checked_config(
             load_config(
                 overrides=[
                     "engine.name=transformers",
-                    "decoder.drafter=draft_model",
+                    "drafting.drafter=draft_model",
                     "transformers.k=1",
-                    "decoder.w=auto",
+                    "drafting.w=auto",
                 ]
             )
         )

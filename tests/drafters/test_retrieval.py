@@ -85,16 +85,16 @@ def test_a_datastore_of_another_tokenizer_is_refused(tmp_path):
 
     store = build_datastore(DOCUMENTS, tmp_path / "s", {"vocab_size": 96, "model": "toy"})
     check_vocabulary(store, 96)
-    with pytest.raises(ValueError, match="decoder.datastore: built with a tokenizer of 96 tokens .* has 49152"):
+    with pytest.raises(ValueError, match="drafting.datastore: built with a tokenizer of 96 tokens .* has 49152"):
         check_vocabulary(store, 49152)
 
 
 def test_make_drafter_refuses_a_datastore_of_another_tokenizer(tmp_path):
     from pipeline.loading.drafters import DrafterTables, make_drafter
-    from pipeline.config import DecoderConfig
+    from pipeline.config import DraftingConfig
 
     build_datastore(DOCUMENTS, tmp_path / "s", {"vocab_size": 96})
-    config = DecoderConfig(drafter="rest", w=2, datastore=str(tmp_path / "s"))
+    config = DraftingConfig(drafter="rest", w=2, datastore=str(tmp_path / "s"))
     assert make_drafter(config, DrafterTables(), 0, vocab_size=96) is not None
-    with pytest.raises(ValueError, match="decoder.datastore: built with a tokenizer of 96 tokens"):
+    with pytest.raises(ValueError, match="drafting.datastore: built with a tokenizer of 96 tokens"):
         make_drafter(config, DrafterTables(), 0, vocab_size=49152)

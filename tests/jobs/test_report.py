@@ -15,9 +15,9 @@ def auto_run(tiny_model_dir, tmp_path_factory):
         overrides=[
             "engine.name=transformers",
             f"model.name={tiny_model_dir}",
-            "decoder.drafter=context_ngram",
+            "drafting.drafter=context_ngram",
             "transformers.k=auto",
-            "decoder.w=auto",
+            "drafting.w=auto",
             "sampling.max_new_tokens=24",
         ]
     )

@@ -24,7 +24,7 @@ def build_decoder(config: Config, loaded: LoadedModel, tables: DrafterTables) ->
     """The decoder `config` describes (its decoder and transformers sections): its drafter over
     `tables`, the draft model if it has one, and with k or w auto a step cost it learns from its
     own calls (drafters/budget.py)."""
-    decoder, own = config.decoder, config.transformers
+    decoder, own = config.drafting, config.transformers
     tokenizer = loaded.tokenizer
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     use_gqa_attention(loaded.model)
@@ -34,7 +34,7 @@ def build_decoder(config: Config, loaded: LoadedModel, tables: DrafterTables) ->
         use_gqa_attention(draft_model)
     drafter = make_drafter(decoder, tables, pad, draft_model, len(tokenizer))
     costs = StepCostFit() if own.auto_k or decoder.auto_w else None
-    verifying = Verifying(decoder.ngram_max_q, own.lenience, own.verify, own.auto_k, decoder.auto_w)
+    verifying = Verifying(decoder.ngram.max_q, own.lenience, own.verify, own.auto_k, decoder.auto_w)
     return SpeculativeDecoder(loaded.model, tokenizer, drafter, own.k, decoder.w, verifying, costs)
 
 
@@ -53,7 +53,7 @@ class TransformersEngine:
             self.batched = BatchedDecoder(self.decoder, own.max_batch_requests, own.max_batch_tokens)
 
     def columns(self) -> dict:
-        decoder, own = self.config.decoder, self.config.transformers
+        decoder, own = self.config.drafting, self.config.transformers
         return {
             "engine": self.name,
             "drafter": decoder.drafter,

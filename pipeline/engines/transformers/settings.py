@@ -1,12 +1,12 @@
 """The transformers engine's settings: what it refuses of the config, and of a model, when the job
 starts (pipeline/engines/build.py reads KIND). Its own section is `transformers:`
-(pipeline/config/settings.py, TransformersConfig); these checks are the ones that span sections."""
+(pipeline/config/transformers_engine.py, TransformersConfig); these checks are the ones that span sections."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.config import Config, ConfigError, DecoderConfig, TransformersConfig
+from pipeline.config import Config, ConfigError, DraftingConfig, TransformersConfig
 from pipeline.config.drafter_kinds import DRAFTER_KINDS
 from pipeline.engines.base import EngineKind
 from pipeline.engines.errors import ModelRefused
@@ -17,7 +17,7 @@ BATCH_SIZE = 8  # ray.batch_size auto: rows per call (the decoder runs one batch
 
 def checked(config: Config) -> Config:
     """`config` as this engine runs it, or a ConfigError naming the first setting it cannot honour."""
-    engine, ray, decoder, own = config.engine, config.ray, config.decoder, config.transformers
+    engine, ray, decoder, own = config.engine, config.ray, config.drafting, config.transformers
     kind = DRAFTER_KINDS[decoder.drafter]
     require(
         engine.tensor_parallel_size == 1,
@@ -29,7 +29,7 @@ def checked(config: Config) -> Config:
     )
     require(
         not kind.vllm_method,
-        "decoder.drafter",
+        "drafting.drafter",
         f"one of ours with engine.name {NAME}; {decoder.drafter!r} is vLLM's own (engine.name: vllm)",
     )
     # Its actor sees ray.batch_size rows per call; fewer than max_batch_requests leaves rows idle.
@@ -44,7 +44,7 @@ def checked(config: Config) -> Config:
         "ray.max_concurrent_batches",
         f"0 (auto) or 1 with engine.name {NAME} (its decoder runs one batch at a time)",
     )
-    check_drafter(config.decoder, config.transformers)
+    check_drafter(config.drafting, config.transformers)
     return config
 
 
@@ -53,13 +53,13 @@ def batch_size(config: Config) -> int:
     return config.ray.batch_size or BATCH_SIZE
 
 
-def check_drafter(decoder: DecoderConfig, own: TransformersConfig) -> None:
+def check_drafter(decoder: DraftingConfig, own: TransformersConfig) -> None:
     """What the drafter asks of this engine's settings (`own`), and refuses."""
     if own.lenience < 1:
         require(
             decoder.drafter == "draft_model",
             "transformers.lenience",
-            "1 unless decoder.drafter is 'draft_model' (the only drafter it applies to)",
+            "1 unless drafting.drafter is 'draft_model' (the only drafter it applies to)",
         )
     if DRAFTER_KINDS[decoder.drafter].draft_probabilities:
         require(
@@ -69,7 +69,7 @@ def check_drafter(decoder: DecoderConfig, own: TransformersConfig) -> None:
         )
         require(
             not decoder.auto_w,
-            "decoder.w",
+            "drafting.w",
             f"a number with drafter {decoder.drafter!r} ('auto' chooses among "
             "drafts already proposed, which for a draft model would waste its calls)",
         )
@@ -82,9 +82,9 @@ def check_drafter(decoder: DecoderConfig, own: TransformersConfig) -> None:
         )
     if DRAFTER_KINDS[decoder.drafter].tables:  # model tables keep bigram_top_k tokens per entry
         require(
-            own.k <= decoder.bigram_top_k,
+            own.k <= decoder.bigram.top_k,
             "transformers.k",
-            f"at most decoder.bigram_top_k ({decoder.bigram_top_k}) with drafter {decoder.drafter!r}",
+            f"at most drafting.bigram.top_k ({decoder.bigram.top_k}) with drafter {decoder.drafter!r}",
         )
 
 
@@ -110,7 +110,7 @@ def require(ok: bool, name: str, allowed: str) -> None:
 
 KIND = EngineKind(
     NAME,
-    sections=("model", "decoder", "transformers"),
+    sections=("model", "drafting", "transformers"),
     checked=checked,
     check_model=check_model,
     batch_size=batch_size,

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from drafters.base import NO_DRAFT
 from pipeline.loading.drafters import DrafterTables, make_batch_drafter
-from pipeline.config import CPU_MAX_NUM_SEQS, Config, ConfigError, DecoderConfig
+from pipeline.config import CPU_MAX_NUM_SEQS, Config, ConfigError, DraftingConfig
 from pipeline.config.drafter_kinds import VLLM_METHODS
 from pipeline.engines.base import (
     EngineFailed,
@@ -142,7 +142,7 @@ class VllmEngine:
         check_vllm_version()  # a vLLM this package does not support fails here, naming the supported ones
         set_vllm_environment(config)
         self.config = config
-        decoder = config.decoder
+        decoder = config.drafting
         self.drafts = decoder.drafter != "none" and decoder.w > 0
         # Ours run as vLLM's proposer (0.32) or speculator (0.34); vLLM's own methods as vLLM has them.
         self.ours = self.drafts and decoder.drafter not in VLLM_METHODS
@@ -215,8 +215,8 @@ class VllmEngine:
             **config.engine.vllm_args,
         )
 
-    def set_decoder(self, decoder: DecoderConfig, tables: DrafterTables | None = None) -> None:
-        """Hands the proposer the drafter `decoder` describes. vLLM fixes the longest draft when it
+    def set_decoder(self, decoder: DraftingConfig, tables: DrafterTables | None = None) -> None:
+        """Hands the proposer the drafter `drafting` describes. vLLM fixes the longest draft when it
         starts: another drafter can be swapped in with drafts of at most that many tokens."""
         assert self.hosted and decoder.drafter not in VLLM_METHODS and 1 <= decoder.w <= self.num_speculative_tokens, (
             f"the engine was started for drafts of up to {self.num_speculative_tokens} tokens, not {decoder.w}"
@@ -229,9 +229,9 @@ class VllmEngine:
             len(self.tokenizer),
             self.feeder.llm.llm_engine.model_config.get_vocab_size(),
         )
-        longest = min(max(decoder.w, self.config.engine.prediction_w), self.num_speculative_tokens)
+        longest = min(max(decoder.w, self.config.drafting.prediction_w), self.num_speculative_tokens)
         self.collective_rpc(attach_drafter, (drafter, decoder.w, decoder.auto_w, self.exact_sampling, longest))
-        self.config = dataclasses.replace(self.config, decoder=decoder)
+        self.config = dataclasses.replace(self.config, drafting=decoder)
 
     def keyed_draws(self, on: bool) -> None:
         """Sampled rows drawn with keyed noise (on, the engine's way), or with vLLM's own draws and
@@ -253,7 +253,7 @@ class VllmEngine:
         return self.feeder.llm.collective_rpc(take_tracked, args=(generated,))[0]
 
     def columns(self) -> dict:
-        decoder = self.config.decoder
+        decoder = self.config.drafting
         return {
             "engine": self.name,
             "drafter": decoder.drafter if self.drafts else "none",
@@ -341,9 +341,9 @@ class VllmEngine:
         if not (self.exact_sampling or self.ours or request.sampling.greedy):
             raise RequestError(
                 f"request {request.request_id!r}: sampling (temperature "
-                f"{request.sampling.temperature}) with {self.config.decoder.drafter} is not exact on "
+                f"{request.sampling.temperature}) with {self.config.drafting.drafter} is not exact on "
                 f"this platform's vLLM (docs/vllm-cpu-sampling.md); use one of our drafters (sampled rows "
-                f"then run without drafts), decoder.drafter=none, or greedy decoding"
+                f"then run without drafts), drafting.drafter=none, or greedy decoding"
             )
 
     def result(self, request: Request, output, tracked: Tracked | None, wall: float, params) -> Result:
@@ -360,7 +360,7 @@ class VllmEngine:
             request.stop,
             settings.get("include_stop_str_in_output", False),
         )
-        decoder = self.config.decoder
+        decoder = self.config.drafting
         stats = request_stats(
             len(request.prompt_ids),
             token_ids,

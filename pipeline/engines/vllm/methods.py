@@ -1,4 +1,4 @@
-"""What vLLM runs for `decoder.drafter`, on the vLLM installed: one name per drafter, whichever vLLM
+"""What vLLM runs for `drafting.drafter`, on the vLLM installed: one name per drafter, whichever vLLM
 runs it.
 
 - vLLM 0.32 (model runner V1, the CPU product): ours is vLLM's `custom_class` proposer (proposer.py),
@@ -24,7 +24,7 @@ PROPOSER = "pipeline.engines.vllm.proposer.NgrammysProposer"
 
 
 # Our drafters the device speculator runs, and its sources for each: the request's own context always,
-# other requests' outputs (`corpus`), the model's bigram table (`table`), decoder.datastore (`store`).
+# other requests' outputs (`corpus`), the model's bigram table (`table`), drafting.datastore (`store`).
 # A row's prediction drafts first with every one. The others (unigram, bigram, extended_bigram, rest,
 # draft_model) have no device form: they fail at start on vLLM 0.34, naming these.
 DEVICE_SOURCES = {
@@ -48,12 +48,12 @@ def speculative_arguments(config: Config, num_speculative_tokens: int, ours: boo
     """vLLM's engine arguments (speculative_config, and on 0.34 the prediction processor) for the
     config's drafter at num_speculative_tokens, on the vLLM installed. `table_dir`: where the model's
     bigram table is written for the device speculator to read (`write_bigram_table`)."""
-    decoder = config.decoder
+    decoder = config.drafting
     if runs_speculator() and ours:
         sources = DEVICE_SOURCES[decoder.drafter]
         options = {
-            "max_depth": min(decoder.suffix_max_match, 127),
-            "corpus_tokens": decoder.suffix_max_tokens if sources["corpus"] else 0,
+            "max_depth": min(decoder.suffix.max_match, 127),
+            "corpus_tokens": decoder.suffix.max_tokens if sources["corpus"] else 0,
         }
         if sources["store"] and decoder.datastore:
             options["store"] = decoder.datastore
@@ -68,27 +68,27 @@ def speculative_arguments(config: Config, num_speculative_tokens: int, ours: boo
     if ours:
         speculative["model"] = PROPOSER
     elif decoder.drafter in ("vllm_ngram", "vllm_ngram_gpu"):
-        speculative.update(prompt_lookup_min=decoder.ngram_min_q, prompt_lookup_max=decoder.ngram_max_q)
+        speculative.update(prompt_lookup_min=decoder.ngram.min_q, prompt_lookup_max=decoder.ngram.max_q)
     return {"speculative_config": speculative}
 
 
 def draft_lengths(config: Config, longest: int) -> list[tuple[int, int, int]] | None:
     """The device speculator's draft length by running requests: `w: auto` on GPU actors runs
     H100_DRAFT_LENGTHS (capped at the longest draft); a fixed w, or a CPU, drafts w at every size."""
-    if not (config.decoder.auto_w and config.ray.num_gpus_per_actor > 0):
+    if not (config.drafting.auto_w and config.ray.num_gpus_per_actor > 0):
         return None
     return [(first, last, min(length, longest)) for first, last, length in H100_DRAFT_LENGTHS]
 
 
 def longest_draft(config: Config, ours: bool) -> int:
     """vLLM's num_speculative_tokens. On 0.32 ours also drafts a row's prediction, up to
-    engine.prediction_w tokens. On 0.34 vLLM's k is one for the batch (a k of prediction_w would
+    drafting.prediction_w tokens. On 0.34 vLLM's k is one for the batch (a k of prediction_w would
     verify that many slots for every row): w, or under `w: auto` on GPU actors the longest of
     H100_DRAFT_LENGTHS."""
-    w = config.decoder.w
+    w = config.drafting.w
     if runs_speculator():
         return longest_scheduled() if draft_lengths(config, w) is not None else w
-    return max(w, config.engine.prediction_w) if ours else w
+    return max(w, config.drafting.prediction_w) if ours else w
 
 
 def longest_scheduled() -> int:

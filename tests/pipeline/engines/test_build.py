@@ -69,10 +69,10 @@ def test_vllm_refuses_what_it_cannot_honour_naming_the_field(override, field):
 def test_vllm_refuses_lenience_and_the_draft_model():
     with pytest.raises(ConfigError, match=r"^transformers.lenience: must be 1 with engine.name vllm"):
         started("engine.name=vllm", "transformers.lenience=0.5")
-    with pytest.raises(ConfigError, match="^decoder.drafter: must be a point drafter with engine.name vllm"):
-        started("engine.name=vllm", "decoder.drafter=draft_model")
-    with pytest.raises(ConfigError, match="^decoder.drafter: must be one of ours with engine.name transformers"):
-        started("engine.name=transformers", "decoder.drafter=vllm_ngram")
+    with pytest.raises(ConfigError, match="^drafting.drafter: must be a point drafter with engine.name vllm"):
+        started("engine.name=vllm", "drafting.drafter=draft_model")
+    with pytest.raises(ConfigError, match="^drafting.drafter: must be one of ours with engine.name transformers"):
+        started("engine.name=transformers", "drafting.drafter=vllm_ngram")
 
 
 def test_a_setting_the_engine_cannot_honour_fails_the_job_at_its_start():
@@ -99,11 +99,11 @@ def test_w_auto_goes_further_on_vllm_and_the_check_is_idempotent():
     from pipeline.config import AUTO_MAX
     from pipeline.engines.vllm.settings import AUTO_MAX_VLLM_W
 
-    on_vllm = started("engine.name=vllm", "decoder.drafter=context_ngram", "decoder.w=auto")
-    assert (on_vllm.decoder.w, on_vllm.decoder.auto_w) == (AUTO_MAX_VLLM_W, True) and AUTO_MAX_VLLM_W > AUTO_MAX["w"]
+    on_vllm = started("engine.name=vllm", "drafting.drafter=context_ngram", "drafting.w=auto")
+    assert (on_vllm.drafting.w, on_vllm.drafting.auto_w) == (AUTO_MAX_VLLM_W, True) and AUTO_MAX_VLLM_W > AUTO_MAX["w"]
     assert checked_config(on_vllm) == on_vllm
-    assert started("engine.name=transformers", "decoder.w=auto").decoder.w == AUTO_MAX["w"]
-    assert started("engine.name=vllm", "decoder.w=3").decoder.w == 3
+    assert started("engine.name=transformers", "drafting.w=auto").drafting.w == AUTO_MAX["w"]
+    assert started("engine.name=vllm", "drafting.w=3").drafting.w == 3
 
 
 def test_engine_slots_are_apart_from_the_ray_batch():
@@ -151,13 +151,13 @@ def test_a_long_runs_auto_batches_grow_so_the_run_makes_at_most_a_thousand():
 
 
 def test_predictions_are_drafted_from_by_our_proposer_on_vllm_only():
-    assert drafts_from_predictions(started("engine.name=vllm", "decoder.drafter=batch_suffix"))
-    assert not drafts_from_predictions(started("engine.name=vllm", "decoder.drafter=vllm_ngram"))
-    assert not drafts_from_predictions(started("engine.name=vllm", "decoder.drafter=batch_suffix", "decoder.w=0"))
-    assert not drafts_from_predictions(started("engine.name=transformers", "decoder.drafter=batch_suffix"))
+    assert drafts_from_predictions(started("engine.name=vllm", "drafting.drafter=batch_suffix"))
+    assert not drafts_from_predictions(started("engine.name=vllm", "drafting.drafter=vllm_ngram"))
+    assert not drafts_from_predictions(started("engine.name=vllm", "drafting.drafter=batch_suffix", "drafting.w=0"))
+    assert not drafts_from_predictions(started("engine.name=transformers", "drafting.drafter=batch_suffix"))
 
 
 def test_each_engine_declares_the_sections_it_reads():
     """DecoderConfig is what every engine reads; a section one engine reads alone is its own."""
-    assert "decoder" in engine_kind("vllm").sections and "decoder" in engine_kind("transformers").sections
+    assert "drafting" in engine_kind("vllm").sections and "drafting" in engine_kind("transformers").sections
     assert "transformers" not in engine_kind("vllm").sections and "transformers" in engine_kind("transformers").sections

@@ -40,26 +40,26 @@ class Actor:
 
 def test_each_setting_names_its_modes_and_the_gpu_adds_vllms_async_ngram():
     assert speculation.modes(vllm()) == ("batch_suffix", PLAIN)
-    assert speculation.modes(vllm("engine.speculation=on")) == ("batch_suffix",)
-    assert speculation.modes(vllm("engine.speculation=off")) == (PLAIN,)
-    assert speculation.modes(vllm("decoder.drafter=none")) == (PLAIN,)
+    assert speculation.modes(vllm("drafting.speculation=on")) == ("batch_suffix",)
+    assert speculation.modes(vllm("drafting.speculation=off")) == (PLAIN,)
+    assert speculation.modes(vllm("drafting.drafter=none")) == (PLAIN,)
     gpu = vllm("ray.num_gpus_per_actor=1")
     assert speculation.modes(gpu) == ("batch_suffix", PLAIN, "vllm_ngram_gpu")
-    assert speculation.mode_config(gpu, "vllm_ngram_gpu").decoder.w == speculation.NGRAM_GPU_W
-    assert checked_config(speculation.mode_config(gpu, "vllm_ngram_gpu")).decoder.drafter == "vllm_ngram_gpu"
+    assert speculation.mode_config(gpu, "vllm_ngram_gpu").drafting.w == speculation.NGRAM_GPU_W
+    assert checked_config(speculation.mode_config(gpu, "vllm_ngram_gpu")).drafting.drafter == "vllm_ngram_gpu"
     assert speculation.modes(load_config(overrides=["engine.name=transformers"])) == ("batch_suffix", PLAIN)
 
 
 def test_yamls_bare_on_and_off_are_the_settings_and_anything_else_is_refused():
-    assert load_config(overrides=["engine.speculation=on"]).engine.speculation == "on"  # YAML reads it as true
-    assert load_config(overrides=["engine.speculation=off"]).engine.speculation == "off"
-    with pytest.raises(ConfigError, match="engine.speculation"):
-        load_config(overrides=["engine.speculation=sometimes"])
+    assert load_config(overrides=["drafting.speculation=on"]).drafting.speculation == "on"  # YAML reads it as true
+    assert load_config(overrides=["drafting.speculation=off"]).drafting.speculation == "off"
+    with pytest.raises(ConfigError, match="drafting.speculation"):
+        load_config(overrides=["drafting.speculation=sometimes"])
 
 
 def test_vllms_gpu_ngram_is_refused_on_cpu_actors_when_the_job_starts():
-    with pytest.raises(ConfigError, match="decoder.drafter: must be 'vllm_ngram_gpu' only on GPU actors"):
-        checked_config(vllm("decoder.drafter=vllm_ngram_gpu"))
+    with pytest.raises(ConfigError, match="drafting.drafter: must be 'vllm_ngram_gpu' only on GPU actors"):
+        checked_config(vllm("drafting.drafter=vllm_ngram_gpu"))
 
 
 def test_the_rule_reads_the_platform_the_engines_concurrency_and_the_rows_predictions():

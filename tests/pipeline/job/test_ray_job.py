@@ -108,7 +108,7 @@ def test_every_input_row_yields_one_output_row(mixed_rows):
     accepted = sum(row["sum_acceptance_probability"] or 0 for row in out.values())
     assert summary["acceptance_rate"] == (pytest.approx(accepted / checked, abs=1e-4) if checked else None)
     assert summary["seconds_to_first_batch"] > 0 and summary["series"] is None and len(summary["fingerprint"]) == 16
-    # engine.speculation auto: 9 rows are too few to measure; the actor ran the rule's mode and never restarted.
+    # drafting.speculation auto: 9 rows are too few to measure; the actor ran the rule's mode and never restarted.
     actors = list(summary["speculation"]["actors"].values())
     assert summary["speculation"]["setting"] == "auto" and len(actors) == 1
     assert (actors[0]["mode"], actors[0]["decided_by"], actors[0]["switches"]) == ("batch_suffix", "rule", [])
@@ -138,15 +138,15 @@ def test_rest_actors_map_the_datastore_the_driver_checked(local_ray, tiny_model_
     build_datastore([tokenizer(rows[0]["prompt"] * 3, add_special_tokens=False)["input_ids"]], tmp_path / "ds", {})
     overrides = [
         f"input.path={write_jsonl(tmp_path / 'in.jsonl', rows)}",
-        "decoder.drafter=rest",
+        "drafting.drafter=rest",
         "transformers.k=2",
-        "decoder.w=3",
+        "drafting.w=3",
         "transformers.verify=tree",
     ]
     with pytest.raises(FileNotFoundError, match="does not exist; build one with: python -m jobs.build_datastore"):
-        run_job(job_config(tiny_model_dir, tmp_path, *overrides, f"decoder.datastore={tmp_path / 'nowhere'}"), "r")
+        run_job(job_config(tiny_model_dir, tmp_path, *overrides, f"drafting.datastore={tmp_path / 'nowhere'}"), "r")
     monkeypatch.chdir(tmp_path)  # a relative datastore path is resolved on the driver for every actor
-    run_job(job_config(tiny_model_dir, tmp_path, *overrides, "decoder.datastore=ds"), "r")
+    run_job(job_config(tiny_model_dir, tmp_path, *overrides, "drafting.datastore=ds"), "r")
     out = read_run(tmp_path, "r")
     assert len(out) == 3 and all(row["error"] is None and row["verify"] == "tree" for row in out)
     assert all(row["median_draft_seconds"] is not None for row in out)
@@ -318,9 +318,9 @@ def test_the_processor_takes_the_preparation_started_for_its_config_and_no_other
 
 @pytest.mark.slow  # two actor processes that each load torch and build an engine (about 50 s): make test-slow
 def test_drafter_tables_reach_actors_as_read_only_shared_memory(local_ray, tiny_model_dir, tmp_path):
-    config = job_config(tiny_model_dir, tmp_path, "decoder.drafter=mixed", "transformers.k=2", "decoder.w=3")
+    config = job_config(tiny_model_dir, tmp_path, "drafting.drafter=mixed", "transformers.k=2", "drafting.w=3")
     loaded = load_model(config.model)
-    tables = build_tables(loaded.model, loaded.tokenizer, loaded.fingerprint, config.decoder, tmp_path / "cache")
+    tables = build_tables(loaded.model, loaded.tokenizer, loaded.fingerprint, config.drafting, tmp_path / "cache")
     ref = ray.put(tables.as_plain_arrays())
     # Wrapped in a list so Ray passes the reference itself rather than resolving it first.
     seen = ray.get([tables_in_an_actor_process.remote(config, [ref]) for _ in range(2)])
@@ -358,7 +358,11 @@ def test_actors_draft_from_one_copy_of_the_datastore_in_the_object_store(local_r
     build_datastore([list(range(5, 105))] * 400, tmp_path / "ds", {})
     expected = Datastore.open(tmp_path / "ds").tokens.tolist()
     config = job_config(
-        tiny_model_dir, tmp_path, "decoder.drafter=batch_suffix", "decoder.w=3", f"decoder.datastore={tmp_path / 'ds'}"
+        tiny_model_dir,
+        tmp_path,
+        "drafting.drafter=batch_suffix",
+        "drafting.w=3",
+        f"drafting.datastore={tmp_path / 'ds'}",
     )
     ref = prepared(config).tables
     shutil.rmtree(tmp_path / "ds")
@@ -424,7 +428,7 @@ def test_a_series_generates_only_what_no_earlier_run_generated(local_ray, tiny_m
     # The second run drafted from the store the first one left (pipeline/job/series_store.py), and
     # the store changed no fingerprint.
     assert first["series_store"]["documents"] == 30 and second["series_store"]["runs"] == 2
-    assert second["settings"]["decoder"]["datastore"] == first["series_store"]["path"]
+    assert second["settings"]["drafting"]["datastore"] == first["series_store"]["path"]
     assert second["fingerprint"] == first["fingerprint"]
     assert sorted(series_ids(tmp_path, "r2"), key=int) == [str(i) for i in range(30, 33)]
 
@@ -519,12 +523,14 @@ def test_a_run_drafts_from_an_earlier_runs_outputs_and_refuses_a_store_of_anothe
         "transformers.max_batch_requests=1",
         "ray.batch_size=2",
     ]
-    run_job(job_config(tiny_model_dir, tmp_path, *common, "decoder.drafter=none", "decoder.w=0"), "first")
+    run_job(job_config(tiny_model_dir, tmp_path, *common, "drafting.drafter=none", "drafting.w=0"), "first")
     store = tmp_path / "store"
     build_command.main(
         ["--corpus", str(tmp_path / "out" / "run=first"), "--out", str(store), "--model", str(tiny_model_dir)]
     )
-    seeded = job_config(tiny_model_dir, tmp_path, *common, "decoder.drafter=batch_suffix", f"decoder.datastore={store}")
+    seeded = job_config(
+        tiny_model_dir, tmp_path, *common, "drafting.drafter=batch_suffix", f"drafting.datastore={store}"
+    )
     run_job(seeded, "second")
     first, second = read_run(tmp_path, "first"), read_run(tmp_path, "second")
     assert {row["id"]: row["generated_tokens"] for row in second} == {
@@ -534,10 +540,10 @@ def test_a_run_drafts_from_an_earlier_runs_outputs_and_refuses_a_store_of_anothe
     assert from_store > 0, [row["strategy_accepted_tokens"] for row in second]
     foreign = tmp_path / "foreign"
     build_datastore([[1, 2, 3, 4]], foreign, {"vocab_size": 1000, "model": "another"})
-    with pytest.raises(JobFailed, match="decoder.datastore: built with a tokenizer of 1000 tokens"):
+    with pytest.raises(JobFailed, match="drafting.datastore: built with a tokenizer of 1000 tokens"):
         run_job(
             job_config(
-                tiny_model_dir, tmp_path, *common, "decoder.drafter=batch_suffix", f"decoder.datastore={foreign}"
+                tiny_model_dir, tmp_path, *common, "drafting.drafter=batch_suffix", f"drafting.datastore={foreign}"
             ),
             "foreign",
         )
@@ -561,9 +567,9 @@ def test_the_job_and_the_processor_write_the_same_rows(local_ray, tiny_model_dir
         tiny_model_dir,
         tmp_path,
         f"input.path={write_jsonl(tmp_path / 'in.jsonl', rows)}",
-        "decoder.drafter=mixed",
+        "drafting.drafter=mixed",
         "transformers.k=3",
-        "decoder.w=2",
+        "drafting.w=2",
         "ray.batch_size=4",
     )
     run_job(config, "cli")
@@ -576,7 +582,7 @@ def test_the_job_and_the_processor_write_the_same_rows(local_ray, tiny_model_dir
             batch_size=4,
             placement_group_config={"bundles": [{"CPU": 1}]},
             should_continue_on_error=True,
-            decoder=dataclasses.asdict(config.decoder),
+            drafting=dataclasses.asdict(config.drafting),
             transformers=dataclasses.asdict(config.transformers),
         ),
         # As a ray.data.llm user writes it: a text prompt as one user message, greedy, 6 tokens.

@@ -89,7 +89,7 @@ def test_a_row_is_changed_where_its_id_had_an_output_and_predicted_from_says_wha
 
 
 def test_predicted_from_is_null_where_the_mode_that_ran_the_row_drafts_from_no_prediction():
-    """engine.speculation auto may run a row plain (drafter none) or with vLLM's own method: the
+    """drafting.speculation auto may run a row plain (drafter none) or with vLLM's own method: the
     prediction was not drafted from, whatever the preprocess expected."""
     rows = [
         {"id": str(i), INFERENCE_ERROR: "", "drafter": drafter, "predicted_from": "last_output"}
@@ -140,8 +140,8 @@ def test_the_job_and_a_processor_prompt_and_seed_a_row_alike(tiny_model_dir):
             "sampling.max_new_tokens=8",
             "sampling.temperature=0.9",
             "sampling.seed=7",
-            "decoder.drafter=none",
-            "decoder.w=0",
+            "drafting.drafter=none",
+            "drafting.w=0",
         ]
     )
     rows = {"id": ["a", "b", "c"], "prompt": ["Say hi", "Count to three", "Say hi"]}
@@ -151,7 +151,7 @@ def test_the_job_and_a_processor_prompt_and_seed_a_row_alike(tiny_model_dir):
         engine="transformers",
         engine_kwargs={"seed": 7},
         id_column="id",
-        decoder={"drafter": "none", "w": 0},
+        drafting={"drafter": "none", "w": 0},
     )
     stage = GenerationStage(processor.pipeline_config(), StageSettings(seed=7, id_column="id"))
     params = {"temperature": 0.9, "max_tokens": 8}

@@ -78,12 +78,12 @@ def test_the_store_holds_every_runs_generated_rows_once_and_is_extended_run_by_r
         overrides=[
             f"job.output={tmp_path / 'out'}",
             "job.series=nightly",
-            "decoder.drafter=rest",
-            f"decoder.datastore={tmp_path / 'elsewhere'}",
+            "drafting.drafter=rest",
+            f"drafting.datastore={tmp_path / 'elsewhere'}",
         ]
     )
-    assert series_datastore(own, store) == own.decoder.datastore
-    no_drafts = load_config(overrides=[f"job.output={tmp_path / 'out'}", "job.series=nightly", "decoder.w=0"])
+    assert series_datastore(own, store) == own.drafting.datastore
+    no_drafts = load_config(overrides=[f"job.output={tmp_path / 'out'}", "job.series=nightly", "drafting.w=0"])
     assert series_datastore(no_drafts, store) == ""
 
 

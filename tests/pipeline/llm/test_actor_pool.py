@@ -272,7 +272,7 @@ def test_the_streaming_actor_memory_does_not_grow_with_the_corpus(tiny_model_dir
             "engine.cpu_kv_cache_gib=1",
             "engine.max_model_len=384",
             "engine.max_num_seqs=64",
-            "decoder.drafter=context_ngram",
+            "drafting.drafter=context_ngram",
             "sampling.max_new_tokens=4",
             "ray.batch_size=256",
         )

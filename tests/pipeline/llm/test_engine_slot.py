@@ -167,7 +167,7 @@ def job(tiny_model_dir, tmp_path, *overrides):
         f"job.output={tmp_path / 'out'}",
         f"input.path={corpus(tmp_path)}",
         "ray.batch_size=4",
-        "decoder.drafter=context_ngram",
+        "drafting.drafter=context_ngram",
         *overrides,
     )
 

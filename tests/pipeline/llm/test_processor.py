@@ -37,7 +37,7 @@ def test_the_config_maps_ray_data_llm_keywords_onto_ours():
         placement_group_config={"bundles": [{"CPU": 1}]},
         max_concurrent_batches=4,
         max_pending_requests=16,
-        decoder={"drafter": "context_ngram", "w": 4},
+        drafting={"drafter": "context_ngram", "w": 4},
     )
     ours = config.pipeline_config()
     assert (ours.engine.max_num_seqs, ours.engine.max_model_len, ours.model.dtype) == (12, 512, "float32")
@@ -45,22 +45,22 @@ def test_the_config_maps_ray_data_llm_keywords_onto_ours():
     assert (ours.ray.min_actors, ours.ray.max_actors, ours.ray.batch_size) == (1, 3, 8)
     assert (ours.ray.num_cpus_per_actor, ours.ray.num_gpus_per_actor) == (1, 0)
     assert ours.ray.max_concurrent_batches == 2  # 16 pending rows at most: two batches of 8
-    assert (ours.decoder.drafter, ours.decoder.w) == ("context_ngram", 4)
+    assert (ours.drafting.drafter, ours.drafting.w) == ("context_ngram", 4)
     autoscaling = vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct", concurrency=3).pipeline_config()
     assert (autoscaling.ray.min_actors, autoscaling.ray.max_actors) == (1, 3)  # as ray.data.llm reads an int
     default = vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct").pipeline_config()
     job = checked_config(load_config("configs/default.yaml", ["engine.name=vllm"]))  # as the job starts it
     # the job's default drafter: batch_suffix, w auto
-    assert (default.decoder.drafter, default.decoder.w, default.decoder.auto_w) == (
-        job.decoder.drafter,
-        job.decoder.w,
-        job.decoder.auto_w,
+    assert (default.drafting.drafter, default.drafting.w, default.drafting.auto_w) == (
+        job.drafting.drafter,
+        job.drafting.w,
+        job.drafting.auto_w,
     )
-    assert (default.decoder.drafter, default.decoder.auto_w) == ("batch_suffix", True)
+    assert (default.drafting.drafter, default.drafting.auto_w) == ("batch_suffix", True)
     assert (
-        vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct", decoder={"w": "auto", "drafter": "mixed"})
+        vLLMEngineProcessorConfig(model_source="smollm2-135m-instruct", drafting={"w": "auto", "drafter": "mixed"})
         .pipeline_config()
-        .decoder.auto_w
+        .drafting.auto_w
     )
     assert (default.ray.num_gpus_per_actor, default.ray.batch_size) == (1, 32)  # ray.data.llm's: a GPU, 32 rows
 
@@ -83,7 +83,7 @@ def test_vllms_other_engine_arguments_pass_through_and_its_speculation_runs_as_v
     ours = config.pipeline_config()
     assert ours.engine.vllm_args == {"enable_prefix_caching": False, "kv_cache_dtype": "auto"}
     assert ours.engine.max_num_seqs == 8
-    assert (ours.decoder.drafter, ours.decoder.w, ours.decoder.ngram_min_q, ours.decoder.ngram_max_q) == (
+    assert (ours.drafting.drafter, ours.drafting.w, ours.drafting.ngram.min_q, ours.drafting.ngram.max_q) == (
         "vllm_ngram",
         4,
         1,
@@ -149,7 +149,7 @@ def test_tensor_parallel_ranks_are_the_actors_resources():
             "engine_kwargs.speculative_config.suffix_decoding_max_tree_depth",
         ),
         (
-            {"engine_kwargs": {"speculative_config": {"method": "suffix"}}, "decoder": {"drafter": "suffix"}},
+            {"engine_kwargs": {"speculative_config": {"method": "suffix"}}, "drafting": {"drafter": "suffix"}},
             "engine_kwargs.speculative_config",
         ),
         ({"engine_kwargs": {"model": "/elsewhere"}}, "engine_kwargs.model"),
@@ -163,9 +163,10 @@ def test_tensor_parallel_ranks_are_the_actors_resources():
         ({"concurrency": (3, 1)}, "concurrency"),
         ({"batch_size": 0}, "batch_size"),
         ({"task_type": "embed"}, "task_type"),
-        ({"decoder": {"drafter": "nonsense"}}, "decoder.drafter"),
-        ({"decoder": {"k_typo": 1}}, "k_typo"),
-        ({"decoder": {"k": 4}, "engine": "transformers"}, "decoder.k moved to transformers.k"),
+        ({"drafting": {"drafter": "nonsense"}}, "drafting.drafter"),
+        ({"drafting": {"k_typo": 1}}, "k_typo"),
+        ({"decoder": {"drafter": "mixed"}}, "decoder: must be left out: it is `drafting` now"),
+        ({"drafting": {"k": 4}, "engine": "transformers"}, "unknown key(s) 'k'"),
         ({"transformers": {"verify": "tree"}}, "transformers.verify: must be 'batch' with engine.name vllm"),
         ({"statistics_columns": ["finish_reason", "tokens_per_cal"]}, "statistics_columns ('tokens_per_cal')"),
         ({"statistics_columns": "finish_reason"}, "statistics_columns"),
@@ -307,7 +308,7 @@ def stage(tiny_model_dir):
         model_source=str(tiny_model_dir),
         engine="transformers",
         engine_kwargs={"speculation": "on"},
-        decoder={"drafter": "batch_suffix", "w": 4},
+        drafting={"drafter": "batch_suffix", "w": 4},
         transformers={"max_batch_requests": 4},
     )
     return GenerationStage(config.pipeline_config(), StageSettings(continue_on_error=True))
@@ -401,7 +402,7 @@ def test_greedy_output_equals_plain_decoding_of_the_same_rows(stage, tiny_model_
         vLLMEngineProcessorConfig(
             model_source=str(tiny_model_dir),
             engine="transformers",
-            decoder={"drafter": "none", "w": 0},
+            drafting={"drafter": "none", "w": 0},
             transformers={"max_batch_requests": 4},
         ).pipeline_config()
     )

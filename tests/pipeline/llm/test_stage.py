@@ -12,7 +12,7 @@ def stage(tiny_model_dir, tmp_path_factory):
         overrides=[
             "engine.name=transformers",
             f"model.name={tiny_model_dir}",
-            "decoder.drafter=context_ngram",
+            "drafting.drafter=context_ngram",
             "sampling.max_new_tokens=12",
         ]
     )
@@ -71,9 +71,9 @@ def test_a_self_draft_stage_reports_acceptance_rate_and_draft_cost(tiny_model_di
         overrides=[
             "engine.name=transformers",
             f"model.name={tiny_model_dir}",
-            "decoder.drafter=draft_model",
+            "drafting.drafter=draft_model",
             "transformers.k=1",
-            "decoder.w=3",
+            "drafting.w=3",
             "transformers.draft_layers=1",
             "sampling.max_new_tokens=10",
             "sampling.temperature=0.7",
@@ -97,7 +97,7 @@ def test_throughput_mode_returns_every_row_in_order_with_the_same_tokens(tiny_mo
             overrides=[
                 "engine.name=transformers",
                 f"model.name={tiny_model_dir}",
-                "decoder.drafter=context_ngram",
+                "drafting.drafter=context_ngram",
                 "sampling.max_new_tokens=12",
                 f"transformers.max_batch_requests={requests}",
                 f"ray.batch_size={max(requests, 2)}",
@@ -156,7 +156,7 @@ def test_a_prediction_is_text_or_openais_form_and_anything_else_is_the_rows_erro
 
 @pytest.mark.slow  # two vLLM engines built in this process: make test-slow
 def test_an_auto_stage_switches_mode_on_its_measured_rows_and_the_rows_stay_the_same(tiny_model_dir):
-    """engine.speculation auto, measuring (a job of a million rows, windows of 0.3 s): the stage builds
+    """drafting.speculation auto, measuring (a job of a million rows, windows of 0.3 s): the stage builds
     the other mode's engine in place, and the same rows (greedy, and sampled with their seeds) come
     out of both modes token for token, each row naming the drafter that ran it."""
     config = load_config(
@@ -168,7 +168,7 @@ def test_an_auto_stage_switches_mode_on_its_measured_rows_and_the_rows_stay_the_
             "engine.max_model_len=256",
             "engine.max_num_seqs=8",
             "sampling.max_new_tokens=16",
-            "engine.speculation_window_s=0.3",
+            "drafting.speculation_window_s=0.3",
         ]
     )
     stage = GenerationStage(config, job_rows.stage_settings(config, expected_rows=10**6))

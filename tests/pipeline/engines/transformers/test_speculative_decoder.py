@@ -3,7 +3,8 @@ import torch
 
 from drafters import model_tables
 from pipeline.loading.drafters import DrafterTables, make_drafter
-from pipeline.config import DecoderConfig
+from pipeline.config import DraftingConfig
+from pipeline.config.drafting import BigramConfig, NgramConfig
 from pipeline.engines.errors import RequestError
 from pipeline.engines.transformers.speculative_decoder import SpeculativeDecoder, Verifying
 from pipeline.engines.transformers.request_state import stop_cut
@@ -14,7 +15,7 @@ PROMPTS = [[1, 5, 9, 2, 5, 9, 2, 7], [1, 40, 41, 42, 43, 40, 41], [1, 3], [1]]
 
 
 def decoder_for(model, tables, drafter, k, w, tokenizer=None, min_q=2):
-    config = DecoderConfig(drafter=drafter, w=w, bigram_top_k=8, ngram_max_q=3, ngram_min_q=min_q)
+    config = DraftingConfig(drafter=drafter, w=w, bigram=BigramConfig(top_k=8), ngram=NgramConfig(max_q=3, min_q=min_q))
     if tables.bigram is not None:
         extended = None
         if drafter == "extended_bigram":
@@ -25,7 +26,7 @@ def decoder_for(model, tables, drafter, k, w, tokenizer=None, min_q=2):
             chained=model_tables.chain_extension(tables.bigram, k, w),
             extended=extended,
         )
-    return SpeculativeDecoder(model, tokenizer, make_drafter(config, tables, 0), k, w, Verifying(config.ngram_max_q))
+    return SpeculativeDecoder(model, tokenizer, make_drafter(config, tables, 0), k, w, Verifying(config.ngram.max_q))
 
 
 def plain(model, prompt, n):

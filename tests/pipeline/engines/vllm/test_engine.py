@@ -43,9 +43,11 @@ def config(tiny_model_dir, *overrides):
 @pytest.fixture(scope="module")
 def engines(tiny_model_dir):
     plain = build_engine(
-        config(tiny_model_dir, "decoder.drafter=none", "decoder.w=0", "engine.vllm_args={enable_prefix_caching: false}")
+        config(
+            tiny_model_dir, "drafting.drafter=none", "drafting.w=0", "engine.vllm_args={enable_prefix_caching: false}"
+        )
     )
-    ours = build_engine(config(tiny_model_dir, "decoder.drafter=context_ngram", "decoder.w=auto"))
+    ours = build_engine(config(tiny_model_dir, "drafting.drafter=context_ngram", "drafting.w=auto"))
     yield plain, ours
     plain.close()
     ours.close()
@@ -65,8 +67,8 @@ def reference(engines, requests):
 
 
 def swap(ours, tiny_model_dir, drafter, *overrides):
-    decoder = config(tiny_model_dir, f"decoder.drafter={drafter}", f"decoder.w={W}", *overrides).decoder
-    ours.set_decoder(decoder, drafter_tables(dataclasses.replace(ours.config, decoder=decoder)))
+    decoder = config(tiny_model_dir, f"drafting.drafter={drafter}", f"drafting.w={W}", *overrides).drafting
+    ours.set_decoder(decoder, drafter_tables(dataclasses.replace(ours.config, drafting=decoder)))
 
 
 DRAFTERS = ["context_ngram", "unigram", "bigram", "extended_bigram", "mixed", "batch_suffix"]
@@ -83,7 +85,7 @@ DRAFTERS = ["context_ngram", "unigram", "bigram", "extended_bigram", "mixed", "b
 )
 def test_each_drafter_on_vllm_is_vllm_plain_greedy(engines, requests, reference, tiny_model_dir, drafter, w):
     ours = engines[1]
-    swap(ours, tiny_model_dir, drafter, "decoder.w=auto" if w == "auto" else f"decoder.w={W}")
+    swap(ours, tiny_model_dir, drafter, "drafting.w=auto" if w == "auto" else f"drafting.w={W}")
     results = ours.generate(requests)
     assert [r.token_ids for r in results] == reference
     rows = {}
@@ -123,7 +125,7 @@ def test_auto_drafts_when_tokens_are_cheap_and_not_when_they_cost_a_step(
     engines, requests, reference, tiny_model_dir, per_token, drafts
 ):
     ours = engines[1]
-    swap(ours, tiny_model_dir, "mixed", "decoder.w=auto")
+    swap(ours, tiny_model_dir, "mixed", "drafting.w=auto")
     ours.collective_rpc(set_costs, (0.01, per_token))
     results = ours.generate(requests)
     assert [r.token_ids for r in results] == reference
@@ -133,7 +135,7 @@ def test_auto_drafts_when_tokens_are_cheap_and_not_when_they_cost_a_step(
 
 def test_context_drafts_are_accepted_and_save_steps(engines, requests, reference, tiny_model_dir):
     ours = engines[1]
-    swap(ours, tiny_model_dir, "context_ngram", "decoder.ngram_min_q=1")
+    swap(ours, tiny_model_dir, "context_ngram", "drafting.ngram.min_q=1")
     results = ours.generate(requests)
     assert [r.token_ids for r in results] == reference
     accepted = sum(r.stats.strategy_accepted_tokens.get("context_ngram", 0) for r in results)
@@ -149,7 +151,7 @@ def test_retrieval_on_vllm_is_vllm_plain_greedy(engines, requests, reference, ti
     build_datastore(
         [tokenizer.decode(ids) and ids for ids in reference], tmp_path / "ds", {"vocab_size": len(tokenizer)}
     )
-    swap(ours, tiny_model_dir, "rest", f"decoder.datastore={tmp_path / 'ds'}")
+    swap(ours, tiny_model_dir, "rest", f"drafting.datastore={tmp_path / 'ds'}")
     results = ours.generate(requests)
     assert [r.token_ids for r in results] == reference
     assert sum(r.stats.strategy_accepted_tokens.get("retrieval", 0) for r in results) > 0
@@ -408,7 +410,7 @@ def test_sampled_rows_are_plain_samplings_text_whatever_the_drafter_and_batch(
     batches, plain, store = sampled
     ours = engines[1]
     swap(
-        ours, tiny_model_dir, drafter, *([f"decoder.datastore={store}"] if drafter in ("rest", "batch_suffix") else [])
+        ours, tiny_model_dir, drafter, *([f"drafting.datastore={store}"] if drafter in ("rest", "batch_suffix") else [])
     )
     checked = accepted = 0
     for name, batch in batches.items():
@@ -453,7 +455,7 @@ def test_a_prediction_is_drafted_from_first_and_changes_no_token(engines, reques
 # which the module's engines need for every later step.
 @pytest.mark.slow  # a third vLLM engine (about 10 s): make test-slow
 def test_vllm_generates_with_a_model_the_transformers_engine_refuses(tiny_gemma3_dir):
-    engine = build_engine(config(tiny_gemma3_dir, "decoder.drafter=context_ngram", "decoder.w=3"))
+    engine = build_engine(config(tiny_gemma3_dir, "drafting.drafter=context_ngram", "drafting.w=3"))
     try:
         result = engine.generate([Request("g", engine.tokenizer("Hello there")["input_ids"], 8)])[0]
     finally:

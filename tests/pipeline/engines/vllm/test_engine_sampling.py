@@ -70,7 +70,7 @@ def config(model_dir, cache, *overrides):
                 "engine.cpu_kv_cache_gib=1",
                 "engine.max_model_len=256",
                 "engine.max_num_seqs=16",
-                f"decoder.w={W}",
+                f"drafting.w={W}",
                 # A step prefills at most 64 tokens: prompts are prefilled in chunks, which draws (and
                 # discards) tokens from the seeded requests' generators at each partial chunk.
                 "engine.max_num_batched_tokens=64",
@@ -84,10 +84,12 @@ def config(model_dir, cache, *overrides):
 def engines(peaked_model_dir, tmp_path_factory):
     cache = tmp_path_factory.mktemp("cache")
     # Ours with the default drafter at a fixed w; vLLM's n-gram last (it loads numba: see comparison.py).
-    ours = build_engine(config(peaked_model_dir, cache, "decoder.drafter=batch_suffix"))
-    plain = build_engine(config(peaked_model_dir, cache, "decoder.drafter=none", "decoder.w=0"))
+    ours = build_engine(config(peaked_model_dir, cache, "drafting.drafter=batch_suffix"))
+    plain = build_engine(config(peaked_model_dir, cache, "drafting.drafter=none", "drafting.w=0"))
     ngram = build_engine(
-        config(peaked_model_dir, cache, "decoder.drafter=vllm_ngram", "decoder.ngram_min_q=1", "decoder.ngram_max_q=3")
+        config(
+            peaked_model_dir, cache, "drafting.drafter=vllm_ngram", "drafting.ngram.min_q=1", "drafting.ngram.max_q=3"
+        )
     )
     yield {"ours": ours, "plain": plain, "vllm_ngram": ngram}
     ours.close()

@@ -63,8 +63,8 @@ def generate(engine_config) -> list:
 
 
 def test_two_ranks_with_our_drafter_give_the_same_engines_plain_greedy(tiny_model_dir, tmp_path):
-    plain = generate(config(tiny_model_dir, tmp_path, "decoder.drafter=none", "decoder.w=0"))
-    ours = generate(config(tiny_model_dir, tmp_path, "decoder.drafter=batch_suffix", "decoder.w=auto"))
+    plain = generate(config(tiny_model_dir, tmp_path, "drafting.drafter=none", "drafting.w=0"))
+    ours = generate(config(tiny_model_dir, tmp_path, "drafting.drafter=batch_suffix", "drafting.w=auto"))
     assert [r.token_ids for r in ours] == [r.token_ids for r in plain]
     assert all(len(r.token_ids) == 48 or r.finish_reason == "eos" for r in ours)
     assert sum(r.stats.num_target_calls for r in ours) < sum(r.stats.num_target_calls for r in plain)

@@ -64,11 +64,11 @@ def test_a_draft_length_by_batch_size_becomes_vllms_schedule(model_dir):
 @pytest.mark.parametrize(
     "drafter,overrides",
     [
-        ("batch_suffix", ["decoder.w=auto"]),
-        ("mixed", ["decoder.w=5"]),
-        ("context_ngram", ["decoder.w=4"]),
-        ("vllm_suffix", ["decoder.w=8"]),
-        ("vllm_ngram_gpu", ["decoder.w=5"]),
+        ("batch_suffix", ["drafting.w=auto"]),
+        ("mixed", ["drafting.w=5"]),
+        ("context_ngram", ["drafting.w=4"]),
+        ("vllm_suffix", ["drafting.w=8"]),
+        ("vllm_ngram_gpu", ["drafting.w=5"]),
     ],
 )
 def test_the_jobs_drafters_become_speculative_configs_vllm_takes(model_dir, tmp_path, drafter, overrides):
@@ -82,7 +82,7 @@ def test_the_jobs_drafters_become_speculative_configs_vllm_takes(model_dir, tmp_
 
     plugin.register()
     config = load_config(
-        overrides=["engine.name=vllm", "ray.num_gpus_per_actor=1", f"decoder.drafter={drafter}", *overrides]
+        overrides=["engine.name=vllm", "ray.num_gpus_per_actor=1", f"drafting.drafter={drafter}", *overrides]
     )
     ours = not drafter.startswith("vllm_")
     write_bigram_table(DrafterTables(bigram=np.zeros((128, 2), dtype=np.int64)), tmp_path)
@@ -101,7 +101,7 @@ def test_the_jobs_drafters_become_speculative_configs_vllm_takes(model_dir, tmp_
     assert (spec.custom_method if ours else spec.method) == (
         plugin.METHOD if ours else arguments["speculative_config"]["method"]
     )
-    assert spec.num_speculative_tokens == (8 if drafter == "batch_suffix" else config.decoder.w)
+    assert spec.num_speculative_tokens == (8 if drafter == "batch_suffix" else config.drafting.w)
     if ours:
         assert ("bigram_table" in spec.speculator_options) == (drafter == "mixed")
 
