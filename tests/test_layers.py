@@ -13,8 +13,9 @@ Layers, top to bottom (docs/layout.md, "Where things are"; ../shared/ARCHITECTUR
     engines              pipeline/engines/vllm/, pipeline/engines/transformers/ (siblings)
     engine interface     pipeline/engines/base, stats
     loading              pipeline/loading/: model (resolved, converted, cached), drafters (name -> drafter + tables)
-    config               pipeline/config/: settings and a module per section (names importable from pipeline.config), typed,
-                         drafter_kinds, vllm_arguments, package_data; and pipeline/storage (paths and URIs, files
+    config               pipeline/config/: settings and a module per section (names importable from
+                         pipeline.config), typed, drafter_kinds, vllm_arguments, package_data; and
+                         pipeline/storage (paths and URIs, files
                          written whole), which the job and the stage read
     drafters             drafters/ (engine-neutral: it imports nothing from pipeline/)
     primitives           drafters/primitives/ (sampling primitives, forward helpers, cache keys)
