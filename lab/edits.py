@@ -143,7 +143,7 @@ def engine_settings(args) -> list[str]:
     return [
         f"model.name={json.dumps(args.model)}",
         f"model.dtype={args.dtype}",
-        "engine.cpu_kv_cache_gib=1",
+        "vllm.cpu_kv_cache_gib=1",
         f"sampling.max_new_tokens={args.max_new_tokens}",
     ]
 

@@ -96,7 +96,7 @@ def run(args) -> dict:
     from pipeline.loading.model import dtype_name, resolve_model_dir
 
     batches = args.batch
-    config = load_config(None, ["engine.name=vllm", "engine.execution=eager", f"engine.max_num_seqs={max(batches)}"])
+    config = load_config(None, ["engine.name=vllm", "vllm.execution=eager", f"vllm.max_num_seqs={max(batches)}"])
     set_vllm_environment(config)
     from vllm import LLM
 

@@ -78,7 +78,7 @@ def run(args) -> dict:
     rng = np.random.default_rng(args.seed)
     drawn = np.maximum(rng.choice(lengths, size=args.requests), 1)
     config = load_config(
-        None, ["engine.name=vllm", f"engine.max_num_seqs={args.slots}", f"ray.batch_size={args.batch_size}"]
+        None, ["engine.name=vllm", f"vllm.max_num_seqs={args.slots}", f"ray.batch_size={args.batch_size}"]
     )
     in_flight = concurrent_batches(config)
     rows = [

@@ -59,7 +59,7 @@ def run(args) -> dict:
         overrides=[
             "engine.name=vllm",
             f"model.name={args.model}",
-            "engine.cpu_kv_cache_gib=1",
+            "vllm.cpu_kv_cache_gib=1",
             f"sampling.max_new_tokens={args.max_new_tokens}",
             "drafting.speculation=on",
         ]

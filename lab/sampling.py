@@ -145,7 +145,7 @@ def run(args) -> dict:
         raise SystemExit("sampling checks sampled rows: give --temperature > 0")
     names = ["plain", "vllm_ngram"] + (["vllm_suffix"] if importlib.util.find_spec("arctic_inference") else [])
     methods = parse_methods(",".join(names + [n for n in args.spec.split(",") if n.strip()]), "vllm")
-    base = [f"model.name={json.dumps(args.model)}", f"model.dtype={args.dtype}", "engine.cpu_kv_cache_gib=1"]
+    base = [f"model.name={json.dumps(args.model)}", f"model.dtype={args.dtype}", "vllm.cpu_kv_cache_gib=1"]
     engines = build_engines(base, methods, [args.batch_size])
     tokenizer = next(iter(engines.values())).tokenizer
     sampling = SamplingParams(args.temperature, args.top_k, args.top_p)

@@ -24,9 +24,9 @@ def smollm2_config(*overrides):
             "configs/default.yaml",
             [
                 "engine.name=vllm",
-                "engine.execution=eager",
-                "engine.cpu_kv_cache_gib=1",
-                "engine.max_model_len=1024",
+                "vllm.execution=eager",
+                "vllm.cpu_kv_cache_gib=1",
+                "vllm.max_model_len=1024",
                 *overrides,
             ],
         )

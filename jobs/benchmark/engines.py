@@ -157,7 +157,7 @@ def method_config(base: list[str], method: Method, batch: int, slots: int) -> Co
             f"engine.name={method.engine}",
             *method.overrides(),
             f"transformers.max_batch_requests={batch}",
-            f"engine.max_num_seqs={slots}",
+            f"vllm.max_num_seqs={slots}",
             f"ray.batch_size={batch}",
         ],
     )
@@ -319,7 +319,7 @@ def run(args) -> dict:
             f"--rounds {args.rounds} x --batch {batches} x --limit {args.limit} needs {needed} prompts "
             f"(every run new ones); {args.dataset} has {len(prompts)}"
         )
-    base = [f"model.name={json.dumps(args.model)}", f"model.dtype={args.dtype}", "engine.cpu_kv_cache_gib=1"]
+    base = [f"model.name={json.dumps(args.model)}", f"model.dtype={args.dtype}", "vllm.cpu_kv_cache_gib=1"]
     try:
         structured = structured_outputs(args.dataset) if args.json_schema else None
     except ValueError as error:

@@ -43,7 +43,7 @@ def settings(args) -> list[str]:
     return [
         "engine.name=vllm",
         "drafting.speculation=off",
-        f"engine.max_num_seqs={args.max_num_seqs}",
+        f"vllm.max_num_seqs={args.max_num_seqs}",
         f"model.name={json.dumps(args.model)}",
         f"sampling.max_new_tokens={args.max_new_tokens}",
         "sampling.temperature=0",

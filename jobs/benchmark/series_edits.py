@@ -20,7 +20,7 @@ on a copy of the series as its first run left it: settings of ours compared side
 drafting from the same last outputs and store.
 
 The runs of steps 2-3 are sequential, in an order rotated by one from each cell to the
-next, so that the machine's drift falls on each method alike. B is `engine.max_num_seqs`, one
+next, so that the machine's drift falls on each method alike. B is `vllm.max_num_seqs`, one
 actor (ray.*'s defaults: 1 actor of 0.5 CPUs, batches of ray.batch_size rows). Each run's
 summary.json gives tokens/s after start-up, mean tokens per call, generated tokens and the
 predictions' accepted and rejected tokens; rows identical to plain's compare generated_tokens by id.
@@ -83,7 +83,7 @@ def add_cli_args(parser) -> None:
         type=cells,
         default=cells("line:1,line:16,field:1,field:16,paragraph:1,paragraph:16"),
         help="EDIT:B pairs, comma-separated: the edit kind (line, field, paragraph) and "
-        "engine.max_num_seqs of each measurement",
+        "vllm.max_num_seqs of each measurement",
     )
     add_job_settings(parser)
     parser.add_argument(
@@ -135,7 +135,7 @@ def measure_cell(args, work: Path, prompts, kind: str, batch: int, order: list[s
     largest = max(b for _, b in args.cells)
     print(f"[{name}] the series' first run (B = {largest})", flush=True)
     first = run_job(
-        job_command(original, work / "series", "first", [*base, *series, f"engine.max_num_seqs={largest}"]),
+        job_command(original, work / "series", "first", [*base, *series, f"vllm.max_num_seqs={largest}"]),
         work / "logs" / f"{name}-first",
         args.timeout,
     )
@@ -145,7 +145,7 @@ def measure_cell(args, work: Path, prompts, kind: str, batch: int, order: list[s
     results = {}
     for method in order:
         print(f"[{name}] {method}", flush=True)
-        at_b = [*base, *METHODS.get(method, variants.get(method, [])), f"engine.max_num_seqs={batch}"]
+        at_b = [*base, *METHODS.get(method, variants.get(method, [])), f"vllm.max_num_seqs={batch}"]
         if method.startswith("ours"):
             command = job_command(edited, work / series_directory(method), "edited", [*at_b, *series])
         else:

@@ -6,7 +6,7 @@
         --set sampling.n=8 --set sampling.temperature=0.8
 
 Each run is `python -m jobs.generate` in a process of its own, with a Ray of its own, over the same
-JSONL input (id, prompt) at engine.max_num_seqs B, one actor. The methods (METHODS): `auto` (the
+JSONL input (id, prompt) at vllm.max_num_seqs B, one actor. The methods (METHODS): `auto` (the
 default: it chooses the mode, and measures where its rule leaves the answer open and the work pays
 for it), `on` (our drafter throughout), `off` (plain throughout), `vllm_suffix` and `vllm_ngram`
 (vLLM's own, throughout). They take turns, in an order reversed each round (auto, on, off, then
@@ -48,7 +48,7 @@ def methods(text: str) -> list[str]:
 
 def add_cli_args(parser) -> None:
     add_prompt_args(parser, limit=64, max_new_tokens=128)
-    parser.add_argument("--batch", type=int, default=16, help="engine.max_num_seqs of every run")
+    parser.add_argument("--batch", type=int, default=16, help="vllm.max_num_seqs of every run")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each method, taking turns")
     parser.add_argument(
         "--methods",
@@ -92,7 +92,7 @@ def run(args) -> dict:
         "engine.name=vllm",
         f"model.name={json.dumps(args.model)}",
         f"sampling.max_new_tokens={args.max_new_tokens}",
-        f"engine.max_num_seqs={args.batch}",
+        f"vllm.max_num_seqs={args.batch}",
         *args.overrides,
     ]
     runs, tokens, started = [], {method: [] for method in args.methods}, time.time()

@@ -4,7 +4,7 @@ here), their loading, the drafter kinds, vLLM's engine arguments and the data th
 from __future__ import annotations
 
 from pipeline.config.drafting import AUTO_MAX, DRAFT_MODEL_W, DraftingConfig
-from pipeline.config.engine import CPU_MAX_NUM_SEQS, ENGINES, EngineConfig, installed_engine
+from pipeline.config.engine import ENGINES, EngineConfig, installed_engine
 from pipeline.config.input import InputConfig
 from pipeline.config.job import JobConfig
 from pipeline.config.model import ModelConfig
@@ -12,6 +12,7 @@ from pipeline.config.ray_actors import RayConfig
 from pipeline.config.sampling import SamplingConfig
 from pipeline.config.settings import Config
 from pipeline.config.transformers_engine import TransformersConfig
+from pipeline.config.vllm_engine import CPU_MAX_NUM_SEQS, VllmConfig
 from pipeline.config.typed import ConfigError, build
 from pipeline.config.sources import load_config, parse_override
 
@@ -30,6 +31,7 @@ __all__ = [
     "RayConfig",
     "SamplingConfig",
     "TransformersConfig",
+    "VllmConfig",
     "build",
     "installed_engine",
     "load_config",

@@ -6,8 +6,8 @@ pipeline.llm's processor and a program building a Config get the same settings.
 
 Every error names the field (as `section.field`) and what is allowed, so a typo in a
 scheduled job's YAML fails at start instead of after an hour of generation. Each section checks its
-own shape, in its module (model, engine, drafting, sampling, transformers_engine, input, job,
-ray_actors); what an engine cannot honour (another engine's setting, a drafter it does not run)
+own shape, in its module (model, engine, vllm_engine, drafting, sampling, transformers_engine,
+input, job, ray_actors); what an engine cannot honour (another engine's setting, a drafter it does not run)
 is that engine's check (pipeline/engines/<engine>/settings.py), run when the job or the processor
 starts (pipeline/engines/build.checked_config): the config, below the engines, knows none of them.
 """
@@ -26,6 +26,7 @@ from pipeline.config.model import ModelConfig
 from pipeline.config.ray_actors import RayConfig
 from pipeline.config.sampling import SamplingConfig
 from pipeline.config.transformers_engine import TransformersConfig
+from pipeline.config.vllm_engine import VllmConfig
 
 
 # The keys of the `decoder` section that was, and where each is now (refused at load, naming it).
@@ -68,6 +69,7 @@ class Config:
 
     model: ModelConfig = field(default_factory=ModelConfig)
     engine: EngineConfig = field(default_factory=EngineConfig)
+    vllm: VllmConfig = field(default_factory=VllmConfig)
     drafting: DraftingConfig = field(default_factory=DraftingConfig)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     transformers: TransformersConfig = field(default_factory=TransformersConfig)

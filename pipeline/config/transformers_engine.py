@@ -26,7 +26,7 @@ class TransformersConfig:
     # Throughput mode: up to this many requests of an actor's batch share each forward call, each
     # with its own drafts; a finished request's row goes to the next at once. 1: one at a time.
     # Unset: 4, or 1 with drafter draft_model (its draft cache follows one request). Keep
-    # ray.batch_size a multiple of it. (The vLLM engine's slots are engine.max_num_seqs.)
+    # ray.batch_size a multiple of it. (The vLLM engine's slots are vllm.max_num_seqs.)
     max_batch_requests: int | None = None
     # Cap on tokens fed per call in throughput mode (requests x widest draft tree + 1); 0: none.
     max_batch_tokens: int = 0

@@ -1,5 +1,5 @@
 """vLLM's engine arguments under their own names, in one table: which config field holds each one
-that is not passed through as given (engine.vllm_args)."""
+that is not passed through as given (vllm.engine_args)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 @dataclass(frozen=True)
 class VllmArgument:
-    """One of vLLM's engine arguments that is not passed through as given (engine.vllm_args): the
+    """One of vLLM's engine arguments that is not passed through as given (vllm.engine_args): the
     config field that holds it (`section.key`, converted from vLLM's value by `convert`), or the one
     value the engine runs (`only`), or who sets it (`set_by`)."""
 
@@ -24,7 +24,7 @@ class VllmArgument:
 
 
 # vLLM's engine arguments under their own names, in one table: pipeline.llm maps a processor's
-# engine_kwargs through it, engine.vllm_args refuses what it holds, the vLLM engine passes the fields
+# engine_kwargs through it, vllm.engine_args refuses what it holds, the vLLM engine passes the fields
 # back to vLLM by these names. Any other argument goes to vLLM as it is (checked against EngineArgs).
 VLLM_ARGUMENTS = {
     **{
@@ -38,10 +38,10 @@ VLLM_ARGUMENTS = {
         )
     },
     # vLLM 0.32 cannot speculate with pipeline parallelism (its earlier stages have no proposer).
-    "pipeline_parallel_size": VllmArgument("engine.pipeline_parallel_size", only=1),
+    "pipeline_parallel_size": VllmArgument("vllm.pipeline_parallel_size", only=1),
     "dtype": VllmArgument("model.dtype"),
     "trust_remote_code": VllmArgument("model.trust_remote_code"),
-    "enforce_eager": VllmArgument("engine.execution", lambda eager: "eager" if eager else "compiled"),
+    "enforce_eager": VllmArgument("vllm.execution", lambda eager: "eager" if eager else "compiled"),
     # Rows without a seed derive theirs from it (the engine's own seed is fixed).
     "seed": VllmArgument("sampling.seed", int),
     "enable_chunked_prefill": VllmArgument(only=True, set_by="the engine runs it (vLLM's default)"),
@@ -50,7 +50,7 @@ VLLM_ARGUMENTS = {
     "speculative_config": VllmArgument(
         set_by="drafting.drafter and drafting.w set it (vllm_ngram and vllm_suffix are vLLM's own methods)"
     ),
-    "disable_log_stats": VllmArgument(set_by="engine.request_metrics sets it"),
+    "disable_log_stats": VllmArgument(set_by="vllm.request_metrics sets it"),
     "distributed_executor_backend": VllmArgument(
         set_by="the engine sets it (tensor-parallel ranks are the actor's own processes)"
     ),

@@ -229,7 +229,7 @@ class RunSummary:
 
 
 # The config's sections the summary records as run, and the engines' counts it takes from the progress actor.
-SECTIONS = ("model", "engine", "drafting", "sampling", "transformers", "input", "ray")
+SECTIONS = ("model", "engine", "vllm", "drafting", "sampling", "transformers", "input", "ray")
 ENGINE_COUNTS = (
     "engine_occupancy",
     "engine_steps",

@@ -68,7 +68,7 @@ def settings_fingerprint(config: Config) -> str:
         "model": model_identity(config.model.name),
         "dtype": config.model.dtype,
         "engine": config.engine.name,
-        "max_model_len": config.engine.max_model_len,
+        "max_model_len": config.vllm.max_model_len,
         "max_new_tokens": sampling.max_new_tokens,
         "stop": list(sampling.stop),
         "temperature": sampling.temperature,

@@ -255,7 +255,8 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         # Each engine's per-request record on (ray.data.llm's `metrics`), where it keeps one.
         sections: dict[str, dict] = {
             "model": {"name": self.model_source, "num_threads": threads},
-            "engine": {"name": self.engine, "request_metrics": True},
+            "engine": {"name": self.engine},
+            "vllm": {"request_metrics": True},
             "drafting": dict(self.drafting),
             "sampling": {},  # a row's own sampling_params; engine_kwargs' seed the rows' default
             "transformers": dict(self.transformers),
@@ -272,7 +273,7 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
             elif argument.field:
                 section, name = argument.field.split(".")
                 sections[section][name] = argument.convert(value)
-        sections["engine"]["vllm_args"] = vllm_args
+        sections["vllm"]["engine_args"] = vllm_args
         if "max_batch_requests" not in self.transformers:
             # the transformers engine's requests per forward call come from one batch: no more than it holds
             default = build(Config, {"drafting": sections["drafting"], "transformers": sections["transformers"]})

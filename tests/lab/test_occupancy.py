@@ -24,7 +24,7 @@ def test_every_slot_busy_when_every_request_lasts_as_long_and_batches_fill_the_s
 def test_streaming_keeps_the_engine_full_where_draining_does_not(slots, batch_size):
     lengths = skewed_lengths(6000)
     config = load_config(
-        "configs/default.yaml", ["engine.name=vllm", f"engine.max_num_seqs={slots}", f"ray.batch_size={batch_size}"]
+        "configs/default.yaml", ["engine.name=vllm", f"vllm.max_num_seqs={slots}", f"ray.batch_size={batch_size}"]
     )
     drain = simulate(lengths, slots, batch_size, 1)
     stream = simulate(lengths, slots, batch_size, concurrent_batches(config))

@@ -17,15 +17,15 @@ BATCH_SIZE = 8  # ray.batch_size auto: rows per call (the decoder runs one batch
 
 def checked(config: Config) -> Config:
     """`config` as this engine runs it, or a ConfigError naming the first setting it cannot honour."""
-    engine, ray, decoder, own = config.engine, config.ray, config.drafting, config.transformers
+    vllm, ray, decoder, own = config.vllm, config.ray, config.drafting, config.transformers
     kind = DRAFTER_KINDS[decoder.drafter]
     require(
-        engine.tensor_parallel_size == 1,
-        "engine.tensor_parallel_size",
+        vllm.tensor_parallel_size == 1,
+        "vllm.tensor_parallel_size",
         f"1 with engine.name {NAME} (tensor parallelism is vLLM's)",
     )
     require(
-        not engine.vllm_args, "engine.vllm_args", f"empty with engine.name {NAME} (they are vLLM's engine arguments)"
+        not vllm.engine_args, "vllm.engine_args", f"empty with engine.name {NAME} (they are vLLM's engine arguments)"
     )
     require(
         not kind.vllm_method,
@@ -110,7 +110,7 @@ def require(ok: bool, name: str, allowed: str) -> None:
 
 KIND = EngineKind(
     NAME,
-    sections=("model", "drafting", "transformers"),
+    sections=("model", "drafting", "sampling", "transformers"),
     checked=checked,
     check_model=check_model,
     batch_size=batch_size,

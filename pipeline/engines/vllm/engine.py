@@ -5,7 +5,7 @@ that is faster than vLLM's separate engine and worker processes and starts in se
 (docs/measurements/defaults.md, "Figures behind the defaults"), and it lets the proposer take the
 drafter tables by reference (one read-only copy in Ray's object store per node). One engine per Ray actor, kept full
 across the actor's batches
-(feeder.py). With tensor parallelism (engine.tensor_parallel_size) the
+(feeder.py). With tensor parallelism (vllm.tensor_parallel_size) the
 ranks are worker processes of the actor, each with its own copy of the drafter.
 
 Statistics: vLLM's per-request speculative metrics (`per_request_spec_decode_metrics`) give the
@@ -81,7 +81,7 @@ def set_vllm_environment(config: Config) -> None:
     # each loop and slow the torch work of the whole process (docs/measurements/defaults.md, "Figures behind
     # the defaults"). Its own work queue blocks.
     os.environ.setdefault("NUMBA_THREADING_LAYER", "workqueue")
-    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(config.engine.cpu_kv_cache_gib)
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(config.vllm.cpu_kv_cache_gib)
     # On a CPU, vLLM binds its threads to cores and keeps one core for a scheduler process that
     # does not exist in-process: bind to this process's cores (model.num_threads of them, if set),
     # an equal share to each tensor-parallel rank ("0,1|2,3").
@@ -107,10 +107,10 @@ def cpu_binding(config: Config) -> str:
     cores = sorted(os.sched_getaffinity(0))
     if config.model.num_threads:
         cores = cores[: config.model.num_threads]
-    ranks = config.engine.tensor_parallel_size
+    ranks = config.vllm.tensor_parallel_size
     if len(cores) < ranks:
         raise ConfigError(
-            f"engine.tensor_parallel_size: {ranks} ranks on a CPU need as many cores; this actor has "
+            f"vllm.tensor_parallel_size: {ranks} ranks on a CPU need as many cores; this actor has "
             f"{len(cores)} (give it more CPUs, ray.num_cpus_per_actor or the placement group's bundles)"
         )
     share = len(cores) // ranks
@@ -118,21 +118,21 @@ def cpu_binding(config: Config) -> str:
 
 
 def max_num_seqs(config: Config) -> int | None:
-    """engine.max_num_seqs, or for 0: vLLM's own default on a GPU (None), CPU_MAX_NUM_SEQS on a CPU."""
+    """vllm.max_num_seqs, or for 0: vLLM's own default on a GPU (None), CPU_MAX_NUM_SEQS on a CPU."""
     import torch
 
-    if config.engine.max_num_seqs:
-        return config.engine.max_num_seqs
+    if config.vllm.max_num_seqs:
+        return config.vllm.max_num_seqs
     return None if torch.cuda.is_available() else CPU_MAX_NUM_SEQS
 
 
 def eager(config: Config) -> bool:
-    """Whether vLLM runs eagerly (engine.execution; auto: eager on a CPU, compiled on a GPU)."""
-    if config.engine.execution == "auto":
+    """Whether vLLM runs eagerly (vllm.execution; auto: eager on a CPU, compiled on a GPU)."""
+    if config.vllm.execution == "auto":
         import torch
 
         return not torch.cuda.is_available()
-    return config.engine.execution == "eager"
+    return config.vllm.execution == "eager"
 
 
 class VllmEngine:
@@ -200,19 +200,19 @@ class VllmEngine:
             dtype=dtype_name(config.model),
             seed=0,
             trust_remote_code=config.model.trust_remote_code,
-            max_model_len=config.engine.max_model_len or None,
+            max_model_len=config.vllm.max_model_len or None,
             max_num_seqs=max_num_seqs(config),
-            max_num_batched_tokens=config.engine.max_num_batched_tokens or None,
+            max_num_batched_tokens=config.vllm.max_num_batched_tokens or None,
             enforce_eager=eager(config),
-            gpu_memory_utilization=config.engine.gpu_memory_utilization,
+            gpu_memory_utilization=config.vllm.gpu_memory_utilization,
             speculative_config=arguments.get("speculative_config"),
-            tensor_parallel_size=config.engine.tensor_parallel_size,
+            tensor_parallel_size=config.vllm.tensor_parallel_size,
             # Ranks beyond one are worker processes of this actor, on its node.
-            distributed_executor_backend="mp" if config.engine.tensor_parallel_size > 1 else None,
+            distributed_executor_backend="mp" if config.vllm.tensor_parallel_size > 1 else None,
             per_request_spec_decode_metrics="detailed" if self.drafts else "none",
-            disable_log_stats=not config.engine.request_metrics,
+            disable_log_stats=not config.vllm.request_metrics,
             **{name: value for name, value in arguments.items() if name != "speculative_config"},
-            **config.engine.vllm_args,
+            **config.vllm.engine_args,
         )
 
     def set_decoder(self, decoder: DraftingConfig, tables: DrafterTables | None = None) -> None:

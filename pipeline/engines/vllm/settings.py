@@ -22,7 +22,7 @@ NAME = "vllm"
 # draft costs only its tokens, so long drafts where the evidence is long, as vLLM's own suffix
 # decoding drafts (16 in our comparisons).
 AUTO_MAX_VLLM_W = 16
-# The largest of vLLM's own GPU defaults (an H100's): what engine.max_num_seqs 0 is sized for on GPU actors.
+# The largest of vLLM's own GPU defaults (an H100's): what vllm.max_num_seqs 0 is sized for on GPU actors.
 GPU_MAX_NUM_SEQS_AT_MOST = 1024
 # vLLM's own GPU default of max_num_seqs on an A100 (the H100's is larger).
 GPU_MAX_NUM_SEQS = 256
@@ -46,11 +46,11 @@ def checked(config: Config) -> Config:
     check_vllm_version()  # another vLLM fails here, at the start, naming the versions this package supports
     check_drafter(config)
     check_transformers_section(config)
-    ranks = config.engine.tensor_parallel_size
+    ranks = config.vllm.tensor_parallel_size
     require(
         config.ray.num_gpus_per_actor in (0, ranks),
         "ray.num_gpus_per_actor",
-        f"0 (a CPU engine) or engine.tensor_parallel_size ({ranks}) with engine.name {NAME}: one engine "
+        f"0 (a CPU engine) or vllm.tensor_parallel_size ({ranks}) with engine.name {NAME}: one engine "
         "per actor, one GPU per rank",
     )
     decoder = config.drafting
@@ -115,10 +115,10 @@ def check_transformers_section(config: Config) -> None:
 
 
 def slots(config: Config) -> int:
-    """The requests one engine runs at once: engine.max_num_seqs, or for 0 vLLM's default for an
+    """The requests one engine runs at once: vllm.max_num_seqs, or for 0 vLLM's default for an
     A100 on GPU actors (the H100's is larger) and CPU_MAX_NUM_SEQS on a CPU."""
-    if config.engine.max_num_seqs:
-        return config.engine.max_num_seqs
+    if config.vllm.max_num_seqs:
+        return config.vllm.max_num_seqs
     return GPU_MAX_NUM_SEQS if config.ray.num_gpus_per_actor > 0 else CPU_MAX_NUM_SEQS
 
 
@@ -143,7 +143,7 @@ def concurrent_batches(config: Config) -> int:
     one batch to drain."""
     if config.ray.max_concurrent_batches:
         return config.ray.max_concurrent_batches
-    slots = config.engine.max_num_seqs or (
+    slots = config.vllm.max_num_seqs or (
         GPU_MAX_NUM_SEQS_AT_MOST if config.ray.num_gpus_per_actor > 0 else CPU_MAX_NUM_SEQS
     )
     return math.ceil(ROWS_PER_SLOT * slots / batch_size(config)) + 1
@@ -167,7 +167,7 @@ def drafts_from_predictions(config: Config) -> bool:
 
 def check_model(config: Config, model_dir: Path) -> None:
     """A model vLLM has no implementation of, one whose heads cannot be split over the ranks, and
-    engine.vllm_args vLLM refuses for it."""
+    vllm.engine_args vLLM refuses for it."""
     from transformers import AutoConfig
     from vllm import ModelRegistry
 
@@ -182,32 +182,32 @@ def check_model(config: Config, model_dir: Path) -> None:
             "(vLLM's ModelRegistry); use engine.name: transformers if transformers can run it"
         )
     check_tensor_parallel(config, hf_config, name)
-    check_vllm_args(config, model_dir)
+    check_engine_args(config, model_dir)
 
 
-def check_vllm_args(config: Config, model_dir: Path) -> None:
-    """engine.vllm_args as vLLM takes them: an unknown name, or a value vLLM's own configuration
+def check_engine_args(config: Config, model_dir: Path) -> None:
+    """vllm.engine_args as vLLM takes them: an unknown name, or a value vLLM's own configuration
     refuses for this model (vLLM's message), fails here in the driver, not in every actor."""
-    if not config.engine.vllm_args:
+    if not config.vllm.engine_args:
         return
     from vllm.engine.arg_utils import EngineArgs
 
     names = {f.name for f in dataclasses.fields(EngineArgs)}
-    for key in config.engine.vllm_args:
+    for key in config.vllm.engine_args:
         if key not in names:
             raise ModelRefused(
-                f"engine.vllm_args.{key}: not one of vLLM's engine arguments (vllm.engine.arg_utils.EngineArgs)"
+                f"vllm.engine_args.{key}: not one of vLLM's engine arguments (vllm.engine.arg_utils.EngineArgs)"
             )
     try:
-        EngineArgs(model=str(model_dir), **config.engine.vllm_args).create_engine_config()
+        EngineArgs(model=str(model_dir), **config.vllm.engine_args).create_engine_config()
     except Exception as error:  # noqa: BLE001 - whatever vLLM raises names the problem
-        raise ModelRefused(f"engine.vllm_args: vLLM refuses them for {config.model.name!r}: {error}") from error
+        raise ModelRefused(f"vllm.engine_args: vLLM refuses them for {config.model.name!r}: {error}") from error
 
 
 def check_tensor_parallel(config: Config, hf_config, name: str) -> None:
     """vLLM splits attention heads over the ranks (key/value heads are split, or copied when fewer
     than the ranks); on a CPU each rank needs cores of its own."""
-    ranks = config.engine.tensor_parallel_size
+    ranks = config.vllm.tensor_parallel_size
     if ranks == 1:
         return
     text = getattr(hf_config, "get_text_config", lambda: hf_config)()
@@ -215,7 +215,7 @@ def check_tensor_parallel(config: Config, hf_config, name: str) -> None:
     kv_heads = getattr(text, "num_key_value_heads", None) or heads
     if heads is None or heads % ranks or (kv_heads % ranks if kv_heads >= ranks else ranks % kv_heads):
         raise ModelRefused(
-            f"{name}: engine.tensor_parallel_size {ranks} cannot split its {heads} attention heads "
+            f"{name}: vllm.tensor_parallel_size {ranks} cannot split its {heads} attention heads "
             f"({kv_heads} key/value heads) evenly over the ranks"
         )
     import torch
@@ -236,7 +236,7 @@ def require(ok: bool, name: str, allowed: str) -> None:
 
 KIND = EngineKind(
     NAME,
-    sections=("model", "engine", "drafting"),
+    sections=("model", "engine", "vllm", "drafting", "sampling"),
     checked=checked,
     check_model=check_model,
     batch_size=batch_size,

@@ -28,7 +28,7 @@ def test_the_inputs_are_the_prompts_and_the_same_ids_edited():
 
 
 def test_a_run_is_the_job_as_a_user_types_it():
-    command = job_command("in.jsonl", "out", "edited", ["job.series=s", "engine.max_num_seqs=1"])
+    command = job_command("in.jsonl", "out", "edited", ["job.series=s", "vllm.max_num_seqs=1"])
     assert command == [
         sys.executable,
         "-m",
@@ -42,7 +42,7 @@ def test_a_run_is_the_job_as_a_user_types_it():
         "--set",
         "job.series=s",
         "--set",
-        "engine.max_num_seqs=1",
+        "vllm.max_num_seqs=1",
     ]
     assert summary_path("{...}\nParquet: d/*.parquet\nSummary: d/summary.json\n") == "d/summary.json"
 

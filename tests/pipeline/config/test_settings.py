@@ -85,6 +85,24 @@ def test_a_key_that_moved_out_of_the_decoder_section_is_refused_naming_its_new_k
     assert getattr(getattr(moved, section), key) == (tuple(value) if isinstance(value, list) else value)
 
 
+@pytest.mark.parametrize(
+    ("old", "new", "value"),
+    [
+        ("engine.max_num_seqs", "vllm.max_num_seqs", 8),
+        ("engine.vllm_args", "vllm.engine_args", {"kv_cache_dtype": "auto"}),
+        ("engine.speculation", "drafting.speculation", "off"),
+        ("engine.prediction_w", "drafting.prediction_w", 0),
+    ],
+)
+def test_a_key_that_moved_out_of_the_engine_section_is_refused_naming_its_new_key(old, new, value):
+    """The engine section says which engine and what its failures may cost; vLLM's own settings are
+    the vllm section, the speculation mode the drafting section's."""
+    with pytest.raises(ConfigError, match=rf"^{old} moved to {new}: set {new} instead$"):
+        load_config(None, [f"{old}={json.dumps(value)}"])
+    section, key = new.split(".")
+    assert getattr(getattr(load_config(None, [f"{new}={json.dumps(value)}"]), section), key) == value
+
+
 def test_unknown_drafter_lists_the_valid_ones():
     with pytest.raises(
         ConfigError,
@@ -142,10 +160,10 @@ def test_throughput_mode_defaults_follow_the_drafter():
 
 
 def test_engine_settings_check_their_own_shape_at_load():
-    with pytest.raises(ConfigError, match="engine.max_num_seqs: must be an integer >= 0"):
-        load_config(overrides=["engine.max_num_seqs=-1"])
-    with pytest.raises(ConfigError, match="engine.max_num_batched_tokens: must be an integer >= 0"):
-        load_config(overrides=["engine.max_num_batched_tokens=-5"])
+    with pytest.raises(ConfigError, match="vllm.max_num_seqs: must be an integer >= 0"):
+        load_config(overrides=["vllm.max_num_seqs=-1"])
+    with pytest.raises(ConfigError, match="vllm.max_num_batched_tokens: must be an integer >= 0"):
+        load_config(overrides=["vllm.max_num_batched_tokens=-5"])
     for override, message in (
         ("engine.max_restarts=-1", "engine.max_restarts: must be an integer >= 0"),
         ("engine.hang_timeout_s=-1", "engine.hang_timeout_s: must be a number of seconds >= 0"),
@@ -201,15 +219,15 @@ def test_placement_and_series_settings_are_checked_naming_the_field():
 
 def test_vllm_args_refuse_what_the_config_sets_naming_the_field():
     with pytest.raises(
-        ConfigError, match="^engine.vllm_args.max_num_seqs: must be left out: engine.max_num_seqs sets it"
+        ConfigError, match="^vllm.engine_args.max_num_seqs: must be left out: vllm.max_num_seqs sets it"
     ):
-        load_config("configs/default.yaml", ["engine.name=vllm", "engine.vllm_args={max_num_seqs: 4}"])
-    with pytest.raises(ConfigError, match="^engine.vllm_args: must be a mapping"):
-        load_config("configs/default.yaml", ["engine.name=vllm", "engine.vllm_args=[1]"])
+        load_config("configs/default.yaml", ["engine.name=vllm", "vllm.engine_args={max_num_seqs: 4}"])
+    with pytest.raises(ConfigError, match="^vllm.engine_args: must be a mapping"):
+        load_config("configs/default.yaml", ["engine.name=vllm", "vllm.engine_args=[1]"])
     config = load_config(
-        "configs/default.yaml", ["engine.name=vllm", "engine.vllm_args={enable_prefix_caching: false}"]
+        "configs/default.yaml", ["engine.name=vllm", "vllm.engine_args={enable_prefix_caching: false}"]
     )
-    assert config.engine.vllm_args == {"enable_prefix_caching": False}
+    assert config.vllm.engine_args == {"enable_prefix_caching": False}
 
 
 def _leaves(mapping: dict, prefix: str = ""):

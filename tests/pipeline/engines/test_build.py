@@ -83,16 +83,16 @@ def test_a_setting_the_engine_cannot_honour_fails_the_job_at_its_start():
 
 
 def test_tensor_parallel_ranks_take_one_gpu_each_on_vllm_only():
-    split = started("engine.name=vllm", "engine.tensor_parallel_size=2", "ray.num_gpus_per_actor=2")
-    assert (split.engine.tensor_parallel_size, split.ray.num_gpus_per_actor) == (2, 2)
-    with pytest.raises(ConfigError, match=r"^ray.num_gpus_per_actor: .*engine.tensor_parallel_size \(2\)"):
-        started("engine.name=vllm", "engine.tensor_parallel_size=2", "ray.num_gpus_per_actor=1")
-    with pytest.raises(ConfigError, match="^engine.tensor_parallel_size: must be 1 with engine.name transformers"):
-        started("engine.name=transformers", "engine.tensor_parallel_size=2")
-    with pytest.raises(ConfigError, match="^engine.vllm_args: must be empty with engine.name transformers"):
-        started("engine.name=transformers", "engine.vllm_args={enable_prefix_caching: false}")
-    with pytest.raises(ConfigError, match="^engine.pipeline_parallel_size: must be 1: vLLM 0.32 cannot speculate"):
-        started("engine.name=vllm", "engine.pipeline_parallel_size=2")
+    split = started("engine.name=vllm", "vllm.tensor_parallel_size=2", "ray.num_gpus_per_actor=2")
+    assert (split.vllm.tensor_parallel_size, split.ray.num_gpus_per_actor) == (2, 2)
+    with pytest.raises(ConfigError, match=r"^ray.num_gpus_per_actor: .*vllm.tensor_parallel_size \(2\)"):
+        started("engine.name=vllm", "vllm.tensor_parallel_size=2", "ray.num_gpus_per_actor=1")
+    with pytest.raises(ConfigError, match="^vllm.tensor_parallel_size: must be 1 with engine.name transformers"):
+        started("engine.name=transformers", "vllm.tensor_parallel_size=2")
+    with pytest.raises(ConfigError, match="^vllm.engine_args: must be empty with engine.name transformers"):
+        started("engine.name=transformers", "vllm.engine_args={enable_prefix_caching: false}")
+    with pytest.raises(ConfigError, match="^vllm.pipeline_parallel_size: must be 1: vLLM 0.32 cannot speculate"):
+        started("engine.name=vllm", "vllm.pipeline_parallel_size=2")
 
 
 def test_w_auto_goes_further_on_vllm_and_the_check_is_idempotent():
@@ -110,8 +110,8 @@ def test_engine_slots_are_apart_from_the_ray_batch():
     from pipeline.config import CPU_MAX_NUM_SEQS
 
     # On vLLM the Ray batch only sizes the blocks Ray moves: the engine's slots are its own.
-    config = started("engine.name=vllm", "engine.max_num_seqs=256", "ray.batch_size=64")
-    assert config.engine.max_num_seqs == 256
+    config = started("engine.name=vllm", "vllm.max_num_seqs=256", "ray.batch_size=64")
+    assert config.vllm.max_num_seqs == 256
     assert concurrent_batches(config) == 13  # 3 x 256 slots in 64-row batches, plus one
     assert concurrent_batches(started("engine.name=vllm", "ray.batch_size=8")) == 3 * CPU_MAX_NUM_SEQS // 8 + 1
     assert concurrent_batches(started("engine.name=vllm", "ray.max_concurrent_batches=3")) == 3
@@ -121,13 +121,13 @@ def test_engine_slots_are_apart_from_the_ray_batch():
     assert started("engine.name=vllm").ray.batch_size == 0
     assert batch_size(started("engine.name=vllm")) == CPU_MAX_NUM_SEQS
     assert concurrent_batches(started("engine.name=vllm")) == 4
-    assert batch_size(started("engine.name=vllm", "engine.max_num_seqs=16")) == 16
+    assert batch_size(started("engine.name=vllm", "vllm.max_num_seqs=16")) == 16
     assert batch_size(started("engine.name=transformers")) == 8
     with pytest.raises(
         ConfigError, match="ray.max_concurrent_batches: must be 0 \\(auto\\) or 1 with engine.name transformers"
     ):
         started("engine.name=transformers", "ray.max_concurrent_batches=4")
-    # the transformers engine's throughput mode is its own: vLLM takes any (its slots are engine.max_num_seqs)
+    # the transformers engine's throughput mode is its own: vLLM takes any (its slots are vllm.max_num_seqs)
     assert started("engine.name=vllm", "transformers.max_batch_requests=8", "ray.batch_size=2").ray.batch_size == 2
     with pytest.raises(ConfigError, match="ray.batch_size: must be at least transformers.max_batch_requests"):
         started("engine.name=transformers", "transformers.max_batch_requests=8", "ray.batch_size=2")

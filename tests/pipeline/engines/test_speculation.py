@@ -80,8 +80,8 @@ def test_the_rule_reads_the_platform_the_engines_concurrency_and_the_rows_predic
     # On an engine without vLLM's ngram_gpu (the transformers engine on a GPU) the rule's ngram_gpu is plain.
     assert Chooser(modes=("batch_suffix", PLAIN), platform="gpu", running=64).mode == PLAIN
     # The engine's slots, bounded by the rows the actor holds at once and by the rows it will see.
-    assert speculation.concurrency(vllm("engine.max_num_seqs=16"), None) == 16
-    assert speculation.concurrency(vllm("engine.max_num_seqs=16"), 3) == 3
+    assert speculation.concurrency(vllm("vllm.max_num_seqs=16"), None) == 16
+    assert speculation.concurrency(vllm("vllm.max_num_seqs=16"), 3) == 3
     assert speculation.concurrency(vllm("ray.num_gpus_per_actor=1"), None) == 256
 
 

@@ -40,8 +40,8 @@ def test_the_config_maps_ray_data_llm_keywords_onto_ours():
         drafting={"drafter": "context_ngram", "w": 4},
     )
     ours = config.pipeline_config()
-    assert (ours.engine.max_num_seqs, ours.engine.max_model_len, ours.model.dtype) == (12, 512, "float32")
-    assert (ours.engine.max_restarts, ours.engine.hang_timeout_s, ours.engine.vllm_args) == (5, 60, {})
+    assert (ours.vllm.max_num_seqs, ours.vllm.max_model_len, ours.model.dtype) == (12, 512, "float32")
+    assert (ours.engine.max_restarts, ours.engine.hang_timeout_s, ours.vllm.engine_args) == (5, 60, {})
     assert (ours.ray.min_actors, ours.ray.max_actors, ours.ray.batch_size) == (1, 3, 8)
     assert (ours.ray.num_cpus_per_actor, ours.ray.num_gpus_per_actor) == (1, 0)
     assert ours.ray.max_concurrent_batches == 2  # 16 pending rows at most: two batches of 8
@@ -81,8 +81,8 @@ def test_vllms_other_engine_arguments_pass_through_and_its_speculation_runs_as_v
         },
     )
     ours = config.pipeline_config()
-    assert ours.engine.vllm_args == {"enable_prefix_caching": False, "kv_cache_dtype": "auto"}
-    assert ours.engine.max_num_seqs == 8
+    assert ours.vllm.engine_args == {"enable_prefix_caching": False, "kv_cache_dtype": "auto"}
+    assert ours.vllm.max_num_seqs == 8
     assert (ours.drafting.drafter, ours.drafting.w, ours.drafting.ngram.min_q, ours.drafting.ngram.max_q) == (
         "vllm_ngram",
         4,
@@ -93,7 +93,7 @@ def test_vllms_other_engine_arguments_pass_through_and_its_speculation_runs_as_v
 
 def test_engine_arguments_vllm_does_not_take_fail_in_the_driver_naming_them(tmp_path):
     from pipeline.engines.build import ModelRefused
-    from pipeline.engines.vllm.settings import check_vllm_args
+    from pipeline.engines.vllm.settings import check_engine_args
     from pipeline.loading.model import resolve_model_dir
 
     def config(**engine_kwargs):
@@ -102,11 +102,11 @@ def test_engine_arguments_vllm_does_not_take_fail_in_the_driver_naming_them(tmp_
         ).pipeline_config()
 
     model_dir, _ = resolve_model_dir(config().model)
-    check_vllm_args(config(enable_prefix_caching=False), model_dir)
-    with pytest.raises(ModelRefused, match="engine.vllm_args.enable_prefix_cache: not one of vLLM's engine arguments"):
-        check_vllm_args(config(enable_prefix_cache=False), model_dir)
-    with pytest.raises(ModelRefused, match="(?s)engine.vllm_args: vLLM refuses them.*cache_dtype"):
-        check_vllm_args(config(kv_cache_dtype="fp7"), model_dir)
+    check_engine_args(config(enable_prefix_caching=False), model_dir)
+    with pytest.raises(ModelRefused, match="vllm.engine_args.enable_prefix_cache: not one of vLLM's engine arguments"):
+        check_engine_args(config(enable_prefix_cache=False), model_dir)
+    with pytest.raises(ModelRefused, match="(?s)vllm.engine_args: vLLM refuses them.*cache_dtype"):
+        check_engine_args(config(kv_cache_dtype="fp7"), model_dir)
 
 
 def test_tensor_parallel_ranks_are_the_actors_resources():
@@ -115,7 +115,7 @@ def test_tensor_parallel_ranks_are_the_actors_resources():
     gpus = vLLMEngineProcessorConfig(
         model_source="smollm2-135m-instruct", engine_kwargs={"tensor_parallel_size": 2}
     ).pipeline_config()
-    assert (gpus.engine.tensor_parallel_size, gpus.ray.num_gpus_per_actor) == (2, 2)
+    assert (gpus.vllm.tensor_parallel_size, gpus.ray.num_gpus_per_actor) == (2, 2)
     cpus = vLLMEngineProcessorConfig(
         model_source="smollm2-135m-instruct",
         engine_kwargs={"tensor_parallel_size": 2},
@@ -138,7 +138,7 @@ def test_tensor_parallel_ranks_are_the_actors_resources():
                 "engine": "transformers",
                 "placement_group_config": {"bundles": [{"CPU": 1}]},
             },
-            "engine.tensor_parallel_size",
+            "vllm.tensor_parallel_size",
         ),
         (
             {"engine_kwargs": {"speculative_config": {"method": "eagle", "model": "x"}}},
@@ -153,7 +153,7 @@ def test_tensor_parallel_ranks_are_the_actors_resources():
             "engine_kwargs.speculative_config",
         ),
         ({"engine_kwargs": {"model": "/elsewhere"}}, "engine_kwargs.model"),
-        ({"engine_kwargs": {"enable_prefix_caching": True}, "engine": "transformers"}, "engine.vllm_args"),
+        ({"engine_kwargs": {"enable_prefix_caching": True}, "engine": "transformers"}, "vllm.engine_args"),
         (
             {"chat_template_stage": {"enabled": True, "chat_template_kwarg": {}}},
             "chat_template_stage.chat_template_kwarg",

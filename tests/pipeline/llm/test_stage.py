@@ -163,10 +163,10 @@ def test_an_auto_stage_switches_mode_on_its_measured_rows_and_the_rows_stay_the_
         overrides=[
             "engine.name=vllm",
             f"model.name={tiny_model_dir}",
-            "engine.execution=eager",
-            "engine.cpu_kv_cache_gib=1",
-            "engine.max_model_len=256",
-            "engine.max_num_seqs=8",
+            "vllm.execution=eager",
+            "vllm.cpu_kv_cache_gib=1",
+            "vllm.max_model_len=256",
+            "vllm.max_num_seqs=8",
             "sampling.max_new_tokens=16",
             "drafting.speculation_window_s=0.3",
         ]

@@ -30,10 +30,10 @@ def config(tiny_model_dir, *overrides):
             [
                 "engine.name=vllm",
                 f"model.name={tiny_model_dir}",
-                "engine.execution=eager",
-                "engine.cpu_kv_cache_gib=1",
-                "engine.max_model_len=384",
-                "engine.max_num_seqs=4",
+                "vllm.execution=eager",
+                "vllm.cpu_kv_cache_gib=1",
+                "vllm.max_model_len=384",
+                "vllm.max_num_seqs=4",
                 *overrides,
             ],
         )
@@ -44,7 +44,7 @@ def config(tiny_model_dir, *overrides):
 def engines(tiny_model_dir):
     plain = build_engine(
         config(
-            tiny_model_dir, "drafting.drafter=none", "drafting.w=0", "engine.vllm_args={enable_prefix_caching: false}"
+            tiny_model_dir, "drafting.drafter=none", "drafting.w=0", "vllm.engine_args={enable_prefix_caching: false}"
         )
     )
     ours = build_engine(config(tiny_model_dir, "drafting.drafter=context_ngram", "drafting.w=auto"))
@@ -259,7 +259,7 @@ def test_a_later_engine_in_the_process_reads_its_own_settings(engines, tiny_mode
         monkeypatch.setenv(name, os.environ.get(name, ""))  # put back as it was after the test
     envs.enable_envs_cache()
     set_vllm_environment(
-        config(tiny_model_dir, "engine.tensor_parallel_size=2", "model.num_threads=2", "engine.cpu_kv_cache_gib=3")
+        config(tiny_model_dir, "vllm.tensor_parallel_size=2", "model.num_threads=2", "vllm.cpu_kv_cache_gib=3")
     )
     assert envs.VLLM_CPU_KVCACHE_SPACE == 3
     assert envs.VLLM_CPU_OMP_THREADS_BIND.count("|") == 1

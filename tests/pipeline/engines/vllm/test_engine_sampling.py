@@ -66,14 +66,14 @@ def config(model_dir, cache, *overrides):
                 "engine.name=vllm",
                 f"model.name={model_dir}",
                 f"model.cache_dir={cache}",
-                "engine.execution=eager",
-                "engine.cpu_kv_cache_gib=1",
-                "engine.max_model_len=256",
-                "engine.max_num_seqs=16",
+                "vllm.execution=eager",
+                "vllm.cpu_kv_cache_gib=1",
+                "vllm.max_model_len=256",
+                "vllm.max_num_seqs=16",
                 f"drafting.w={W}",
                 # A step prefills at most 64 tokens: prompts are prefilled in chunks, which draws (and
                 # discards) tokens from the seeded requests' generators at each partial chunk.
-                "engine.max_num_batched_tokens=64",
+                "vllm.max_num_batched_tokens=64",
                 *overrides,
             ],
         )

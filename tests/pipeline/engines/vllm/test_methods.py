@@ -91,7 +91,7 @@ def test_on_vllm_034_auto_chooses_among_ours_vllms_suffix_ngram_and_plain_by_its
     assert speculation.platform(gpu) == "gpu_v2" and speculation.platform(vllm()) == "cpu"
     assert speculation.modes(gpu) == ("batch_suffix", speculation.PLAIN, "vllm_suffix", "vllm_ngram_gpu")
     assert speculation.mode_config(gpu, "vllm_suffix").drafting.w == speculation.VLLM_SUFFIX_W
-    at16 = ["ray.num_gpus_per_actor=1", "engine.max_num_seqs=16"]
+    at16 = ["ray.num_gpus_per_actor=1", "vllm.max_num_seqs=16"]
     greedy = speculation.chooser(vllm(*at16), None)
     assert greedy.greedy and greedy.rule.platform == "gpu_v2" and greedy.mode == "batch_suffix"
     # Sampled rows on vLLM 0.34: plain until measured.

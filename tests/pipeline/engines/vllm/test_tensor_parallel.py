@@ -28,12 +28,12 @@ def config(tiny_model_dir, tmp_path, *overrides):
             [
                 "engine.name=vllm",
                 f"model.name={tiny_model_dir}",
-                "engine.execution=eager",
-                "engine.cpu_kv_cache_gib=1",
-                "engine.max_model_len=384",
-                "engine.max_num_seqs=4",
+                "vllm.execution=eager",
+                "vllm.cpu_kv_cache_gib=1",
+                "vllm.max_model_len=384",
+                "vllm.max_num_seqs=4",
                 "model.num_threads=2",
-                "engine.tensor_parallel_size=2",
+                "vllm.tensor_parallel_size=2",
                 *overrides,
             ],
         )
@@ -74,7 +74,7 @@ def test_a_split_the_model_or_the_cores_cannot_take_fails_at_start(tiny_model_di
     """The tiny model has 2 attention heads (1 key/value head, copied to each rank)."""
     with pytest.raises(ModelRefused, match="cannot split its 2 attention heads"):
         check_engine_can_run(
-            config(tiny_model_dir, tmp_path, "engine.tensor_parallel_size=4", "model.num_threads=0"), tiny_model_dir
+            config(tiny_model_dir, tmp_path, "vllm.tensor_parallel_size=4", "model.num_threads=0"), tiny_model_dir
         )
     with pytest.raises(ModelRefused, match="2 ranks on a CPU need as many cores; this actor has 1"):
         check_engine_can_run(config(tiny_model_dir, tmp_path, "model.num_threads=1"), tiny_model_dir)
