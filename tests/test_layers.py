@@ -327,3 +327,45 @@ def test_every_module_has_its_test_where_a_reader_looks():
     assert not [m for m, t in listed.items() if not (ROOT / t).is_file()], "a test file the table names is gone"
     assert not set(listed) & mirrored, "a module with its mirrored test file is listed too"
     assert not set(listed) - {str(m) for m in modules}, "the table lists a module that is gone"
+
+
+# An engine's section, and the modules that may read it: the engine itself, the other engine's
+# check that refuses it, the fingerprint (what decides a row's text), the config, and the
+# processor and drafter loading that map the transformers engine's settings.
+SECTION_READERS = {
+    "vllm": (
+        "pipeline.config",
+        "pipeline.engines.vllm",
+        "pipeline.engines.transformers.settings",
+        "pipeline.job.series",
+    ),
+    "transformers": (
+        "pipeline.config",
+        "pipeline.engines.transformers",
+        "pipeline.engines.vllm.settings",
+        "pipeline.job.series",
+        "pipeline.llm.processor",
+        "pipeline.loading.drafters",
+    ),
+}
+
+
+def test_an_engines_settings_are_read_by_that_engine_and_few_others():
+    """config.vllm and config.transformers are read where SECTION_READERS says, nowhere else in the
+    product (a setting read outside its section's consumers couples the engines)."""
+    found = []
+    for module, path in project_modules().items():
+        if module.startswith("lab"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if not (isinstance(node, ast.Attribute) and node.attr in SECTION_READERS):
+                continue
+            owner = node.value
+            if not (
+                (isinstance(owner, ast.Name) and owner.id == "config")
+                or (isinstance(owner, ast.Attribute) and owner.attr == "config")
+            ):
+                continue
+            if not any(module == p or module.startswith(p + ".") for p in SECTION_READERS[node.attr]):
+                found.append(f"{module} reads config.{node.attr} (line {node.lineno})")
+    assert not found, found
