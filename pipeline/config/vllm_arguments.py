@@ -28,7 +28,7 @@ class VllmArgument:
 # back to vLLM by these names. Any other argument goes to vLLM as it is (checked against EngineArgs).
 VLLM_ARGUMENTS = {
     **{
-        name: VllmArgument(f"engine.{name}")
+        name: VllmArgument(f"vllm.{name}")
         for name in (
             "max_model_len",
             "max_num_seqs",
