@@ -53,13 +53,13 @@ CHAT_TEMPLATE_STAGE_KEYS = (
     "memory",
 )
 # A user's speculative_config: vLLM's learning-free methods, run as vLLM has them (our drafters
-# vllm_ngram and vllm_suffix), with its keys -> ours.
+# vllm_ngram and vllm_suffix), with its keys -> ours (drafting.<key>, or a subsection's key).
 SPECULATIVE_METHODS = {"ngram": "vllm_ngram", "suffix": "vllm_suffix"}
 SPECULATIVE_KEYS = {
     "method": None,
     "num_speculative_tokens": "w",
-    "prompt_lookup_min": "ngram_min_q",
-    "prompt_lookup_max": "ngram_max_q",
+    "prompt_lookup_min": "ngram.min_q",
+    "prompt_lookup_max": "ngram.max_q",
 }
 
 
@@ -311,10 +311,12 @@ class vLLMEngineProcessorConfig:  # noqa: N801 - ray.data.llm's name, kept so on
         )
         unknown = sorted(set(spec) - set(SPECULATIVE_KEYS))
         check(not unknown, f"{name}.{unknown[0] if unknown else ''}", f"one of {sorted(SPECULATIVE_KEYS)}")
-        return {
-            "drafter": SPECULATIVE_METHODS[spec["method"]],
-            **{SPECULATIVE_KEYS[key]: value for key, value in spec.items() if SPECULATIVE_KEYS[key]},
-        }
+        settings: dict = {"drafter": SPECULATIVE_METHODS[spec["method"]]}
+        for key, value in spec.items():
+            if SPECULATIVE_KEYS[key]:
+                *sub, field_name = SPECULATIVE_KEYS[key].split(".")
+                (settings.setdefault(sub[0], {}) if sub else settings)[field_name] = value
+        return settings
 
 
 def check(ok: bool, name: str, allowed: str) -> None:
@@ -355,9 +357,8 @@ def rows_postprocess(postprocess: Callable, continue_on_error: bool) -> Callable
 # Ray Data's execution_no_progress_timeout_s for the processor's Dataset: off.
 NO_PROGRESS_TIMEOUT = -1
 
-# engine_kwargs that are ours (pipeline/config/engine.py, EngineConfig): an engine's restarts after a
-# failure (pipeline/llm/stage.py), and whether it drafts (pipeline/engines/speculation.py).
-# engine_kwargs that are ours, not vLLM's -> the section that holds each
+# engine_kwargs that are ours, not vLLM's -> the section that holds each: an engine's restarts after
+# a failure (engine, pipeline/llm/stage.py), and whether it drafts (drafting, pipeline/engines/speculation.py).
 OUR_ENGINE_KWARGS = {
     **dict.fromkeys(("hang_timeout_s", "max_restarts", "restart_window_s"), "engine"),
     **dict.fromkeys(("speculation", "speculation_window_s"), "drafting"),

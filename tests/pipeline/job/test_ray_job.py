@@ -112,7 +112,7 @@ def test_every_input_row_yields_one_output_row(mixed_rows):
     actors = list(summary["speculation"]["actors"].values())
     assert summary["speculation"]["setting"] == "auto" and len(actors) == 1
     assert (actors[0]["mode"], actors[0]["decided_by"], actors[0]["switches"]) == ("batch_suffix", "rule", [])
-    assert actors[0]["candidates"] == ["batch_suffix", "none"] and actors[0]["restart_seconds"] > 0
+    assert actors[0]["modes"] == ["batch_suffix", "none"] and actors[0]["restart_seconds"] > 0
 
     # Run again, it is finished: the checkpoint has every id (the error rows' too), nothing is written twice.
     again = run_job(config, "r1")
