@@ -38,6 +38,7 @@ from jobs.benchmark import series_rerun
 from jobs.benchmark.arguments import add_job_settings
 
 SERIES = "history"
+ROW_GROUP = 64  # rows per row group as the job writes its outputs: a group per batch (ray.batch_size: 64 here)
 
 
 def add_cli_args(parser) -> None:
@@ -60,6 +61,9 @@ def add_cli_args(parser) -> None:
     parser.add_argument("--engine", default="vllm", help="the rerun's engine.name")
     parser.add_argument("--max-new-tokens", type=int, default=128, help="the rerun's sampling.max_new_tokens")
     parser.add_argument("--timeout", type=float, default=3600, help="seconds the rerun may take")
+    parser.add_argument(
+        "--keep-runs", type=int, default=0, help="with --model: retire all but the newest K runs before the rerun"
+    )
     add_job_settings(parser)
 
 
@@ -102,7 +106,7 @@ def write_history(args, root: Path, job=None) -> tuple[list[dict], np.ndarray]:
             path = root / f"run={run:04d}" / f"part-{part:04d}.parquet"
             path.parent.mkdir(parents=True, exist_ok=True)
             table = answers(ids, args.answer_tokens, run, rng, job and job.at(versions))
-            pq.write_table(table, path, row_group_size=8192)
+            pq.write_table(table, path, row_group_size=ROW_GROUP)
             if job:
                 job.record(table["fingerprint"], f"run-{run:04d}-{part:04d}")
         kept_latest(str(root), index_path(root), output_files(str(root)))
@@ -140,7 +144,7 @@ def timed(args, work: Path) -> dict:
     # The rerun: its outputs written, the next night's start brings the kept index up to them.
     rerun = root / f"run={args.runs:04d}" / "part-0000.parquet"
     rerun.parent.mkdir(parents=True)
-    pq.write_table(answers(edited, args.answer_tokens, args.runs, rng), rerun, row_group_size=8192)
+    pq.write_table(answers(edited, args.answer_tokens, args.runs, rng), rerun, row_group_size=ROW_GROUP)
     timings = {}
     started = time.perf_counter()
     written = output_files(str(root))

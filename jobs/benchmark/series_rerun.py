@@ -12,6 +12,10 @@ in a process of its own with a Ray of its own (job_runs.py). Its wall time holds
 costs: planning over the corpus and the history, the actors' start and the store's copy, generating
 the edited rows (--max-new-tokens) and the store's update at its end. The rerun must generate
 exactly the edited documents.
+
+With --keep-runs K the history's older runs are retired first (`ngrammys retire --keep-runs K`),
+and after the rerun every id's latest output is read back: the edited ids' from the rerun, every
+other id's text as its last night wrote it.
 """
 
 from __future__ import annotations
@@ -95,6 +99,7 @@ def timed(args, work: Path, series: str, write_history) -> dict:
     started = time.perf_counter()
     history, versions = write_history(args, Path(job.paths.runs_root), job)
     store = extend_store._function(job.config, job.paths)  # as the last night left it
+    retired = retire(job.paths, args.keep_runs).as_dict() if args.keep_runs else None
     setup_seconds = time.perf_counter() - started
     edited = np.sort(np.random.default_rng(args.seed + 2).choice(args.documents, size=args.edited, replace=False))
     versions[edited] = args.runs
@@ -105,6 +110,7 @@ def timed(args, work: Path, series: str, write_history) -> dict:
     summary = run_job(command, work / "logs" / "rerun", args.timeout)
     files = sorted(Path(job.paths.run_dir).glob("*.parquet"))
     generated = [key for path in files for key in pq.read_table(path, columns=["id"])["id"].to_pylist()]
+    latest = latest_outputs(args, job, versions, edited) if args.keep_runs else None
     return {
         "documents": args.documents,
         "runs": args.runs,
@@ -118,7 +124,33 @@ def timed(args, work: Path, series: str, write_history) -> dict:
         "rerun": {key: summary.get(key) for key in SUMMARY_FIELDS},
         "store_after": {key: (summary["series_store"] or {}).get(key) for key in ("documents", "tokens", "segments")},
         "generated_exactly_the_edited": sorted(int(i) for i in generated) == edited.tolist(),
+        "retired": retired and {key: len(value) for key, value in retired.items() if isinstance(value, list)},
+        "latest_outputs": latest,
         "history": [{**h, "seconds": round(h["seconds"], 2)} for h in history],
+    }
+
+
+def retire(paths, keep_runs: int):
+    from pipeline.job.series_retire import retire as retire_runs
+
+    return retire_runs(paths, keep_runs)
+
+
+def latest_outputs(args, job: JobHistory, versions: np.ndarray, edited: np.ndarray) -> dict:
+    """Every id's latest output read back after the rerun: an edited id's is the rerun's, every other
+    id's text the one its last night wrote (series_history.answers)."""
+    from pipeline.job.series import kept_latest, last_texts, output_files
+
+    root = job.paths.runs_root
+    index = kept_latest(root, job.paths.outputs_index, output_files(root))
+    texts = last_texts([str(i) for i in range(args.documents)], index, root)
+    rerun = set(edited.tolist())
+    return {
+        "ids": len(index),
+        "readable": all(text is not None for text in texts),
+        "unedited_as_written": all(
+            f"answer {i} of run {versions[i]} " in texts[i] for i in range(args.documents) if i not in rerun
+        ),
     }
 
 

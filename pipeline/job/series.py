@@ -25,14 +25,13 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 import ray
 from ray import ObjectRef
 
 from pipeline import storage
-from pipeline.llm.checkpoint import InputIdCheckpointFilter
+from pipeline.llm.checkpoint import InputIdCheckpointFilter, positions_in
 from pipeline.config import Config
 from pipeline.config.settings import DECODER_KEYS
 from pipeline.job import series_index
@@ -249,11 +248,11 @@ def attach_last(table: pa.Table, id_column: str, index: list, runs_root: str) ->
 def last_texts(keys: list[str], latest: pa.Table, runs_root: str) -> list:
     """Each key's latest output text by `latest` (kept_latest), read from the row groups of its
     file that hold it; None where it has none."""
-    found = pc.index_in(pa.array(keys, pa.string()), value_set=latest["key"]).to_numpy(zero_copy_only=False)
+    found = positions_in(series_index.sorted_keys(latest), keys)
     texts = [None] * len(keys)
-    matched = np.flatnonzero(~np.isnan(found))
+    matched = np.flatnonzero(found >= 0)
     if len(matched):
-        at = latest.take(pa.array(found[matched].astype(np.int64)))
+        at = latest.take(pa.array(found[matched]))
         files, rows = np.array(at["file"].to_pylist(), dtype=object), at["row"].to_numpy()
         filesystem, _ = storage.resolve(runs_root)
         for path in set(files):

@@ -134,8 +134,21 @@ def updated(runs_root: str, index_path: str, written: dict[str, int]) -> pa.Tabl
 
 def latest(index: pa.Table, runs_root: str) -> pa.Table:
     """Each id's latest output that is no error row: (key, file as the store names it, row), for
-    pipeline/job/series.last_texts."""
+    pipeline/job/series.last_texts; sorted by key, each key fixed-width UTF-8 (`sorted_keys`), so
+    that a block of rows finds its ids by a binary search, not by hashing the whole index again."""
     inner = storage.resolve(runs_root)[1].rstrip("/")
     good = index.filter(pc.invert(index["error"]))
+    texts = np.asarray(good["key"].to_numpy(zero_copy_only=False), dtype=str)
+    keys = np.char.encode(texts, "utf-8") if len(texts) else np.zeros(0, "S1")
+    order = np.argsort(keys, kind="stable")
+    keys, good = np.ascontiguousarray(keys[order]), good.take(pa.array(order))
     files = pc.binary_join_element_wise(inner, good["file"].cast(pa.string()), "/")
-    return pa.table({"key": good["key"], "file": files, "row": good["row"]})
+    key = pa.FixedSizeBinaryArray.from_buffers(pa.binary(keys.itemsize), len(keys), [None, pa.py_buffer(keys)])
+    return pa.table({"key": key, "file": files, "row": good["row"]})
+
+
+def sorted_keys(latest: pa.Table) -> np.ndarray:
+    """`latest`'s keys as numpy's sorted fixed-width bytes, without a copy."""
+    column = latest["key"].combine_chunks()
+    width = column.type.byte_width
+    return np.frombuffer(column.buffers()[1], f"S{width}", count=len(column), offset=column.offset * width)

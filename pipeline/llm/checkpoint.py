@@ -72,15 +72,21 @@ def written_keys(ids: np.ndarray) -> np.ndarray:
 
 
 def found_in(written: np.ndarray, keys: list[str]) -> np.ndarray:
-    """Which of `keys` the sorted keys `written` (written_keys) hold: a binary search each (numpy's
-    isin compares every pair where the arrays hold objects: a block times the whole history)."""
+    """Which of `keys` the sorted keys `written` (written_keys) hold."""
+    return positions_in(written, keys) >= 0
+
+
+def positions_in(written: np.ndarray, keys: list[str]) -> np.ndarray:
+    """Where each of `keys` is in the sorted keys `written` (written_keys), -1 where it is not: a
+    binary search each (numpy's isin compares every pair where the arrays hold objects, and Arrow's
+    hashes the whole of `written` at every call: a block times the whole history)."""
     if not keys or not len(written):
-        return np.zeros(len(keys), dtype=bool)
+        return np.full(len(keys), -1)
     probes = np.char.encode(np.asarray(keys, dtype=str), "utf-8")
     fits = np.char.str_len(probes) <= written.itemsize  # a longer key is no written one (not cut to fit)
     probes = probes.astype(written.dtype)
     at = np.minimum(np.searchsorted(written, probes), len(written) - 1)
-    return fits & (written[at] == probes)
+    return np.where(fits & (written[at] == probes), at, -1)
 
 
 def checkpoint_config(
