@@ -582,8 +582,8 @@ def test_the_job_and_the_processor_write_the_same_rows(local_ray, tiny_model_dir
             batch_size=4,
             placement_group_config={"bundles": [{"CPU": 1}]},
             should_continue_on_error=True,
-            drafting=dataclasses.asdict(config.drafting),
-            transformers=dataclasses.asdict(config.transformers),
+            drafting={"drafter": "mixed", "w": 2},  # as the job's config sets them
+            transformers={"k": 3},
         ),
         # As a ray.data.llm user writes it: a text prompt as one user message, greedy, 6 tokens.
         preprocess=lambda row: {

@@ -210,7 +210,7 @@ def test_s3_series_resumes_a_killed_driver_exactly_once_and_drafts_its_next_run_
     with filesystem.open_input_stream("corpus/out/series=nightly/run=edit/summary.json") as stream:
         edited = json.loads(stream.read())
     assert (edited["rows"], edited["changed_rows"]) == (1, 1), edited
-    assert edited["settings"]["decoder"]["datastore"] == summary["series_store"]["path"]
+    assert edited["settings"]["drafting"]["datastore"] == summary["series_store"]["path"]
     assert [row["changed"] for row in rows("corpus/out/series=nightly/run=edit")] == [True]
 
 

@@ -191,7 +191,7 @@ def test_an_auto_stage_switches_mode_on_its_measured_rows_and_the_rows_stay_the_
     assert (switch["from"], switch["to"]) == ("batch_suffix", "none") and switch["restart_seconds"] > 0
     assert first["drafter"] == ["batch_suffix"] * 8 and again["drafter"] == ["none"] * 8
     assert again["generated_tokens"] == first["generated_tokens"] and again["error"] == [None] * 8
-    assert stage.chooser.report()["windows"][0]["drafter"] == "batch_suffix"
+    assert stage.chooser.report()["windows"][0]["mode"] == "batch_suffix"
 
 
 def test_a_row_asking_for_n_samples_gets_n_rows_each_its_own_text(stage):
