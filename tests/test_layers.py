@@ -329,10 +329,36 @@ def test_every_module_has_its_test_where_a_reader_looks():
     assert not set(listed) - {str(m) for m in modules}, "the table lists a module that is gone"
 
 
-# An engine's section, and the modules that may read it: the engine itself, the other engine's
+# A section, and the modules that may read it. An engine's: the engine itself, the other engine's
 # check that refuses it, the fingerprint (what decides a row's text), the config, and the
-# processor and drafter loading that map the transformers engine's settings.
+# processor and drafter loading that map the transformers engine's settings. The others: the
+# engines and the job's modules that consume them (the fingerprint reads what decides a row's text).
 SECTION_READERS = {
+    "sampling": (
+        "pipeline.config",
+        "pipeline.engines.speculation",
+        "pipeline.job.openai_batch",
+        "pipeline.job.ray_job",
+        "pipeline.job.rows",
+        "pipeline.job.series",
+    ),
+    "drafting": (
+        "pipeline.config",
+        "pipeline.engines",
+        "pipeline.job.ray_job",
+        "pipeline.job.run",
+        "pipeline.job.series_store",
+        "pipeline.llm.actor_pool",
+        "pipeline.loading.drafters",
+    ),
+    "input": ("pipeline.config", "jobs.generate", "pipeline.job.ray_job", "pipeline.job.rows", "pipeline.job.series"),
+    "job": (
+        "pipeline.config",
+        "jobs.generate",
+        "pipeline.job.ray_job",
+        "pipeline.job.run",
+        "pipeline.job.series_store",
+    ),
     "vllm": (
         "pipeline.config",
         "pipeline.engines.vllm",
@@ -350,9 +376,9 @@ SECTION_READERS = {
 }
 
 
-def test_an_engines_settings_are_read_by_that_engine_and_few_others():
-    """config.vllm and config.transformers are read where SECTION_READERS says, nowhere else in the
-    product (a setting read outside its section's consumers couples the engines)."""
+def test_each_section_is_read_by_its_consumers_only():
+    """config.<section> is read where SECTION_READERS says, nowhere else in the product (a setting
+    read outside its section's consumers couples the engines, or the job to an engine)."""
     found = []
     for module, path in project_modules().items():
         if module.startswith("lab"):
