@@ -27,6 +27,7 @@ import pyarrow.fs as pafs
 
 from pipeline import storage
 from pipeline.job.output_files import readable_columns, write_whole
+from pipeline.llm.checkpoint import utf8_keys
 
 logger = logging.getLogger(__name__)
 
@@ -138,8 +139,7 @@ def latest(index: pa.Table, runs_root: str) -> pa.Table:
     that a block of rows finds its ids by a binary search, not by hashing the whole index again."""
     inner = storage.resolve(runs_root)[1].rstrip("/")
     good = index.filter(pc.invert(index["error"]))
-    texts = np.asarray(good["key"].to_numpy(zero_copy_only=False), dtype=str)
-    keys = np.char.encode(texts, "utf-8") if len(texts) else np.zeros(0, "S1")
+    keys = utf8_keys(good["key"].to_numpy(zero_copy_only=False))
     order = np.argsort(keys, kind="stable")
     keys, good = np.ascontiguousarray(keys[order]), good.take(pa.array(order))
     files = pc.binary_join_element_wise(inner, good["file"].cast(pa.string()), "/")

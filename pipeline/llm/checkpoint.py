@@ -68,7 +68,15 @@ def written_keys(ids: np.ndarray) -> np.ndarray:
     texts = ids  # Ray's, of one Arrow column: all text, or none
     if not (ids.dtype == object and len(ids) and isinstance(ids[0], str)):
         texts = [request_key(value) for value in ids]
-    return np.sort(np.char.encode(np.asarray(texts, dtype=str), "utf-8"))
+    return np.sort(utf8_keys(texts))
+
+
+def utf8_keys(texts) -> np.ndarray:
+    """Text keys as numpy's fixed-width UTF-8 bytes (the width of the longest), the form written_keys
+    sorts and positions_in searches."""
+    if not len(texts):
+        return np.zeros(0, "S1")
+    return np.char.encode(np.asarray(texts, dtype=str), "utf-8")
 
 
 def found_in(written: np.ndarray, keys: list[str]) -> np.ndarray:
@@ -82,7 +90,7 @@ def positions_in(written: np.ndarray, keys: list[str]) -> np.ndarray:
     hashes the whole of `written` at every call: a block times the whole history)."""
     if not keys or not len(written):
         return np.full(len(keys), -1)
-    probes = np.char.encode(np.asarray(keys, dtype=str), "utf-8")
+    probes = utf8_keys(keys)
     fits = np.char.str_len(probes) <= written.itemsize  # a longer key is no written one (not cut to fit)
     probes = probes.astype(written.dtype)
     at = np.minimum(np.searchsorted(written, probes), len(written) - 1)
