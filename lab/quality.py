@@ -253,7 +253,7 @@ def summarize(runs: list[MethodRun], reference: MethodRun, plain: MethodRun | No
             "median_draft_ms": None
             if stats.median_draft_seconds is None
             else round(1e3 * stats.median_draft_seconds, 3),
-            "alpha": None if stats.acceptance_rate is None else round(stats.acceptance_rate, 4),
+            "acceptance_rate": None if stats.acceptance_rate is None else round(stats.acceptance_rate, 4),
             "draft_cost_ratio": None if stats.draft_cost_ratio is None else round(stats.draft_cost_ratio, 4),
             "identical_fraction": None
             if identity_reference is None
@@ -296,7 +296,7 @@ def runs_table(results: list[dict], reference: str) -> str:
             "tokens_per_call": "tokens/call",
             "verified_tokens_per_call": "fed/call",
             "median_draft_ms": "draft ms",
-            "alpha": "α",
+            "acceptance_rate": "acceptance",
             "c_vs_plain_call": "c",
             "identical_fraction": "identical",
             f"speedup_vs_{reference}": f"vs {reference}",

@@ -373,6 +373,44 @@ SECTION_READERS = {
         "pipeline.llm.processor",
         "pipeline.loading.drafters",
     ),
+    # The model: the engines that load it, the drafters' tables built from it, the stage and the
+    # actors that hold it, the run's paths and the series (its name is in a row's fingerprint and
+    # its store), and the bench that writes a series' history as the job would.
+    "model": (
+        "pipeline.config",
+        "pipeline.engines",
+        "pipeline.loading.drafters",
+        "pipeline.llm.actor_pool",
+        "pipeline.llm.engine_slot",
+        "pipeline.llm.stage",
+        "pipeline.job.run",
+        "pipeline.job.series",
+        "pipeline.job.series_store",
+        "jobs.benchmark.series_history",
+    ),
+    # Which engine, its restarts and its hang timeout: where the engine is built, the chooser that
+    # knows what each engine can run, the actors and stage that restart it, the job's batch, the
+    # fingerprint (the engine decides a row's text).
+    "engine": (
+        "pipeline.config",
+        "pipeline.engines.build",
+        "pipeline.engines.speculation",
+        "pipeline.engines.vllm.engine",
+        "pipeline.job.ray_job",
+        "pipeline.job.series",
+        "pipeline.llm.actor_pool",
+        "pipeline.llm.stage",
+    ),
+    # The actors' resources and batches: the engines check their device and batch against them.
+    "ray": (
+        "pipeline.config",
+        "pipeline.engines",
+        "pipeline.job.ray_job",
+        "pipeline.job.run",
+        "pipeline.llm.actor_pool",
+        "pipeline.llm.processor",
+        "pipeline.llm.stage",
+    ),
 }
 
 

@@ -17,6 +17,7 @@ rows to generate reads the texts of its own ids from it: a run costs what it gen
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -257,25 +258,41 @@ def last_texts(keys: list[str], latest: pa.Table, runs_root: str) -> list:
         filesystem, _ = storage.resolve(runs_root)
         for path in set(files):
             wanted = np.flatnonzero(files == path)
-            for i, text in zip(matched[wanted], texts_at(filesystem, path, rows[wanted])):
+            for i, text in zip(matched[wanted], texts_at(filesystem, runs_root, path, rows[wanted])):
                 texts[i] = text
     return texts
 
 
-def texts_at(filesystem: pafs.FileSystem, path: str, rows: np.ndarray) -> list:
+def texts_at(filesystem: pafs.FileSystem, runs_root: str, path: str, rows: np.ndarray) -> list:
     """The generated_text of the rows `rows` of the output file `path`, reading only the row groups
     that hold them; Nones where the file cannot be read (with a warning)."""
     try:
+        metadata, starts = footer(runs_root, path)
         with filesystem.open_input_file(path) as source:
-            parquet = pq.ParquetFile(source)
-            sizes = np.array([parquet.metadata.row_group(g).num_rows for g in range(parquet.num_row_groups)])
-            starts = np.concatenate([[0], np.cumsum(sizes)])
             group_of = np.searchsorted(starts, rows, side="right") - 1
             groups = np.unique(group_of)
+            parquet = pq.ParquetFile(source, metadata=metadata)
             column = parquet.read_row_groups(groups.tolist(), columns=["generated_text"])["generated_text"]
     except (OSError, ValueError) as error:  # damaged since the index was read
         logger.warning("%s cannot be read (%s): its rows draft from no last output", path, error)
         return [None] * len(rows)
+    sizes = np.diff(starts)
     first_read = np.concatenate([[0], np.cumsum(sizes[groups])])  # where each group read begins in `column`
     positions = first_read[np.searchsorted(groups, group_of)] + rows - starts[group_of]
     return column.take(pa.array(positions, pa.int64())).to_pylist()
+
+
+FOOTERS_KEPT = 64  # output files whose footers a worker keeps parsed
+
+
+@functools.lru_cache(maxsize=FOOTERS_KEPT)
+def footer(runs_root: str, path: str) -> tuple[pq.FileMetaData, np.ndarray]:
+    """The parsed footer of the output file `path` under `runs_root`, and where each of its row groups
+    starts (its rows' count before it, then the file's): parsed once in a worker, not for each block
+    that reads from the file (an output file is written once, and a night's first file holds many
+    groups: 977 at 62,500 rows). Not kept where it cannot be read."""
+    filesystem, _ = storage.resolve(runs_root)
+    with filesystem.open_input_file(path) as source:
+        metadata = pq.ParquetFile(source).metadata
+    sizes = [metadata.row_group(group).num_rows for group in range(metadata.num_row_groups)]
+    return metadata, np.concatenate([[0], np.cumsum(sizes, dtype=np.int64)])

@@ -63,5 +63,7 @@ def test_benchmark_samples_with_the_same_seeds_and_predicts_the_speedup(tiny_mod
     # Point drafts use the same per-position uniforms as plain sampling: the same samples.
     assert runs["context_ngram:2:3"]["identical_fraction"] == 1.0
     draft = runs["self_draft:1:2"]
-    assert 0 <= draft["alpha"] <= 1 and draft["draft_cost_ratio"] > 0 and draft["predicted_speedup_vs_plain"] > 0
+    assert (
+        0 <= draft["acceptance_rate"] <= 1 and draft["draft_cost_ratio"] > 0 and draft["predicted_speedup_vs_plain"] > 0
+    )
     assert all(run["generated_tokens"] == 16 for run in runs.values())

@@ -4,6 +4,8 @@ groups that hold them."""
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -80,6 +82,23 @@ def test_only_the_row_groups_of_the_ids_looked_up_are_read(tmp_path, monkeypatch
     monkeypatch.setattr(pq.ParquetFile, "read_row_groups", recording)
     assert last_texts(["7", "1", "8"], latest, str(tmp_path)) == ["text 7", "text 1", "text 8"]
     assert read == [[0, 2]]  # rows 1, 7 and 8 of groups [0-2], [3-5], [6-8], [9]
+
+
+def test_a_file_read_by_many_blocks_has_its_footer_parsed_once(tmp_path, monkeypatch):
+    from pipeline.job import series
+
+    path = write_run(tmp_path, "r1", [(str(i), f"text {i}", None) for i in range(10)], row_group_size=3)
+    latest = latest_outputs(tmp_path, {path: 1})
+    parsed = []
+    original = series.footer.__wrapped__
+    monkeypatch.setattr(series, "footer", functools.lru_cache(lambda *a: parsed.append(a) or original(*a)))
+    blocks = [["7", "1"], ["8"], ["0", "9"]]
+    assert [last_texts(keys, latest, str(tmp_path)) for keys in blocks] == [
+        ["text 7", "text 1"],
+        ["text 8"],
+        ["text 0", "text 9"],
+    ]
+    assert parsed == [(str(tmp_path), path)]
 
 
 def test_the_index_is_kept_and_a_run_reads_only_the_files_written_since(tmp_path, monkeypatch):
