@@ -26,12 +26,49 @@ def unwritten_columns(block, names: list[str], checkpoint: CheckpointConfig | No
     return with_columns(unwritten(block, checkpoint, keys), names)
 
 
-def count_block(table, checkpoint: CheckpointConfig | None, keys: list) -> dict:
-    """One input block's rows, those not written (unwritten), and its bad lines with the first
-    one's message (a one-row batch)."""
-    kept = len(unwritten(table, checkpoint, keys))
+# A block's unwritten rows ride back to the driver with its count where they are few (a night's
+# changed rows, not a first run's every row): the run then generates from them and reads its input
+# once; the rows of a night that changed more are read again as the actors take them.
+CARRIED_SHARE = 1 / 8  # at most this share of the block's rows
+CARRIED_BYTES = 8 << 20  # and at most this many bytes of them
+
+
+def count_block(table, checkpoint: CheckpointConfig | None, keys: list, names: list[str]) -> dict:
+    """One input block's rows, those not written (unwritten), its bad lines with the first one's
+    message, and its unwritten rows with exactly the columns `names` as Arrow IPC where they are
+    few (CARRIED_SHARE, CARRIED_BYTES; None otherwise, or where there are none): a one-row batch."""
+    kept = unwritten(table, checkpoint, keys)
     bad = [message for message in table[BAD_INPUT].to_pylist() if message] if BAD_INPUT in table.column_names else []
-    return {"rows": [len(table)], "new": [kept], "bad": [len(bad)], "first_bad": [bad[0] if bad else None]}
+    carried = None
+    if 0 < len(kept) <= len(table) * CARRIED_SHARE:
+        rows = with_columns(kept, names)
+        carried = ipc_bytes(rows) if rows.nbytes <= CARRIED_BYTES else None
+    return {
+        "rows": [len(table)],
+        "new": [len(kept)],
+        "bad": [len(bad)],
+        "first_bad": [bad[0] if bad else None],
+        "carried": [carried],
+    }
+
+
+def ipc_bytes(table) -> bytes:
+    import pyarrow as pa
+
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def carried_rows(blobs: list[bytes]) -> list:
+    """The tables count_block carried (ipc_bytes), cast to one schema (a column null in one block
+    and text in another is text in all)."""
+    import pyarrow as pa
+
+    tables = [pa.ipc.open_stream(blob).read_all() for blob in blobs]
+    schema = pa.unify_schemas([table.schema for table in tables], promote_options="permissive")
+    return [table.cast(schema) for table in tables]
 
 
 SUMS = {

@@ -30,6 +30,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pyarrow as pa
 import ray
 from ray import ObjectRef
 from ray.data.checkpoint import CheckpointConfig
@@ -49,7 +50,7 @@ from pipeline.job import openai_batch
 from pipeline.job.output_files import parquet_files, readable_columns, set_aside_unreadable, whole_files
 from pipeline.llm.progress import RunProgress, empty_totals
 from pipeline.job.run import Reading, Resolved, RunPaths, RunPlan, RunSummary
-from pipeline.job.block_counts import SUMS, block_totals, count_block, unwritten_columns
+from pipeline.job.block_counts import SUMS, block_totals, carried_rows, count_block, unwritten_columns
 
 # Small and fractional on purpose, for every operator beside the actors (a column selection too):
 # Ray Data's default is a whole CPU, which a node whose actors hold part of its CPUs never has
@@ -119,29 +120,53 @@ def written_keys(plan: RunPlan) -> ObjectRef | None:
     return manager.load_checkpoint(output, storage.resolve(output)[0])[0]
 
 
-def count_input(plan: RunPlan, dataset: ray.data.Dataset, unwritten: dict) -> tuple[int, int]:
-    """(the input's rows, those no finished write of this run, or of its series' fingerprint,
-    holds), in one pass: Ray Data tasks count each block against the written keys in the object
-    store (`unwritten`: block_counts' keywords), so no set of ids is built on the driver. With
-    input.on_bad_line fail, a bad line stops the run here, before any actor starts."""
+@dataclasses.dataclass
+class Counted:
+    """The input counted (count_input): its rows, those not written, its bad lines with the first
+    one's message, and the unwritten rows themselves where every block carried them back
+    (block_counts.count_block) within CARRIED_TOTAL bytes in all (None otherwise)."""
+
+    rows: int = 0
+    new: int = 0
+    bad: int = 0
+    first_bad: str | None = None
+    carried: list | None = dataclasses.field(default_factory=list)
+    carried_bytes: int = 0
+
+    def add(self, batch) -> None:
+        for rows, new, bad, first_bad, blob in zip(*(batch[name].to_pylist() for name in COUNT_COLUMNS)):
+            self.rows, self.new, self.bad = self.rows + rows, self.new + new, self.bad + bad
+            self.first_bad = self.first_bad or first_bad
+            if self.carried is None or not new:
+                continue
+            if blob is None or self.carried_bytes + len(blob) > CARRIED_TOTAL:
+                self.carried = None  # read again as the actors take them
+                continue
+            self.carried.append(blob)
+            self.carried_bytes += len(blob)
+
+
+COUNT_COLUMNS = ("rows", "new", "bad", "first_bad", "carried")
+CARRIED_TOTAL = 256 << 20  # the unwritten rows the driver holds at most, to generate from
+
+
+def count_input(plan: RunPlan, dataset: ray.data.Dataset, unwritten: dict) -> Counted:
+    """The input counted in one pass (Counted): Ray Data tasks count each block against the written
+    keys in the object store (`unwritten`: block_counts' keywords), so no set of ids is built on the
+    driver, and bring back its unwritten rows where they are few. With input.on_bad_line fail, a
+    bad line stops the run here, before any actor starts."""
     counts = dataset.map_batches(
         count_block, fn_kwargs=unwritten, batch_format="pyarrow", batch_size=None, num_cpus=IO_CPUS
     )
-    rows = new = bad = 0
-    first_bad = None
+    counted = Counted()
     for batch in counts.iter_batches(batch_size=None, batch_format="pyarrow"):
-        rows, new, bad = (
-            rows + sum(batch["rows"].to_pylist()),
-            new + sum(batch["new"].to_pylist()),
-            bad + sum(batch["bad"].to_pylist()),
-        )
-        first_bad = first_bad or next((m for m in batch["first_bad"].to_pylist() if m), None)
-    if bad and plan.config.input.on_bad_line == "fail":
+        counted.add(batch)
+    if counted.bad and plan.config.input.on_bad_line == "fail":
         raise JobFailed(
-            f"{first_bad} ({bad} bad line{'s' * (bad > 1)} in all; input.on_bad_line: fail, and "
-            "'error_row' writes an error row for each instead)"
+            f"{counted.first_bad} ({counted.bad} bad line{'s' * (counted.bad > 1)} in all; input.on_bad_line: "
+            "fail, and 'error_row' writes an error row for each instead)"
         )
-    return rows, new
+    return counted
 
 
 # --- The run ----------------------------------------------------------------------------------
@@ -181,6 +206,18 @@ def prepare_output(plan: RunPlan) -> list[dict]:
     return set_aside_unreadable(paths.output, paths.earlier_outputs, paths.checkpoints, plan.checkpoint.id_column)
 
 
+def generated_from(counted: Counted) -> ray.data.Dataset | None:
+    """The unwritten rows the count carried back, as the dataset the run generates (a block each
+    as read); None where it did not carry them all, or their blocks' columns do not agree."""
+    if not counted.carried:
+        return None
+    try:
+        tables = carried_rows(counted.carried)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return None
+    return ray.data.from_arrow(tables)
+
+
 def read_plan(plan: RunPlan, set_aside: list[dict]) -> tuple[ray.data.Dataset, Reading]:
     """The input, only the columns the job reads, and what the run found before generating
     (`set_aside`: prepare_output's)."""
@@ -193,8 +230,15 @@ def read_plan(plan: RunPlan, set_aside: list[dict]) -> tuple[ray.data.Dataset, R
     keys = written_keys(plan)
     unwritten = {"checkpoint": plan.checkpoint if keys else None, "keys": [keys]}  # the ref, not the array
     # Counted so that a run that read part of its input never looks complete.
-    input_rows, new_rows = count_input(plan, dataset, unwritten)
+    counted = count_input(plan, dataset, {**unwritten, "names": columns})
+    input_rows, new_rows = counted.rows, counted.new
     rows_read = min(input_rows, config.input.limit) if config.input.limit else input_rows
+    reading = Reading(
+        input_rows, rows_read, new_rows, set_aside, "prediction" in columns, openai_batch.REQUEST in columns
+    )
+    carried = None if config.input.limit else generated_from(counted)
+    if carried is not None:  # the few unwritten rows the count brought back: the input is read once
+        return carried, reading
     # The rows not written yet, only the columns read (a null one where a block has none), in the
     # read's own tasks (no filter actor beside the engines').
     dataset = dataset.map_batches(
@@ -209,9 +253,7 @@ def read_plan(plan: RunPlan, set_aside: list[dict]) -> tuple[ray.data.Dataset, R
         # any order, and a limit takes the rows that reach it first (this dataset's context only).
         dataset.context.execution_options.preserve_order = True
         dataset = dataset.limit(config.input.limit)
-    return dataset, Reading(
-        input_rows, rows_read, new_rows, set_aside, "prediction" in columns, openai_batch.REQUEST in columns
-    )
+    return dataset, reading
 
 
 def generate_and_write(config: Config, run_id: str) -> dict:

@@ -19,6 +19,7 @@ from pipeline.loading.drafters import build_tables
 from pipeline.config import load_config
 from pipeline.loading.model import load_model
 from pipeline.job.inputs import check_columns, input_names, read_input
+from pipeline.job import ray_job
 from pipeline.job.ray_job import JobFailed, make_plan, prepare_output, read_plan, run_job
 from pipeline.llm.stage import GenerationStage
 from tests import outputs
@@ -444,6 +445,9 @@ def test_a_series_generates_only_what_no_earlier_run_generated(local_ray, tiny_m
         tmp_path / "edited.jsonl",
         [{"id": i, "prompt": f"question {i}" + " (edited)" * (i in (4, 31))} for i in range(33)],
     )
+    carried = []  # whether a run generated from the rows its count carried back (its input read once)
+    original = ray_job.generated_from
+    monkeypatch.setattr(ray_job, "generated_from", lambda counted: carried.append(original(counted)) or carried[-1])
     fourth = run_job(job_config(tiny_model_dir, tmp_path, f"input.path={edited}", *settings), "r4")
     assert fourth["rows_this_invocation"] == 2 and (fourth["changed_rows"], fourth["new_rows"]) == (2, 0)
     regenerated = outputs.read_run(tmp_path / "out" / "series=nightly" / "run=r4")
@@ -457,6 +461,7 @@ def test_a_series_generates_only_what_no_earlier_run_generated(local_ray, tiny_m
         job_config(tiny_model_dir, tmp_path, f"input.path={edited}", *settings, "sampling.max_new_tokens=3"), "r5"
     )
     assert fifth["rows_this_invocation"] == 33 and fifth["fingerprint"] != first["fingerprint"]
+    assert [dataset is not None for dataset in carried] == [True, False]  # 2 of 33 rows are few; 33 are not
     for runs in (("r1", "r2", "r3"), ("r5",)):  # every id once per fingerprint
         ids = series_ids(tmp_path, *runs)
         assert len(ids) == len(set(ids)) == 33
