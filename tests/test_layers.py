@@ -409,6 +409,7 @@ SECTION_READERS = {
         "pipeline.job.run",
         "pipeline.llm.actor_pool",
         "pipeline.llm.processor",
+        "pipeline.llm.processor_config",
         "pipeline.llm.stage",
     ),
 }

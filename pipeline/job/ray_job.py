@@ -135,7 +135,9 @@ class Counted:
 
     def add(self, batch) -> None:
         for rows, new, bad, first_bad, blob in zip(*(batch[name].to_pylist() for name in COUNT_COLUMNS)):
-            self.rows, self.new, self.bad = self.rows + rows, self.new + new, self.bad + bad
+            self.rows += rows
+            self.new += new
+            self.bad += bad
             self.first_bad = self.first_bad or first_bad
             if self.carried is None or not new:
                 continue

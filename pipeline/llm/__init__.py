@@ -1,6 +1,6 @@
-"""ray.data.llm's API on our engine (processor.py: `build_processor`, `vLLMEngineProcessorConfig`)
-and its stage of actors: the stage, the actor pool, the one schema, sampling params, row values,
-checkpoints, progress and live metrics.
+"""ray.data.llm's API on our engine (processor.py: `build_processor`; processor_config.py: its
+`vLLMEngineProcessorConfig`) and its stage of actors: the stage, the actor pool, the one schema,
+sampling params, row values, checkpoints, progress and live metrics.
 
 The processor's names load on first use, so that `pipeline.llm.schema`
 does not import Ray Data, torch and the engines."""

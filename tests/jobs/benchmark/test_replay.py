@@ -85,7 +85,7 @@ def test_replay_reports_every_method_and_batch_and_ours_gains_from_repeats(run_d
 
 
 def test_auto_measures_where_the_rule_leaves_it_open_and_the_restarts_cost_what_they_cost():
-    from jobs.benchmark.replay import simulate_auto
+    from jobs.benchmark.replay_projection import simulate_auto
     from pipeline.engines.speculation import NGRAM_GPU, PLAIN
 
     rates = {"ours": 100.0, PLAIN: 150.0, NGRAM_GPU: 120.0}
