@@ -66,7 +66,8 @@ class DraftContext:
         self.tokens: list[int] = []
         self.max_q = max_q
         # How the request samples; a draft model drafts with the same settings and random stream.
-        self.sampling, self.random = sampling, random
+        self.sampling = sampling
+        self.random = random
         self.index: list[dict[tuple[int, ...], list[int]]] = [defaultdict(list) for _ in range(max_q + 1)]
         self.append(token_ids)
 

@@ -52,7 +52,9 @@ class StepCostFit:
     per token, so drafting is tried again after a stretch without drafts; b never falls below it."""
 
     def __init__(self, memory: float = 0.97, prior_slope: float = 0.02, prior_weight: float = 4.0):
-        self.memory, self.prior_slope, self.prior_weight = memory, prior_slope, prior_weight
+        self.memory = memory
+        self.prior_slope = prior_slope
+        self.prior_weight = prior_weight
         self.sums = np.zeros(5)  # weighted count, Σn, Σt, Σn², Σnt
 
     def observe(self, tokens: int, seconds: float) -> None:
@@ -81,7 +83,8 @@ class DraftingPays:
     keep the estimate current."""
 
     def __init__(self, decay: float = 0.8, probe: int = 16):
-        self.decay, self.probe = decay, probe
+        self.decay = decay
+        self.probe = probe
         self.net = 0.0  # seconds a drafting step gained, on average (>= 0 at first: draft)
         self.skipped = 0
 

@@ -44,7 +44,8 @@ def ranked_continuations(context: DraftContext, q: int, w: int, max_occurrences:
 class ContextNgramDrafter:
     def __init__(self, max_q: int, min_q: int = 1, pad_token: int = 0, max_occurrences: int = 512):
         assert 1 <= min_q <= max_q, f"need 1 <= min_q ({min_q}) <= max_q ({max_q})"
-        self.max_q, self.min_q = max_q, min_q
+        self.max_q = max_q
+        self.min_q = min_q
         self.pad_token = pad_token
         # Bounds the work for very frequent grams (a space, a newline) in long contexts.
         self.max_occurrences = max_occurrences

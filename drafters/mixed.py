@@ -19,7 +19,9 @@ class MixedDrafter:
         pad_token: int = 0,
         retrieval: RetrievalDrafter | None = None,
     ):
-        self.ngram, self.fill, self.retrieval = ngram, fill, retrieval
+        self.ngram = ngram
+        self.fill = fill
+        self.retrieval = retrieval
         self.pad_token = pad_token
 
     def propose(self, context: DraftContext, k: int, w: int) -> Drafts:

@@ -34,7 +34,8 @@ class DepthAcceptance:
     accepted and that had a (j+1)-th, how many had it accepted (per depth j >= 1)."""
 
     def __init__(self, prior: float = 0.5, prior_weight: float = 2.0):
-        self.prior, self.prior_weight = prior, prior_weight
+        self.prior = prior
+        self.prior_weight = prior_weight
         self.reached: list[float] = []
         self.passed: list[float] = []
 
@@ -111,7 +112,10 @@ class PerRequestBatchDrafter:
     indexed for q-grams up to max_q."""
 
     def __init__(self, drafter: Drafter, w: int, max_q: int, vocab_size: int | None = None):
-        self.drafter, self.w, self.max_q, self.vocab_size = drafter, w, max_q, vocab_size
+        self.drafter = drafter
+        self.w = w
+        self.max_q = max_q
+        self.vocab_size = vocab_size
         self.strategies: list[str] = []  # every strategy seen, in order: what BatchDrafts.strategy indexes
         self.requests: dict[Hashable, RequestState] = {}
         self.pool: dict[RowKind, AcceptanceEstimate] = {}  # every request's evidence: a new request's prior

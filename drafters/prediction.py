@@ -40,7 +40,8 @@ class PredictionDrafter:
     def __init__(self, tokens: Sequence[int], min_match: int = 2, max_match: int = 8, near: int = 8):
         assert 1 <= min_match <= max_match, f"need 1 <= min_match ({min_match}) <= max_match ({max_match})"
         self.tokens = list(tokens)
-        self.min_match, self.max_match = min_match, max_match
+        self.min_match = min_match
+        self.max_match = max_match
         self.near = near  # how far from where the answer is expected a short match still counts in full
         self.index: dict[
             tuple[int, ...], list[int]
@@ -69,7 +70,8 @@ class PredictionDrafter:
         size = max(sizes)
         expected = self.reached + len(generated) - self.reached_at
         end = self.nearest([e for e, n in zip(ends, sizes) if n == size], expected)
-        self.reached, self.reached_at = end, len(generated)
+        self.reached = end
+        self.reached_at = len(generated)
         # A short match where the answer is expected to be (it rejoins the prediction after an edit
         # of a few tokens) is as good evidence as a long one anywhere.
         return self.tokens[end : end + w], self.max_match if abs(end - expected) <= self.near else size
@@ -118,7 +120,8 @@ class HoldRates:
     (the prior of each one's own)."""
 
     def __init__(self):
-        self.judged, self.diverged = [0, 0], [0, 0]
+        self.judged = [0, 0]
+        self.diverged = [0, 0]
 
     def judge(self, hold: Hold, draft: Sequence[int], emitted: Sequence[int]) -> int:
         """A verified draft against what the request emitted from the same position (its accepted

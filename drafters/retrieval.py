@@ -77,9 +77,12 @@ class RetrievalDrafter:
         max_occurrences: int = 5000,
         max_nodes: int = 64,
     ):
-        self.datastore, self.pad_token = datastore, pad_token
-        self.max_match, self.min_match = max_match, min_match
-        self.max_occurrences, self.max_nodes = max_occurrences, max_nodes
+        self.datastore = datastore
+        self.pad_token = pad_token
+        self.max_match = max_match
+        self.min_match = min_match
+        self.max_occurrences = max_occurrences
+        self.max_nodes = max_nodes
 
     def rows(self, context: DraftContext, k: int, w: int) -> list[list[int]]:
         """Up to k retrieved rows of w tokens (none when the context has no match). A continuation

@@ -72,8 +72,11 @@ class DeviceDrafter:
     ):
         if max_len >= 1 << POS_BITS:
             raise ValueError(f"max_model_len {max_len} is too long for the device drafter (< {1 << POS_BITS})")
-        self.k, self.settings, self.device = k, settings, torch.device(device)
-        self.max_slots, self.max_len = max_slots, max_len
+        self.k = k
+        self.settings = settings
+        self.device = torch.device(device)
+        self.max_slots = max_slots
+        self.max_len = max_len
         self.block = 256 if max_len >= 1024 else max(16, _po2(min(max_len, 128)))
         self.context_blocks = triton.cdiv(max_len, self.block)
         self.prediction_blocks = max(1, triton.cdiv(settings.prediction_tokens, self.block))

@@ -113,7 +113,8 @@ class BatchSuffixDrafter:
             f"need 1 <= min_q ({min_q}) <= max_q ({max_q}) <= max_match ({max_match})"
         )
         assert w >= 1 and capacity >= 16, f"need w >= 1 and capacity >= 16, got {w}, {capacity}"
-        self.w, self.pad_token = w, pad_token
+        self.w = w
+        self.pad_token = pad_token
         self.settings = dataclasses.replace(
             settings,
             segment_cap=min(settings.segment_cap, capacity // 4),
@@ -200,7 +201,8 @@ class BatchSuffixDrafter:
             slots[:held] = old
             for name, new in pending.items():
                 new[:held] = self.pending[name]
-        self.slots, self.pending = slots, pending
+        self.slots = slots
+        self.pending = pending
         self.free += list(range(count - 1, held - 1, -1))
         self._gather()
 

@@ -360,14 +360,17 @@ class Chooser:
         if self.rule is not None:
             now = platform_rule(self.platform, self.running, window.prediction_share > 0.5, self.greedy)
             if now != self.rule:  # the rows' mix moved to another rule: run its mode, and measure if it says so
-                self.rule, self.check_after, self.decided_by = now, 0.0, "rule"
+                self.rule = now
+                self.check_after = 0.0
+                self.decided_by = "rule"
                 if not now.measure and self.mode_of(now) != self.mode and self.pays(self.restart_seconds):
                     return self.switch(self.mode_of(now), "rule")
         moved = abs(window.prediction_share - self.settled_share) > MIX_TOLERANCE
         due = self.busy - self.settled_at >= self.check_after or moved
         if not (self.measures and due and self.pays(self.round_cost())):
             return None
-        self.round, self.incumbent = {window.mode: window}, window.mode
+        self.round = {window.mode: window}
+        self.incumbent = window.mode
         self.to_measure = [c for c in self.modes if c != window.mode]
         return self.switch(self.to_measure.pop(0), "measure")
 
@@ -375,10 +378,13 @@ class Chooser:
         """The rows turned out sampled (a row's own temperature, or ray.data.llm's default of 1.0): the
         run is sampled from here on, under its platform's rule for sampled rows (a round measured on
         greedy rows ends)."""
-        self.greedy, self.round, self.to_measure = False, None, []
+        self.greedy = False
+        self.round = None
+        self.to_measure = []
         if self.rule is None:
             return None
-        self.rule, self.decided_by = platform_rule(self.platform, self.running, self.predictions, False), "rule"
+        self.rule = platform_rule(self.platform, self.running, self.predictions, False)
+        self.decided_by = "rule"
         mode = self.mode_of(self.rule)
         return self.switch(mode, "sampled rows") if mode != self.mode else None
 
@@ -395,8 +401,10 @@ class Chooser:
             interval = self.round_cost() / MEASURE_BUDGET
             if chosen == self.incumbent and self.check_after:
                 interval = 2 * self.check_after  # the answer stands: measure half as often
-        self.check_after, self.settled_at = interval, self.busy
-        self.settled_share, self.decided_by = best.prediction_share, "measured"
+        self.check_after = interval
+        self.settled_at = self.busy
+        self.settled_share = best.prediction_share
+        self.decided_by = "measured"
         return self.switch(chosen, "faster") if chosen != self.mode else None
 
     def round_cost(self) -> float:
@@ -431,7 +439,9 @@ class Chooser:
         """The engine now runs `drafter`: it waited `drain_seconds` for the batches in flight and
         took `restart_seconds` to start."""
         self.switches[-1].update(drain_seconds=round(drain_seconds, 2), restart_seconds=round(restart_seconds, 2))
-        self.mode, self.pending, self.restart_seconds = drafter, None, restart_seconds
+        self.mode = drafter
+        self.pending = None
+        self.restart_seconds = restart_seconds
         self.window = Window(drafter, self.busy)
 
     def dropped(self, drafter: str) -> None:

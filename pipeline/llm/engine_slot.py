@@ -46,7 +46,10 @@ class EngineSlot:
         count_failure: Callable[[str], str | None],
         engine: Engine | None = None,
     ):
-        self.config, self.tables, self.chooser, self.count_failure = config, tables, chooser, count_failure
+        self.config = config
+        self.tables = tables
+        self.chooser = chooser
+        self.count_failure = count_failure
         self.engine_config = speculation.mode_config(config, chooser.mode)  # what a rebuild builds
         if engine is None:
             engine, chooser.restart_seconds = build_timed(self.engine_config, tables)
@@ -60,7 +63,10 @@ class EngineSlot:
         # Batches in the engine, and whether a switch of mode holds new ones back; the seconds with
         # a batch in the engine (the actor's busy seconds, which the speculation windows count).
         self.gate = threading.Condition()
-        self.in_flight, self.switching, self.busy, self.busy_since = 0, False, 0.0, 0.0
+        self.in_flight = 0
+        self.switching = False
+        self.busy = 0.0
+        self.busy_since = 0.0
         self.stopped: str | None = None  # why its engines may not be replaced again
 
     @property
@@ -137,7 +143,8 @@ class EngineSlot:
         gc.unfreeze()  # vLLM froze the heap it started with (gc.freeze): its cycles are collected only so
         gc.collect()
         engine = build_engine(config, self.tables)
-        self.current, self.engine_config = (engine, generation + 1), config
+        self.current = (engine, generation + 1)
+        self.engine_config = config
         self.ran = {"model": self.config.model.name, **engine.columns()}
 
     def observe(self, requests: list[Request], results: list, drafter: str) -> None:

@@ -47,7 +47,8 @@ class RunMetrics:
         from ray.util.metrics import Counter
 
         self.drafter = ""  # the drafter of the last batch recorded
-        self.counters, self.engine_counters = {}, {}
+        self.counters = {}
+        self.engine_counters = {}
         for counters, names in ((self.counters, COUNTERS), (self.engine_counters, ENGINE_COUNTERS)):
             for field, (name, description) in names.items():
                 counter = Counter(name, description, tag_keys=TAG_KEYS)

@@ -60,7 +60,8 @@ class RestartWindow:
     """An actor's engine failures: more than `limit` within `window` seconds is a crash loop."""
 
     def __init__(self, limit: int, window: float):
-        self.limit, self.window = limit, window
+        self.limit = limit
+        self.window = window
         self.times: deque[float] = deque()
         self.total = 0
 
@@ -106,7 +107,8 @@ class RunProgress:
         self.restart_limits = (max_restarts, restart_window_s)
         self.causes: list[str] = []
         self.counts = {name: value for name, value in empty_totals().items() if name in ("batches", *COUNTED)}
-        self.first_start, self.last_finish = float("inf"), 0.0
+        self.first_start = float("inf")
+        self.last_finish = 0.0
         self.nodes: set[str] = set()
         self.stopped: str | None = None
         self.engines: dict[str, EngineSteps] = {}  # each engine's latest (a replaced engine's stay counted)

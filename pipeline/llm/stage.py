@@ -76,7 +76,10 @@ class GenerationStage:
             import ray  # an ObjectRef: the tables are put in the object store once
 
             tables = ray.get(tables)
-        self.config, self.settings, self.progress, self.tables = config, settings, progress, tables
+        self.config = config
+        self.settings = settings
+        self.progress = progress
+        self.tables = tables
         self.restarts = RestartWindow(config.engine.max_restarts, config.engine.restart_window_s)
         # Live metrics only from an actor Ray runs (not from a stage built outside Ray).
         live = settings.live_metrics and ray_running()
@@ -90,12 +93,14 @@ class GenerationStage:
         self.dropped = [] if chosen is None else [f.name for f in STATISTICS if f.name not in chosen]
         self.request_ids = itertools.count()
         # The same for every engine this stage builds (a failed one is replaced, another mode built).
-        self.tokenizer, self.sampling = self.engine.tokenizer, self.engine.sampling
+        self.tokenizer = self.engine.tokenizer
+        self.sampling = self.engine.sampling
         # Ray Data may run several batches on this actor at once (the vLLM engine takes them all):
         # the tokenizer is not to be shared between threads, and the step counts are reported in order.
         self.tokenizer_lock = threading.Lock()
         self.report_lock = threading.Lock()
-        self.reported_steps, self.reported_generation = EngineSteps(), 0
+        self.reported_steps = EngineSteps()
+        self.reported_generation = 0
 
     @staticmethod
     def input_columns() -> tuple[dict[str, str], dict[str, str]]:
@@ -327,7 +332,8 @@ class GenerationStage:
         with self.report_lock:
             engine, generation = self.current
             if generation != self.reported_generation:  # a new engine counts its steps from 0
-                self.reported_steps, self.reported_generation = EngineSteps(), generation
+                self.reported_steps = EngineSteps()
+                self.reported_generation = generation
             steps = engine.steps() if engine is not None else None
             with self.slot.choice_lock:
                 chosen = self.chooser.report()

@@ -55,7 +55,9 @@ def prefill_groups(joiners: list[RequestState]) -> list[list[RequestState]]:
 class BatchedDecoder:
     def __init__(self, decoder: SpeculativeDecoder, max_batch_requests: int, max_batch_tokens: int = 0):
         assert max_batch_requests >= 1
-        self.decoder, self.model, self.rules = decoder, decoder.model, decoder.rules
+        self.decoder = decoder
+        self.model = decoder.model
+        self.rules = decoder.rules
         self.max_batch_requests = max_batch_requests
         # Cap on tokens fed per call (B x N); 0: no cap beyond B x (k*w + 1).
         self.max_batch_tokens = max_batch_tokens

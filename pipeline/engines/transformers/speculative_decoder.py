@@ -83,7 +83,8 @@ class SpeculativeDecoder:
         verifying: Verifying = Verifying(),
         costs: StepCostFit | None = None,
     ):
-        self.model, self.tokenizer = model, tokenizer
+        self.model = model
+        self.tokenizer = tokenizer
         self.drafter = drafter
         k, w = (k, w) if drafter is not None and w > 0 else (1, 0)
         # With a step cost (learned from this decoder's own calls), k and w are maxima and each step
@@ -98,8 +99,10 @@ class SpeculativeDecoder:
             verifying.ngram_max_q,
             costs,
         )
-        self.auto_k, self.auto_w = verifying.auto_k, verifying.auto_w
-        self.verify_mode, self.lenience = verifying.verify_mode, verifying.lenience
+        self.auto_k = verifying.auto_k
+        self.auto_w = verifying.auto_w
+        self.verify_mode = verifying.verify_mode
+        self.lenience = verifying.lenience
 
     @property
     def k(self) -> int:

@@ -119,11 +119,17 @@ class NgrammysProposer:
         assert max(w, prediction_w) <= self.num_speculative_tokens, (
             f"vLLM was started for drafts of up to {self.num_speculative_tokens} tokens, not {max(w, prediction_w)}"
         )
-        self.runner, self.drafter, self.w, self.adaptive = runner, drafter, w, adaptive
+        self.runner = runner
+        self.drafter = drafter
+        self.w = w
+        self.adaptive = adaptive
         self.prediction_w = max(w, prediction_w)
         self.draft_sampled = draft_sampled
         # A new drafter starts from nothing: no requests, no cost fit of another's steps.
-        self.tracked, self.started, self.costs, self.last_step = {}, set(), StepCostFit(), None
+        self.tracked = {}
+        self.started = set()
+        self.costs = StepCostFit()
+        self.last_step = None
         self.holds = HoldRates()
 
     def load_model(self, *args, **kwargs) -> None:
